@@ -1,0 +1,17 @@
+"""evtfuse: custom GEMM epilogues, written as Python functions, fused into one GPU kernel.
+
+Public API (DESIGN.md): ``EpilogueArguments``, ``GemmArguments``, ``get_kernels``,
+``explain``, ``gemm``, ``fuse``; ``evtfuse.ops`` (relu, gelu, ...) and
+``evtfuse.reference.evaluate``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import ops, reference  # noqa: F401
+from .arguments import EpilogueArguments, GemmArguments
+from .errors import EpilogueError, Status, UnsupportedError
+
+__all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
+           "ops", "reference", "__version__"]

@@ -1,0 +1,188 @@
+"""Public argument objects: ``EpilogueArguments`` and ``GemmArguments``.
+
+Layer: frontend (the user's view of an operation). Construction parses and validates
+everything it can and raises ``EpilogueError`` before any kernel exists; nothing here
+touches an output tensor. The DAG for a problem shape is built once and kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from . import ir
+from .errors import EpilogueError
+from .frontend import (EpilogueSource, ParsedEpilogue, bind, check_names, parse_epilogue,
+                       problem_shape_of)
+
+
+class EpilogueArguments:
+    """An epilogue function (or source string) and a value for each operand and output.
+
+    ``EpilogueArguments(fn, C=C, alpha=1.0, D=D)``: the first parameter is positional-only
+    so that operands may have any name. Outputs passed as ``None`` are computed for their
+    consumers but never stored.
+    """
+
+    def __init__(self, epilogue: EpilogueSource, /, **operands_and_outputs: Any):
+        self.epilogue = epilogue
+        self.parsed: ParsedEpilogue = parse_epilogue(epilogue)
+        check_names(self.parsed, operands_and_outputs)
+        self.values: dict[str, Any] = dict(operands_and_outputs)
+        self._dags: dict[tuple[int, int, int], ir.Dag] = {}
+        self._problem: tuple[int, int, int] | None = None
+        guess = problem_shape_of(self.values.get("D"))
+        if guess is not None:
+            self.bind(guess)
+
+    # -- binding
+    def bind(self, problem: tuple[int, int, int]) -> ir.Dag:
+        """The DAG for output shape (L, M, N) (built once per shape); validates shapes."""
+        problem = tuple(int(p) for p in problem)  # type: ignore[assignment]
+        dag = self._dags.get(problem)
+        if dag is None:
+            dag = bind(self.parsed, self.values, problem)
+            self._dags[problem] = dag
+        self._problem = problem
+        return dag
+
+    @property
+    def dag(self) -> ir.Dag:
+        if self._problem is None:
+            raise EpilogueError("the problem shape is not known yet: pass a full-shaped D, or "
+                                "put these EpilogueArguments into GemmArguments")
+        return self._dags[self._problem]
+
+    @property
+    def operand_names(self) -> tuple[str, ...]:
+        return self.parsed.params
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.parsed.outputs
+
+    def operands(self) -> dict[str, Any]:
+        return {k: self.values[k] for k in self.parsed.params}
+
+    def outputs(self) -> dict[str, Any]:
+        return {k: self.values[k] for k in self.parsed.outputs}
+
+    def with_values(self, **changes: Any) -> "EpilogueArguments":
+        """A copy with some operands or outputs replaced (parsing is not repeated)."""
+        new = object.__new__(EpilogueArguments)
+        new.epilogue, new.parsed = self.epilogue, self.parsed
+        new.values = {**self.values, **changes}
+        check_names(new.parsed, new.values)
+        new._dags, new._problem = {}, None
+        if self._problem is not None:
+            new.bind(self._problem)
+        return new
+
+    def __repr__(self) -> str:
+        return f"EpilogueArguments({self.parsed.name}, {', '.join(self.values)})"
+
+
+def _identity_epilogue(out: torch.Tensor) -> EpilogueArguments:
+    return EpilogueArguments("def identity(accum):\n    D = accum\n    return D", D=out)
+
+
+class GemmArguments:
+    """``D = epilogue(A @ B, ...)``: A is (M, K) or (L, M, K), B is (K, N) or (L, K, N),
+    each row- or column-major; ``out`` is D. ``allow_tf32`` lets fp32 inputs use TF32.
+    """
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                 accumulator_type: torch.dtype = torch.float32,
+                 epilogue: EpilogueArguments | None = None, *, allow_tf32: bool = False):
+        for name, t in (("A", A), ("B", B)):
+            if not isinstance(t, torch.Tensor):
+                raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
+                                    variable=name)
+            if t.dim() not in (2, 3):
+                raise EpilogueError(f"{name} must have 2 or 3 dimensions ((M, K) / (L, M, K) for "
+                                    f"A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",
+                                    variable=name)
+        if A.shape[-1] != B.shape[-2]:
+            raise EpilogueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: A's K "
+                                f"({A.shape[-1]}) differs from B's K ({B.shape[-2]})", variable="B")
+        la = A.shape[0] if A.dim() == 3 else 1
+        lb = B.shape[0] if B.dim() == 3 else 1
+        if la != lb and 1 not in (la, lb):
+            raise EpilogueError(f"A has batch {la} and B has batch {lb}; they must match or "
+                                "one must be 1", variable="B")
+        if A.dtype != B.dtype:
+            raise EpilogueError(f"A is {A.dtype} and B is {B.dtype}; they must have one dtype",
+                                variable="B")
+        if A.device != B.device:
+            raise EpilogueError(f"A is on {A.device} and B on {B.device}", variable="B")
+        if not isinstance(accumulator_type, torch.dtype):
+            raise EpilogueError(f"accumulator_type must be a torch.dtype, not "
+                                f"{accumulator_type!r}", variable="accumulator_type")
+        self.A, self.B = A, B
+        self.accumulator_type = accumulator_type
+        self.allow_tf32 = bool(allow_tf32)
+        self.L, self.M, self.K, self.N = max(la, lb), A.shape[-2], A.shape[-1], B.shape[-1]
+        if epilogue is None:
+            if out is None:
+                raise EpilogueError("GemmArguments needs out (D) when no epilogue is given",
+                                    variable="out")
+            epilogue = _identity_epilogue(out)
+        if not isinstance(epilogue, EpilogueArguments):
+            raise EpilogueError("epilogue must be an EpilogueArguments", variable="epilogue")
+        d = epilogue.values.get("D")
+        if out is not None and d is not None and out is not d:
+            raise EpilogueError("out and the epilogue's D are different tensors; pass the same "
+                                "tensor to both", variable="D")
+        self.out = out if out is not None else d
+        self.epilogue = epilogue
+        self.dag = epilogue.bind(self.problem)
+        self._check_tensors()
+
+    @property
+    def problem(self) -> tuple[int, int, int]:
+        return (self.L, self.M, self.N)
+
+    def _check_tensors(self) -> None:
+        dev = self.A.device
+        values = self.epilogue.values
+        for name, v in values.items():
+            if isinstance(v, torch.Tensor) and v.device != dev:
+                raise EpilogueError(f"{name} is on {v.device} but A and B are on {dev}",
+                                    variable=name)
+        outs = [(n, values[n]) for n in self.epilogue.output_names
+                if isinstance(values[n], torch.Tensor)]
+        ins = [(n, values[n]) for n in self.epilogue.operand_names
+               if isinstance(values[n], torch.Tensor)] + [("A", self.A), ("B", self.B)]
+        for i, (on, o) in enumerate(outs):
+            for pn, p in outs[i + 1:]:
+                if _overlap(o, p):
+                    raise EpilogueError(f"outputs {on} and {pn} share memory; each output needs "
+                                        "its own buffer", variable=pn)
+            for inn, t in ins:
+                if not _overlap(o, t):
+                    continue
+                same = (o.data_ptr() == t.data_ptr() and o.shape == t.shape
+                        and o.stride() == t.stride() and inn not in ("A", "B"))
+                out_kind = self.dag.output(on).kind if on in [x.name for x in self.dag.outputs] else None
+                if not (same and out_kind is ir.OutputKind.FULL):
+                    raise EpilogueError(f"output {on} overlaps input {inn}; only a full-shaped "
+                                        f"output may alias a full-shaped input exactly (in place)",
+                                        variable=on)
+
+    def operands(self) -> Mapping[str, Any]:
+        return self.epilogue.operands()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, a1 = a.data_ptr(), a.data_ptr() + _span(a)
+    b0, b1 = b.data_ptr(), b.data_ptr() + _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _span(t: torch.Tensor) -> int:
+    return (sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0) + 1) * t.element_size()

@@ -1,0 +1,60 @@
+"""Errors and Status objects shared by every layer.
+
+``EpilogueError`` is what a user sees for a bad epilogue or bad arguments: a ValueError
+whose text names the variable and, for source errors, the line. ``Status`` is the
+answer of ``supports``-style questions: truthy on success, and carrying the reason when
+falsy, so that ``explain`` can say why every candidate was refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EpilogueError(ValueError):
+    """A bad epilogue function or argument. ``variable`` and ``line`` say where.
+
+    The text starts with the line (``line 3 of my_epi: ...``) and ends with the source
+    line, except for the messages CUTLASS documents (``exact=True``), which stay word for
+    word; their line is still in ``.line``.
+    """
+
+    def __init__(self, message: str, *, variable: str | None = None, line: int | None = None,
+                 where: str | None = None, source_line: str | None = None,
+                 exact: bool = False):
+        self.variable = variable
+        self.line = line
+        self.bare_message = message
+        text = message
+        if line is not None and not exact:  # documented messages stay word for word
+            loc = f"line {line}" + (f" of {where}" if where else "")
+            text = f"{loc}: {message}"
+            if source_line:
+                text += f"\n    {source_line.strip()}"
+        super().__init__(text)
+
+
+class UnsupportedError(RuntimeError):
+    """No kernel can run these arguments; the text says why for every family."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """Truthy when supported; otherwise ``reason`` says what is missing."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @staticmethod
+    def success() -> "Status":
+        return Status(True)
+
+    @staticmethod
+    def fail(reason: str) -> "Status":
+        return Status(False, reason)
+
+    def __str__(self) -> str:
+        return "supported" if self.ok else f"not supported: {self.reason}"

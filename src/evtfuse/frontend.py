@@ -1,0 +1,537 @@
+"""Frontend: epilogue source (a function or a string) -> checked syntax -> bound DAG.
+
+Layer: frontend. User text is parsed with ``ast`` and walked; it is never executed
+(no ``eval``/``exec``). Two steps:
+
+* ``parse_epilogue`` checks everything the source alone decides (``accum`` first, SSA,
+  supported syntax, known functions, defined names, the return) and yields a
+  ``ParsedEpilogue`` of small expression trees;
+* ``bind`` turns it into an ``ir.Dag`` once the operands' values and the problem shape
+  (L, M, N) are known: shapes decide each operand's kind and each output's (see
+  DESIGN.md, "the tensor's shape decides its kind").
+
+Every error is an ``EpilogueError`` naming the variable and, for source errors, the line.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import numbers
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Union
+
+import torch
+
+from . import ir
+from .errors import EpilogueError
+from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
+from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS, UNARY_OPERATORS, Category
+
+# ----------------------------------------------------------------------------- syntax
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A binding-independent expression: a name, a literal, a call of a table row, an index."""
+
+    kind: str  # "name" | "const" | "call" | "index"
+    line: int
+    name: str | None = None  # for "name"
+    value: float | None = None  # for "const"
+    op: str | None = None  # for "call" (op-table row) and "index" ("row"/"col")
+    args: tuple["Expr", ...] = ()
+    params: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Assignment:
+    target: str
+    expr: Expr
+    line: int
+
+
+@dataclass(frozen=True)
+class ParsedEpilogue:
+    name: str
+    params: tuple[str, ...]  # after accum, in order
+    assignments: tuple[Assignment, ...]
+    returns: tuple[tuple[str, int], ...]  # (name, line) in return order
+    source_lines: tuple[str, ...]  # user's lines, index = line - line_offset - 1
+    line_offset: int  # added to ast line numbers to give the user's line numbers
+    where: str
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.returns)
+
+    def text_of(self, line: int) -> str | None:
+        k = line - self.line_offset - 1
+        return self.source_lines[k] if 0 <= k < len(self.source_lines) else None
+
+
+_INDEX_FUNCTIONS = {"row_index": "row", "col_index": "col"}
+_PY_MINMAX = {"max": "maximum", "min": "minimum"}  # max(a, b) is elementwise
+
+
+class _Parser:
+    def __init__(self, source: str, line_offset: int, where: str):
+        self.source_lines = tuple(source.splitlines())
+        self.line_offset = line_offset
+        self.where = where
+        self.defined: dict[str, int] = {}
+
+    def error(self, message: str, node: ast.AST | None = None, variable: str | None = None):
+        line = getattr(node, "lineno", None)
+        if line is not None:
+            line += self.line_offset
+            k = line - self.line_offset - 1
+            text = self.source_lines[k] if 0 <= k < len(self.source_lines) else None
+            return EpilogueError(message, variable=variable, line=line, where=self.where,
+                                 source_line=text)
+        return EpilogueError(message, variable=variable)
+
+    def line(self, node: ast.AST) -> int:
+        return node.lineno + self.line_offset
+
+    # -- top level
+    def parse_function(self, fn: ast.FunctionDef) -> ParsedEpilogue:
+        a = fn.args
+        if a.vararg or a.kwarg or a.kwonlyargs:
+            raise self.error("the epilogue function takes plain positional parameters only "
+                             "(no *args, **kwargs or keyword-only parameters)", fn)
+        if a.defaults:
+            raise self.error("epilogue parameters cannot have default values; pass every "
+                             "operand to EpilogueArguments", fn)
+        names = [p.arg for p in a.posonlyargs + a.args]
+        if not names or names[0] != "accum":
+            raise EpilogueError("accum must be an input to the epilogue function", variable="accum")
+        seen_params: set[str] = set()
+        for p in names:
+            if p in seen_params:
+                raise self.error(f"parameter '{p}' is listed twice", fn, p)
+            seen_params.add(p)
+            self.defined[p] = fn.lineno + self.line_offset
+        body = list(fn.body)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            body = body[1:]  # docstring
+        if not body or not isinstance(body[-1], ast.Return):
+            raise self.error("the epilogue must end with a return of its outputs", fn)
+        assignments = []
+        for stmt in body[:-1]:
+            assignments.append(self.parse_statement(stmt, names))
+        returns = self.parse_return(body[-1], names)
+        if "D" not in [n for n, _ in returns]:
+            raise EpilogueError("Output node D is not found in the epilogue function.",
+                                variable="D")
+        return ParsedEpilogue(fn.name, tuple(names[1:]), tuple(assignments), returns,
+                              self.source_lines, self.line_offset, self.where)
+
+    def parse_statement(self, stmt: ast.stmt, params: list[str]) -> Assignment:
+        if isinstance(stmt, ast.Return):
+            raise self.error("only one return is allowed, as the last statement", stmt)
+        if isinstance(stmt, ast.AnnAssign) and stmt.value is not None \
+                and isinstance(stmt.target, ast.Name):
+            target, value = stmt.target, stmt.value
+        elif isinstance(stmt, ast.Assign):
+            if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+                raise self.error("assign one value to one plain name per statement "
+                                 "(no tuple unpacking, chained or subscript targets)", stmt)
+            target, value = stmt.targets[0], stmt.value
+        elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+            name = stmt.target.id
+            raise EpilogueError(f"Variable '{name}' cannot be defined twice.", variable=name,
+                                line=self.line(stmt), exact=True)
+        else:
+            kind = type(stmt).__name__
+            raise self.error(f"unsupported statement ({kind}); an epilogue is a sequence of "
+                             "single assignments followed by a return", stmt)
+        name = target.id
+        if name in self.defined:
+            raise EpilogueError(f"Variable '{name}' cannot be defined twice.", variable=name,
+                                line=self.line(stmt), exact=True)
+        expr = self.parse_expr(value, name)
+        self.defined[name] = self.line(stmt)
+        return Assignment(name, expr, self.line(stmt))
+
+    def parse_return(self, stmt: ast.Return, params: list[str]) -> tuple[tuple[str, int], ...]:
+        if stmt.value is None:
+            raise self.error("the epilogue must return its outputs (at least D)", stmt)
+        elts = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
+        out: list[tuple[str, int]] = []
+        for e in elts:
+            if not isinstance(e, ast.Name):
+                raise self.error("return names only (assign an expression to a name first, "
+                                 "then return the name)", stmt)
+            if e.id not in self.defined:
+                raise self.error(f"undefined name '{e.id}' in the return", stmt, e.id)
+            if e.id in [n for n, _ in out]:
+                raise self.error(f"output '{e.id}' is returned twice", stmt, e.id)
+            if e.id in params and e.id != "accum":
+                raise self.error(f"'{e.id}' is an input of the epilogue and cannot also be "
+                                 "returned as an output; assign it to a new name", stmt, e.id)
+            out.append((e.id, self.line(stmt)))
+        return tuple(out)
+
+    # -- expressions
+    def parse_expr(self, node: ast.expr, target: str) -> Expr:
+        line = self.line(node)
+        if isinstance(node, ast.Name):
+            if node.id not in self.defined:
+                raise self.error(f"undefined name '{node.id}' (in the value of '{target}')",
+                                 node, node.id)
+            return Expr("name", line, name=node.id)
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise self.error(f"unsupported literal {v!r} in the value of '{target}'; only "
+                                 "numbers are allowed", node, target)
+            return Expr("const", line, value=float(v))
+        if isinstance(node, ast.UnaryOp):
+            opname = UNARY_OPERATORS.get(type(node.op).__name__)
+            if opname is None:
+                raise self.error(f"unsupported operator {type(node.op).__name__} in the value of "
+                                 f"'{target}'", node, target)
+            inner = self.parse_expr(node.operand, target)
+            if inner.kind == "const":
+                return Expr("const", line, value=-inner.value if opname == "neg" else inner.value)
+            if opname == "identity":
+                return inner
+            return Expr("call", line, op=opname, args=(inner,))
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Pow):
+                exp = self.parse_expr(node.right, target)
+                if exp.kind != "const":
+                    raise self.error(f"the exponent of ** must be a numeric literal (in the "
+                                     f"value of '{target}')", node, target)
+                base = self.parse_expr(node.left, target)
+                return Expr("call", line, op="pow", args=(base,),
+                            params=(("exponent", exp.value),))
+            opname = BINARY_OPERATORS.get(type(node.op).__name__)
+            if opname is None:
+                raise self.error(f"unsupported operator {type(node.op).__name__} in the value of "
+                                 f"'{target}'; use + - * / ** or a function", node, target)
+            return Expr("call", line, op=opname,
+                        args=(self.parse_expr(node.left, target), self.parse_expr(node.right, target)))
+        if isinstance(node, ast.Compare):
+            if len(node.ops) != 1:
+                raise self.error(f"chained comparisons are not supported (in the value of "
+                                 f"'{target}'); compare two values at a time", node, target)
+            opname = COMPARE_OPERATORS.get(type(node.ops[0]).__name__)
+            if opname is None:
+                raise self.error(f"unsupported comparison {type(node.ops[0]).__name__} in the "
+                                 f"value of '{target}'", node, target)
+            return Expr("call", line, op=opname, args=(self.parse_expr(node.left, target),
+                                                       self.parse_expr(node.comparators[0], target)))
+        if isinstance(node, ast.Call):
+            return self.parse_call(node, target)
+        raise self.error(f"unsupported syntax ({type(node).__name__}) in the value of "
+                         f"'{target}'", node, target)
+
+    def parse_call(self, node: ast.Call, target: str) -> Expr:
+        line = self.line(node)
+        fname = _callee_name(node.func)
+        if fname is None:
+            raise self.error(f"unsupported call in the value of '{target}': call a recognised "
+                             "function by name (relu, gelu, ...)", node, target)
+        if fname in _INDEX_FUNCTIONS:
+            if node.args or node.keywords:
+                raise self.error(f"{fname}() takes no arguments", node, target)
+            return Expr("index", line, op=_INDEX_FUNCTIONS[fname])
+        if fname in _PY_MINMAX and len(node.args) == 2:
+            fname = _PY_MINMAX[fname]
+        row = CALLABLE.get(fname)
+        if row is None:
+            known = ", ".join(sorted(list(CALLABLE) + list(_INDEX_FUNCTIONS)))
+            raise self.error(f"unknown function '{fname}' in the value of '{target}'; "
+                             f"recognised functions: {known}", node, fname)
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.error(f"*args is not supported in a call of {fname}", node, target)
+        pnames = [p for p, _ in row.params]
+        params = dict(row.params)
+        args = list(node.args)
+        tensors, extra = args[: row.arity], args[row.arity:]
+        if len(tensors) < row.arity or len(extra) > len(pnames):
+            want = row.arity + len(pnames)
+            span = f"{row.arity}" if not pnames else f"{row.arity} to {want}"
+            raise self.error(f"{fname}() takes {span} positional argument(s), got {len(args)} "
+                             f"(in the value of '{target}')", node, target)
+        for pname, a in zip(pnames, extra):
+            params[pname] = self.literal(a, f"{fname}() parameter '{pname}'", target)
+        for kw in node.keywords:
+            if kw.arg is None or kw.arg not in params:
+                raise self.error(f"{fname}() got an unexpected keyword argument '{kw.arg}'",
+                                 node, target)
+            params[kw.arg] = self.literal(kw.value, f"{fname}() parameter '{kw.arg}'", target)
+        parsed = tuple(self.parse_expr(a, target) for a in tensors)
+        return Expr("call", line, op=fname, args=parsed, params=tuple(params.items()))
+
+    def literal(self, node: ast.expr, what: str, target: str) -> float:
+        e = self.parse_expr(node, target)
+        if e.kind != "const":
+            raise self.error(f"{what} must be a numeric literal", node, target)
+        return e.value
+
+
+def _callee_name(func: ast.expr) -> str | None:
+    """``relu`` / ``ops.relu`` / ``evtfuse.ops.relu`` -> ``relu``."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        if isinstance(base, ast.Name):
+            return func.attr
+    return None
+
+
+EpilogueSource = Union[str, Callable[..., Any]]
+
+
+def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
+    """Parse and check an epilogue given as a function or as source text."""
+    if isinstance(epilogue, str):
+        source, offset, where = epilogue, 0, "the epilogue string"
+    elif callable(epilogue):
+        try:
+            raw = inspect.getsource(epilogue)
+        except (OSError, TypeError) as exc:
+            raise EpilogueError(f"cannot read the source of {epilogue!r} ({exc}); pass the "
+                                "epilogue as a string instead") from None
+        source = textwrap.dedent(raw)
+        code = getattr(epilogue, "__code__", None)
+        offset = code.co_firstlineno - 1 if code else 0
+        where = getattr(epilogue, "__name__", "the epilogue")
+    else:
+        raise EpilogueError(f"the epilogue must be a function or a source string, not "
+                            f"{type(epilogue).__name__}")
+    try:
+        module = ast.parse(source)
+    except SyntaxError as exc:
+        line = (exc.lineno or 0) + offset
+        raise EpilogueError(f"the epilogue is not valid Python: {exc.msg}", line=line,
+                            where=where, source_line=exc.text) from None
+    fns = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
+        raise EpilogueError("the epilogue must be exactly one function definition "
+                            "(def epi(accum, ...): ...; return D)")
+    fn = fns[0]
+    if fn.decorator_list:
+        fn = ast.FunctionDef(fn.name, fn.args, fn.body, [], fn.returns, fn.type_comment,
+                             lineno=fn.lineno, col_offset=fn.col_offset)
+    parser = _Parser(source, offset, where if isinstance(epilogue, str) else fn.name)
+    return parser.parse_function(fn)
+
+
+# ----------------------------------------------------------------------------- binding
+
+_LOADABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                    torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+_STORABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64) + _FP8
+
+
+def _fmt_shape(shape) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _dims(name: str, shape: tuple[int, ...], problem: tuple[int, int, int], what: str,
+          where: str) -> tuple[bool, bool, bool]:
+    """Right-align ``shape`` with (L, M, N); which of l, m, n the tensor spans."""
+    L, M, N = problem
+    if len(shape) > 3:
+        raise EpilogueError(f"{what} '{name}' has shape {_fmt_shape(shape)} with "
+                            f"{len(shape)} dimensions; at most 3 (L, M, N) are allowed{where}",
+                            variable=name)
+    padded = (1,) * (3 - len(shape)) + tuple(int(s) for s in shape)
+    spans = []
+    for size, full, dim in zip(padded, (L, M, N), "LMN"):
+        if size == full:
+            spans.append(True)
+        elif size == 1:
+            spans.append(False)
+        else:
+            raise EpilogueError(
+                f"{what} '{name}' has shape {_fmt_shape(shape)}, which does not broadcast to "
+                f"the output (L, M, N) = ({L}, {M}, {N}): its {dim} dimension is {size}, "
+                f"not 1 or {full}{where}", variable=name)
+    return spans[0] and L > 1, spans[1], spans[2]
+
+
+def classify_operand(name: str, value: Any, problem: tuple[int, int, int]) -> OperandSpec:
+    """The operand's kind from its Python type and shape (DESIGN.md's table)."""
+    if isinstance(value, bool) or value is None:
+        raise EpilogueError(f"Argument {name} must be a number or a tensor, not {value!r}",
+                            variable=name)
+    if isinstance(value, numbers.Real):
+        return OperandSpec(name, OperandKind.RUNTIME_SCALAR, None)
+    if not isinstance(value, torch.Tensor):
+        raise EpilogueError(f"Argument {name} must be a number or a torch.Tensor, not "
+                            f"{type(value).__name__}", variable=name)
+    if value.dtype not in _LOADABLE_DTYPES + _FP8:
+        raise EpilogueError(f"Argument {name} has dtype {value.dtype}, which an epilogue cannot "
+                            "load; use a floating-point or integer tensor", variable=name)
+    if value.dim() == 0:
+        return OperandSpec(name, OperandKind.DEVICE_SCALAR, value.dtype)
+    batched, has_m, has_n = _dims(name, tuple(value.shape), problem, "Argument", "")
+    if has_m and has_n:
+        kind = OperandKind.FULL
+    elif has_m:
+        kind = OperandKind.PER_ROW
+    elif has_n:
+        kind = OperandKind.PER_COL
+    else:
+        kind = OperandKind.DEVICE_SCALAR
+    return OperandSpec(name, kind, value.dtype, batched)
+
+
+def classify_output(name: str, value: Any, problem: tuple[int, int, int]) -> tuple[OutputKind, torch.dtype | None, bool]:
+    if value is None:
+        return OutputKind.NONE, None, False
+    if not isinstance(value, torch.Tensor):
+        raise EpilogueError(f"Output {name} must be a torch.Tensor (or None to compute it "
+                            f"without storing it), not {type(value).__name__}", variable=name)
+    if value.dtype not in _STORABLE_DTYPES + (torch.int8, torch.int32, torch.uint8):
+        raise EpilogueError(f"Output {name} has dtype {value.dtype}, which an epilogue cannot "
+                            "store", variable=name)
+    if value.dim() == 0:
+        return OutputKind.SCALAR, value.dtype, False
+    batched, has_m, has_n = _dims(name, tuple(value.shape), problem, "Output", "")
+    kind = {(True, True): OutputKind.FULL, (True, False): OutputKind.ROW,
+            (False, True): OutputKind.COL, (False, False): OutputKind.SCALAR}[(has_m, has_n)]
+    return kind, value.dtype, batched
+
+
+def check_names(parsed: ParsedEpilogue, given: Mapping[str, Any]) -> None:
+    """Every parameter and output provided (the documented message), nothing unexpected."""
+    for p in parsed.params:
+        if p not in given:
+            raise EpilogueError(f"Argument {p} is not provided in the kwargs of the "
+                                "EpilogueArguments constructor", variable=p)
+    for o in parsed.outputs:
+        if o not in given:
+            raise EpilogueError(f"Argument {o} is not provided in the kwargs of the "
+                                "EpilogueArguments constructor", variable=o)
+    expected = set(parsed.params) | set(parsed.outputs)
+    for k in given:
+        if k not in expected:
+            raise EpilogueError(
+                f"Argument {k} is not a parameter or an output of the epilogue function "
+                f"{parsed.name}(accum, {', '.join(parsed.params)}) -> "
+                f"{', '.join(parsed.outputs)}", variable=k)
+
+
+def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, int, int]) -> ir.Dag:
+    """Build the DAG for operand values ``given`` and output shape (L, M, N) ``problem``."""
+    check_names(parsed, given)
+    specs = tuple(classify_operand(p, given[p], problem) for p in parsed.params)
+    env: dict[str, ir.Node] = {}
+    acc: ir.Node | None = None
+
+    def accum() -> ir.Node:
+        nonlocal acc
+        if acc is None:
+            acc = ir.accum_node()
+        return acc
+
+    loads: dict[str, ir.Node] = {}
+
+    def lookup(name: str, line: int) -> ir.Node:
+        if name in env:
+            return env[name]
+        if name == "accum":
+            return accum()
+        spec = next(s for s in specs if s.name == name)
+        if name not in loads:
+            loads[name] = ir.load_node(spec, line)
+        return loads[name]
+
+    def error(message: str, line: int, variable: str | None) -> EpilogueError:
+        return EpilogueError(message, variable=variable, line=line, where=parsed.where,
+                             source_line=parsed.text_of(line))
+
+    def build(e: Expr, target: str) -> ir.Node:
+        if e.kind == "name":
+            node = lookup(e.name, e.line)
+            if node.kind is ir.NodeKind.REDUCE:
+                raise error(f"'{e.name}' is the result of a reduction ({node.op}); a reduction "
+                            "can only be returned, not used in further computation", e.line, e.name)
+            return node
+        if e.kind == "const":
+            return ir.const_node(e.value, e.line)
+        if e.kind == "index":
+            return ir.index_node(e.op, e.line)
+        args = [build(a, target) for a in e.args]
+        return ir.compute_node(e.op, args, e.params, line=e.line)
+
+    pending: dict[str, tuple[str, ir.Node, int]] = {}
+    for a in parsed.assignments:
+        if a.expr.kind == "call" and OPS[a.expr.op].category is Category.REDUCE:
+            src = build(a.expr.args[0], a.target)
+            pending[a.target] = (a.expr.op, src, a.line)
+            env[a.target] = ir.Node(ir.NodeKind.REDUCE, (src,), a.expr.op, line=a.line)
+            continue
+        if _contains_reduction(a.expr):
+            raise error(f"a reduction must be the whole value of an assignment (as in "
+                        f"'{a.target} = sum(x)'), not part of an expression", a.line, a.target)
+        node = build(a.expr, a.target)
+        if node.kind in (ir.NodeKind.COMPUTE,) and node.var is None:
+            node = ir.Node(node.kind, node.inputs, node.op, node.params, node.value, node.operand,
+                           node.space, node.batched, node.dtype, a.target, a.line)
+        env[a.target] = node
+
+    outputs: list[Output] = []
+    for name, line in parsed.returns:
+        kind, dtype, batched = classify_output(name, given[name], problem)
+        if name in pending:
+            op, src, rline = pending.pop(name)
+            if kind is OutputKind.FULL:
+                raise error(f"'{name}' = {op}(...) is a reduction, but output {name} has the full "
+                            f"shape {_fmt_shape(tuple(given[name].shape))}; give it the shape of "
+                            "what remains: (M, 1) per row, (N,) per column, (1,) for the whole "
+                            "output (with a leading L to keep batches apart)", rline, name)
+            if kind is OutputKind.NONE:
+                raise error(f"'{name}' = {op}(...) is a reduction; its output cannot be None",
+                            rline, name)
+            node = ir.reduce_node(op, src, kind.space, batched, var=name, line=rline)
+        else:
+            node = lookup(name, line)
+            if kind is OutputKind.FULL and node.batched and not batched and problem[0] > 1:
+                raise error(f"output {name} has shape {_fmt_shape(tuple(given[name].shape))}, "
+                            f"but '{name}' differs per batch (L = {problem[0]}); give it the "
+                            f"shape (L, M, N)", line, name)
+            if kind not in (OutputKind.FULL, OutputKind.NONE):
+                fits = node.space.join(kind.space) is kind.space and (batched or not node.batched)
+                if not fits:
+                    shape = _fmt_shape(tuple(given[name].shape))
+                    raise error(f"output {name} has shape {shape}, which holds a "
+                                f"{kind.value}, but '{name}' is not computed by sum/max/min: "
+                                f"give {name} the full output shape, or reduce it "
+                                f"(e.g. '{name}_sum = sum({name})')", line, name)
+        outputs.append(Output(name, node, kind, dtype, batched))
+    for name, (op, _, rline) in pending.items():
+        raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned; "
+                    "return it (reductions are outputs)", rline, name)
+    return ir.Dag(tuple(outputs), specs, parsed.name)
+
+
+def _contains_reduction(e: Expr) -> bool:
+    if e.kind == "call" and OPS[e.op].category is Category.REDUCE:
+        return True
+    return any(_contains_reduction(a) for a in e.args)
+
+
+def problem_shape_of(value: Any) -> tuple[int, int, int] | None:
+    """(L, M, N) read off a full output tensor, or None when it cannot say."""
+    if isinstance(value, torch.Tensor) and value.dim() in (2, 3):
+        if value.dim() == 2:
+            return 1, int(value.shape[0]), int(value.shape[1])
+        return tuple(int(s) for s in value.shape)  # type: ignore[return-value]
+    return None
+
+
+__all__ = ["parse_epilogue", "bind", "ParsedEpilogue", "Expr", "classify_operand",
+           "classify_output", "check_names", "problem_shape_of", "Space"]

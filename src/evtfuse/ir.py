@@ -1,0 +1,423 @@
+"""Epilogue IR: an immutable DAG of accumulator, load, constant, compute and reduce nodes.
+
+Layer: ir. Knows nothing of kernels or of the source text it came from (beyond line
+numbers kept for messages). Nodes are frozen and compared by identity; a pass builds new
+nodes rather than editing old ones. Every node carries its inferred *space* (how the
+value varies over the (M, N) output tile), whether it varies with the batch index, and its
+dtype (fp32 for arithmetic, bool for comparisons).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable
+
+import torch
+
+from .optable import OPS, Category, OpDef
+
+
+class NodeKind(Enum):
+    ACCUM = "accum"  # the GEMM accumulator, A @ B
+    LOAD = "load"  # an operand of the epilogue (scalar, vector or tensor)
+    CONST = "const"  # a literal of the source, or a folded constant
+    COMPUTE = "compute"  # one row of the op table
+    REDUCE = "reduce"  # sum/max/min over the axes its output lacks
+    INDEX = "index"  # row_index() / col_index()
+
+
+class Space(Enum):
+    """How a value varies over the output's (M, N): the broadcast class."""
+
+    SCALAR = 0  # one value
+    ROW = 1  # one value per row (shape (M, 1)); CUTLASS calls its load a column broadcast
+    COL = 2  # one value per column (shape (1, N)); CUTLASS: row broadcast
+    FULL = 3  # one value per element
+
+    def join(self, other: "Space") -> "Space":
+        if self is other:
+            return self
+        if self is Space.SCALAR:
+            return other
+        if other is Space.SCALAR:
+            return self
+        return Space.FULL
+
+
+class OperandKind(Enum):
+    RUNTIME_SCALAR = "runtime scalar"  # a Python number: a kernel argument
+    DEVICE_SCALAR = "device scalar"  # 0-d, (1,), (L,1,1) tensor
+    PER_ROW = "per-row vector"  # (M,1), (L,M,1)
+    PER_COL = "per-column vector"  # (N,), (1,N), (L,1,N)
+    FULL = "full tensor"  # (M,N), (L,M,N)
+
+    @property
+    def space(self) -> Space:
+        return _KIND_SPACE[self]
+
+
+_KIND_SPACE = {
+    OperandKind.RUNTIME_SCALAR: Space.SCALAR,
+    OperandKind.DEVICE_SCALAR: Space.SCALAR,
+    OperandKind.PER_ROW: Space.ROW,
+    OperandKind.PER_COL: Space.COL,
+    OperandKind.FULL: Space.FULL,
+}
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    """An input of the epilogue as bound to a value: its kind, dtype and batching."""
+
+    name: str
+    kind: OperandKind
+    dtype: torch.dtype | None  # None for runtime scalars
+    batched: bool = False  # has its own slice per batch (a leading L > 1)
+
+    def describe(self) -> str:
+        dt = "" if self.dtype is None else f" {dtype_name(self.dtype)}"
+        return f"{self.kind.value}{dt}{' per batch' if self.batched else ''}"
+
+
+class OutputKind(Enum):
+    FULL = "aux store"  # (M,N) / (L,M,N)
+    ROW = "per-row reduction"  # (M,1) / (L,M,1)
+    COL = "per-column reduction"  # (N,), (1,N) / (L,1,N)
+    SCALAR = "whole-output reduction"  # (1,), 0-d / (L,1,1)
+    NONE = "not stored"  # passed as None: computed for its consumers only
+
+    @property
+    def space(self) -> Space:
+        return {OutputKind.FULL: Space.FULL, OutputKind.ROW: Space.ROW,
+                OutputKind.COL: Space.COL, OutputKind.SCALAR: Space.SCALAR,
+                OutputKind.NONE: Space.FULL}[self]
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    kind: NodeKind
+    inputs: tuple["Node", ...] = ()
+    op: str | None = None  # op-table row for COMPUTE/REDUCE; "row"/"col" for INDEX
+    params: tuple[tuple[str, float], ...] = ()
+    value: float | None = None  # CONST
+    operand: OperandSpec | None = None  # LOAD
+    space: Space = Space.FULL
+    batched: bool = False
+    dtype: torch.dtype = torch.float32
+    var: str | None = None  # the user's variable name, when the node was assigned to one
+    line: int | None = None  # source line, for messages
+
+    @property
+    def opdef(self) -> OpDef:
+        assert self.op is not None
+        return OPS[self.op]
+
+    @property
+    def param_dict(self) -> dict[str, float]:
+        return dict(self.params)
+
+    def short(self) -> str:
+        if self.kind is NodeKind.ACCUM:
+            return "accum"
+        if self.kind is NodeKind.LOAD:
+            return f"load {self.operand.name}"
+        if self.kind is NodeKind.CONST:
+            return f"const {self.value!r}"
+        if self.kind is NodeKind.INDEX:
+            return f"{self.op}_index()"
+        ps = "".join(f", {k}={v!r}" for k, v in self.params)
+        return f"{self.op}({{}}{ps})"
+
+
+@dataclass(frozen=True)
+class Output:
+    """A returned value: its name, the node computing it, how it is stored and in what dtype."""
+
+    name: str
+    node: Node
+    kind: OutputKind
+    dtype: torch.dtype | None  # None when not stored
+    batched: bool = False  # FULL: per-batch slices; reductions: keep L (else reduce over it)
+
+
+@dataclass(frozen=True)
+class Dag:
+    """An epilogue: outputs in return order, and every declared operand in parameter order."""
+
+    outputs: tuple[Output, ...]
+    operands: tuple[OperandSpec, ...]
+    name: str = "epilogue"
+
+    @functools.cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node reachable from an output, inputs before users (stable order)."""
+        order: list[Node] = []
+        seen: set[int] = set()
+        for out in self.outputs:
+            _postorder(out.node, seen, order)
+        return tuple(order)
+
+    @functools.cached_property
+    def users(self) -> dict[int, list[Node]]:
+        """id(node) -> nodes that take it as an input."""
+        result: dict[int, list[Node]] = {id(n): [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                result[id(i)].append(n)
+        return result
+
+    def output(self, name: str) -> Output:
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    @property
+    def loads(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.kind is NodeKind.LOAD)
+
+    @property
+    def used_operands(self) -> tuple[OperandSpec, ...]:
+        used = {n.operand.name for n in self.loads}
+        return tuple(o for o in self.operands if o.name in used)
+
+    @property
+    def reductions(self) -> tuple[Output, ...]:
+        return tuple(o for o in self.outputs if o.node.kind is NodeKind.REDUCE)
+
+    def replace_outputs(self, outputs: Iterable[Output]) -> "Dag":
+        return Dag(tuple(outputs), self.operands, self.name)
+
+    def __str__(self) -> str:
+        return format_dag(self)
+
+
+def _postorder(node: Node, seen: set[int], order: list[Node]) -> None:
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if id(n) in seen:
+            continue
+        if expanded:
+            seen.add(id(n))
+            order.append(n)
+            continue
+        stack.append((n, True))
+        for i in reversed(n.inputs):
+            if id(i) not in seen:
+                stack.append((i, False))
+
+
+# ---------------------------------------------------------------- construction helpers
+
+def accum_node(line: int | None = None) -> Node:
+    return Node(NodeKind.ACCUM, space=Space.FULL, batched=True, var="accum", line=line)
+
+
+def load_node(spec: OperandSpec, line: int | None = None) -> Node:
+    return Node(NodeKind.LOAD, operand=spec, space=spec.kind.space, batched=spec.batched,
+                var=spec.name, line=line)
+
+
+def const_node(value: float, line: int | None = None) -> Node:
+    return Node(NodeKind.CONST, value=float(value), space=Space.SCALAR, line=line)
+
+
+def index_node(axis: str, line: int | None = None) -> Node:
+    space = Space.ROW if axis == "row" else Space.COL
+    return Node(NodeKind.INDEX, op=axis, space=space, line=line)
+
+
+def compute_node(op: str, inputs: Iterable[Node], params: Iterable[tuple[str, float]] = (),
+                 var: str | None = None, line: int | None = None) -> Node:
+    """A compute node with its space, batching and dtype inferred from its inputs."""
+    inputs = tuple(inputs)
+    row = OPS[op]
+    space = Space.SCALAR
+    for i in inputs:
+        space = space.join(i.space)
+    batched = any(i.batched for i in inputs)
+    dtype = torch.bool if row.result_is_bool else torch.float32
+    return Node(NodeKind.COMPUTE, inputs, op, tuple(params), space=space, batched=batched,
+                dtype=dtype, var=var, line=line)
+
+
+def reduce_node(op: str, source: Node, result_space: Space, keep_batch: bool,
+                var: str | None = None, line: int | None = None) -> Node:
+    """A reduction of ``source`` to ``result_space`` (the space its output has)."""
+    return Node(NodeKind.REDUCE, (source,), op, space=result_space,
+                batched=keep_batch and source.batched, var=var, line=line)
+
+
+def with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
+    """The same node over new inputs, with space/batching/dtype re-inferred."""
+    if node.kind is NodeKind.COMPUTE:
+        return compute_node(node.op, inputs, node.params, node.var, node.line)
+    if node.kind is NodeKind.REDUCE:
+        return Node(NodeKind.REDUCE, inputs, node.op, space=node.space,
+                    batched=node.batched and inputs[0].batched, var=node.var, line=node.line)
+    assert not inputs, node
+    return node
+
+
+# ---------------------------------------------------------------- verifier
+
+class IRError(AssertionError):
+    """The DAG broke an invariant: a pass produced something no backend may read."""
+
+
+def verify(dag: Dag) -> None:
+    """Check the DAG's invariants (run between passes in debug mode)."""
+    position = {id(n): i for i, n in enumerate(dag.nodes)}
+    operand_names = {o.name for o in dag.operands}
+    out_nodes = {id(o.node) for o in dag.outputs}
+    for n in dag.nodes:
+        for i in n.inputs:
+            if position[id(i)] >= position[id(n)]:
+                raise IRError(f"{n.short()} uses a node defined after it")
+        if n.kind is NodeKind.COMPUTE:
+            row = OPS.get(n.op)
+            if row is None or row.category in (Category.REDUCE, Category.INDEX):
+                raise IRError(f"compute node with op {n.op!r}")
+            if len(n.inputs) != row.arity:
+                raise IRError(f"{n.op} takes {row.arity} inputs, has {len(n.inputs)}")
+            expect = compute_node(n.op, n.inputs, n.params)
+            if (expect.space, expect.batched, expect.dtype) != (n.space, n.batched, n.dtype):
+                raise IRError(f"{n.op}: stale inferred space/batch/dtype")
+        elif n.kind is NodeKind.REDUCE:
+            if OPS[n.op].category is not Category.REDUCE or len(n.inputs) != 1:
+                raise IRError(f"bad reduce node {n.op}")
+            if id(n) not in out_nodes:
+                raise IRError(f"reduction {n.op} feeds something other than an output")
+        elif n.kind is NodeKind.LOAD:
+            if n.operand.name not in operand_names:
+                raise IRError(f"load of undeclared operand {n.operand.name}")
+        elif n.kind is NodeKind.CONST:
+            if n.value is None:
+                raise IRError("constant without a value")
+        for u in dag.users[id(n)]:
+            if u.kind is NodeKind.REDUCE and n.kind is NodeKind.REDUCE:
+                raise IRError("reduction of a reduction")
+            if n.kind is NodeKind.REDUCE:
+                raise IRError(f"reduction {n.op} is used by {u.short()}")
+    names = [o.name for o in dag.outputs]
+    if len(set(names)) != len(names):
+        raise IRError(f"duplicate output names {names}")
+
+
+# ---------------------------------------------------------------- printers
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    if dtype is None:
+        return "-"
+    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+            torch.float64: "f64", torch.bool: "bool", torch.int32: "i32", torch.int64: "i64",
+            torch.int8: "i8", torch.uint8: "u8"}.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _label(n: Node, names: dict[int, str]) -> str:
+    if n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+        ps = "".join(f", {k}={v!r}" for k, v in n.params)
+        return f"{n.op}({', '.join(names[id(i)] for i in n.inputs)}{ps})"
+    if n.kind is NodeKind.LOAD:
+        return f"load {n.operand.name} : {n.operand.describe()}"
+    return n.short()
+
+
+def format_dag(dag: Dag) -> str:
+    """One line per node, in evaluation order, then the outputs."""
+    names: dict[int, str] = {}
+    lines = [f"dag {dag.name}({', '.join(o.name for o in dag.operands)})"]
+    for k, n in enumerate(dag.nodes):
+        names[id(n)] = f"%{k}"
+        where = f"  # line {n.line}" if n.line else ""
+        var = f" [{n.var}]" if n.var and n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE) else ""
+        meta = f"{dtype_name(n.dtype)} {n.space.name.lower()}{' batched' if n.batched else ''}"
+        lines.append(f"  %{k} = {_label(n, names)} : {meta}{var}{where}")
+    for o in dag.outputs:
+        lines.append(f"  store {o.name} <- {names[id(o.node)]} : {o.kind.value}, "
+                     f"{dtype_name(o.dtype)}{' per batch' if o.batched else ''}")
+    return "\n".join(lines)
+
+
+_EVT_NAMES = {
+    "add": "plus", "sub": "minus", "mul": "multiplies", "div": "divides", "neg": "negate",
+    "multiply_add": "multiply_add", "maximum": "maximum", "minimum": "minimum",
+    "relu": "ReLu", "gelu": "GELU", "gelu_tanh": "GELU_taylor", "sigmoid": "Sigmoid",
+    "silu": "SiLu", "tanh": "Tanh", "hardswish": "HardSwish", "leaky_relu": "LeakyReLU",
+    "clamp": "Clamp",
+}
+
+
+def _evt_leaf(n: Node) -> str:
+    if n.kind is NodeKind.ACCUM:
+        return "Sm90AccFetch"
+    if n.kind is NodeKind.CONST:
+        return f"Sm90ScalarBroadcast<{n.value!r}>"
+    if n.kind is NodeKind.INDEX:
+        return f"Sm90{'Row' if n.op == 'row' else 'Col'}Index"
+    k = n.operand.kind
+    if k in (OperandKind.RUNTIME_SCALAR, OperandKind.DEVICE_SCALAR):
+        return f"Sm90ScalarBroadcast<{n.operand.name}>"
+    if k is OperandKind.PER_ROW:
+        return f"Sm90ColBroadcast<{n.operand.name}>"
+    if k is OperandKind.PER_COL:
+        return f"Sm90RowBroadcast<{n.operand.name}>"
+    return f"Sm90AuxLoad<{n.operand.name}>"
+
+
+def _evt_store(o: Output) -> str:
+    return {OutputKind.FULL: f"Sm90AuxStore<{o.name}>",
+            OutputKind.ROW: f"Sm90RowReduction<{o.name}>",
+            OutputKind.COL: f"Sm90ColReduction<{o.name}>",
+            OutputKind.SCALAR: f"Sm90ScalarReduction<{o.name}>",
+            OutputKind.NONE: f"(unstored {o.name})"}[o.kind]
+
+
+def format_evt(dag: Dag) -> str:
+    """The DAG as CUTLASS would nest it: tree visitors, and a topological visitor
+    (shared values computed once, referred to by number) where a value feeds several users.
+    """
+    users = dag.users
+    out_count: dict[int, int] = {}
+    for o in dag.outputs:
+        out_count[id(o.node)] = out_count.get(id(o.node), 0) + 1
+    shared = [n for n in dag.nodes
+              if n.kind in (NodeKind.COMPUTE, NodeKind.ACCUM)
+              and len(users[id(n)]) + out_count.get(id(n), 0) > 1
+              and not (n.kind is NodeKind.ACCUM and len(users[id(n)]) <= 1)]
+    shared_ids = {id(n): k for k, n in enumerate(shared)}
+    lines: list[str] = []
+    if shared:
+        lines.append("Sm90TopologicalVisitor: values computed once and shared")
+        for n in shared:
+            lines.append(f"  node {shared_ids[id(n)]}:")
+            _evt_tree(n, "    ", lines, shared_ids, top=n)
+    for o in dag.outputs:
+        lines.append(f"Sm90EVT<{_evt_store(o)}>")
+        _evt_tree(o.node, "  ", lines, shared_ids, top=None)
+    return "\n".join(lines)
+
+
+def _evt_tree(n: Node, indent: str, lines: list[str], shared: dict[int, int],
+              top: Node | None) -> None:
+    if id(n) in shared and n is not top:
+        lines.append(f"{indent}-> node {shared[id(n)]}")
+        return
+    if n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+        name = _EVT_NAMES.get(n.op, n.op)
+        ps = "".join(f", {k}={v!r}" for k, v in n.params)
+        lines.append(f"{indent}Sm90Compute<{name}{ps}>")
+        for i in n.inputs:
+            _evt_tree(i, indent + "  ", lines, shared, top)
+        return
+    lines.append(f"{indent}{_evt_leaf(n)}")
+
+
+__all__ = [
+    "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
+    "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
+    "with_inputs", "verify", "IRError", "format_dag", "format_evt", "dtype_name",
+]

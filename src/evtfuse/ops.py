@@ -1,0 +1,64 @@
+"""User-facing epilogue functions (layer: frontend support).
+
+``from evtfuse.ops import relu, gelu, sum`` lets an epilogue written for evtfuse run in
+plain torch too: each name here applies its row of the op table (``evtfuse.optable``),
+so the eager meaning and the fused meaning are the same text. Inside an epilogue the
+frontend recognises these names by the AST; it never calls these functions.
+
+Reductions in plain torch: ``sum``/``max``/``min`` reduce over every element unless
+``dim`` is given (in a fused epilogue the output's shape picks the axes).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .optable import CALLABLE, Category, OpDef, torch_apply
+
+__all__ = sorted(CALLABLE)
+
+
+def _as_tensor(x):
+    return x if isinstance(x, torch.Tensor) else torch.tensor(float(x))
+
+
+def _make(op: OpDef):
+    param_names = [p for p, _ in op.params]
+    defaults = dict(op.params)
+
+    def fn(*args, **kwargs):
+        tensors = list(args[: op.arity])
+        extra = list(args[op.arity:])
+        if len(tensors) != op.arity:
+            raise TypeError(f"{op.name}() takes {op.arity} tensor argument(s), got {len(tensors)}")
+        params = dict(defaults)
+        for name, value in zip(param_names, extra):
+            params[name] = float(value)
+        for name, value in kwargs.items():
+            if name not in defaults:
+                raise TypeError(f"{op.name}() got an unexpected keyword argument '{name}'")
+            params[name] = float(value)
+        return torch_apply(op, [_as_tensor(t) for t in tensors], params)
+
+    fn.__name__ = op.name
+    fn.__doc__ = op.doc
+    return fn
+
+
+def _make_reduction(name: str):
+    torch_fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[name]
+
+    def fn(x, dim=None, keepdim: bool = False):
+        x = _as_tensor(x)
+        if dim is None:
+            return torch_fn(x)
+        return torch_fn(x, dim=dim, keepdim=keepdim)
+
+    fn.__name__ = name
+    fn.__doc__ = f"{name} over every element (or over ``dim``); fused: over the axes the output lacks"
+    return fn
+
+
+for _name, _op in CALLABLE.items():
+    globals()[_name] = _make_reduction(_name) if _op.category is Category.REDUCE else _make(_op)
+del _name, _op

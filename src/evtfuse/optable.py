@@ -1,0 +1,189 @@
+"""The single table of epilogue op semantics (layer: ir support; no imports from other layers).
+
+Every op the frontend recognises is one row of ``OPS``: its arity, its constant
+keyword parameters, how it computes in torch (the reference evaluator and constant
+folding call this), and how it is spelled in Triton (the emitter reads this).
+Adding an op is adding one row here; nothing else needs to change.
+
+Invariant: ``torch_fn`` receives fp32 (or bool) tensors and returns a tensor; a Triton
+spelling is a format string over the argument expressions ``{0}``, ``{1}``... and the
+parameters ``{slope}`` etc., or a callable ``(args, params) -> str`` for ops whose code
+depends on a constant (``pow``). Spellings may call the helpers of
+``evtfuse.backends.triton.prelude`` (prefixed ``_ef_``); ``triton_cuda`` is an optional
+faster spelling used on a real GPU (the CPU interpreter has no libdevice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Mapping, Union
+
+import torch
+
+TritonSpelling = Union[str, Callable[[list, dict], str]]
+
+
+class Category(Enum):
+    ELEMENTWISE = "elementwise"  # float in, float out
+    COMPARE = "compare"  # float in, bool out
+    SELECT = "select"  # where(cond, a, b)
+    REDUCE = "reduce"  # sum/max/min/logsumexp; over which axes is decided by the output
+    INDEX = "index"  # row_index(), col_index(): the element's coordinates
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    arity: int
+    torch_fn: Callable[..., torch.Tensor]
+    triton: TritonSpelling
+    category: Category = Category.ELEMENTWISE
+    params: tuple[tuple[str, float], ...] = ()  # constant keyword parameters and defaults
+    commutative: bool = False
+    triton_cuda: TritonSpelling | None = None
+    doc: str = ""
+    aliases: tuple[str, ...] = field(default=())
+
+    @property
+    def result_is_bool(self) -> bool:
+        return self.category is Category.COMPARE
+
+    def spell(self, args: list[str], params: Mapping[str, float], cuda: bool = False) -> str:
+        """Triton expression of this op applied to argument expressions ``args``."""
+        spelling = self.triton_cuda if (cuda and self.triton_cuda is not None) else self.triton
+        if callable(spelling):
+            return spelling(args, dict(params))
+        return spelling.format(*args, **{k: _lit(v) for k, v in params.items()})
+
+
+def _lit(v: float) -> str:
+    """A float literal Triton parses as fp32 (repr keeps every bit of a Python float)."""
+    if math.isnan(v):
+        return "float('nan')"
+    if math.isinf(v):
+        return "float('inf')" if v > 0 else "float('-inf')"
+    return repr(float(v))
+
+
+def _pow_spelling(args: list, params: dict) -> str:
+    """x ** c with c a compile-time constant: exact products for small integers."""
+    x, c = args[0], params["exponent"]
+    if c == int(c) and abs(c) <= 16:
+        n = int(abs(c))
+        if n == 0:
+            return f"({x} * 0.0 + 1.0)"
+        body = " * ".join([f"({x})"] * n)
+        return f"(1.0 / ({body}))" if c < 0 else f"({body})"
+    if c == 0.5:
+        return f"tl.sqrt({x})"
+    if c == -0.5:
+        return f"tl.math.rsqrt({x})"
+    return f"_ef_powf({x}, {_lit(c)})"
+
+
+def _t_pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
+    return torch.pow(x, exponent)
+
+
+_SQRT1_2 = 0.7071067811865476
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def _t_gelu_tanh(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def _t_hardswish(x):
+    return x * torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
+
+
+def _t_rsqrt(x):
+    return torch.rsqrt(x)
+
+
+def _t_clamp(x, lo, hi):
+    return torch.minimum(torch.maximum(x, lo), hi)
+
+
+def _t_reduce_placeholder(x):  # the reference applies reductions with the output's axes
+    raise TypeError("reductions are applied by the evaluator, not row-wise")
+
+
+_ROWS: tuple[OpDef, ...] = (
+    # ---- arithmetic (from Python operators) ----
+    OpDef("add", 2, torch.add, "({0} + {1})", commutative=True, doc="a + b"),
+    OpDef("sub", 2, torch.sub, "({0} - {1})", doc="a - b"),
+    OpDef("mul", 2, torch.mul, "({0} * {1})", commutative=True, doc="a * b"),
+    OpDef("div", 2, torch.div, "({0} / {1})", doc="a / b"),
+    OpDef("neg", 1, torch.neg, "(-{0})", doc="-a"),
+    OpDef("pow", 1, _t_pow, _pow_spelling, params=(("exponent", 2.0),),
+          doc="a ** c, c a numeric literal"),
+    # ---- comparisons ----
+    OpDef("lt", 2, torch.lt, "({0} < {1})", Category.COMPARE, doc="a < b"),
+    OpDef("le", 2, torch.le, "({0} <= {1})", Category.COMPARE, doc="a <= b"),
+    OpDef("gt", 2, torch.gt, "({0} > {1})", Category.COMPARE, doc="a > b"),
+    OpDef("ge", 2, torch.ge, "({0} >= {1})", Category.COMPARE, doc="a >= b"),
+    OpDef("eq", 2, torch.eq, "({0} == {1})", Category.COMPARE, commutative=True, doc="a == b"),
+    OpDef("ne", 2, torch.ne, "({0} != {1})", Category.COMPARE, commutative=True, doc="a != b"),
+    # ---- activations and math functions ----
+    OpDef("identity", 1, lambda x: x, "{0}", doc="x"),
+    OpDef("relu", 1, torch.relu, "tl.maximum({0}, 0.0)", doc="max(x, 0)"),
+    OpDef("leaky_relu", 1, lambda x, slope: torch.where(x >= 0, x, x * slope),
+          "tl.where({0} >= 0.0, {0}, {0} * {slope})", params=(("slope", 0.01),),
+          doc="x if x >= 0 else slope * x"),
+    OpDef("sigmoid", 1, torch.sigmoid, "_ef_sigmoid({0})", doc="1 / (1 + exp(-x))"),
+    OpDef("tanh", 1, torch.tanh, "_ef_tanh({0})", triton_cuda="_ef_tanh_cuda({0})",
+          doc="hyperbolic tangent"),
+    OpDef("gelu", 1, torch.nn.functional.gelu, "_ef_gelu({0})",
+          doc="x * Phi(x), erf form"),
+    OpDef("gelu_tanh", 1, _t_gelu_tanh, "_ef_gelu_tanh({0})",
+          triton_cuda="_ef_gelu_tanh_cuda({0})", doc="GELU, tanh approximation"),
+    OpDef("silu", 1, torch.nn.functional.silu, "({0} * _ef_sigmoid({0}))", doc="x * sigmoid(x)"),
+    OpDef("hardswish", 1, _t_hardswish,
+          "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
+          doc="x * clamp(x + 3, 0, 6) / 6"),
+    OpDef("softplus", 1, torch.nn.functional.softplus, "_ef_softplus({0})",
+          doc="log(1 + exp(x)), linear above 20 as torch does"),
+    OpDef("exp", 1, torch.exp, "tl.exp({0})", doc="e ** x"),
+    OpDef("log", 1, torch.log, "tl.log({0})", doc="natural logarithm"),
+    OpDef("sqrt", 1, torch.sqrt, "tl.sqrt_rn({0})", doc="square root (IEEE rounded)"),
+    OpDef("rsqrt", 1, _t_rsqrt, "(1.0 / tl.sqrt_rn({0}))", doc="1 / sqrt(x)"),
+    OpDef("abs", 1, torch.abs, "tl.abs({0})", doc="|x|"),
+    OpDef("sin", 1, torch.sin, "tl.sin({0})", doc="sine"),
+    OpDef("cos", 1, torch.cos, "tl.cos({0})", doc="cosine"),
+    OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))", doc="tangent"),
+    OpDef("maximum", 2, torch.maximum, "_ef_maximum({0}, {1})", commutative=True,
+          doc="elementwise max, NaN-propagating like torch"),
+    OpDef("minimum", 2, torch.minimum, "_ef_minimum({0}, {1})", commutative=True,
+          doc="elementwise min, NaN-propagating like torch"),
+    OpDef("clamp", 3, _t_clamp, "_ef_minimum(_ef_maximum({0}, {1}), {2})",
+          doc="min(max(x, lo), hi)"),
+    OpDef("where", 3, torch.where, "tl.where({0}, {1}, {2})", Category.SELECT,
+          doc="a where cond else b"),
+    OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
+          doc="a * b + c (fused where the GPU has it)"),
+    # ---- reductions: axes come from the shape of the output they feed ----
+    OpDef("sum", 1, _t_reduce_placeholder, "sum", Category.REDUCE, doc="sum"),
+    OpDef("max", 1, _t_reduce_placeholder, "max", Category.REDUCE, doc="maximum"),
+    OpDef("min", 1, _t_reduce_placeholder, "min", Category.REDUCE, doc="minimum"),
+)
+
+OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}
+
+# Python operators the frontend maps to table rows.
+BINARY_OPERATORS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div"}
+COMPARE_OPERATORS = {"Lt": "lt", "LtE": "le", "Gt": "gt", "GtE": "ge", "Eq": "eq", "NotEq": "ne"}
+UNARY_OPERATORS = {"USub": "neg", "UAdd": "identity"}
+
+# Names a user may call in an epilogue (every row but the operator-only ones).
+_OPERATOR_ONLY = {"add", "sub", "mul", "div", "neg", "pow", "lt", "le", "gt", "ge", "eq", "ne"}
+CALLABLE = {name: row for name, row in OPS.items() if name not in _OPERATOR_ONLY}
+
+
+def torch_apply(op: OpDef, inputs: list[torch.Tensor], params: Mapping[str, float]) -> torch.Tensor:
+    """Apply an elementwise/compare/select row in torch (the one reading of its meaning)."""
+    if op.category is Category.REDUCE:
+        raise TypeError(f"{op.name} is a reduction; its axes come from the output it feeds")
+    return op.torch_fn(*inputs, **params)

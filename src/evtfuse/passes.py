@@ -1,0 +1,211 @@
+"""Passes: named DAG -> DAG rewrites, run in one ordered list.
+
+Layer: passes. Each pass is a pure function of an ``ir.Dag``; ``optimize`` runs
+``PIPELINE`` in order and, in debug mode (``debug=True`` or ``EVTFUSE_DEBUG=1``), checks
+the DAG's invariants (``ir.verify``) before and after every pass. Every rewrite here is
+exact in IEEE arithmetic: the optimised DAG computes bit-for-bit what the original
+computes in fp32 (no ``x*0 -> 0``, no ``x+0 -> x``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+from . import ir
+from .ir import Dag, Node, NodeKind, Output, OutputKind, Space
+from .optable import OPS, Category, torch_apply
+
+Pass = Callable[[Dag], Dag]
+
+
+def _rebuild(dag: Dag, rewrite: Callable[[Node, tuple[Node, ...]], Node]) -> Dag:
+    """Rebuild every node bottom-up: ``rewrite(node, new_inputs)`` returns its replacement."""
+    new: dict[int, Node] = {}
+    for n in dag.nodes:
+        inputs = tuple(new[id(i)] for i in n.inputs)
+        new[id(n)] = rewrite(n, inputs)
+    outs = [Output(o.name, new[id(o.node)], o.kind, o.dtype, o.batched) for o in dag.outputs]
+    return dag.replace_outputs(outs)
+
+
+def _same_or_new(n: Node, inputs: tuple[Node, ...]) -> Node:
+    if all(a is b for a, b in zip(inputs, n.inputs)):
+        return n
+    return ir.with_inputs(n, inputs)
+
+
+# ------------------------------------------------------------------ dead code
+
+def eliminate_dead_code(dag: Dag) -> Dag:
+    """Drop unstored outputs that nothing else reads (an unused branch never reaches codegen).
+
+    Assignments that no output reaches are already absent: a DAG holds only what its
+    outputs reach.
+    """
+    keep: list[Output] = []
+    needed = {id(n) for o in dag.outputs if o.kind is not OutputKind.NONE
+              for n in Dag((o,), dag.operands).nodes}
+    for o in dag.outputs:
+        if o.kind is OutputKind.NONE and id(o.node) not in needed:
+            continue
+        keep.append(o)
+    return dag if len(keep) == len(dag.outputs) else dag.replace_outputs(keep)
+
+
+# ------------------------------------------------------------------ constants
+
+def _const_value(n: Node) -> float | None:
+    return n.value if n.kind is NodeKind.CONST else None
+
+
+def fold_constants(dag: Dag) -> Dag:
+    """Evaluate compute nodes whose inputs are all literals, in fp32 as the kernel would;
+    pick the branch of a ``where`` whose condition is a literal."""
+
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        if n.kind is not NodeKind.COMPUTE:
+            return _same_or_new(n, inputs)
+        row = OPS[n.op]
+        if row.category is Category.SELECT and inputs[0].kind is NodeKind.CONST:
+            return inputs[1] if inputs[0].value != 0 else inputs[2]
+        if row.category is Category.ELEMENTWISE and inputs and \
+                all(i.kind is NodeKind.CONST for i in inputs):
+            vals = [torch.tensor(i.value, dtype=torch.float32) for i in inputs]
+            out = torch_apply(row, vals, n.param_dict)
+            return ir.const_node(float(out.item()), n.line)
+        return _same_or_new(n, inputs)
+
+    return _rebuild(dag, rewrite)
+
+
+# ------------------------------------------------------------------ algebra
+
+def _is(n: Node, value: float) -> bool:
+    v = _const_value(n)
+    return v is not None and v == value and (value != 0 or str(v) == str(value))
+
+
+def simplify_algebra(dag: Dag) -> Dag:
+    """Identities that hold bit-for-bit in IEEE fp32, NaN, infinities and signed zeros included:
+    x*1, 1*x, x/1, x-0, x+(-0), x**1 -> x; x*-1 -> -x; -(-x) -> x; identity(x) -> x;
+    relu(relu(x)), abs(abs(x)) -> inner; abs(-x) -> abs(x)."""
+
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        if n.kind is not NodeKind.COMPUTE:
+            return _same_or_new(n, inputs)
+        op = n.op
+        a = inputs[0] if inputs else None
+        b = inputs[1] if len(inputs) > 1 else None
+        if op == "identity":
+            return a
+        if op == "mul":
+            if _is(b, 1.0):
+                return a
+            if _is(a, 1.0):
+                return b
+            if _is(b, -1.0):
+                return ir.compute_node("neg", (a,), var=n.var, line=n.line)
+            if _is(a, -1.0):
+                return ir.compute_node("neg", (b,), var=n.var, line=n.line)
+        if op == "div" and _is(b, 1.0):
+            return a
+        if op == "sub" and _is(b, 0.0):
+            return a
+        if op == "add" and _is(b, -0.0):
+            return a
+        if op == "add" and _is(a, -0.0):
+            return b
+        if op == "pow" and n.param_dict.get("exponent") == 1.0:
+            return a
+        if op == "neg" and a.kind is NodeKind.COMPUTE and a.op == "neg":
+            return a.inputs[0]
+        if op in ("relu", "abs") and a.kind is NodeKind.COMPUTE and a.op == op:
+            return a
+        if op == "abs" and a.kind is NodeKind.COMPUTE and a.op == "neg":
+            return ir.compute_node("abs", (a.inputs[0],), var=n.var, line=n.line)
+        return _same_or_new(n, inputs)
+
+    return _rebuild(dag, rewrite)
+
+
+# ------------------------------------------------------------------ CSE
+
+def eliminate_common_subexpressions(dag: Dag) -> Dag:
+    """Compute each distinct value once: equal ops over equal inputs become one node."""
+    table: dict[tuple, Node] = {}
+
+    def key(n: Node, inputs: tuple[Node, ...]) -> tuple:
+        ids = tuple(id(i) for i in inputs)
+        if n.kind is NodeKind.COMPUTE and OPS[n.op].commutative:
+            ids = tuple(sorted(ids))
+        operand = n.operand.name if n.operand is not None else None
+        value = None if n.value is None else (n.value, str(n.value))  # keeps -0.0 apart from 0.0
+        return (n.kind, n.op, n.params, value, operand, ids, n.space, n.batched)
+
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        candidate = _same_or_new(n, inputs)
+        if n.kind is NodeKind.REDUCE:
+            return candidate  # each reduction belongs to its own output
+        k = key(n, inputs)
+        if k not in table:
+            table[k] = candidate
+        return table[k]
+
+    return _rebuild(dag, rewrite)
+
+
+# ------------------------------------------------------------------ reductions
+
+def eliminate_reductions(dag: Dag) -> Dag:
+    """``max``/``min`` of a value that is already constant along the reduced axes is the
+    value itself (exact); sums are kept (N * x is not the sum the kernel would form)."""
+    outs = []
+    changed = False
+    for o in dag.outputs:
+        n = o.node
+        if n.kind is NodeKind.REDUCE and n.op in ("max", "min"):
+            src = n.inputs[0]
+            fits = src.space.join(n.space) is n.space and (n.batched or not src.batched)
+            if fits and src.dtype is not torch.bool:
+                outs.append(Output(o.name, src, o.kind, o.dtype, o.batched))
+                changed = True
+                continue
+        outs.append(o)
+    return dag.replace_outputs(outs) if changed else dag
+
+
+PIPELINE: tuple[tuple[str, Pass], ...] = (
+    ("dead-code elimination", eliminate_dead_code),
+    ("constant folding", fold_constants),
+    ("algebraic simplification", simplify_algebra),
+    ("constant folding (again)", fold_constants),
+    ("common-subexpression elimination", eliminate_common_subexpressions),
+    ("reduction elimination", eliminate_reductions),
+    ("dead-code elimination (final)", eliminate_dead_code),
+)
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("EVTFUSE_DEBUG", "").lower() in ("1", "true", "yes", "debug")
+
+
+def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
+    """Run the pass pipeline; with ``debug`` verify the DAG between passes."""
+    debug = debug_enabled() if debug is None else debug
+    if debug:
+        ir.verify(dag)
+    for name, fn in passes:
+        dag = fn(dag)
+        if debug:
+            try:
+                ir.verify(dag)
+            except ir.IRError as exc:
+                raise ir.IRError(f"after pass '{name}': {exc}") from exc
+    return dag
+
+
+__all__ = ["PIPELINE", "optimize", "eliminate_dead_code", "fold_constants", "simplify_algebra",
+           "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

@@ -1,0 +1,145 @@
+"""Reference evaluator: computes every output of an epilogue DAG eagerly with torch.
+
+Layer: reference. The oracle of every kernel test and of ``Kernel.verify``: it reads
+the same DAG the backends read and the same op table, on any device. Values are held
+as (L|1, M|1, N|1) tensors in ``compute_dtype`` (fp32 by default, as the kernels
+compute; float64 for high-precision checks) and broadcast as NumPy does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from .ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
+from .optable import OPS, Category, torch_apply
+
+
+def _as3d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape((1,) * (3 - t.dim()) + tuple(t.shape))
+
+
+def evaluate(dag_or_args: Any, accum: torch.Tensor | None = None,
+             operands: Mapping[str, Any] | None = None, *, compute_dtype: torch.dtype = torch.float32,
+             cast: bool = True) -> dict[str, torch.Tensor]:
+    """Every stored output of the epilogue, by name, shaped like its output buffer.
+
+    ``dag_or_args``: an ``ir.Dag``, an ``EpilogueArguments`` (then ``accum`` is needed) or a
+    ``GemmArguments`` (``accum`` defaults to ``A @ B`` computed in ``compute_dtype``).
+    ``operands``: values by name (default: those of the arguments). With ``cast`` the
+    results are rounded to each output's dtype, as a kernel stores them. Outputs passed as
+    ``None`` are returned too, uncast, as (L, M, N) tensors.
+    """
+    from .arguments import EpilogueArguments, GemmArguments  # user-facing objects
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    if isinstance(dag_or_args, GemmArguments):
+        args = dag_or_args
+        dag = args.dag
+        if accum is None:
+            accum = torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
+        values = args.epilogue.values
+    elif isinstance(dag_or_args, EpilogueArguments):
+        dag, values = dag_or_args.dag, dag_or_args.values
+    elif isinstance(dag_or_args, Dag):
+        dag, values = dag_or_args, {}
+    else:
+        raise TypeError(f"evaluate takes a Dag, EpilogueArguments or GemmArguments, "
+                        f"not {type(dag_or_args).__name__}")
+    if accum is None:
+        raise TypeError("evaluate needs the accumulator (A @ B) for this argument")
+    values = dict(values)
+    if operands:
+        values.update(operands)
+    for o in dag.outputs:
+        v = values.get(o.name)
+        if isinstance(v, torch.Tensor):
+            shapes[o.name] = tuple(v.shape)
+    acc3 = _as3d(accum).to(compute_dtype)
+    return _Evaluator(dag, acc3, values, compute_dtype).run(shapes, cast)
+
+
+class _Evaluator:
+    def __init__(self, dag: Dag, acc3: torch.Tensor, values: Mapping[str, Any], dtype: torch.dtype):
+        self.dag, self.acc3, self.values, self.dtype = dag, acc3, values, dtype
+        self.device = acc3.device
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def value(self, n: Node) -> torch.Tensor:
+        v = self.cache.get(id(n))
+        if v is None:
+            v = self._compute(n)
+            self.cache[id(n)] = v
+        return v
+
+    def _float(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype) if t.dtype != self.dtype else t
+
+    def _compute(self, n: Node) -> torch.Tensor:
+        L, M, N = self.acc3.shape
+        if n.kind is NodeKind.ACCUM:
+            return self.acc3
+        if n.kind is NodeKind.CONST:
+            return torch.tensor(n.value, dtype=self.dtype, device=self.device)
+        if n.kind is NodeKind.INDEX:
+            size = M if n.op == "row" else N
+            idx = torch.arange(size, device=self.device, dtype=self.dtype)
+            return idx.view(1, size, 1) if n.op == "row" else idx.view(1, 1, size)
+        if n.kind is NodeKind.LOAD:
+            spec = n.operand
+            if spec.name not in self.values:
+                raise KeyError(f"no value for operand {spec.name}")
+            raw = self.values[spec.name]
+            if spec.kind is OperandKind.RUNTIME_SCALAR:
+                return torch.tensor(float(raw), dtype=self.dtype, device=self.device)
+            return _as3d(raw.to(self.device).to(self.dtype))
+        if n.kind is NodeKind.COMPUTE:
+            row = OPS[n.op]
+            ins = [self.value(i) for i in n.inputs]
+            if row.category is Category.SELECT:
+                cond = ins[0] if ins[0].dtype == torch.bool else ins[0] != 0
+                ins = [cond, self._float(ins[1]), self._float(ins[2])]
+            else:
+                ins = [self._float(i) for i in ins]
+            return torch_apply(row, ins, n.param_dict)
+        if n.kind is NodeKind.REDUCE:
+            src = self._float(self.value(n.inputs[0])).expand(L, M, N)
+            dims = []
+            if not n.batched:
+                dims.append(0)
+            if n.space in (Space.COL, Space.SCALAR):
+                dims.append(1)
+            if n.space in (Space.ROW, Space.SCALAR):
+                dims.append(2)
+            if not dims:
+                return src
+            if n.op == "sum":
+                return src.sum(dim=dims, keepdim=True)
+            if n.op == "max":
+                return src.amax(dim=dims, keepdim=True)
+            if n.op == "min":
+                return src.amin(dim=dims, keepdim=True)
+            raise NotImplementedError(f"reduction {n.op}")
+        raise NotImplementedError(n.kind)
+
+    def run(self, shapes: Mapping[str, tuple[int, ...]], cast: bool) -> dict[str, torch.Tensor]:
+        L, M, N = self.acc3.shape
+        result: dict[str, torch.Tensor] = {}
+        for o in self.dag.outputs:
+            v = self._float(self.value(o.node)).expand(L, M, N)
+            # keep the axes the output has; the value is constant along the others (a
+            # reduction already collapsed them, anything else was checked by the frontend)
+            keep_l = o.batched or o.kind is OutputKind.NONE
+            keep_m = o.kind in (OutputKind.FULL, OutputKind.NONE, OutputKind.ROW)
+            keep_n = o.kind in (OutputKind.FULL, OutputKind.NONE, OutputKind.COL)
+            v = v[: L if keep_l else 1, : M if keep_m else 1, : N if keep_n else 1]
+            if o.name in shapes:
+                v = v.reshape(shapes[o.name])
+            if cast and o.dtype is not None:
+                v = v.to(o.dtype)
+            result[o.name] = v.contiguous()
+        return result
+
+
+__all__ = ["evaluate"]
