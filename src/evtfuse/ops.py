@@ -6,7 +6,8 @@ so the eager meaning and the fused meaning are the same text. Inside an epilogue
 frontend recognises these names by the AST; it never calls these functions.
 
 Reductions in plain torch: ``sum``/``max``/``min`` reduce over every element unless
-``dim`` is given (in a fused epilogue the output's shape picks the axes).
+``dim`` is given (in a fused epilogue the output's shape picks the axes); ``max(a, b)`` and
+``min(a, b)`` with two values are elementwise, as in an epilogue (``dim`` is keyword-only).
 """
 
 from __future__ import annotations
@@ -45,11 +46,22 @@ def _make(op: OpDef):
     return fn
 
 
+_NO_OTHER = object()
+
+
 def _make_reduction(name: str):
     torch_fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[name]
+    pairwise = {"max": torch.maximum, "min": torch.minimum}.get(name)
 
-    def fn(x, dim=None, keepdim: bool = False):
+    def fn(x, other=_NO_OTHER, *, dim=None, keepdim: bool = False):
         x = _as_tensor(x)
+        if other is not _NO_OTHER:
+            # max(a, b) / min(a, b) are elementwise in an epilogue (the frontend reads them
+            # as maximum/minimum); keep the same meaning here. sum(x, dim) stays a reduction.
+            if pairwise is None:
+                dim = other
+            else:
+                return pairwise(x, _as_tensor(other))
         if dim is None:
             return torch_fn(x)
         return torch_fn(x, dim=dim, keepdim=keepdim)
