@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 from . import ops, reference  # noqa: F401
 from .arguments import EpilogueArguments, GemmArguments
 from .errors import EpilogueError, Status, UnsupportedError
+from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels
 
 __all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
-           "ops", "reference", "__version__"]
+           "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "fuse", "ops",
+           "reference", "__version__"]

@@ -307,6 +307,30 @@ def verify(dag: Dag) -> None:
         raise IRError(f"duplicate output names {names}")
 
 
+def signature(dag: Dag) -> str:
+    """Canonical text of everything in the DAG that shapes generated code (no names of
+    variables, no line numbers): equal signatures compute the same function."""
+    names: dict[int, str] = {}
+    parts = []
+    for k, n in enumerate(dag.nodes):
+        names[id(n)] = f"%{k}"
+        if n.kind is NodeKind.LOAD:
+            o = n.operand
+            desc = f"load {o.name}:{o.kind.name}:{dtype_name(o.dtype)}:{int(o.batched)}"
+        elif n.kind is NodeKind.CONST:
+            desc = f"const {float(n.value).hex()}"
+        elif n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+            ps = ",".join(f"{k}={float(v).hex()}" for k, v in n.params)
+            desc = f"{n.kind.value} {n.op}({','.join(names[id(i)] for i in n.inputs)};{ps})"
+        else:
+            desc = f"{n.kind.value} {n.op or ''}"
+        parts.append(f"{desc}:{n.space.name}:{int(n.batched)}:{dtype_name(n.dtype)}")
+    for o in dag.outputs:
+        parts.append(f"out {o.name}={names[id(o.node)]}:{o.kind.name}:{dtype_name(o.dtype)}:"
+                     f"{int(o.batched)}")
+    return ";".join(parts)
+
+
 # ---------------------------------------------------------------- printers
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -419,5 +443,5 @@ def _evt_tree(n: Node, indent: str, lines: list[str], shared: dict[int, int],
 __all__ = [
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
     "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
-    "with_inputs", "verify", "IRError", "format_dag", "format_evt", "dtype_name",
+    "with_inputs", "verify", "IRError", "format_dag", "format_evt", "dtype_name", "signature",
 ]

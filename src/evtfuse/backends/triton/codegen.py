@@ -1,0 +1,436 @@
+"""Triton source emitter: one fused GEMM + epilogue kernel from a ``KernelSpec``.
+
+Layer: backends/triton. Reads the optimised ``ir.Dag`` and the op table; never the user's
+source. The generated module holds the ``_ef_`` helpers it calls and one ``@triton.jit``
+kernel named ``evtfuse_kernel``. Values that may change between runs (runtime scalars,
+pointers, strides, sizes) are kernel arguments; tile sizes are ``tl.constexpr``; literals
+of the epilogue are baked in. Two families share the epilogue emitter and differ in the
+mainloop and in how full tiles move:
+
+* ``hopper``: persistent grid over tiles (grouped order), tensor descriptors (TMA) for
+  A, B and every full aux load/store, the epilogue applied per sub-tile of the
+  accumulator (``EPI_SPLIT`` pieces along N) to keep register pressure low;
+* ``portable``: one program per tile, pointer loads with masks (any strides, any
+  alignment), runs on any Triton GPU target and under the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from ... import ir
+from ...ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
+from ...optable import OPS, Category, _lit
+from .prelude import helpers_for
+
+TL_DTYPES = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+    torch.int32: "tl.int32", torch.int64: "tl.int64", torch.int16: "tl.int16",
+    torch.bool: "tl.int1",
+}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything that shapes the generated source (its cache key is a hash of this)."""
+
+    family: str  # "hopper" | "portable"
+    dag: Dag
+    a_trans: bool  # A is column-major (M contiguous)
+    b_trans: bool  # B is column-major (K contiguous)
+    a_batched: bool
+    b_batched: bool
+    epi_split: int  # sub-tiles along N in the epilogue (hopper)
+    cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
+
+    def key(self) -> str:
+        text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
+                         str(int(self.b_trans)), str(int(self.a_batched)),
+                         str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
+                         GENERATOR_VERSION])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+GENERATOR_VERSION = "7"
+
+
+def uname(name: str) -> str:
+    """Kernel-argument prefix for a user operand/output (keeps Triton names free)."""
+    return f"u_{name}"
+
+
+def full_outputs(dag: Dag):
+    return [o for o in dag.outputs if o.kind is OutputKind.FULL]
+
+
+def vector_outputs(dag: Dag):
+    return [o for o in dag.outputs if o.kind in (OutputKind.ROW, OutputKind.COL, OutputKind.SCALAR)
+            and o.node.kind is not NodeKind.REDUCE]
+
+
+def epilogue_params(dag: Dag, family: str) -> list[str]:
+    """Kernel parameters for the epilogue's operands and outputs, in a fixed order."""
+    params: list[str] = []
+    for spec in dag.used_operands:
+        u = uname(spec.name)
+        if spec.kind is OperandKind.RUNTIME_SCALAR:
+            params.append(u)
+        elif spec.kind is OperandKind.DEVICE_SCALAR:
+            params += [f"{u}_ptr", f"{u}_sl"]
+        elif spec.kind is OperandKind.PER_ROW:
+            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm"]
+        elif spec.kind is OperandKind.PER_COL:
+            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sn"]
+        elif family == "hopper":
+            params.append(f"{u}_desc")
+        else:
+            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    for o in full_outputs(dag):
+        u = uname(o.name)
+        params += [f"{u}_desc"] if family == "hopper" else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    for o in vector_outputs(dag):
+        u = uname(o.name)
+        params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    return params
+
+
+class _Epilogue:
+    """Emits the epilogue of one DAG: program-level scalars once, the rest per sub-tile."""
+
+    def __init__(self, spec: KernelSpec):
+        self.spec = spec
+        self.dag = spec.dag
+        self.hoisted: dict[int, str] = {}
+
+    @staticmethod
+    def _program_level(n: Node) -> bool:
+        return n.space is Space.SCALAR and not n.batched and n.kind is not NodeKind.INDEX \
+            and n.kind is not NodeKind.REDUCE and n.kind is not NodeKind.ACCUM
+
+    def prologue(self, indent: str) -> list[str]:
+        """Scalars that do not depend on the tile: loaded and computed once per program."""
+        lines: list[str] = []
+        for k, n in enumerate(self.dag.nodes):
+            if not self._program_level(n):
+                continue
+            expr = self._expr(n, self.hoisted, sub=None)
+            name = f"s{k}"
+            if n.kind is NodeKind.CONST:
+                self.hoisted[id(n)] = expr  # literals stay inline
+                continue
+            lines.append(f"{indent}{name} = {expr}")
+            self.hoisted[id(n)] = name
+        return lines
+
+    def _arg(self, n: Node, env: dict[int, str], as_float: bool) -> str:
+        v = env[id(n)]
+        if as_float and n.dtype is torch.bool:
+            return f"({v}).to(tl.float32)"
+        return v
+
+    def _expr(self, n: Node, env: dict[int, str], sub) -> str:
+        if n.kind is NodeKind.ACCUM:
+            return sub.acc
+        if n.kind is NodeKind.CONST:
+            return _lit(n.value)
+        if n.kind is NodeKind.INDEX:
+            return f"{sub.rm}[:, None].to(tl.float32)" if n.op == "row" \
+                else f"{sub.rn}[None, :].to(tl.float32)"
+        if n.kind is NodeKind.LOAD:
+            return self._load(n.operand, sub)
+        if n.kind is NodeKind.COMPUTE:
+            row = OPS[n.op]
+            if row.category is Category.SELECT:
+                c = env[id(n.inputs[0])]
+                cond = c if n.inputs[0].dtype is torch.bool else f"({c} != 0.0)"
+                args = [cond] + [self._arg(i, env, True) for i in n.inputs[1:]]
+            else:
+                args = [self._arg(i, env, True) for i in n.inputs]
+            return row.spell(args, n.param_dict, cuda=self.spec.cuda)
+        raise NotImplementedError(f"the Triton emitter has no code for {n.kind.value} nodes yet")
+
+    def _load(self, spec, sub) -> str:
+        u = uname(spec.name)
+        if spec.kind is OperandKind.RUNTIME_SCALAR:
+            return u
+        bofs = f"bid64 * {u}_sl" if spec.batched else "0"
+        if spec.kind is OperandKind.DEVICE_SCALAR:
+            return f"tl.load({u}_ptr + {bofs}).to(tl.float32)"
+        if spec.kind is OperandKind.PER_ROW:
+            return (f"tl.load({u}_ptr + {bofs} + {sub.rm} * {u}_sm, mask={sub.rm} < M, "
+                    f"other=0.0).to(tl.float32)[:, None]")
+        if spec.kind is OperandKind.PER_COL:
+            return (f"tl.load({u}_ptr + {bofs} + {sub.rn} * {u}_sn, mask={sub.rn} < N, "
+                    f"other=0.0).to(tl.float32)[None, :]")
+        return sub.load_full(u, spec.batched)
+
+    def body(self, sub, indent: str) -> list[str]:
+        """Loads, computes and stores for one sub-tile described by ``sub``."""
+        env: dict[int, str] = dict(self.hoisted)
+        lines: list[str] = []
+        users = self.dag.users
+        for k, n in enumerate(self.dag.nodes):
+            if id(n) in env:
+                continue
+            if n.kind is NodeKind.REDUCE:
+                raise NotImplementedError("reductions are not emitted by this backend yet")
+            expr = self._expr(n, env, sub)
+            single_use = len(users[id(n)]) <= 1 and not any(o.node is n for o in self.dag.outputs)
+            if n.kind in (NodeKind.ACCUM, NodeKind.CONST) or (
+                    single_use and n.kind is NodeKind.COMPUTE and len(expr) < 60):
+                env[id(n)] = expr if n.kind is not NodeKind.COMPUTE else f"({expr})"
+                continue
+            name = f"v{k}{sub.suffix}"
+            lines.append(f"{indent}{name} = {expr}")
+            env[id(n)] = name
+        for o in full_outputs(self.dag):
+            v = self._arg(o.node, env, True)
+            if o.node.space is not Space.FULL:
+                v = f"({v} + tl.zeros(({sub.bm}, {sub.bn}), tl.float32))"
+            lines.append(indent + sub.store_full(uname(o.name), v, o.batched))
+        for o in vector_outputs(self.dag):
+            lines += self._store_vector(o, env, sub, indent)
+        return lines
+
+    def _store_vector(self, o, env, sub, indent) -> list[str]:
+        """A value that is constant along the axes its (vector/scalar) output lacks."""
+        u = uname(o.name)
+        v = self._arg(o.node, env, True)
+        conds = [] if o.batched else ["(bid == 0)"]
+        if o.kind is OutputKind.ROW:
+            val = f"tl.reshape({v} + tl.zeros(({sub.bm}, 1), tl.float32), ({sub.bm},))"
+            ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rm} * {u}_sm"
+            mask = f"({sub.rm} < M) & ({sub.pid_n} == 0) & ({sub.first_sub})"
+        elif o.kind is OutputKind.COL:
+            val = f"tl.reshape({v} + tl.zeros((1, {sub.bn}), tl.float32), ({sub.bn},))"
+            ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rn} * {u}_sn"
+            mask = f"({sub.rn} < N) & ({sub.pid_m} == 0)"
+        else:
+            val = f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), tl.float32), (1,)), axis=0)"
+            ptr = f"{u}_ptr + bid64 * {u}_sl"
+            mask = f"({sub.pid_m} == 0) & ({sub.pid_n} == 0) & ({sub.first_sub})"
+        mask = " & ".join([mask] + conds)
+        return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]
+
+
+@dataclass
+class _PortableTile:
+    acc: str = "acc"
+    rm: str = "rm"
+    rn: str = "rn"
+    bm: str = "BLOCK_M"
+    bn: str = "BLOCK_N"
+    pid_m: str = "pid_m"
+    pid_n: str = "pid_n"
+    first_sub: str = "True"
+    suffix: str = ""
+
+    def load_full(self, u: str, batched: bool) -> str:
+        b = f"bid64 * {u}_sl + " if batched else ""
+        return (f"tl.load({u}_ptr + {b}{self.rm}[:, None] * {u}_sm + {self.rn}[None, :] * {u}_sn, "
+                f"mask=mask, other=0.0).to(tl.float32)")
+
+    def store_full(self, u: str, value: str, batched: bool) -> str:
+        b = f"bid64 * {u}_sl + " if batched else ""
+        return (f"tl.store({u}_ptr + {b}{self.rm}[:, None] * {u}_sm + {self.rn}[None, :] * {u}_sn, "
+                f"({value}).to({u}_ptr.dtype.element_ty), mask=mask)")
+
+
+@dataclass
+class _HopperTile:
+    acc: str
+    rn: str
+    off_n: str
+    suffix: str
+    first_sub: str
+    rm: str = "rm"
+    bm: str = "BLOCK_M"
+    bn: str = "SUB_N"
+    pid_m: str = "pid_m_c"
+    pid_n: str = "pid_n_c"
+
+    def load_full(self, u: str, batched: bool) -> str:
+        if batched:
+            return (f"{u}_desc.load([bid, off_m_c, {self.off_n}]).reshape(BLOCK_M, SUB_N)"
+                    f".to(tl.float32)")
+        return f"{u}_desc.load([off_m_c, {self.off_n}]).to(tl.float32)"
+
+    def store_full(self, u: str, value: str, batched: bool) -> str:
+        if batched:
+            return (f"{u}_desc.store([bid, off_m_c, {self.off_n}], "
+                    f"({value}).to({u}_desc.dtype).reshape(1, BLOCK_M, SUB_N))")
+        return f"{u}_desc.store([off_m_c, {self.off_n}], ({value}).to({u}_desc.dtype))"
+
+
+def _portable_source(spec: KernelSpec) -> str:
+    epi = _Epilogue(spec)
+    params = ", ".join(["A", "B", "M", "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
+                       + epilogue_params(spec.dag, "portable"))
+    I1, I2 = "    ", "        "
+    lines = [
+        "@triton.jit",
+        f"def evtfuse_kernel({params},",
+        "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
+        "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):",
+        f"{I1}pid = tl.program_id(0)",
+        f"{I1}bid = tl.program_id(1)",
+        f"{I1}bid64 = bid.to(tl.int64)",
+        f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
+        f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
+        f"{I1}group = GROUP_M * num_pid_n",
+        f"{I1}first_m = (pid // group) * GROUP_M",
+        f"{I1}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
+        f"{I1}pid_m = first_m + ((pid % group) % group_m)",
+        f"{I1}pid_n = (pid % group) // group_m",
+        f"{I1}rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"{I1}rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        f"{I1}rk = tl.arange(0, BLOCK_K)",
+        f"{I1}a_ptrs = A + bid64 * sa_l + rm[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
+        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + rn[None, :].to(tl.int64) * sb_n",
+        f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
+        f"{I2}k_left = K - k * BLOCK_K",
+        f"{I2}a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < k_left), other=0.0)",
+        f"{I2}b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < N), other=0.0)",
+        f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)",
+        f"{I2}a_ptrs += BLOCK_K * sa_k",
+        f"{I2}b_ptrs += BLOCK_K * sb_k",
+        f"{I1}mask = (rm[:, None] < M) & (rn[None, :] < N)",
+    ]
+    lines += epi.prologue(I1)
+    lines += epi.body(_PortableTile(), I1)
+    return "\n".join(lines) + "\n"
+
+
+def _split_lines(split: int, indent: str) -> tuple[list[str], list[str]]:
+    """Code splitting ``acc`` into ``split`` column pieces (left to right) and their names."""
+    if split == 1:
+        return [], ["acc"]
+    lines: list[str] = []
+    pieces = ["acc"]
+    width = "BLOCK_N"
+    level = 0
+    while len(pieces) < split:
+        nxt = []
+        half = f"({width}) // 2"
+        for p in pieces:
+            a, b = f"{p}_l{level}", f"{p}_r{level}"
+            lines.append(f"{indent}{a}, {b} = tl.split(tl.permute(tl.reshape({p}, "
+                         f"(BLOCK_M, 2, {half})), (0, 2, 1)))")
+            nxt += [a, b]
+        pieces = nxt
+        width = half
+        level += 1
+    return lines, pieces
+
+
+def _hopper_source(spec: KernelSpec) -> str:
+    epi = _Epilogue(spec)
+    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + epilogue_params(spec.dag, "hopper"))
+    I1, I2, I3 = "    ", "        ", "            "
+    a_idx = "[bid, off_m, off_k]" if spec.a_batched else "[off_m, off_k]"
+    if spec.a_trans:
+        a_idx = "[bid, off_k, off_m]" if spec.a_batched else "[off_k, off_m]"
+    b_idx = "[bid, off_k, off_n]" if spec.b_batched else "[off_k, off_n]"
+    if spec.b_trans:
+        b_idx = "[bid, off_n, off_k]" if spec.b_batched else "[off_n, off_k]"
+    a_load = f"a_desc.load({a_idx})"
+    b_load = f"b_desc.load({b_idx})"
+    if spec.a_batched:
+        a_load += ".reshape(BLOCK_K, BLOCK_M)" if spec.a_trans else ".reshape(BLOCK_M, BLOCK_K)"
+    if spec.b_batched:
+        b_load += ".reshape(BLOCK_N, BLOCK_K)" if spec.b_trans else ".reshape(BLOCK_K, BLOCK_N)"
+    if spec.a_trans:
+        a_load += ".T"
+    if spec.b_trans:
+        b_load += ".T"
+    lines = [
+        "@triton.jit",
+        "def _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):",
+        f"{I1}bid = tile // tiles_per_batch",
+        f"{I1}t = tile % tiles_per_batch",
+        f"{I1}group = GROUP_M * num_pid_n",
+        f"{I1}first_m = (t // group) * GROUP_M",
+        f"{I1}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
+        f"{I1}pid_m = first_m + ((t % group) % group_m)",
+        f"{I1}pid_n = (t % group) // group_m",
+        f"{I1}return bid, pid_m, pid_n",
+        "",
+        "",
+        "@triton.jit",
+        f"def evtfuse_kernel({params},",
+        "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
+        "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
+        "                   NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):",
+        f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
+        f"{I1}start = tl.program_id(0)",
+        f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
+        f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
+        f"{I1}k_tiles = tl.cdiv(K, BLOCK_K)",
+        f"{I1}tiles_per_batch = num_pid_m * num_pid_n",
+        f"{I1}num_tiles = tiles_per_batch * L",
+    ]
+    lines += epi.prologue(I1)
+    lines += [
+        f"{I1}tile_c = start - NUM_SMS",
+        f"{I1}for tile in tl.range(start, num_tiles, NUM_SMS, flatten=FLATTEN, "
+        "warp_specialize=WARP_SPECIALIZE):",
+        f"{I2}bid, pid_m, pid_n = _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}off_m = pid_m * BLOCK_M",
+        f"{I2}off_n = pid_n * BLOCK_N",
+        f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        f"{I2}for ki in range(k_tiles):",
+        f"{I3}off_k = ki * BLOCK_K",
+        f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION)",
+        # the epilogue recomputes its tile's coordinates: with a flattened loop the
+        # mainloop of the next tile may already have started
+        f"{I2}tile_c += NUM_SMS",
+        f"{I2}bid, pid_m_c, pid_n_c = _ef_tile_coords(tile_c, tiles_per_batch, num_pid_m, "
+        "num_pid_n, GROUP_M)",
+        f"{I2}bid64 = bid.to(tl.int64)",
+        f"{I2}off_m_c = pid_m_c * BLOCK_M",
+        f"{I2}off_n_c = pid_n_c * BLOCK_N",
+        f"{I2}rm = off_m_c + tl.arange(0, BLOCK_M)",
+    ]
+    split_lines, pieces = _split_lines(spec.epi_split, I2)
+    lines += split_lines
+    for s, piece in enumerate(pieces):
+        off_n = f"off_n_c + {s} * SUB_N" if s else "off_n_c"
+        rn = f"rn{s}"
+        sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", suffix=f"_{s}",
+                          first_sub="True" if s == 0 else "False")
+        lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
+        lines += epi.body(sub, I2)
+    return "\n".join(lines) + "\n"
+
+
+def generate(spec: KernelSpec) -> str:
+    """The whole generated module for ``spec``."""
+    kernel = _hopper_source(spec) if spec.family == "hopper" else _portable_source(spec)
+    header = (
+        f'"""evtfuse generated kernel ({spec.family}); key {spec.key()}.\n\n'
+        + "\n".join("  " + line for line in ir.format_dag(spec.dag).splitlines())
+        + '\n"""\n'
+        "import triton\nimport triton.language as tl\n\n"
+    )
+    return header + helpers_for(kernel) + "\n\n" + kernel
+
+
+def check_emittable(dag: Dag) -> str | None:
+    """Why this emitter cannot produce the DAG, or None."""
+    for o in dag.outputs:
+        if o.node.kind is NodeKind.REDUCE:
+            return (f"output {o.name} is a {o.kind.value} ({o.node.op}); reductions in the "
+                    "epilogue are not implemented by the Triton kernels yet")
+    for n in dag.nodes:
+        if n.kind is NodeKind.LOAD and n.operand.dtype is not None \
+                and n.operand.dtype not in TL_DTYPES:
+            return f"operand {n.operand.name} has dtype {n.operand.dtype}, which the kernels cannot load yet"
+    for o in dag.outputs:
+        if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16 and fp32 for now"
+    return None

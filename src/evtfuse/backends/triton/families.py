@@ -1,0 +1,375 @@
+"""The Triton kernel families: what each supports, its tile configurations, its launch.
+
+Layer: backends/triton. A family answers ``supports(args, target)`` with a ``Status``
+carrying the reason, lists ``configs`` best first (a heuristic; the tuner measures), and
+turns ``GemmArguments`` into the generated kernel's argument list (``pack``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...arguments import GemmArguments
+from ...errors import Status
+from ...ir import Dag, OperandKind
+from ...passes import optimize
+from ..triton.codegen import KernelSpec, check_emittable, full_outputs, uname, vector_outputs
+
+INTERPRETER = "interpreter"
+SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    epi_split: int = 1
+    flatten: bool = True
+    warp_specialize: bool = False
+
+    @property
+    def name(self) -> str:
+        extra = f"_e{self.epi_split}" if self.epi_split > 1 else ""
+        extra += "" if self.flatten else "_nf"
+        extra += "_ws" if self.warp_specialize else ""
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}"
+                f"_s{self.num_stages}_g{self.group_m}{extra}")
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "cuda" | INTERPRETER
+    cc: int
+    device: torch.device
+    sms: int  # persistent kernels launch at most this many programs
+
+
+def _dims3(t: torch.Tensor) -> tuple[int, int, int]:
+    """(sl, s_row, s_col) strides of a 2-D/3-D operand; sl = 0 when not batched."""
+    if t.dim() == 3:
+        return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1), t.stride(2)
+    return 0, t.stride(0), t.stride(1)
+
+
+def _vec_strides(t: torch.Tensor, kind: OperandKind, batched: bool) -> list[int]:
+    """Strides of a scalar/vector operand right-aligned with (L, M, N)."""
+    shape = (1,) * (3 - t.dim()) + tuple(t.shape)
+    strides = (0,) * (3 - t.dim()) + tuple(t.stride())
+    sl = strides[0] if batched else 0
+    if kind is OperandKind.DEVICE_SCALAR:
+        return [sl]
+    if kind is OperandKind.PER_ROW:
+        return [sl, strides[1]]
+    if kind is OperandKind.PER_COL:
+        return [sl, strides[2]]
+    return [sl, strides[1], strides[2]]
+
+
+def _as2d_or_3d(t: torch.Tensor, batched: bool) -> torch.Tensor:
+    """A full (M, N)-shaped view: 2-D unless it has its own batch slices."""
+    if batched:
+        return t if t.dim() == 3 else t.unsqueeze(0)
+    while t.dim() > 2:
+        t = t[0]
+    return t
+
+
+class KernelFamily:
+    name = "base"
+    description = ""
+
+    def supports(self, args: GemmArguments, target: Target) -> Status:
+        raise NotImplementedError
+
+    def configs(self, args: GemmArguments, target: Target) -> list[TileConfig]:
+        raise NotImplementedError
+
+    def spec(self, args: GemmArguments, config: TileConfig, target: Target) -> KernelSpec:
+        raise NotImplementedError
+
+    def pack(self, args: GemmArguments, dag: Dag, config: TileConfig, target: Target
+             ) -> tuple[list[Any], dict[str, Any], tuple[int, ...]]:
+        raise NotImplementedError
+
+    # ---- shared checks
+    @staticmethod
+    def _common(args: GemmArguments, target: Target) -> Status:
+        if args.A.dtype not in _FLOAT_DTYPES:
+            return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16 "
+                               "and fp32 inputs (int8 and fp8 are not implemented yet)")
+        if args.accumulator_type != torch.float32:
+            return Status.fail(f"accumulator_type {args.accumulator_type}: only torch.float32 "
+                               "accumulation is implemented")
+        if target.kind == INTERPRETER and args.A.dtype == torch.bfloat16:
+            return Status.fail("bf16 under Triton's CPU interpreter gives wrong results; use "
+                               "fp16/fp32 on the CPU, bf16 on a GPU")
+        if target.kind == INTERPRETER and args.A.device.type != "cpu":
+            return Status.fail("the Triton interpreter needs CPU tensors")
+        if target.kind != INTERPRETER and args.A.device.type != "cuda":
+            return Status.fail(f"tensors are on {args.A.device}; kernels need CUDA tensors, or "
+                               "TRITON_INTERPRET=1 for CPU tensors")
+        why = check_emittable(args.dag)
+        if why:
+            return Status.fail(why)
+        return Status.success()
+
+    @staticmethod
+    def input_precision(args: GemmArguments, target: Target) -> str:
+        if args.A.dtype == torch.float32:
+            return "tf32" if (args.allow_tf32 and target.kind != INTERPRETER) else "ieee"
+        return "ieee"
+
+    @staticmethod
+    def optimized_dag(args: GemmArguments) -> Dag:
+        dag = getattr(args, "_optimized_dag", None)
+        if dag is None or dag[0] is not args.dag:
+            dag = (args.dag, optimize(args.dag))
+            args._optimized_dag = dag
+        return dag[1]
+
+
+# ------------------------------------------------------------------ portable
+
+class PortableFamily(KernelFamily):
+    name = "portable"
+    description = "one program per tile, pointer loads with masks (any GPU, any strides; CPU interpreter)"
+
+    def supports(self, args, target):
+        return self._common(args, target)
+
+    def configs(self, args, target):
+        if target.kind == INTERPRETER:
+            small = TileConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1)
+            mid = TileConfig(32, 32, 32, group_m=4, num_warps=1, num_stages=1)
+            return [mid, small]
+        elt = args.A.element_size()
+        bk = 32 if elt == 4 else 64
+        cands = [
+            TileConfig(128, 128, bk, 8, 8, 3),
+            TileConfig(128, 64, bk, 8, 4, 4),
+            TileConfig(64, 128, bk, 8, 4, 4),
+            TileConfig(64, 64, bk, 8, 4, 4),
+            TileConfig(128, 256, bk, 8, 8, 3),
+            TileConfig(32, 64, bk, 8, 4, 4),
+        ]
+        if args.M <= 64:
+            cands.sort(key=lambda c: (c.block_m > 64, -c.block_n))
+        return cands
+
+    def spec(self, args, config, target):
+        return KernelSpec("portable", self.optimized_dag(args), False, False, False, False, 1,
+                          target.kind != INTERPRETER)
+
+    def pack(self, args, dag, config, target):
+        A, B = args.A, args.B
+        sa = _dims3(A)
+        sb = _dims3(B)
+        out: list[Any] = [A, B, args.M, args.N, args.K, args.L, sa[0], sa[1], sa[2],
+                          sb[0], sb[1], sb[2]]
+        out += _epilogue_values(args, dag, "portable", config)
+        grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
+        consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                      GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target))
+        if target.kind != INTERPRETER:
+            consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
+        return out, consts, grid
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _epilogue_values(args: GemmArguments, dag: Dag, family: str, config: TileConfig) -> list[Any]:
+    """Values for ``codegen.epilogue_params`` in the same order."""
+    values = args.epilogue.values
+    out: list[Any] = []
+    for spec in dag.used_operands:
+        v = values[spec.name]
+        if spec.kind is OperandKind.RUNTIME_SCALAR:
+            out.append(float(v))
+        elif spec.kind is OperandKind.FULL:
+            if family == "hopper":
+                out.append(_descriptor(v, spec.batched, config))
+            else:
+                out.append(v)
+                out += _vec_strides(v, spec.kind, spec.batched)
+        else:
+            out.append(v)
+            out += _vec_strides(v, spec.kind, spec.batched)
+    for o in full_outputs(dag):
+        t = values[o.name]
+        if family == "hopper":
+            out.append(_descriptor(t, o.batched, config))
+        else:
+            out.append(t)
+            out += _vec_strides(t, OperandKind.FULL, o.batched)
+    for o in vector_outputs(dag):
+        t = values[o.name]
+        shape = (1,) * (3 - t.dim()) + tuple(t.shape)
+        strides = (0,) * (3 - t.dim()) + tuple(t.stride())
+        out += [t, strides[0] if o.batched else 0,
+                strides[1] if shape[1] > 1 else 0, strides[2] if shape[2] > 1 else 0]
+    return out
+
+
+def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = _as2d_or_3d(t, batched)
+    sub_n = config.block_n // config.epi_split
+    block = [1, config.block_m, sub_n] if batched else [config.block_m, sub_n]
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block)
+
+
+# ------------------------------------------------------------------ hopper
+
+def _tma_ok(t: torch.Tensor, name: str) -> str | None:
+    """Why ``t`` cannot be a TMA tensor (16-byte aligned base and strides, unit last stride)."""
+    elt = t.element_size()
+    if t.data_ptr() % 16:
+        return f"{name}'s data pointer is not 16-byte aligned"
+    strides = list(t.stride())
+    shape = list(t.shape)
+    dims = [(s, st) for s, st in zip(shape, strides) if s > 1]
+    if not dims:
+        return None
+    inner = [st for s, st in dims if st == 1]
+    if not inner:
+        return f"{name} has no unit-stride dimension (strides {tuple(strides)})"
+    for s, st in dims:
+        if st != 1 and (st * elt) % 16:
+            return (f"{name}'s stride {st} ({st * elt} bytes) is not a multiple of 16 bytes "
+                    f"(shape {tuple(shape)}); TMA needs 16-byte aligned rows")
+    return None
+
+
+class HopperFamily(KernelFamily):
+    name = "hopper"
+    description = ("persistent, tensor-descriptor (TMA) loads and stores, grouped tile order, "
+                   "epilogue per sub-tile (sm_90+)")
+
+    def supports(self, args, target):
+        st = self._common(args, target)
+        if not st:
+            return st
+        if target.kind == "cuda" and target.cc < 90:
+            return Status.fail(f"needs compute capability 9.0+ (TMA); this GPU is {target.cc}")
+        if target.kind == INTERPRETER and target.cc < 90:
+            return Status.fail("TMA kernels run under the interpreter only when asked for "
+                               "with cc=90")
+        A, B = args.A, args.B
+        checks = [(A, "A"), (B, "B")]
+        dag = self.optimized_dag(args)
+        values = args.epilogue.values
+        for spec in dag.used_operands:
+            if spec.kind is OperandKind.FULL:
+                checks.append((values[spec.name], spec.name))
+        for o in full_outputs(dag):
+            checks.append((values[o.name], o.name))
+        for t, name in checks:
+            why = _tma_ok(t, name)
+            if why:
+                return Status.fail(why)
+        for t, name in checks[2:]:
+            if t.stride(-1) != 1 and t.shape[-1] > 1:
+                return Status.fail(f"{name} is not row-major (its last stride is {t.stride(-1)}); "
+                                   "TMA aux tiles need N contiguous")
+        if A.stride(-1) != 1 and A.stride(-2) != 1:
+            return Status.fail("A is neither row- nor column-major")
+        if B.stride(-1) != 1 and B.stride(-2) != 1:
+            return Status.fail("B is neither row- nor column-major")
+        return Status.success()
+
+    def configs(self, args, target):
+        if target.kind == INTERPRETER:
+            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2),
+                    TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
+        elt = args.A.element_size()
+        out_bytes = sum(args.epilogue.values[o.name].element_size()
+                        for o in full_outputs(self.optimized_dag(args)))
+        bk = 32 if elt == 4 else 64
+        cands = [
+            TileConfig(128, 256, bk, 8, 8, 3, epi_split=2),
+            TileConfig(128, 256, bk, 8, 8, 3, epi_split=4),
+            TileConfig(128, 128, bk, 8, 8, 4, epi_split=1),
+            TileConfig(128, 128, bk, 8, 4, 4, epi_split=2),
+            TileConfig(256, 128, bk, 8, 8, 3, epi_split=2),
+            TileConfig(128, 256, bk, 8, 8, 3, epi_split=2, flatten=False),
+            TileConfig(128, 128, bk, 8, 8, 4, epi_split=2, flatten=False),
+            TileConfig(64, 256, bk, 8, 4, 4, epi_split=2),
+            TileConfig(128, 64, bk, 8, 4, 5, epi_split=1),
+            TileConfig(64, 128, bk, 8, 4, 5, epi_split=1),
+            TileConfig(64, 64, bk, 8, 4, 6, epi_split=1),
+        ]
+        fits = [c for c in cands if self._smem(c, elt, out_bytes) <= SMEM_LIMIT]
+        tiles = lambda c: triton_cdiv(args.M, c.block_m) * triton_cdiv(args.N, c.block_n) * args.L
+        sms = _sms(target)
+        # small problems: prefer tiles that still fill the GPU
+        fits.sort(key=lambda c: 0 if tiles(c) >= sms else 1 + (sms - tiles(c)) / sms)
+        return fits
+
+    @staticmethod
+    def _smem(c: TileConfig, elt: int, out_bytes: int) -> int:
+        main = c.num_stages * (c.block_m + c.block_n) * c.block_k * elt
+        epi = c.block_m * (c.block_n // c.epi_split) * max(out_bytes, 2)
+        return main + epi
+
+    def spec(self, args, config, target):
+        A, B = args.A, args.B
+        a_trans = bool(A.stride(-1) != 1)
+        b_trans = bool(B.stride(-1) != 1)
+        a_batched = A.dim() == 3 and A.shape[0] > 1
+        b_batched = B.dim() == 3 and B.shape[0] > 1
+        return KernelSpec("hopper", self.optimized_dag(args), a_trans, b_trans, a_batched,
+                          b_batched, config.epi_split, target.kind != INTERPRETER)
+
+    def pack(self, args, dag, config, target):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        spec = self.spec(args, config, target)
+        A = _as2d_or_3d(args.A, spec.a_batched)
+        B = _as2d_or_3d(args.B, spec.b_batched)
+        bm, bn, bk = config.block_m, config.block_n, config.block_k
+        if spec.a_trans:
+            A = A.mT
+            a_block = [bk, bm]
+        else:
+            a_block = [bm, bk]
+        if spec.b_trans:
+            B = B.mT
+            b_block = [bn, bk]
+        else:
+            b_block = [bk, bn]
+        if spec.a_batched:
+            a_block = [1] + a_block
+        if spec.b_batched:
+            b_block = [1] + b_block
+        a_desc = TensorDescriptor(A, list(A.shape), list(A.stride()), a_block)
+        b_desc = TensorDescriptor(B, list(B.shape), list(B.stride()), b_block)
+        out: list[Any] = [a_desc, b_desc, args.M, args.N, args.K, args.L]
+        out += _epilogue_values(args, dag, "hopper", config)
+        tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
+        num_sms = min(_sms(target), tiles)
+        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+                      INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
+                      FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize)
+        if target.kind != INTERPRETER:
+            consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
+        return out, consts, (num_sms,)
+
+
+def _sms(target: Target) -> int:
+    return target.sms
+
+
+FAMILIES: tuple[KernelFamily, ...] = (HopperFamily(), PortableFamily())
+
+__all__ = ["FAMILIES", "KernelFamily", "TileConfig", "Target", "HopperFamily", "PortableFamily"]

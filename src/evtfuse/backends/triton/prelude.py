@@ -1,0 +1,96 @@
+"""Triton helper functions that op-table spellings call (layer: backends/triton).
+
+Kept as source text, not imported objects: the emitter copies the helpers a kernel uses
+into its generated module, so they are decorated the same way as the kernel (compiled on
+a GPU, interpreted under ``TRITON_INTERPRET=1``). Names start with ``_ef_``. Each helper
+matches its op-table row's torch meaning (NaN propagation included) to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import re
+
+HELPERS: dict[str, str] = {
+    "_ef_sigmoid": '''
+@triton.jit
+def _ef_sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+''',
+    "_ef_tanh": '''
+@triton.jit
+def _ef_tanh(x):
+    # exp-based, overflow-free: sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|)
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -t, t)
+''',
+    "_ef_tanh_cuda": '''
+@triton.jit
+def _ef_tanh_cuda(x):
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+''',
+    "_ef_gelu": '''
+@triton.jit
+def _ef_gelu(x):
+    return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+''',
+    "_ef_gelu_tanh": '''
+@triton.jit
+def _ef_gelu_tanh(x):
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + _ef_tanh(inner))
+''',
+    "_ef_gelu_tanh_cuda": '''
+@triton.jit
+def _ef_gelu_tanh_cuda(x):
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + _ef_tanh_cuda(inner))
+''',
+    "_ef_softplus": '''
+@triton.jit
+def _ef_softplus(x):
+    # torch: log1p(exp(x)), and x itself above the threshold 20
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+''',
+    "_ef_maximum": '''
+@triton.jit
+def _ef_maximum(a, b):
+    # NaN-propagating like torch.maximum
+    return tl.where((a != a) | (a > b), a, b)
+''',
+    "_ef_minimum": '''
+@triton.jit
+def _ef_minimum(a, b):
+    return tl.where((a != a) | (a < b), a, b)
+''',
+    "_ef_powf": '''
+@triton.jit
+def _ef_powf(x, c):
+    # x ** c for a non-integer constant c: NaN for x < 0 as in torch
+    # (log|0| = -inf gives 0 for c > 0 and inf for c < 0, as torch does)
+    r = tl.exp(c * tl.log(tl.abs(x)))
+    return tl.where(x < 0.0, float('nan'), r)
+''',
+}
+
+_CALL = re.compile(r"\b(_ef_[a-z0-9_]+)\s*\(")
+
+
+def helpers_for(code: str) -> str:
+    """The helper definitions that ``code`` calls, dependencies first."""
+    needed: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in needed:
+            return
+        body = HELPERS[name]
+        for dep in _CALL.findall(body):
+            if dep != name:
+                visit(dep)
+        needed.append(name)
+
+    for name in _CALL.findall(code):
+        if name in HELPERS:
+            visit(name)
+    return "".join(HELPERS[n] for n in needed)

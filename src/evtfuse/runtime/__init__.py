@@ -1,0 +1,7 @@
+"""Runtime: kernel discovery, compile cache, autotuning with a persistent cache, launch."""
+
+from .api import explain, fuse, gemm, get_kernels
+from .kernel import Kernel
+from .verify import VerifyResult
+
+__all__ = ["get_kernels", "explain", "gemm", "fuse", "Kernel", "VerifyResult"]

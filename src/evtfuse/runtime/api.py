@@ -1,0 +1,151 @@
+"""Kernel discovery and the one-call API: ``get_kernels``, ``explain``, ``gemm``, ``fuse``.
+
+Layer: runtime. ``get_kernels`` asks every family whether it supports the arguments and
+returns its configurations as ``Kernel`` objects, best first. ``gemm`` allocates missing
+outputs, picks a kernel by autotuning on first use for the (epilogue, shapes, dtypes,
+layouts, GPU) and remembers the choice on disk (``runtime.tuner``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from ..arguments import EpilogueArguments, GemmArguments
+from ..backends.triton.families import FAMILIES, INTERPRETER, Target
+from ..errors import EpilogueError, UnsupportedError
+from ..frontend import EpilogueSource, parse_epilogue
+from ..ir import OutputKind
+from .device import interpreter_enabled, sm_count, target_of
+from .kernel import Kernel
+
+log = logging.getLogger("evtfuse")
+
+_kernel_objects: dict[tuple, Kernel] = {}
+
+
+def _target(args: GemmArguments, cc: int | None) -> Target:
+    kind, cc_value = target_of(args.A.device, cc)
+    if kind == INTERPRETER and not interpreter_enabled():
+        kind = "none"
+    return Target(kind, cc_value, args.A.device, sm_count(args.A.device))
+
+
+def _no_target_reason(target: Target) -> str | None:
+    if target.kind == "none":
+        return ("tensors are on the CPU and Triton's interpreter is off: use CUDA tensors, or "
+                "set TRITON_INTERPRET=1 (evtfuse.runtime.device.use_interpreter()) for CPU runs")
+    return None
+
+
+def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
+    """Kernels that support ``args``, best first; ``[]`` when none does (see ``explain``)."""
+    target = _target(args, cc)
+    if _no_target_reason(target):
+        return []
+    kernels: list[Kernel] = []
+    for family in FAMILIES:
+        if not family.supports(args, target):
+            continue
+        for config in family.configs(args, target):
+            key = (family.name, config, target)
+            k = _kernel_objects.get(key)
+            if k is None:
+                k = _kernel_objects[key] = Kernel(family, config, target)
+            kernels.append(k)
+    return kernels
+
+
+def explain(args: GemmArguments, cc: int | None = None) -> str:
+    """Why each kernel family does or does not support ``args``."""
+    target = _target(args, cc)
+    lines = [f"target: {target.kind} (cc {target.cc}), problem L={args.L} M={args.M} "
+             f"N={args.N} K={args.K}, A/B {args.A.dtype}"]
+    why = _no_target_reason(target)
+    if why:
+        return "\n".join(lines + [f"no kernel can run: {why}"])
+    for family in FAMILIES:
+        status = family.supports(args, target)
+        verdict = "supported" if status else f"refused: {status.reason}"
+        lines.append(f"{family.name}: {verdict}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ one call
+
+_parsed_cache: dict[Any, Any] = {}
+
+
+def _allocate_outputs(parsed, A: torch.Tensor, B: torch.Tensor, given: dict[str, Any],
+                      dtypes: dict[str, torch.dtype]) -> dict[str, Any]:
+    """Missing outputs are full (L, M, N) tensors in A's dtype (or ``<name>_dtype``)."""
+    L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
+    M, N = A.shape[-2], B.shape[-1]
+    shape = (L, M, N) if (A.dim() == 3 or B.dim() == 3) else (M, N)
+    out = dict(given)
+    for name in parsed.outputs:
+        if name not in out:
+            dtype = dtypes.get(name, A.dtype)
+            out[name] = torch.empty(shape, dtype=dtype, device=A.device)
+    return out
+
+
+def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
+         tune: str = "fast", allow_tf32: bool = False, cc: int | None = None,
+         **operands_and_outputs: Any):
+    """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
+    function's return order (one tensor when it returns one).
+
+    Outputs not given are allocated as full (L, M, N) tensors in A's dtype;
+    ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
+    output without storing it. ``tune``: "fast" (time a few candidates, bounded to about
+    30 s), "exhaustive" (every candidate), "none" (the heuristic's first choice).
+    """
+    from .tuner import choose_kernel
+
+    if epilogue is None:
+        epilogue = "def identity(accum):\n    D = accum\n    return D"
+    key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
+    parsed = _parsed_cache.get(key)
+    if parsed is None:
+        parsed = _parsed_cache[key] = parse_epilogue(epilogue)
+    dtypes = {}
+    for name in list(operands_and_outputs):
+        if name.endswith("_dtype") and name[:-6] in parsed.outputs:
+            dtypes[name[:-6]] = operands_and_outputs.pop(name)
+    values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
+    epi = EpilogueArguments(epilogue, **values)
+    args = GemmArguments(A, B, values.get("D"), torch.float32, epi, allow_tf32=allow_tf32)
+    kernel = choose_kernel(args, tune=tune, cc=cc)
+    kernel.run(args)
+    results = tuple(values[n] for n in parsed.outputs)
+    return results[0] if len(results) == 1 else results
+
+
+class Fused:
+    """A reusable fused GEMM for one epilogue: ``f(A, B, **operands)`` (see ``gemm``)."""
+
+    def __init__(self, epilogue: EpilogueSource, **defaults: Any):
+        self.epilogue = epilogue
+        self.parsed = parse_epilogue(epilogue)
+        self.defaults = defaults
+        self.__name__ = self.parsed.name
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, **operands: Any):
+        return gemm(A, B, self.epilogue, **{**self.defaults, **operands})
+
+    def __repr__(self) -> str:
+        return f"evtfuse.fuse({self.parsed.name})"
+
+
+def fuse(epilogue: EpilogueSource | None = None, **defaults: Any) -> Fused | Callable[[EpilogueSource], Fused]:
+    """``evtfuse.fuse(fn)`` or ``@evtfuse.fuse``: a callable ``f(A, B, **operands)``."""
+    if epilogue is None:
+        return lambda fn: Fused(fn, **defaults)
+    return Fused(epilogue, **defaults)
+
+
+__all__ = ["get_kernels", "explain", "gemm", "fuse", "Fused", "Kernel", "OutputKind",
+           "EpilogueError", "UnsupportedError"]

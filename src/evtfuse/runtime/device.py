@@ -1,0 +1,50 @@
+"""Where kernels run: a CUDA GPU (its compute capability) or Triton's CPU interpreter.
+
+Layer: runtime. ``use_interpreter()`` turns the interpreter on for this process (it must
+be on before any kernel module is generated); with it, CPU tensors run through Triton's
+interpreter, which is how CI tests kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+INTERPRETER = "interpreter"
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def use_interpreter() -> None:
+    """Run Triton kernels on the CPU from now on (CPU tensors only)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def target_of(device: torch.device, cc: int | None = None) -> tuple[str, int]:
+    """(kind, cc): ("cuda", 90) for an H100, (INTERPRETER, cc or 0) for CPU tensors."""
+    if device.type == "cuda":
+        return "cuda", cc if cc is not None else cuda_cc(device.index or 0)
+    return INTERPRETER, cc or 0
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_cc(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs are enough to exercise persistence
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "triton-cpu-interpreter"

@@ -1,0 +1,135 @@
+"""Autotuning: time candidate kernels once per problem, remember the winner on disk.
+
+Layer: runtime. The key holds everything that changes which kernel is best or whether
+it runs at all: the epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides' order
+and TMA alignment), the GPU's name and capability, and the tuning mode. The in-memory
+table answers repeated calls without touching the disk. "fast" tuning times the
+heuristic's first few candidates and stops at a time budget (30 s by default,
+``EVTFUSE_TUNE_BUDGET_S``); "exhaustive" times all; "none" takes the first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from ..arguments import GemmArguments
+from ..errors import UnsupportedError
+from ..ir import signature
+from . import cache
+from .device import device_name
+
+log = logging.getLogger("evtfuse")
+
+FAST_CANDIDATES = 6
+_memory: dict[str, object] = {}
+
+
+def _layout(t: torch.Tensor) -> str:
+    order = "r" if t.stride(-1) == 1 else ("c" if t.stride(-2) == 1 else "s")
+    aligned = "a" if (t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
+                                                      for s in t.stride()[:-1] if s != 1)) else "u"
+    return f"{tuple(t.shape)}{order}{aligned}{t.dtype}"
+
+
+def tuning_key(args: GemmArguments, tune: str, cc) -> str:
+    values = args.epilogue.values
+    tensors = sorted((k, _layout(v)) for k, v in values.items() if isinstance(v, torch.Tensor))
+    return cache.make_key(signature(args.dag), args.L, args.M, args.N, args.K,
+                          _layout(args.A), _layout(args.B), tensors, args.allow_tf32,
+                          device_name(args.A.device), cc, tune)
+
+
+def _time_kernel(kernel, args: GemmArguments, reps: int) -> float:
+    kernel.run(args)  # compile + warm up
+    if args.A.device.type != "cuda":
+        t0 = time.perf_counter()
+        kernel.run(args)
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    kernel.run(args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        kernel.run(args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _scratch(args: GemmArguments) -> GemmArguments:
+    """The same problem with fresh output buffers: tuning runs the kernel many times, which
+    must not touch the user's outputs (an in-place D = C would be applied repeatedly)."""
+    fresh = {n: torch.empty_like(v) for n, v in args.epilogue.outputs().items()
+             if isinstance(v, torch.Tensor)}
+    epi = args.epilogue.with_values(**fresh)
+    return GemmArguments(args.A, args.B, fresh.get("D"), args.accumulator_type, epi,
+                         allow_tf32=args.allow_tf32)
+
+
+def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
+    """The kernel to run ``args`` with: cached, or found by timing candidates."""
+    from .api import explain, get_kernels
+
+    if tune not in ("fast", "exhaustive", "none"):
+        raise ValueError(f"tune must be 'fast', 'exhaustive' or 'none', not {tune!r}")
+    key = tuning_key(args, tune, cc)
+    hit = _memory.get(key)
+    if hit is not None:
+        return hit
+    kernels = get_kernels(args, cc=cc)
+    if not kernels:
+        raise UnsupportedError("no evtfuse kernel supports these arguments:\n" + explain(args, cc))
+    by_name = {k.name: k for k in kernels}
+    record = cache.load_choice(key)
+    if record and record.get("kernel") in by_name:
+        chosen = by_name[record["kernel"]]
+        log.debug("tuning cache hit: %s", chosen.name)
+    elif tune == "none" or len(kernels) == 1 or args.A.device.type != "cuda":
+        chosen = kernels[0]
+    else:
+        chosen = _search(args, kernels, tune)
+        cache.store_choice(key, {"kernel": chosen.name, "M": args.M, "N": args.N, "K": args.K,
+                                 "L": args.L, "dtype": str(args.A.dtype),
+                                 "epilogue": args.epilogue.parsed.name, "tune": tune,
+                                 "device": device_name(args.A.device)})
+    _memory[key] = chosen
+    return chosen
+
+
+def _search(args: GemmArguments, kernels, tune: str):
+    from tqdm.auto import tqdm
+
+    budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "30"))
+    cands = kernels if tune == "exhaustive" else kernels[:FAST_CANDIDATES]
+    args = _scratch(args)
+    best, best_ms = None, float("inf")
+    t_start = time.perf_counter()
+    show = log.isEnabledFor(logging.INFO) or os.environ.get("EVTFUSE_PROGRESS", "1") != "0"
+    bar = tqdm(cands, desc=f"evtfuse tuning {args.M}x{args.N}x{args.K}", leave=False,
+               disable=not show)
+    for k in bar:
+        if tune != "exhaustive" and best is not None and time.perf_counter() - t_start > budget:
+            log.info("tuning budget of %.0f s spent; keeping %s", budget, best.name)
+            break
+        try:
+            ms = _time_kernel(k, args, reps=10)
+        except Exception as exc:  # a config the compiler rejects (resources) is skipped
+            log.info("candidate %s failed: %s", k.name, str(exc).splitlines()[0][:200])
+            continue
+        log.debug("candidate %s: %.4f ms", k.name, ms)
+        if ms < best_ms:
+            best, best_ms = k, ms
+    bar.close()
+    if best is None:
+        raise UnsupportedError("every candidate kernel failed to compile or run; see the log "
+                               "(EVTFUSE_LOG=debug)")
+    return best

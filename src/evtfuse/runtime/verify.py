@@ -1,0 +1,97 @@
+"""Comparing kernel outputs with the reference evaluator, with tolerances per dtype.
+
+Layer: runtime. Two checks per output: the relative error of the whole tensor
+(||out - ref|| / ||ref||), and an elementwise bound |out - ref| <= atol + rtol * |ref| with
+atol scaled by the tensor's RMS, so that a single wrong or unwritten element fails.
+NaN must sit exactly where the reference has NaN (outputs are poisoned with NaN first,
+so an unwritten element shows as a mismatch).
+
+Tolerances (``TOLERANCES``): the output dtype's rounding dominates. fp32 outputs of
+fp32 math differ from torch only by summation order: 1e-5 relative. fp16 rounds at
+2^-11 (4.9e-4 relative, half an ulp); bf16 at 2^-8 (3.9e-3). The elementwise ``rtol`` is
+about four half-ulps of the output dtype; the norm bound is tighter, since rounding
+errors average out. TF32 inputs (10-bit mantissa) are allowed 5e-3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# dtype -> (relative norm tolerance, elementwise rtol)
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-3),
+    torch.float16: (2e-3, 4e-3),
+    torch.bfloat16: (1.2e-2, 3.2e-2),
+}
+TF32_TOLERANCE = (5e-3, 2e-2)
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    ok: bool
+    rel_error: float
+    max_abs_error: float
+    bad_elements: int
+    unwritten: int
+    tolerance: float
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else "FAIL"
+        extra = f", {self.unwritten} unwritten" if self.unwritten else ""
+        return (f"{mark} {self.name}: rel error {self.rel_error:.2e} (tol {self.tolerance:.1e}), "
+                f"max abs {self.max_abs_error:.2e}, {self.bad_elements} elements out of bounds{extra}")
+
+
+@dataclass
+class VerifyResult:
+    kernel: str
+    checks: list[OutputCheck] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def max_error(self) -> dict[str, float]:
+        return {c.name: c.rel_error for c in self.checks}
+
+    def report(self) -> str:
+        head = f"verify {self.kernel}: {'PASSED' if self else 'FAILED'}"
+        return "\n".join([head] + ["  " + c.line() for c in self.checks])
+
+
+def tolerance_for(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]:
+    base = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    if tf32:
+        return max(base[0], TF32_TOLERANCE[0]), max(base[1], TF32_TOLERANCE[1])
+    return base
+
+
+def compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+            tf32: bool = False, input_dtype: torch.dtype | None = None) -> OutputCheck:
+    """Check ``out`` against ``ref`` (both shaped like the output buffer)."""
+    tol_norm, rtol = tolerance_for(dtype, tf32)
+    if input_dtype is not None and input_dtype != torch.float32 and dtype == torch.float32:
+        # fp16/bf16 inputs, fp32 output: only accumulation order differs from the reference
+        tol_norm, rtol = max(tol_norm, 1e-4), max(rtol, 1e-3)
+    o = out.detach().to(torch.float64).reshape(-1).cpu()
+    r = ref.detach().to(torch.float64).reshape(-1).cpu()
+    o_nan, r_nan = torch.isnan(o), torch.isnan(r)
+    unwritten = int((o_nan & ~r_nan).sum())
+    nan_mismatch = int((o_nan != r_nan).sum())
+    both = ~(o_nan | r_nan)
+    o_f, r_f = o[both], r[both]
+    inf_mismatch = int(((torch.isinf(o_f) | torch.isinf(r_f)) & (o_f != r_f)).sum())
+    finite = torch.isfinite(o_f) & torch.isfinite(r_f)
+    o_f, r_f = o_f[finite], r_f[finite]
+    diff = (o_f - r_f).abs()
+    ref_norm = float(r_f.norm()) if r_f.numel() else 0.0
+    rel = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
+    rms = ref_norm / max(r_f.numel(), 1) ** 0.5
+    atol = rtol * max(rms, 1e-30)
+    bad = int((diff > atol + rtol * r_f.abs()).sum()) + nan_mismatch + inf_mismatch
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    ok = bad == 0 and rel <= tol_norm
+    return OutputCheck(name, ok, rel, max_abs, bad, unwritten, tol_norm)
