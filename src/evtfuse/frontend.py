@@ -297,13 +297,14 @@ def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
         source, offset, where = epilogue, 0, "the epilogue string"
     elif callable(epilogue):
         try:
-            raw = inspect.getsource(epilogue)
+            # the source and its first line come together: for a decorated function
+            # (functools.wraps) __code__ is the wrapper's, while the source is the original's
+            raw_lines, first_line = inspect.getsourcelines(epilogue)
         except (OSError, TypeError) as exc:
             raise EpilogueError(f"cannot read the source of {epilogue!r} ({exc}); pass the "
                                 "epilogue as a string instead") from None
-        source = textwrap.dedent(raw)
-        code = getattr(epilogue, "__code__", None)
-        offset = code.co_firstlineno - 1 if code else 0
+        source = textwrap.dedent("".join(raw_lines))
+        offset = max(first_line - 1, 0)
         where = getattr(epilogue, "__name__", "the epilogue")
     else:
         raise EpilogueError(f"the epilogue must be a function or a source string, not "
