@@ -392,11 +392,17 @@ def _evt_leaf(n: Node) -> str:
     return f"Sm90AuxLoad<{n.operand.name}>"
 
 
+_EVT_REDUCE = {"sum": "plus", "max": "maximum", "min": "minimum"}
+
+
 def _evt_store(o: Output) -> str:
+    # a reduction is the store node itself (its reduce function is a template argument);
+    # a non-reduced value stored to a vector/scalar output is a plain store of that value
+    fn = f"{_EVT_REDUCE[o.node.op]}, " if o.node.kind is NodeKind.REDUCE else ""
     return {OutputKind.FULL: f"Sm90AuxStore<{o.name}>",
-            OutputKind.ROW: f"Sm90RowReduction<{o.name}>",
-            OutputKind.COL: f"Sm90ColReduction<{o.name}>",
-            OutputKind.SCALAR: f"Sm90ScalarReduction<{o.name}>",
+            OutputKind.ROW: f"Sm90RowReduction<{fn}{o.name}>",
+            OutputKind.COL: f"Sm90ColReduction<{fn}{o.name}>",
+            OutputKind.SCALAR: f"Sm90ScalarReduction<{fn}{o.name}>",
             OutputKind.NONE: f"(unstored {o.name})"}[o.kind]
 
 
@@ -421,7 +427,8 @@ def format_evt(dag: Dag) -> str:
             _evt_tree(n, "    ", lines, shared_ids, top=n)
     for o in dag.outputs:
         lines.append(f"Sm90EVT<{_evt_store(o)}>")
-        _evt_tree(o.node, "  ", lines, shared_ids, top=None)
+        root = o.node.inputs[0] if o.node.kind is NodeKind.REDUCE else o.node
+        _evt_tree(root, "  ", lines, shared_ids, top=None)
     return "\n".join(lines)
 
 
