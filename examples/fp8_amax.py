@@ -1,0 +1,49 @@
+"""FP8 output with amax (the scaled-output recipe of CUTLASS's ScaledLinCombPerRowBiasEltActAmaxAux).
+
+    Z    = accum * scale_a * scale_b      # undo the input quantisation scales
+    D    = Z * scale_d                    # quantise the output: D is float8_e4m3fn
+    amax = max(abs(Z))                    # for the next step's scale_d
+
+The source comes from ``evtfuse.library.fp8_scaled_output()``. The scales are 0-d tensors
+(device scalars), as an FP8 training loop keeps them on the GPU.
+"""
+
+import torch
+
+from _common import (GemmArguments, banner, check, check_reference, empty, finish, fused, matmul,
+                     randn, size)
+from evtfuse import library
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def main():
+    banner("FP8 scaled output with amax")
+    if FP8 is None:
+        print("this torch has no float8_e4m3fn; nothing to check")
+        finish()
+    L, M, N, K = size((1, 4096, 4096, 4096), (1, 64, 48, 32))
+    A, B = randn(M, K), randn(K, N, scale=K ** -0.5)
+    dev = A.device
+    scale_a, scale_b = torch.tensor(0.5, device=dev), torch.tensor(4.0, device=dev)
+    scale_d = torch.tensor(48.0, device=dev)  # maps |Z| ~ 8 near e4m3's largest values
+    D = torch.empty(M, N, dtype=FP8, device=dev)
+    amax = empty(1, dtype=torch.float32)
+
+    print(library.fp8_scaled_output(), end="")
+    epi = library.fp8_scaled_output_args(D, scale_a=scale_a, scale_b=scale_b, scale_d=scale_d,
+                                         amax=amax)
+    args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi)
+
+    Z = matmul(A, B) * 0.5 * 4.0
+    want_D = (Z * 48.0).to(FP8)
+    want_amax = Z.abs().max().reshape(1)
+    check_reference(args, None, {"D": want_D, "amax": want_amax})
+    if fused(args):
+        check("D", D, (Z * 48.0), dtype=FP8)
+        check("amax", amax, want_amax)
+    finish()
+
+
+if __name__ == "__main__":
+    main()
