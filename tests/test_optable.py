@@ -226,6 +226,24 @@ def test_maximum_minimum_propagate_nan():
         assert torch.isnan(got).sum() == 2
 
 
+def test_maximum_minimum_signed_zero_ties_do_not_depend_on_position():
+    """torch's own CPU maximum answers maximum(0.0, -0.0) differently in the vectorised body
+    and the scalar tail of a tensor; the table's reading is one answer everywhere (b, as
+    the Triton spelling tl.where(a > b, a, b))."""
+    n = 100
+    pos, neg = torch.zeros(n), torch.full((n,), -0.0)
+    for name in ("maximum", "minimum"):
+        assert torch.signbit(_apply(name, pos, neg)).all(), name
+        assert not torch.signbit(_apply(name, neg, pos)).any(), name
+        assert not OPS[name].commutative  # in bits, they are not
+    x = _signed(35)
+    lo, hi = torch.tensor(-0.0), torch.tensor(0.0)
+    got = _apply("clamp", x, lo, hi)  # max(x<0, -0.0) = -0.0, then min(-0.0, 0.0) ties -> +0.0
+    assert (got == 0).all()
+    assert not torch.signbit(got).any()
+    assert torch.equal(torch.signbit(_apply("maximum", x, lo)), x < 0)
+
+
 def test_every_row_is_covered():
     """A new row must come with its own check here (not only the generic table reading)."""
     covered = (set(_exact_cases()) | set(TRANSCENDENTAL) |

@@ -103,8 +103,20 @@ def _t_rsqrt(x):
     return torch.rsqrt(x)
 
 
+def _t_maximum(a, b):
+    # NaN-propagating like torch.maximum, and the same on every element: torch's CPU kernel
+    # returns +0.0 or -0.0 for maximum(0.0, -0.0) depending on the element's position (its
+    # vectorised body and scalar tail differ). Ties give b, as the Triton spelling does, so
+    # maximum(0.0, -0.0) is -0.0 and maximum(-0.0, 0.0) is 0.0: not commutative bit for bit.
+    return torch.where(torch.isnan(a) | (a > b), a, b)
+
+
+def _t_minimum(a, b):
+    return torch.where(torch.isnan(a) | (a < b), a, b)
+
+
 def _t_clamp(x, lo, hi):
-    return torch.minimum(torch.maximum(x, lo), hi)
+    return _t_minimum(_t_maximum(x, lo), hi)
 
 
 def _t_reduce_placeholder(x):  # the reference applies reductions with the output's axes
@@ -154,9 +166,9 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("sin", 1, torch.sin, "tl.sin({0})", doc="sine"),
     OpDef("cos", 1, torch.cos, "tl.cos({0})", doc="cosine"),
     OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))", doc="tangent"),
-    OpDef("maximum", 2, torch.maximum, "_ef_maximum({0}, {1})", commutative=True,
+    OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})",  # ties give b: not commutative
           doc="elementwise max, NaN-propagating like torch"),
-    OpDef("minimum", 2, torch.minimum, "_ef_minimum({0}, {1})", commutative=True,
+    OpDef("minimum", 2, _t_minimum, "_ef_minimum({0}, {1})",  # ties give b: not commutative
           doc="elementwise min, NaN-propagating like torch"),
     OpDef("clamp", 3, _t_clamp, "_ef_minimum(_ef_maximum({0}, {1}), {2})",
           doc="min(max(x, lo), hi)"),

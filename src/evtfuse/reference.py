@@ -65,6 +65,11 @@ class _Evaluator:
         self.dag, self.acc3, self.values, self.dtype = dag, acc3, values, dtype
         self.device = acc3.device
         self.cache: dict[int, torch.Tensor] = {}
+        # whether each reduction keeps L is a property of the output it feeds (Output.batched),
+        # not of the node: a per-batch sum of an operand shared by all batches is not batched
+        # itself, yet must not be summed over L
+        self.keep_batch = {id(o.node): o.batched for o in dag.outputs
+                           if o.node.kind is NodeKind.REDUCE}
 
     def value(self, n: Node) -> torch.Tensor:
         v = self.cache.get(id(n))
@@ -104,9 +109,11 @@ class _Evaluator:
                 ins = [self._float(i) for i in ins]
             return torch_apply(row, ins, n.param_dict)
         if n.kind is NodeKind.REDUCE:
-            src = self._float(self.value(n.inputs[0])).expand(L, M, N)
+            # materialised: torch sums a broadcast (stride-0) tensor in another order than a
+            # stored one, and the result must not depend on how the value was broadcast
+            src = self._float(self.value(n.inputs[0])).expand(L, M, N).contiguous()
             dims = []
-            if not n.batched:
+            if not self.keep_batch.get(id(n), n.batched):
                 dims.append(0)
             if n.space in (Space.COL, Space.SCALAR):
                 dims.append(1)
