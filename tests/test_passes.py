@@ -394,6 +394,10 @@ UNARY = ["relu({})", "sigmoid({})", "tanh({})", "exp({})", "log({})", "sqrt({})"
          "-{}", "+{}", "gelu({})", "silu({})", "softplus({})", "sin({})", "identity({})",
          "leaky_relu({}, 0.2)", "({}) ** 2", "({}) ** 1", "({}) ** 0.5", "({}) ** -1",
          "hardswish({})", "rsqrt({})", "relu(relu({}))", "abs(-{})", "-(-{})"]
+# identities, exact and inexact, with signed zeros: what the simplifier must get right
+ALGEBRA = ["({} + 0.0)", "(0.0 + {})", "({} + -0.0)", "({} - 0.0)", "({} - -0.0)", "({} * 1.0)",
+           "({} * 0.0)", "({} * -1.0)", "(-1.0 * {})", "({} / 1.0)", "(1 * {})", "({} * -0.0)",
+           "(0.0 - {})", "(({}) ** 1)", "-(-{})", "abs(-{})"]
 BINARY = ["({} + {})", "({} - {})", "({} * {})", "({} / {})", "maximum({}, {})",
           "minimum({}, {})", "max({}, {})", "min({}, {})"]
 TERNARY = ["where({} > {}, {}, {})", "clamp({}, -1.0, 1.0)", "multiply_add({}, {}, {})",
@@ -405,10 +409,13 @@ INPUTS = ["accum", "s", "d", "r", "c", "X"]
 def expressions(draw, names, depth):
     if depth == 0 or draw(st.integers(0, 3)) == 0:
         return draw(st.sampled_from(names + LITERALS))
-    kind = draw(st.sampled_from(["unary", "unary", "binary", "binary", "ternary", "where_lit"]))
+    kind = draw(st.sampled_from(["unary", "unary", "algebra", "algebra", "binary", "binary",
+                                 "ternary", "where_lit"]))
     sub = lambda: draw(expressions(names, depth - 1))  # noqa: E731
     if kind == "unary":
         return draw(st.sampled_from(UNARY)).format(sub())
+    if kind == "algebra":
+        return draw(st.sampled_from(ALGEBRA)).format(sub())
     if kind == "binary":
         return draw(st.sampled_from(BINARY)).format(sub(), sub())
     if kind == "where_lit":
