@@ -46,16 +46,17 @@ class KernelSpec:
     b_batched: bool
     epi_split: int  # sub-tiles along N in the epilogue (hopper)
     cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
+    prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
-                         GENERATOR_VERSION])
+                         str(int(self.prefetch)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "7"
+GENERATOR_VERSION = "8"
 
 
 def uname(name: str) -> str:
@@ -252,8 +253,11 @@ class _HopperTile:
     bn: str = "SUB_N"
     pid_m: str = "pid_m_c"
     pid_n: str = "pid_n_c"
+    prefetched: bool = False
 
     def load_full(self, u: str, batched: bool) -> str:
+        if self.prefetched:
+            return f"pf_{u}{self.suffix}.to(tl.float32)"
         if batched:
             return (f"{u}_desc.load([bid, off_m_c, {self.off_n}]).reshape(BLOCK_M, SUB_N)"
                     f".to(tl.float32)")
@@ -383,6 +387,21 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I2}off_m = pid_m * BLOCK_M",
         f"{I2}off_n = pid_n * BLOCK_N",
         f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+    ]
+    if spec.prefetch:
+        # aux tiles requested before the mainloop, so that their latency hides behind it
+        for spec_op in spec.dag.used_operands:
+            if spec_op.kind is not OperandKind.FULL:
+                continue
+            u = uname(spec_op.name)
+            for s in range(spec.epi_split):
+                off = f"off_n + {s} * (BLOCK_N // {spec.epi_split})"
+                if spec_op.batched:
+                    lines.append(f"{I2}pf_{u}_{s} = {u}_desc.load([bid, off_m, {off}])"
+                                 f".reshape(BLOCK_M, BLOCK_N // {spec.epi_split})")
+                else:
+                    lines.append(f"{I2}pf_{u}_{s} = {u}_desc.load([off_m, {off}])")
+    lines += [
         f"{I2}for ki in range(k_tiles):",
         f"{I3}off_k = ki * BLOCK_K",
         f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION)",
@@ -402,7 +421,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         off_n = f"off_n_c + {s} * SUB_N" if s else "off_n_c"
         rn = f"rn{s}"
         sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", suffix=f"_{s}",
-                          first_sub="True" if s == 0 else "False")
+                          first_sub="True" if s == 0 else "False", prefetched=spec.prefetch)
         lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
         lines += epi.body(sub, I2)
     return "\n".join(lines) + "\n"

@@ -34,12 +34,17 @@ class TileConfig:
     epi_split: int = 1
     flatten: bool = True
     warp_specialize: bool = False
+    prefetch: bool = False  # hopper: load full aux tiles before the mainloop
+    ctas_per_sm: int = 1  # hopper: persistent programs per SM (2: one's epilogue overlaps
+    #                       the other's mainloop)
 
     @property
     def name(self) -> str:
         extra = f"_e{self.epi_split}" if self.epi_split > 1 else ""
         extra += "" if self.flatten else "_nf"
         extra += "_ws" if self.warp_specialize else ""
+        extra += "_pf" if self.prefetch else ""
+        extra += f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}"
                 f"_s{self.num_stages}_g{self.group_m}{extra}")
 
@@ -290,20 +295,23 @@ class HopperFamily(KernelFamily):
 
     def configs(self, args, target):
         if target.kind == INTERPRETER:
-            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2),
+            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True),
                     TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
         elt = args.A.element_size()
         out_bytes = sum(args.epilogue.values[o.name].element_size()
                         for o in full_outputs(self.optimized_dag(args)))
         bk = 32 if elt == 4 else 64
+        # measured on H100 bf16 (scripts/perf_probe.py, BENCHMARKS.md): 128x256x64 with
+        # 3 stages and a 2-way split epilogue wins at 4096^3..8192^3, with or without aux
+        # loads; aux prefetch into registers and 2 CTAs/SM were slower everywhere
         cands = [
             TileConfig(128, 256, bk, 8, 8, 3, epi_split=2),
-            TileConfig(128, 256, bk, 8, 8, 3, epi_split=4),
+            TileConfig(128, 256, bk, 16, 8, 3, epi_split=2),
+            TileConfig(128, 256, bk, 8, 8, 3, epi_split=2, flatten=False),
+            TileConfig(128, 256, bk, 16, 8, 4, epi_split=4),
+            TileConfig(256, 128, bk, 8, 8, 3, epi_split=2),
             TileConfig(128, 128, bk, 8, 8, 4, epi_split=1),
             TileConfig(128, 128, bk, 8, 4, 4, epi_split=2),
-            TileConfig(256, 128, bk, 8, 8, 3, epi_split=2),
-            TileConfig(128, 256, bk, 8, 8, 3, epi_split=2, flatten=False),
-            TileConfig(128, 128, bk, 8, 8, 4, epi_split=2, flatten=False),
             TileConfig(64, 256, bk, 8, 4, 4, epi_split=2),
             TileConfig(128, 64, bk, 8, 4, 5, epi_split=1),
             TileConfig(64, 128, bk, 8, 4, 5, epi_split=1),
@@ -328,8 +336,10 @@ class HopperFamily(KernelFamily):
         b_trans = bool(B.stride(-1) != 1)
         a_batched = A.dim() == 3 and A.shape[0] > 1
         b_batched = B.dim() == 3 and B.shape[0] > 1
+        prefetch = config.prefetch and any(s.kind is OperandKind.FULL
+                                           for s in self.optimized_dag(args).used_operands)
         return KernelSpec("hopper", self.optimized_dag(args), a_trans, b_trans, a_batched,
-                          b_batched, config.epi_split, target.kind != INTERPRETER)
+                          b_batched, config.epi_split, target.kind != INTERPRETER, prefetch)
 
     def pack(self, args, dag, config, target):
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -357,7 +367,7 @@ class HopperFamily(KernelFamily):
         out: list[Any] = [a_desc, b_desc, args.M, args.N, args.K, args.L]
         out += _epilogue_values(args, dag, "hopper", config)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
-        num_sms = min(_sms(target), tiles)
+        num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
                       FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize)

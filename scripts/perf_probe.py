@@ -1,0 +1,130 @@
+"""Quick performance probe on the GPU: every candidate config of a few epilogues, timed
+against cuBLAS (and torch.compile with --compile). A development tool, not the benchmark
+suite (``evtfuse bench``): it prints per-config times so tile choices can be tuned.
+
+    PYTHONPATH=src python3 scripts/perf_probe.py [--compile] [--only identity,alpha_beta]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import triton.testing
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+
+CASES = {
+    "identity": ("def epi(accum): D = accum; return D", []),
+    "alpha_beta": ("def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D", ["C"]),
+    "relu_aux": ("def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+                 ["C"]),
+    "gelu_bias": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", ["bias"]),
+}
+SHAPES = {"identity": [(4096, 4096, 4096), (8192, 8192, 8192)],
+          "alpha_beta": [(8192, 8192, 1024), (4096, 4096, 4096)],
+          "relu_aux": [(8192, 8192, 1024)],
+          "gelu_bias": [(8192, 8192, 1024)]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--only", default="")
+    p.add_argument("--max-configs", type=int, default=20)
+    p.add_argument("--sweep", action="store_true", help="time a wide grid of hopper configs")
+    a = p.parse_args()
+    dt = torch.bfloat16
+    only = set(a.only.split(",")) if a.only else set(CASES)
+    for name, (src, ins) in CASES.items():
+        if name not in only:
+            continue
+        for (M, N, K) in SHAPES[name]:
+            A = torch.randn(M, K, device="cuda", dtype=dt)
+            B = torch.randn(K, N, device="cuda", dtype=dt)
+            vals = {}
+            if "C" in ins:
+                vals["C"] = torch.randn(M, N, device="cuda", dtype=dt)
+            if "bias" in ins:
+                vals["bias"] = torch.randn(N, device="cuda", dtype=dt)
+            if "alpha" in src:
+                vals["alpha"] = 1.5
+            if "beta" in src:
+                vals["beta"] = 0.5
+            D = torch.empty(M, N, device="cuda", dtype=dt)
+            outs = {"D": D}
+            if "return D, F" in src:
+                outs["F"] = torch.empty(M, N, device="cuda", dtype=dt)
+            args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, **vals, **outs))
+            mm = triton.testing.do_bench(lambda: A @ B, warmup=50, rep=300, return_mode="median")
+            flops = 2 * M * N * K
+            print(f"== {name} {M}x{N}x{K}: cuBLAS mm {mm:.4f} ms ({flops / mm / 1e9:.0f} TFLOP/s)",
+                  flush=True)
+            results = []
+            kernels = get_kernels(args)[: a.max_configs]
+            if a.sweep:
+                kernels = _sweep(kernels[0], name)
+            for k in kernels:
+                t0 = time.time()
+                try:
+                    ok = k.verify(args)
+                    ms = triton.testing.do_bench(lambda: k.run(args), warmup=50, rep=300,
+                                                 return_mode="median")
+                except Exception as exc:  # noqa: BLE001 - probe reports and goes on
+                    print(f"   {k.name:45s} FAILED {str(exc).splitlines()[0][:150]}", flush=True)
+                    continue
+                results.append((ms, k.name))
+                print(f"   {k.name:45s} {ms:.4f} ms  x{ms / mm:.3f} of mm  "
+                      f"verify={'ok' if ok else 'FAIL ' + ok.report()} ({time.time() - t0:.1f}s)",
+                      flush=True)
+            if a.compile:
+                fn = _eager(name, vals)
+                comp = torch.compile(fn, mode="max-autotune-no-cudagraphs")
+                comp(A, B)
+                cms = triton.testing.do_bench(lambda: comp(A, B), warmup=50, rep=300,
+                                              return_mode="median")
+                print(f"   torch.compile max-autotune: {cms:.4f} ms", flush=True)
+            if results:
+                best = min(results)
+                print(f"   BEST {best[1]} {best[0]:.4f} ms = x{best[0] / mm:.3f} of mm", flush=True)
+
+
+def _sweep(base, name):
+    """Hopper variants: 128x256 at one CTA per SM against two smaller CTAs per SM, whose
+    epilogues can overlap each other's mainloops."""
+    import itertools
+
+    from evtfuse.backends.triton.families import HopperFamily, TileConfig
+    from evtfuse.runtime.kernel import Kernel
+
+    configs = [TileConfig(128, 256, 64, 8, 8, 3, epi_split=2)]
+    for g, fl in itertools.product((8, 16), (True, False)):
+        configs.append(TileConfig(128, 128, 64, g, 8, 3, epi_split=2, flatten=fl, ctas_per_sm=2))
+        configs.append(TileConfig(128, 128, 64, g, 4, 3, epi_split=2, flatten=fl, ctas_per_sm=2))
+        configs.append(TileConfig(128, 128, 64, g, 4, 3, epi_split=1, flatten=fl, ctas_per_sm=2))
+        configs.append(TileConfig(64, 256, 64, g, 4, 3, epi_split=2, flatten=fl, ctas_per_sm=2))
+    configs.append(TileConfig(128, 128, 64, 8, 8, 2, epi_split=2, ctas_per_sm=2))
+    configs.append(TileConfig(128, 256, 64, 8, 8, 2, epi_split=4, ctas_per_sm=2))
+    return [Kernel(HopperFamily(), c, base.target) for c in configs]
+
+
+def _eager(name, vals):
+    C, bias = vals.get("C"), vals.get("bias")
+    if name == "identity":
+        return lambda A, B: A @ B
+    if name == "alpha_beta":
+        return lambda A, B: (1.5 * (A @ B).float() + 0.5 * C.float()).to(A.dtype)
+    if name == "relu_aux":
+        def f(A, B):
+            F = 1.5 * (A @ B).float() + C.float() * 2.0
+            return torch.relu(F).to(A.dtype), F.to(A.dtype)
+        return f
+    return lambda A, B: torch.nn.functional.gelu((A @ B).float() + bias.float(),
+                                                 approximate="tanh").to(A.dtype)
+
+
+if __name__ == "__main__":
+    evtfuse.runtime  # noqa: B018
+    main()
