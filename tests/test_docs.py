@@ -1,0 +1,238 @@
+"""The documentation cannot drift: generated parts equal the generator's output, the
+quick start runs, the library page shows real output, and the messages errors.md
+explains are the messages the code raises."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, docgen, library
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def test_ops_md_is_generated_from_the_op_table():
+    assert (DOCS / "ops.md").read_text() == docgen.render_ops(), \
+        "docs/ops.md is stale: run `python -m evtfuse.docgen`"
+
+
+def test_library_md_table_is_generated():
+    text = (DOCS / "library.md").read_text()
+    assert docgen.update_library(text) == text, \
+        "the table in docs/library.md is stale: run `python -m evtfuse.docgen`"
+    for entry in library.CUTLASS_MENU:
+        assert f"`{entry.cutlass}`" in text
+
+
+def test_ops_md_lists_every_row():
+    from evtfuse.optable import OPS
+
+    text = docgen.render_ops()
+    for name in OPS:
+        assert f"| `{name}` |" in text
+    assert "`max(x, y)`" in text and "`x ** c`" in text and "`row_index()`" in text
+
+
+def test_docgen_check_and_write(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "library.md").write_text(f"intro\n{docgen.LIBRARY_BEGIN}\nold\n{docgen.LIBRARY_END}\nend\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    cmd = [sys.executable, "-m", "evtfuse.docgen", "--docs", str(docs)]
+    res = subprocess.run(cmd + ["--check"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1 and "stale" in res.stdout
+    assert not (docs / "ops.md").exists()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert (docs / "ops.md").read_text() == docgen.render_ops()
+    lib = (docs / "library.md").read_text()
+    assert lib.startswith("intro\n") and lib.endswith("\nend\n") and "old" not in lib
+    assert library.menu_table() in lib
+    assert subprocess.run(cmd + ["--check"], env=env).returncode == 0
+
+
+def test_library_md_example_output_is_real():
+    text = (DOCS / "library.md").read_text()
+    assert library.lin_comb_bias_elt_act("relu", aux=True).rstrip() in text
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_quickstart_runs(tmp_path):
+    code = "\n".join(_python_blocks(DOCS / "quickstart.md"))
+    assert "evtfuse.gemm" in code and "get_kernels" in code
+    script = tmp_path / "quickstart.py"
+    script.write_text(code + "\nprint('QUICKSTART OK', D3.shape)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1",
+               CUDA_VISIBLE_DEVICES="", EVTFUSE_CACHE_DIR=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "QUICKSTART OK" in res.stdout
+
+
+def test_links_between_docs_resolve():
+    for page in DOCS.glob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+\.md)\)", page.read_text()):
+            assert (DOCS / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_cli_md_covers_commands_and_exit_codes():
+    from evtfuse import cli
+
+    text = (DOCS / "cli.md").read_text()
+    for cmd in ("demo", "run", "show", "profile", "bench", "cache list | clear"):
+        assert f"## `evtfuse {cmd}`" in text
+    for code in (cli.EXIT_OK, cli.EXIT_VERIFY, cli.EXIT_INPUT, cli.EXIT_UNSUPPORTED,
+                 cli.EXIT_MISSING):
+        assert f"| {code} |" in text
+    assert "EVTFUSE_CACHE_DIR" in text and "EVTFUSE_LOG=debug" in text
+
+
+# ------------------------------------------------------------------ errors.md
+
+ERRORS_MD = (DOCS / "errors.md").read_text() if (DOCS / "errors.md").exists() else ""
+M, N, K = 8, 6, 4
+A, B = torch.randn(M, K), torch.randn(K, N)
+
+
+def full(dtype=torch.float32):
+    return torch.zeros(M, N, dtype=dtype)
+
+
+def epi(src, **values):
+    values.setdefault("D", full())
+    return EpilogueArguments(src, **values)
+
+
+def _outputs_sharing_memory():
+    d = full()
+    return GemmArguments(A, B, d, epilogue=epi("def e(accum): D = accum; F = D; return D, F",
+                                                D=d, F=d))
+
+
+def _output_overlapping_input():
+    buf = torch.zeros(M, N + 1)
+    d = buf[:, :N]
+    return GemmArguments(A, B, d, epilogue=epi("def e(accum, C): D = accum + C; return D",
+                                                C=buf[:, 1:], D=d))
+
+
+# (what to build, a phrase that must be in both the message and errors.md)
+TRIGGERS = [
+    (lambda: epi("def e(alpha): D = alpha; return D"),
+     "accum must be an input to the epilogue function"),
+    (lambda: epi("def e(accum): F = accum; return F", F=full()),
+     "Output node D is not found in the epilogue function."),
+    (lambda: epi("def e(accum):\n    tmp = accum\n    tmp = tmp * 2.0\n    D = tmp\n    return D"),
+     "Variable 'tmp' cannot be defined twice."),
+    (lambda: EpilogueArguments("def e(accum): D = accum; return D"),
+     "Argument D is not provided in the kwargs of the EpilogueArguments constructor"),
+    (lambda: epi("def e(accum): D = softmax(accum); return D"), "unknown function 'softmax'"),
+    (lambda: epi("def e(accum): D = accum + x; return D"), "undefined name 'x'"),
+    (lambda: epi("def e(accum): D = accum[0]; return D"), "unsupported syntax (Subscript)"),
+    (lambda: epi("def e(accum):\n    if accum:\n        D = accum\n    return D"),
+     "unsupported statement (If)"),
+    (lambda: epi("def e(accum):\n    a, D = accum, accum\n    return D"),
+     "assign one value to one plain name per statement"),
+    (lambda: epi("def e(accum): D = accum // 2.0; return D"), "unsupported operator"),
+    (lambda: epi("def e(accum, y): D = accum ** y; return D", y=1.0),
+     "the exponent of ** must be a numeric literal"),
+    (lambda: epi("def e(accum): D = where(0.0 < accum < 1.0, accum, 0.0); return D"),
+     "chained comparisons are not supported"),
+    (lambda: epi("def e(accum): D = accum * 'x'; return D"), "only numbers are allowed"),
+    (lambda: epi("def e(accum): D = relu(accum, accum); return D"), "relu() takes 1 positional"),
+    (lambda: epi("def e(accum): D = leaky_relu(accum, alpha=0.1); return D"),
+     "leaky_relu() got an unexpected keyword argument 'alpha'"),
+    (lambda: epi("def e(accum, s): D = leaky_relu(accum, slope=s); return D", s=0.1),
+     "leaky_relu() parameter 'slope' must be a numeric literal"),
+    (lambda: epi("def e(accum): D = accum * row_index(1); return D"), "row_index() takes no arguments"),
+    (lambda: epi("def e(accum): D = accum"), "the epilogue must end with a return of its outputs"),
+    (lambda: epi("def e(accum):\n    D = accum\n    return D\n    return D"),
+     "only one return is allowed, as the last statement"),
+    (lambda: epi("def e(accum): D = accum; return D, relu(D)"), "return names only"),
+    (lambda: epi("def e(accum, C): D = accum; return D, C", C=full()),
+     "is an input of the epilogue and cannot also be returned as an output"),
+    (lambda: epi("def e(accum): D = accum; return D, D"), "is returned twice"),
+    (lambda: epi("def e(accum): D = accum; return D, Z"), "undefined name 'Z' in the return"),
+    (lambda: epi("def e(accum, *rest): D = accum; return D"),
+     "the epilogue function takes plain positional parameters only"),
+    (lambda: epi("def e(accum, a=1.0): D = accum; return D"),
+     "epilogue parameters cannot have default values"),
+    (lambda: epi("x = 1\ndef e(accum): D = accum; return D\ndef f(accum): D = accum; return D"),
+     "the epilogue must be exactly one function definition"),
+    (lambda: epi("def e(accum): D = accum +; return D"), "the epilogue is not valid Python"),
+    (lambda: epi(functools.partial(max)), "pass the epilogue as a string instead"),
+    (lambda: epi("def e(accum): D = accum; m = 2.0 * max(D); return D, m", m=torch.zeros(M, 1)),
+     "a reduction must be the whole value of an assignment"),
+    (lambda: epi("def e(accum):\n    m = max(accum)\n    D = accum - m\n    return D, m",
+                 m=torch.zeros(M, 1)),
+     "a reduction can only be returned, not used in further computation"),
+    (lambda: epi("def e(accum):\n    m = max(accum)\n    D = accum\n    return D"),
+     "is a reduction whose result is never returned"),
+    (lambda: epi("def e(accum):\n    D = accum\n    m = sum(D)\n    return D, m", m=full()),
+     "is a reduction, but output m has the full shape"),
+    (lambda: epi("def e(accum):\n    D = accum\n    m = sum(D)\n    return D, m", m=None),
+     "is a reduction; its output cannot be None"),
+    (lambda: epi("def e(accum):\n    D = accum\n    m = D * 2.0\n    return D, m",
+                 m=torch.zeros(M, 1)), "is not computed by sum/max/min"),
+    (lambda: epi("def e(accum, bias): D = accum + bias; return D", bias=torch.zeros(7)),
+     "which does not broadcast to the output (L, M, N)"),
+    (lambda: epi("def e(accum, x): D = accum + x; return D", x=torch.zeros(1, 1, M, N)),
+     "at most 3 (L, M, N) are allowed"),
+    (lambda: epi("def e(accum, C): D = accum + C; return D", C=torch.zeros(M, N, dtype=torch.complex64)),
+     "which an epilogue cannot load"),
+    (lambda: epi("def e(accum, alpha): D = accum * alpha; return D", alpha=None),
+     "must be a number or a tensor, not None"),
+    (lambda: epi("def e(accum): D = accum; F = D; return D, F", F=3.0),
+     "(or None to compute it without storing it)"),
+    (lambda: epi("def e(accum): D = accum; return D", D=full(torch.int16)),
+     "which an epilogue cannot store"),
+    (lambda: epi("def e(accum, C): D = accum; return D", C=full(), Z=full()),
+     "is not a parameter or an output of the epilogue function"),
+    (lambda: EpilogueArguments("def e(accum): D = accum; return D", D=torch.zeros(M)).dag,
+     "the problem shape is not known yet"),
+    (lambda: GemmArguments(A, torch.randn(K + 1, N), full()), "differs from B's K"),
+    (lambda: GemmArguments(A, B.half(), full()), "they must have one dtype"),
+    (lambda: GemmArguments(A, B, full(), epilogue=epi("def e(accum): D = accum; return D")),
+     "out and the epilogue's D are different tensors"),
+    (lambda: _outputs_sharing_memory(), "share memory; each output needs its own buffer"),
+    (lambda: _output_overlapping_input(),
+     "only a full-shaped output may alias a full-shaped input exactly"),
+]
+
+
+@pytest.mark.parametrize("build, phrase", TRIGGERS, ids=[p for _, p in TRIGGERS])
+def test_errors_md_explains_the_real_message(build, phrase):
+    with pytest.raises(EpilogueError) as exc:
+        build()
+    assert phrase in str(exc.value), f"the code's message changed: {exc.value}"
+    assert phrase in ERRORS_MD, f"docs/errors.md does not explain: {phrase}"
+
+
+def test_errors_md_explains_explain_reasons(monkeypatch):
+    from evtfuse import explain
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args = GemmArguments(A.to(torch.bfloat16), B.to(torch.bfloat16), full())
+    text = explain(args)
+    assert "bf16 under Triton's CPU interpreter gives wrong results" in text
+    assert "bf16 under Triton's CPU interpreter gives wrong results" in ERRORS_MD
+    D = full()
+    red = EpilogueArguments("def e(accum): D = accum; m = max(accum); return D, m", D=D,
+                            m=torch.zeros(M, 1))
+    text = explain(GemmArguments(A, B, D, epilogue=red))
+    assert "reductions in the epilogue are not implemented by the Triton kernels yet" in text \
+        or "supported" in text
+    assert "reductions in the epilogue are not implemented by the Triton kernels yet" in ERRORS_MD
