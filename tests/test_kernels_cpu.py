@@ -1,0 +1,267 @@
+"""Kernels through Triton's CPU interpreter: both families, small and odd sizes, fp16/fp32.
+
+Every kernel result is compared with the reference evaluator on fresh random data with
+the outputs poisoned (NaN) first (``Kernel.verify``), so an unwritten element fails.
+The Hopper (TMA) family runs here when asked for with ``cc=90``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, explain, get_kernels
+from evtfuse.runtime import cache
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="CPU-interpreter tier; the GPU tier covers kernels on a GPU")
+
+GEN = torch.Generator().manual_seed(1234)
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def kernels_of(args, family, cc=None):
+    ks = [k for k in get_kernels(args, cc=cc) if k.family.name == family]
+    assert ks, explain(args, cc=cc)
+    return ks
+
+
+def verify_family(args, family):
+    cc = 90 if family == "hopper" else None
+    k = kernels_of(args, family, cc)[0]
+    result = k.verify(args)
+    assert result, result.report()
+    return k
+
+
+FAMILIES = ["portable", "hopper"]
+
+
+# ------------------------------------------------------------ the reference examples
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_notebook_my_epilogue(family, dtype):
+    L, M, N, K = 1, 40, 48, 24
+    A, B, C = rand(L, M, K, dtype=dtype), rand(L, K, N, dtype=dtype), rand(L, M, N, dtype=dtype)
+
+    def my_epilogue(accum, C, alpha, beta, extra_scalar):
+        Aux = (alpha * accum) + (beta * C)
+        D = extra_scalar * Aux
+        return D, Aux
+
+    D, Aux = [torch.empty(L, M, N, dtype=dtype) for _ in range(2)]
+    epi = EpilogueArguments(my_epilogue, C=C, alpha=1.0, beta=2.0, extra_scalar=0.5, D=D, Aux=Aux)
+    verify_family(GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi), family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_relu_aux_store_and_return_accum(family):
+    M, N, K = 32, 64, 16
+    A, B, C = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16), rand(M, N, dtype=torch.float16)
+
+    def relu_scale_return_acc(accum, alpha, beta, C, scale):
+        F = relu((accum * alpha) + (C * beta))  # noqa: F821
+        D = F * scale
+        return D, F, accum
+
+    D, F = torch.empty(M, N, dtype=torch.float16), torch.empty(M, N, dtype=torch.float16)
+    acc = torch.empty(M, N, dtype=torch.float32)
+    epi = EpilogueArguments(relu_scale_return_acc, alpha=1.0, beta=2.0, C=C, scale=0.5, D=D, F=F,
+                            accum=acc)
+    verify_family(GemmArguments(A, B, D, torch.float32, epi), family)
+    torch.testing.assert_close(acc, A.float() @ B.float(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_string_epilogue_and_efc_alpha_beta(family):
+    M, N, K = 24, 32, 40
+    A, B = rand(M, K), rand(K, N)
+    C, X = rand(M, N), rand(M, N, dtype=torch.float16)
+    D, Y = torch.empty(M, N), torch.empty(M, N)
+    src = ("def epi(accum, C, X, alpha, beta, x_factor): Y = accum; "
+           "D = accum * alpha + C * beta + X * x_factor; return D, Y")
+    epi = EpilogueArguments(src, C=C, X=X, alpha=0.5, beta=-1.0, x_factor=2.0, D=D, Y=Y)
+    verify_family(GemmArguments(A, B, D, epilogue=epi), family)
+
+
+ALL_OPS = """
+def epi(accum, C, bias, rowv, s):
+    x = accum * 0.25 + bias
+    a = relu(x) + leaky_relu(x, 0.2) + sigmoid(x) + tanh(x) + gelu(x) + gelu_tanh(x)
+    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0)
+    c = sqrt(abs(x)) + rsqrt(abs(x) + 1.0) + sin(x) + cos(x) + tan(x * 0.1) + identity(x)
+    d = maximum(x, C) + minimum(x, rowv) + clamp(x, -0.5, 0.5) + where(x > C, x, C)
+    e = multiply_add(x, s, C) + x ** 2 + x ** 3 + abs(x) ** 0.5 - x / (abs(C) + 1.0)
+    f = (x < C) * 1.0 + (x <= 0.0) + (x >= C) * 2.0 + (x == x) - (x != C) + max(x, 0.1) + min(x, 0.2)
+    D = a + b + c + d + e + f
+    return D
+"""
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_op_in_one_epilogue(family):
+    M, N, K = 32, 32, 16
+    A, B = rand(M, K), rand(K, N)
+    D = torch.empty(M, N)
+    epi = EpilogueArguments(ALL_OPS, C=rand(M, N), bias=rand(N), rowv=rand(M, 1),
+                            s=torch.tensor(0.75), D=D)
+    verify_family(GemmArguments(A, B, D, epilogue=epi), family)
+
+
+# ------------------------------------------------------------ shapes, layouts, batches
+
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (7, 7, 7), (33, 17, 9), (5, 70, 3)])
+def test_odd_sizes_portable(mnk):
+    M, N, K = mnk
+    A, B, C = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16), rand(M, N)
+    D, F = torch.empty(M, N, dtype=torch.float16), torch.empty(M, N)
+    src = "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"
+    verify_family(GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, alpha=1.5, D=D, F=F)),
+                  "portable")
+
+
+def test_odd_tails_hopper():
+    # TMA needs 16-byte rows: fp16 N and K multiples of 8, M anything
+    M, N, K = 37, 40, 24
+    A, B = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
+    D = torch.empty(M, N, dtype=torch.float16)
+    verify_family(GemmArguments(A, B, D), "hopper")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_transposed_shared_and_per_batch_operands(family):
+    L, M, N, K = 3, 24, 32, 16
+    A = rand(L, K, M, dtype=torch.float16).transpose(1, 2)  # column-major A
+    B = rand(L, N, K, dtype=torch.float16).transpose(1, 2)  # column-major B
+    C = rand(M, N, dtype=torch.float16)  # (M, N): shared by all batches
+    alpha = rand(L, 1, 1)  # per-batch device scalar
+    rowb = rand(L, M, 1)  # per-batch per-row vector
+    colb = rand(1, N)  # per-column vector, shared
+    D, Y = torch.empty(L, M, N, dtype=torch.float16), torch.empty(L, M, N)
+    src = ("def epi(accum, C, alpha, rowb, colb): Y = accum; "
+           "D = alpha * accum + C + rowb * colb; return D, Y")
+    epi = EpilogueArguments(src, C=C, alpha=alpha, rowb=rowb, colb=colb, D=D, Y=Y)
+    verify_family(GemmArguments(A, B, D, epilogue=epi), family)
+
+
+def test_b_shared_across_batches_portable():
+    L, M, N, K = 2, 16, 24, 8
+    A, B = rand(L, M, K), rand(K, N)
+    D = torch.empty(L, M, N)
+    verify_family(GemmArguments(A, B, D), "portable")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vector_and_scalar_outputs_of_broadcast_values(family):
+    M, N, K = 40, 32, 16
+    A, B = rand(M, K), rand(K, N)
+    rowv, colv = rand(M, 1), rand(N)
+    D, r, c, s = torch.empty(M, N), torch.empty(M, 1), torch.empty(N), torch.empty(1)
+    src = ("def epi(accum, rowv, colv, alpha): D = accum + rowv; r = rowv * alpha; "
+           "c = exp(colv); s = alpha * 2.0; return D, r, c, s")
+    epi = EpilogueArguments(src, rowv=rowv, colv=colv, alpha=3.0, D=D, r=r, c=c, s=s)
+    verify_family(GemmArguments(A, B, D, epilogue=epi), family)
+
+
+# ------------------------------------------------------------ runtime behaviour
+
+def test_scalar_rerun_uses_new_value_without_recompiling():
+    M, N, K = 16, 32, 16
+    A, B, C = rand(M, K), rand(K, N), rand(M, N)
+    D = torch.empty(M, N)
+    src = "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"
+    epi = EpilogueArguments(src, C=C, alpha=1.0, beta=0.0, D=D)
+    k = get_kernels(GemmArguments(A, B, D, epilogue=epi))[0]
+    k.run(GemmArguments(A, B, D, epilogue=epi))
+    modules = set(k._fns)
+    k.run(GemmArguments(A, B, D, epilogue=epi.with_values(alpha=-2.0, beta=3.0)))
+    assert set(k._fns) == modules  # the same compiled kernel served both
+    torch.testing.assert_close(D, -2.0 * (A @ B) + 3.0 * C, rtol=1e-4, atol=1e-4)
+
+
+def test_outputs_untouched_when_validation_fails():
+    M, N, K = 8, 8, 8
+    A, B = rand(M, K), rand(K, N)
+    D = torch.full((M, N), float("nan"))
+    with pytest.raises(EpilogueError, match="does not broadcast"):
+        GemmArguments(A, B, D, epilogue=EpilogueArguments(
+            "def epi(accum, C): D = accum + C; return D", C=rand(3, N), D=D))
+    with pytest.raises(EpilogueError, match="K"):
+        GemmArguments(A, rand(K + 1, N), D)
+    assert torch.isnan(D).all()
+
+
+def test_explain_and_empty_get_kernels():
+    M, N, K = 8, 8, 8
+    bf = GemmArguments(rand(M, K, dtype=torch.bfloat16), rand(K, N, dtype=torch.bfloat16),
+                       torch.empty(M, N, dtype=torch.bfloat16))
+    assert get_kernels(bf) == []
+    assert "bf16" in explain(bf)
+    D = torch.empty(M, N)
+    red = GemmArguments(rand(M, K), rand(K, N), D, epilogue=EpilogueArguments(
+        "def epi(accum): D = accum; m = max(abs(accum)); return D, m", D=D, m=torch.empty(M, 1)))
+    assert get_kernels(red) == []
+    assert "reduction" in explain(red)
+    ints = GemmArguments(torch.ones(M, K, dtype=torch.int8), torch.ones(K, N, dtype=torch.int8),
+                         torch.empty(M, N))
+    assert get_kernels(ints) == [] and "int8" in explain(ints)
+
+
+def test_cpu_tensors_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    args = GemmArguments(rand(8, 8), rand(8, 8), torch.empty(8, 8))
+    assert get_kernels(args) == []
+    assert "TRITON_INTERPRET" in explain(args)
+
+
+def test_hopper_refuses_misaligned_with_reason():
+    M, N, K = 16, 13, 16  # fp16 rows of 13 elements: 26 bytes, not a multiple of 16
+    args = GemmArguments(rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16),
+                         torch.empty(M, N, dtype=torch.float16))
+    text = explain(args, cc=90)
+    assert "hopper: refused" in text and "16" in text
+    assert [k.family.name for k in get_kernels(args, cc=90)] == ["portable"] * 2
+    verify_family(args, "portable")
+
+
+def test_gemm_one_call_fuse_and_unstored_output():
+    M, N, K = 24, 16, 8
+    A, B, C = rand(M, K), rand(K, N), rand(M, N)
+
+    def relu_aux(accum, C, alpha):
+        F = alpha * accum + C * 2.0
+        D = relu(F)  # noqa: F821
+        return D, F
+
+    D, F = evtfuse.gemm(A, B, relu_aux, C=C, alpha=0.5, F_dtype=torch.float16)
+    assert D.dtype == torch.float32 and F.dtype == torch.float16 and D.shape == (M, N)
+    ref_F = 0.5 * (A @ B) + 2.0 * C
+    torch.testing.assert_close(F.float(), ref_F, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(D, ref_F.relu(), rtol=1e-4, atol=1e-4)
+    D2, F2 = evtfuse.gemm(A, B, relu_aux, C=C, alpha=0.5, F=None)
+    assert F2 is None
+    torch.testing.assert_close(D2, D)
+    f = evtfuse.fuse(relu_aux, alpha=0.5)
+    D3, F3 = f(A, B, C=C)
+    torch.testing.assert_close(D3, D)
+    I = evtfuse.gemm(A, B)
+    torch.testing.assert_close(I, A @ B, rtol=1e-4, atol=1e-4)
+
+
+def test_generated_module_in_cache_dir_and_keys_fail_closed():
+    args = GemmArguments(rand(8, 8), rand(8, 8), torch.empty(8, 8))
+    k = get_kernels(args)[0]
+    k.compile(args)
+    files = list((cache.cache_dir() / "kernels").glob("k*.py"))
+    assert files and os.environ["EVTFUSE_CACHE_DIR"] in str(files[0])
+    assert "evtfuse_kernel" in k.source(args)
+    with pytest.raises(TypeError):
+        cache.make_key(object())
+    assert cache.make_key(1.0, "a") != cache.make_key(1.0000001, "a")
