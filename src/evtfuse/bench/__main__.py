@@ -1,0 +1,7 @@
+"""``python -m evtfuse.bench``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""Measuring on the GPU: kernel time, copy bandwidth, extra memory, result error.
+
+Layer: bench (measurement). Times are medians of ``triton.testing.do_bench`` (CUDA
+events around each call, L2 flushed before each call); without Triton the same method
+is used here directly. Nothing in this module is imported by the CPU tests' pure parts
+except ``rel_err``, which works on any device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+def rotating(call: Callable[[Any], Any], sets: Sequence[Any]) -> Callable[[], Any]:
+    """A no-argument function calling ``call(set)`` on each input set in turn."""
+    if len(sets) == 1:
+        only = sets[0]
+        return lambda: call(only)
+    it = itertools.cycle(sets)
+    return lambda: call(next(it))
+
+
+def bench_ms(fn: Callable[[], Any], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of one call of ``fn`` in milliseconds."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:  # pragma: no cover - triton is a dependency
+        do_bench = None
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return _events_median_ms(fn, warmup_ms, rep_ms)  # pragma: no cover
+
+
+def _events_median_ms(fn, warmup_ms, rep_ms):  # pragma: no cover - GPU only
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    n = max(1, int(rep_ms / est))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def copy_bandwidth(nbytes: int = 2**30, device: str = "cuda") -> tuple[float, float]:
+    """(bytes per second counting read + write, ms) of a device-to-device copy."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    ms = bench_ms(lambda: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2.0 * nbytes / (ms * 1e-3), ms
+
+
+def host_timed_s(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Wall seconds of one call, synchronised before and after; and its result."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, result
+
+
+def extra_memory_mib(fn: Callable[[], Any]) -> float:
+    """Peak device memory one call allocates beyond what is held before it (MiB)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del result
+    return max(0.0, (peak - base) / 2**20)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| (2-norms in fp32; NaN anywhere gives NaN)."""
+    if x.shape != ref.shape:
+        if x.numel() != ref.numel():
+            raise ValueError(f"shape {tuple(x.shape)} differs from the reference's "
+                             f"{tuple(ref.shape)}")
+        x = x.reshape(ref.shape)
+    xf, rf = x.float(), ref.float()
+    num = torch.linalg.vector_norm(xf - rf).item()
+    den = torch.linalg.vector_norm(rf).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+__all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "host_timed_s", "rel_err",
+           "rotating"]
