@@ -711,3 +711,18 @@ def test_bind_is_deferred_until_problem_known():
     args = GemmArguments(_randn(M, K), _randn(K, N), epilogue=epi)
     assert args.dag.operands[0].kind is COL
     assert args.dag.outputs[0].kind is OutputKind.NONE
+
+
+def test_D_itself_a_reduction_binds_with_the_gemm_problem():
+    """A (M, 1) D that is sum(...) says nothing about N: the problem comes from A and B."""
+    D = _poisoned(M, 1)
+    epi = EpilogueArguments("def e(accum):\n    D = sum(accum)\n    return D", D=D)
+    A, B = _randn(M, K, seed=1), _randn(K, N, seed=2)
+    args = GemmArguments(A, B, epilogue=epi)
+    assert args.problem == (1, M, N) and args.out is D
+    assert args.dag.output("D").kind is OutputKind.ROW
+    torch.testing.assert_close(evaluate(args)["D"], (A @ B).sum(dim=1, keepdim=True))
+    # a full-shaped D still binds at construction (and so reports shape errors there)
+    e = _raises(EpilogueArguments, "def e(accum, b):\n    D = accum + b\n    return D",
+                b=_randn(M + 1, 1), D=_poisoned(M, N))
+    assert e.variable == "b"

@@ -13,6 +13,7 @@ import torch
 
 from . import ir
 from .errors import EpilogueError
+from .optable import OPS, Category
 from .frontend import (EpilogueSource, ParsedEpilogue, bind, check_names, parse_epilogue,
                        problem_shape_of)
 
@@ -32,7 +33,9 @@ class EpilogueArguments:
         self.values: dict[str, Any] = dict(operands_and_outputs)
         self._dags: dict[tuple[int, int, int], ir.Dag] = {}
         self._problem: tuple[int, int, int] | None = None
-        guess = problem_shape_of(self.values.get("D"))
+        # a full-shaped D tells (L, M, N); a D that is a reduction (e.g. (M, 1)) does not:
+        # then binding waits for GemmArguments, which knows the problem
+        guess = None if _is_reduction(self.parsed, "D") else problem_shape_of(self.values.get("D"))
         if guess is not None:
             self.bind(guess)
 
@@ -81,6 +84,11 @@ class EpilogueArguments:
 
     def __repr__(self) -> str:
         return f"EpilogueArguments({self.parsed.name}, {', '.join(self.values)})"
+
+
+def _is_reduction(parsed: ParsedEpilogue, name: str) -> bool:
+    return any(a.target == name and a.expr.kind == "call"
+               and OPS[a.expr.op].category is Category.REDUCE for a in parsed.assignments)
 
 
 def _identity_epilogue(out: torch.Tensor) -> EpilogueArguments:
