@@ -173,8 +173,8 @@ def test_run_verification_failure_exits_1(monkeypatch):
 
     real = cli.choose_kernel
 
-    def broken_choice(args, name_filter=None):
-        k = copy.copy(real(args, name_filter))
+    def broken_choice(args, name_filter=None, tune="none"):
+        k = copy.copy(real(args, name_filter, tune))
         k.__class__ = Broken
         return k
 
@@ -185,6 +185,21 @@ def test_run_verification_failure_exits_1(monkeypatch):
     assert "verify:   FAILED" in res.output and "FAIL D" in res.output
     res = invoke("demo", "--size", "32,32,16", "--iterations", "1")
     assert res.exit_code == 1 and "VERIFICATION FAILED" in res.output
+
+
+def test_run_tune_modes():
+    for mode in ("none", "exhaustive"):
+        res = invoke("run", "-e", "def e(accum): D = accum * 0.5; return D", "--mnkl", "32,16,16",
+                     "--tune", mode, "--iterations", "0", "--verify")
+        assert res.exit_code == 0 and "verify:   PASSED" in res.output, res.output
+    res = invoke("run", "-e", "def e(accum): D = accum; return D", "--tune", "slow")
+    assert res.exit_code == 2 and "--tune is one of fast, exhaustive, none" in res.output
+    res = invoke("run", "-e", "def e(accum): D = accum; return D", "--mnkl", "32,16,16",
+                 "--kernel", "16x16x16", "--iterations", "0")
+    assert res.exit_code == 0 and "kernel:   portable_16x16x16" in res.output
+    res = invoke("run", "-e", "def e(accum): D = accum; return D", "--mnkl", "32,16,16",
+                 "--kernel", "no-such-kernel")
+    assert res.exit_code == 3 and "no kernel named like 'no-such-kernel'" in res.output
 
 
 def test_run_unsupported_prints_explain_and_exits_3():
@@ -279,9 +294,18 @@ def test_profile_reads_ncu_metrics(monkeypatch, tmp_path):
     assert "registers per thread" in res.output and "168 register/thread" in res.output
     assert "achieved DRAM bandwidth" in res.output and "2.71 Tbyte/second" in res.output
     assert "SM throughput (% of peak)" in res.output and "87.5 %" in res.output
+    assert "kernel:   portable" in res.output  # the run before ncu, which tunes and caches
     forwarded = (tmp_path / "ncu_args").read_text()
     assert "-m evtfuse.cli run -e def e(accum)" in forwarded and "--mnkl 64,64,64" in forwarded
     assert "--metrics launch__registers_per_thread" in forwarded
+
+
+def test_profile_reports_input_errors_before_ncu(monkeypatch, tmp_path):
+    _fake_ncu(tmp_path, NCU_CSV)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    res = invoke("profile", "-e", "def e(accum): D = nope(accum); return D")
+    assert res.exit_code == 2 and "unknown function 'nope'" in res.output
+    assert not (tmp_path / "ncu_args").exists()
 
 
 def test_profile_reports_an_ncu_failure(monkeypatch, tmp_path):

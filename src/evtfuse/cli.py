@@ -478,9 +478,16 @@ class RunReport:
         return None
 
 
-def choose_kernel(args: Any, name_filter: str | None = None):
-    """The first kernel ``get_kernels`` offers (optionally whose name contains a filter)."""
+TUNE_MODES = ("fast", "exhaustive", "none")
+
+
+def choose_kernel(args: Any, name_filter: str | None = None, tune: str = "none"):
+    """The kernel to run: the first ``get_kernels`` offers whose name contains
+    ``name_filter``; else, with ``tune`` "fast"/"exhaustive", the autotuner's choice (timed
+    once per problem and kept in the cache, as ``evtfuse.gemm`` does); else the first."""
     api = _api()
+    if tune not in TUNE_MODES:
+        raise CliError(f"--tune is one of {', '.join(TUNE_MODES)}, not '{tune}'")
     kernels = api.get_kernels(args)
     if name_filter:
         kernels = [k for k in kernels if name_filter in k.name]
@@ -490,11 +497,17 @@ def choose_kernel(args: Any, name_filter: str | None = None):
         raise CliError(f"no kernel{extra} supports this problem:\n{textwrap.indent(why, '  ')}",
                        EXIT_UNSUPPORTED)
     log.info("kernels offered: %s", ", ".join(k.name for k in kernels))
+    if tune != "none" and not name_filter:
+        from .runtime.tuner import choose_kernel as tuned_choice
+
+        kernel = tuned_choice(args, tune=tune)
+        log.info("tuner (%s) chose %s", tune, kernel.name)
+        return kernel
     return kernels[0]
 
 
 def run_and_report(args: Any, kernel: Any, device: Device, *, eager: Callable[[], Any] | None,
-                   verify: bool, iterations: int, warmup: int, nvtx: bool = False) -> RunReport:
+                   verify: bool, iterations: int, warmup: int) -> RunReport:
     """Run ``kernel`` on ``args`` (timed), verify against the reference, time ``eager``."""
     kernel.compile(args)
     verify_text, ok = "", None
@@ -504,13 +517,6 @@ def run_and_report(args: Any, kernel: Any, device: Device, *, eager: Callable[[]
         verify_text = result.report()
     fused_ms = eager_ms = None
     if iterations > 0:
-        if nvtx and not device.interpreter:
-            import torch
-
-            torch.cuda.nvtx.range_push("evtfuse_fused")
-            kernel.run(args)
-            _synchronize(device)
-            torch.cuda.nvtx.range_pop()
         fused_ms = time_ms(lambda: kernel.run(args), device, iterations, warmup)
         if eager is not None:
             eager_ms = time_ms(eager, device, iterations, warmup)
@@ -569,7 +575,7 @@ DEMO_EPILOGUES = {
 
 
 def _demo_case(name: str, device: Device, mnk: tuple[int, int, int], dtype, iterations: int,
-               warmup: int) -> tuple[list[str], bool]:
+               warmup: int, tune: str = "fast") -> tuple[list[str], bool]:
     import torch
 
     from .arguments import EpilogueArguments, GemmArguments
@@ -601,7 +607,7 @@ def _demo_case(name: str, device: Device, mnk: tuple[int, int, int], dtype, iter
             return torch.relu(F), F
     args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi)
     lines = [title] + ["    " + ln for ln in source.rstrip().splitlines()]
-    kernel = choose_kernel(args)
+    kernel = choose_kernel(args, tune=tune)
     rep = run_and_report(args, kernel, device, eager=eager, verify=True, iterations=iterations,
                          warmup=warmup)
     lines += ["    " + ln for ln in format_report(rep, 2.0 * M * N * K, device)]
@@ -615,6 +621,8 @@ def demo(
     dtype: Annotated[Optional[str], typer.Option(help="inputs and outputs (default bf16 on a "
                                                       "GPU, f16 on the CPU)")] = None,
     iterations: Annotated[Optional[int], typer.Option(help="timed runs (default 20 GPU, 2 CPU)")] = None,
+    tune: Annotated[str, typer.Option(help="fast | exhaustive | none: how the kernel is chosen "
+                                           "(autotuning, as evtfuse.gemm does)")] = "fast",
 ):
     """Fuse the EFC alpha-beta epilogue (and a ReLU + aux one) into a GEMM, verify, time.
 
@@ -636,7 +644,7 @@ def demo(
         typer.echo(f"  problem: M={M} N={N} K={K}, {short_dtype(dt)} in/out, fp32 accumulation\n")
         all_ok = True
         for k, name in enumerate(DEMO_EPILOGUES, 1):
-            lines, ok = _demo_case(name, device, (M, N, K), dt, iters, warmup)
+            lines, ok = _demo_case(name, device, (M, N, K), dt, iters, warmup, tune)
             all_ok &= ok
             typer.echo(f"[{k}] " + "\n".join(lines) + "\n")
         typer.echo("demo: all outputs match the reference" if all_ok
@@ -719,7 +727,8 @@ def run(
     warmup: Annotated[Optional[int], typer.Option(help="untimed runs first")] = None,
     eager: Annotated[bool, typer.Option("--eager/--no-eager", help="also time unfused PyTorch")] = True,
     kernel: KernelOpt = None, seed: SeedOpt = 0, tf32: Tf32Opt = False,
-    nvtx: Annotated[bool, typer.Option("--nvtx", hidden=True)] = False,
+    tune: Annotated[str, typer.Option(help="fast | exhaustive | none: autotune the kernel "
+                                           "choice (kept in the cache) or take the first")] = "fast",
 ):
     """Run one epilogue fused into a GEMM: operands are made from its parameters and the flags.
 
@@ -734,11 +743,11 @@ def run(
         built = build_problem(source, spec, device)
         for line in _describe(spec, where, built, device):
             typer.echo(line)
-        k = choose_kernel(built.args, kernel)
+        k = choose_kernel(built.args, kernel, tune)
         iters = iterations if iterations is not None else (1 if device.interpreter else 20)
         warm = warmup if warmup is not None else (0 if device.interpreter else 5)
         rep = run_and_report(built.args, k, device, eager=eager_of(built.args) if eager else None,
-                             verify=verify, iterations=iters, warmup=warm, nvtx=nvtx)
+                             verify=verify, iterations=iters, warmup=warm)
         for line in format_report(rep, spec.flops, device):
             typer.echo(line)
         if rep.ok is False:
@@ -823,7 +832,10 @@ def parse_ncu_csv(text: str) -> list[dict[str, tuple[str, str]]]:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def profile(ctx: typer.Context):
     """Run (as `evtfuse run`, same options) under Nsight Compute and print registers, shared
-    memory, achieved bandwidth and throughput of the fused kernel. Needs `ncu` on PATH."""
+    memory, achieved bandwidth and throughput of the fused kernel. Needs `ncu` on PATH.
+
+    The problem is run once without ncu first (compile, autotune, cache the choice), then
+    under ncu, which profiles the first launch of the chosen kernel."""
     ncu = shutil.which("ncu")
     if ncu is None:
         typer.echo("error: Nsight Compute's `ncu` is not on PATH, so nothing can be profiled. "
@@ -831,11 +843,19 @@ def profile(ctx: typer.Context):
                    "or use `evtfuse run` for timings.", err=True)
         raise typer.Exit(EXIT_MISSING)
     run_args = [a for a in ctx.args]
+    base = [sys.executable, "-m", "evtfuse.cli", "run", *run_args]
+    # first without ncu: compiles, autotunes and caches the choice (ncu must profile the
+    # chosen kernel, not the tuner's candidates), and reports input errors plainly
+    prep = subprocess.run(base + ["--iterations", "0", "--no-eager", "--no-verify"],
+                          capture_output=True, text=True)
+    if prep.returncode != 0:
+        typer.echo(prep.stdout + prep.stderr, nl=False)
+        raise typer.Exit(prep.returncode)
+    typer.echo(prep.stdout, nl=False)
     cmd = [ncu, "--csv", "--page", "raw", "--kernel-name", "regex:evtfuse", "--launch-count", "1",
            "--metrics", ",".join(m for m, _ in NCU_METRICS),
-           sys.executable, "-m", "evtfuse.cli", "run", *run_args, "--no-verify", "--no-eager",
-           "--iterations", "1", "--warmup", "0"]
-    typer.echo("profiling: " + " ".join(cmd[:8]) + " ... evtfuse run " + " ".join(run_args))
+           *base, "--no-verify", "--no-eager", "--iterations", "1", "--warmup", "0"]
+    typer.echo("profiling with: " + " ".join(cmd[:8]) + " ... evtfuse run " + " ".join(run_args))
     log.debug("ncu command: %s", cmd)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     rows = parse_ncu_csv(proc.stdout)
