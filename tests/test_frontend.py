@@ -225,9 +225,9 @@ def test_string_form_is_not_executed(tmp_path):
     marker = tmp_path / "pwned"
     write = f"open({str(marker)!r}, 'w').write('x')"
     src = f"{write}\ndef epi(accum):\n    D = accum\n    return D\n{write}\n"
-    acc = _randn(M, N, seed=3)
-    epi = EpilogueArguments(src, D=_poisoned(M, N))
-    assert torch.equal(evaluate(epi, acc)["D"], acc)
+    with pytest.raises(EpilogueError, match="outside") as exc:  # refused, never run
+        EpilogueArguments(src, D=_poisoned(M, N))
+    assert exc.value.line == 1
     assert not marker.exists()
     with pytest.raises(EpilogueError):  # a call inside the function is never made either
         EpilogueArguments(f"def epi(accum):\n    D = {write}\n    return D", D=_poisoned(M, N))

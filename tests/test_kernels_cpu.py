@@ -265,3 +265,9 @@ def test_generated_module_in_cache_dir_and_keys_fail_closed():
     with pytest.raises(TypeError):
         cache.make_key(object())
     assert cache.make_key(1.0, "a") != cache.make_key(1.0000001, "a")
+
+
+def test_string_with_statements_outside_the_function_is_refused():
+    with pytest.raises(EpilogueError, match="outside") as exc:
+        EpilogueArguments("import os\ndef epi(accum): D = accum; return D", D=torch.empty(2, 2))
+    assert exc.value.line == 1

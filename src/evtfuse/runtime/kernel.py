@@ -31,6 +31,7 @@ class Kernel:
         self.target = target
         self.name = f"{family.name}_{config.name}"
         self._fns: dict[str, Any] = {}
+        self._plans: dict[tuple, LaunchPlan] = {}
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.target.kind} cc={self.target.cc})"
@@ -60,17 +61,28 @@ class Kernel:
             log.debug("kernel %s: module k%s loaded", self.name, key)
         return fn
 
-    def launch_plan(self, args: GemmArguments):
-        """(function, positional args, constexpr kwargs, grid) for one launch."""
-        fn = self.compile(args)
-        dag = self.family.optimized_dag(args)
-        pos, consts, grid = self.family.pack(args, dag, self.config, self.target)
-        return fn, pos, consts, grid
+    def plan(self, args: GemmArguments) -> "LaunchPlan":
+        """The launch plan for problems shaped like ``args`` (checked, compiled, cached)."""
+        key = structure_key(args)
+        plan = self._plans.get(key)
+        if plan is None or plan.parsed is not args.epilogue.parsed:
+            fn = self.compile(args)  # checks support first
+            dag = self.family.optimized_dag(args)
+            items, consts, grid = self.family.plan(args, dag, self.config, self.target)
+            plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed)
+            if len(self._plans) > 512:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
 
     def run(self, args: GemmArguments) -> None:
-        """Compute every output of ``args`` in place (compiles on first use)."""
-        fn, pos, consts, grid = self.launch_plan(args)
-        fn[grid](*pos, **consts)
+        """Compute every output of ``args`` in place (compiles on first use).
+
+        Launches on the current stream; no host sync, no allocation. Arguments of a
+        structure seen before (same epilogue, shapes, strides, dtypes, alignment) reuse
+        their launch plan, so a re-run costs little more than Triton's own launch.
+        """
+        self.plan(args)(args.A, args.B, args.epilogue.values)
 
     def verify(self, args: GemmArguments, poison: bool = True) -> VerifyResult:
         """Run on NaN-poisoned outputs and compare every stored output with the reference."""
@@ -91,3 +103,51 @@ class Kernel:
             result.checks.append(compare(o.name, values[o.name], ref[o.name], o.dtype, tf32,
                                          args.A.dtype))
         return result
+
+
+class LaunchPlan:
+    """Positional arguments with the fixed ones (sizes, strides) filled in once; per call
+    only tensors, descriptors and runtime scalars are fetched."""
+
+    __slots__ = ("fn", "template", "slots", "consts", "grid", "parsed")
+
+    def __init__(self, fn, items: list, consts: dict, grid: tuple, parsed):
+        self.fn = fn[grid]
+        self.template = [None if callable(i) else i for i in items]
+        self.slots = [(k, i) for k, i in enumerate(items) if callable(i)]
+        self.consts = consts
+        self.grid = grid
+        self.parsed = parsed
+
+    def __call__(self, A, B, values) -> None:
+        pos = self.template.copy()
+        for k, get in self.slots:
+            pos[k] = get(A, B, values)
+        self.fn(*pos, **self.consts)
+
+    def positional(self, A, B, values) -> list:
+        pos = self.template.copy()
+        for k, get in self.slots:
+            pos[k] = get(A, B, values)
+        return pos
+
+
+def tensor_key(t) -> tuple:
+    """What a kernel's support and code depend on in a tensor (not its values or address,
+    beyond 16-byte alignment)."""
+    return (t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0, t.device)
+
+
+def value_key(v) -> object:
+    if isinstance(v, torch.Tensor):
+        return tensor_key(v)
+    if v is None:
+        return None
+    return "scalar"
+
+
+def structure_key(args: GemmArguments) -> tuple:
+    values = args.epilogue.values
+    return (id(args.epilogue.parsed), args.L, args.M, args.N, args.K, args.allow_tf32,
+            args.accumulator_type, tensor_key(args.A), tensor_key(args.B),
+            tuple((n, value_key(v)) for n, v in values.items()))

@@ -2,7 +2,7 @@
 
 Layer: backends/triton. A family answers ``supports(args, target)`` with a ``Status``
 carrying the reason, lists ``configs`` best first (a heuristic; the tuner measures), and
-turns ``GemmArguments`` into the generated kernel's argument list (``pack``).
+turns ``GemmArguments`` into a launch plan for the generated kernel (``plan``).
 """
 
 from __future__ import annotations
@@ -100,8 +100,14 @@ class KernelFamily:
     def spec(self, args: GemmArguments, config: TileConfig, target: Target) -> KernelSpec:
         raise NotImplementedError
 
-    def pack(self, args: GemmArguments, dag: Dag, config: TileConfig, target: Target
+    def plan(self, args: GemmArguments, dag: Dag, config: TileConfig, target: Target
              ) -> tuple[list[Any], dict[str, Any], tuple[int, ...]]:
+        """(items, constexprs, grid) for launches on problems shaped like ``args``.
+
+        ``items`` lists the kernel's positional arguments: an int/float is fixed for every
+        problem of this structure (sizes, strides); a callable ``get(A, B, values)``
+        produces a value that changes per call (tensors, descriptors, runtime scalars).
+        """
         raise NotImplementedError
 
     # ---- shared checks
@@ -173,65 +179,87 @@ class PortableFamily(KernelFamily):
         return KernelSpec("portable", self.optimized_dag(args), False, False, False, False, 1,
                           target.kind != INTERPRETER)
 
-    def pack(self, args, dag, config, target):
-        A, B = args.A, args.B
-        sa = _dims3(A)
-        sb = _dims3(B)
-        out: list[Any] = [A, B, args.M, args.N, args.K, args.L, sa[0], sa[1], sa[2],
-                          sb[0], sb[1], sb[2]]
-        out += _epilogue_values(args, dag, "portable", config)
+    def plan(self, args, dag, config, target):
+        items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
+                            *_dims3(args.A), *_dims3(args.B)]
+        items += _epilogue_items(args, dag, "portable", config)
         grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target))
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
-        return out, consts, grid
+        return items, consts, grid
+
+
+def _get_a(A, B, values):
+    return A
+
+
+def _get_b(A, B, values):
+    return B
 
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _epilogue_values(args: GemmArguments, dag: Dag, family: str, config: TileConfig) -> list[Any]:
-    """Values for ``codegen.epilogue_params`` in the same order."""
+def _value_getter(name: str):
+    def get(A, B, values):
+        return values[name]
+    return get
+
+
+def _scalar_getter(name: str):
+    def get(A, B, values):
+        return float(values[name])
+    return get
+
+
+def _descriptor_getter(name: str, batched: bool, config: TileConfig):
+    def get(A, B, values):
+        return _descriptor(values[name], batched, config)
+    return get
+
+
+def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConfig) -> list[Any]:
+    """Items for ``codegen.epilogue_params`` in the same order (see ``KernelFamily.plan``)."""
     values = args.epilogue.values
     out: list[Any] = []
     for spec in dag.used_operands:
         v = values[spec.name]
         if spec.kind is OperandKind.RUNTIME_SCALAR:
-            out.append(float(v))
-        elif spec.kind is OperandKind.FULL:
-            if family == "hopper":
-                out.append(_descriptor(v, spec.batched, config))
-            else:
-                out.append(v)
-                out += _vec_strides(v, spec.kind, spec.batched)
+            out.append(_scalar_getter(spec.name))
+        elif spec.kind is OperandKind.FULL and family == "hopper":
+            out.append(_descriptor_getter(spec.name, spec.batched, config))
         else:
-            out.append(v)
+            out.append(_value_getter(spec.name))
             out += _vec_strides(v, spec.kind, spec.batched)
     for o in full_outputs(dag):
         t = values[o.name]
         if family == "hopper":
-            out.append(_descriptor(t, o.batched, config))
+            out.append(_descriptor_getter(o.name, o.batched, config))
         else:
-            out.append(t)
+            out.append(_value_getter(o.name))
             out += _vec_strides(t, OperandKind.FULL, o.batched)
     for o in vector_outputs(dag):
         t = values[o.name]
         shape = (1,) * (3 - t.dim()) + tuple(t.shape)
         strides = (0,) * (3 - t.dim()) + tuple(t.stride())
-        out += [t, strides[0] if o.batched else 0,
+        out += [_value_getter(o.name), strides[0] if o.batched else 0,
                 strides[1] if shape[1] > 1 else 0, strides[2] if shape[2] > 1 else 0]
     return out
 
 
-def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
+def _make_descriptor(view: torch.Tensor, block: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    view = _as2d_or_3d(t, batched)
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block)
+
+
+def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
     sub_n = config.block_n // config.epi_split
     block = [1, config.block_m, sub_n] if batched else [config.block_m, sub_n]
-    return TensorDescriptor(view, list(view.shape), list(view.stride()), block)
+    return _make_descriptor(_as2d_or_3d(t, batched), block)
 
 
 # ------------------------------------------------------------------ hopper
@@ -341,31 +369,26 @@ class HopperFamily(KernelFamily):
         return KernelSpec("hopper", self.optimized_dag(args), a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch)
 
-    def pack(self, args, dag, config, target):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+    def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
-        A = _as2d_or_3d(args.A, spec.a_batched)
-        B = _as2d_or_3d(args.B, spec.b_batched)
         bm, bn, bk = config.block_m, config.block_n, config.block_k
-        if spec.a_trans:
-            A = A.mT
-            a_block = [bk, bm]
-        else:
-            a_block = [bm, bk]
-        if spec.b_trans:
-            B = B.mT
-            b_block = [bn, bk]
-        else:
-            b_block = [bk, bn]
-        if spec.a_batched:
-            a_block = [1] + a_block
-        if spec.b_batched:
-            b_block = [1] + b_block
-        a_desc = TensorDescriptor(A, list(A.shape), list(A.stride()), a_block)
-        b_desc = TensorDescriptor(B, list(B.shape), list(B.stride()), b_block)
-        out: list[Any] = [a_desc, b_desc, args.M, args.N, args.K, args.L]
-        out += _epilogue_values(args, dag, "hopper", config)
+        a_block = [bk, bm] if spec.a_trans else [bm, bk]
+        b_block = [bn, bk] if spec.b_trans else [bk, bn]
+
+        def operand_desc(t, trans, batched, block):
+            view = _as2d_or_3d(t, batched)
+            if trans:
+                view = view.mT
+            return _make_descriptor(view, ([1] if batched else []) + block)
+
+        def get_a(A, B, values):
+            return operand_desc(A, spec.a_trans, spec.a_batched, a_block)
+
+        def get_b(A, B, values):
+            return operand_desc(B, spec.b_trans, spec.b_batched, b_block)
+
+        items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
+        items += _epilogue_items(args, dag, "hopper", config)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
@@ -373,7 +396,7 @@ class HopperFamily(KernelFamily):
                       FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize)
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
-        return out, consts, (num_sms,)
+        return items, consts, (num_sms,)
 
 
 def _sms(target: Target) -> int:
