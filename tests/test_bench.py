@@ -398,7 +398,7 @@ def test_runner_failures_are_recorded(cpu_bench):
     cell = r.run_cell(W.BY_NAME["bce_loss"], (16, 32, 16))
     evt = cell["systems"]["evtfuse"]
     assert evt["status"] == "unsupported" and "reductions" in evt["error"]
-    assert "D=None" in evt["note"]
+    assert "D=None" in evt["note"] and "the same way" in evt["note"]
     assert cell["systems"]["compiled"]["status"] == "skipped"
     assert cell["ratios"]["evtfuse/floor"] is None
 
@@ -470,3 +470,22 @@ def test_main_end_to_end_cpu(cpu_bench, tmp_path, capsys):
     assert main(argv[:-1] + [str(out2), "--budget-s", "1"]) == 0
     res3 = json.loads((out2 / "results.json").read_text())
     assert res3["complete"] is False and res3["left"] == 6 and res3["cells"] == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the real runtime on the CPU interpreter")
+def test_runner_with_the_real_runtime_on_the_interpreter(cpu_bench):
+    """evtfuse.gemm itself (Triton's CPU interpreter, fp16): outputs map and check."""
+    cpu_bench.undo()
+    cpu_bench.setattr(runner, "bench_ms", lambda fn, *a, **k: (fn(), 1.0)[1])
+    cpu_bench.setattr(runner, "host_timed_s", lambda fn: (0.01, fn()))
+    cpu_bench.setattr(runner, "extra_memory_mib", lambda fn: (fn(), 0.0)[1])
+    cfg = runner.Config(dtype=torch.float16, device="cpu", log=lambda s: None, max_sets=1,
+                        compile=False)
+    r = runner.Runner(cfg, runner.Budget(1e6))
+    r.bandwidth = 3e12
+    for name in ("relu_aux", "bce_loss"):
+        cell = r.run_cell(W.BY_NAME[name], (32, 64, 32))
+        evt = cell["systems"]["evtfuse"]
+        assert evt["status"] in ("ok", "unsupported"), evt
+        if evt["status"] == "ok":
+            assert evt["rel_err"] < 1e-2 and evt.get("kernel"), evt

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most input sets to rotate among when one set fits in L2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-chart", action="store_true", help="do not draw chart.png")
+    p.add_argument("--fresh-caches", action="store_true",
+                   help="point EVTFUSE_CACHE_DIR and TRITON_CACHE_DIR at new empty folders, "
+                        "so evtfuse's first calls show the full compile + tuning cost")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": tests only
     return p
@@ -162,6 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .runner import Budget, Config, Runner, one_line
 
+    os.environ.setdefault("EVTFUSE_PROGRESS", "0")  # no tuning progress bars in the log
+    caches = "as found"
+    if args.fresh_caches:
+        import tempfile
+
+        root = tempfile.mkdtemp(prefix="evtfuse-bench-caches-")
+        os.environ["EVTFUSE_CACHE_DIR"] = os.path.join(root, "evtfuse")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+        caches = f"fresh ({root})"
+
     dtype = W.DTYPES[args.dtype]
     cfg = Config(dtype=dtype, tune=args.tune, compile=not args.no_compile,
                  warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, tol=args.tol,
@@ -172,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": ("python " + shlex.join(sys.argv)) if argv is None
             else shlex.join(["evtfuse", "bench", *argv]),
             "dtype": args.dtype, "tune": args.tune, "budget_s": args.budget_s,
-            "compile": not args.no_compile, "host": platform.node(), **_versions()}
+            "compile": not args.no_compile, "host": platform.node(), "caches": caches,
+            **_versions()}
 
     out_json = os.path.join(args.out, "results.json")
     previous = _load_previous(out_json, args.dtype) if args.resume else []

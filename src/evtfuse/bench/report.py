@@ -248,6 +248,10 @@ def fmt_system(s: Mapping[str, Any] | None, notes: _Notes) -> str:
                                             f"{s.get('error') or ''}".strip())
         elif s.get("note"):
             text += notes.ref(s["note"])
+        k = s.get("kernel_ms")
+        if _finite(k) and _finite(s.get("ms")) and s["ms"] > 1.05 * k:
+            text += notes.ref(f"kernel.run alone (arguments built once): {k:.3f} ms; the "
+                              "rest is evtfuse.gemm's host work per call")
         return text
     msg = s.get("error") or s.get("note") or ""
     return f"{st}{notes.ref(msg)}" if msg else str(st)
@@ -304,7 +308,7 @@ def markdown_report(result: Mapping[str, Any]) -> str:
         f"CUDA {meta.get('cuda', '?')}, evtfuse {meta.get('evtfuse', '?')}",
         f"- command: `{meta.get('command', '?')}`",
         f"- dtype: {meta.get('dtype', '?')} (fp8 workloads: fp8 e4m3 inputs); tune="
-        f"{meta.get('tune', '?')}",
+        f"{meta.get('tune', '?')}; evtfuse/Triton caches: {meta.get('caches', '?')}",
         f"- copy bandwidth: {fmt_num(bw / 1e12 if bw else None, 2)} TB/s (read + write, "
         f"device-to-device copy)",
         "- times: median ms of triton.testing.do_bench (L2 flushed before each call, inputs "

@@ -348,8 +348,11 @@ class Runner:
                 rec["note"] = f"{unstored} stored: passing None failed ({status}: {msg})"
                 try:
                     first_s, out = host_timed_s(lambda: call(s0))
-                except Exception:
-                    rec["note"] = f"with {unstored}=None it failed too ({status}: {msg})"
+                except Exception as exc2:  # noqa: BLE001
+                    same = classify_error(exc2) == (status, msg)
+                    rec["note"] = (f"tried {unstored}=None first, then with {unstored} stored: "
+                                   + ("both failed the same way" if same
+                                      else f"with None: {status}: {msg}"))
                     raise
             self.evtfuse_seen.append(first_s)
             cell["cold"]["first_call_s"] = first_s
@@ -364,6 +367,26 @@ class Runner:
             rec["extra_mib"] = extra_memory_mib(lambda: call(s0))
         except Exception as exc:  # noqa: BLE001
             self._fail(rec, exc)
+            return
+        self._evtfuse_kernel_alone(rec, evtfuse, w, sets)
+
+    def _evtfuse_kernel_alone(self, rec, evtfuse, w, sets) -> None:
+        """The chosen kernel's name and ``kernel.run(args)`` time with the arguments built
+        once: what evtfuse.gemm's host work adds shows as ms - kernel_ms (diagnostic)."""
+        try:
+            from evtfuse.runtime.tuner import choose_kernel
+
+            def make_args(s: InputSet):
+                epi = evtfuse.EpilogueArguments(w.epilogue, **w.epilogue_operands(s.ops),
+                                                **s.outs)
+                return evtfuse.GemmArguments(s.A, s.B, s.outs.get("D"), torch.float32, epi)
+
+            argsets = [make_args(s) for s in sets]
+            kernel = choose_kernel(argsets[0], tune=self.cfg.tune)
+            rec["kernel"] = getattr(kernel, "name", repr(kernel))
+            rec["kernel_ms"] = self._bench(rotating(kernel.run, argsets))
+        except Exception as exc:  # noqa: BLE001 - internal API; only a diagnostic
+            rec["kernel_error"] = classify_error(exc)[1][:300]
 
     @staticmethod
     def _evtfuse_outputs(rec, w, s0: InputSet, out) -> dict[str, Any]:
