@@ -316,15 +316,15 @@ def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
         raise EpilogueError(f"the epilogue is not valid Python: {exc.msg}", line=line,
                             where=where, source_line=exc.text) from None
     fns = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
+        raise EpilogueError("the epilogue must be exactly one function definition "
+                            "(def epi(accum, ...): ...; return D)")
     others = [s for s in module.body if s not in fns]
     if others:
         line = others[0].lineno + offset
         raise EpilogueError("the epilogue source must hold only the function definition; "
                             "statements outside it are not allowed", line=line, where=where,
                             source_line=source.splitlines()[others[0].lineno - 1])
-    if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
-        raise EpilogueError("the epilogue must be exactly one function definition "
-                            "(def epi(accum, ...): ...; return D)")
     fn = fns[0]
     if fn.decorator_list:
         fn = ast.FunctionDef(fn.name, fn.args, fn.body, [], fn.returns, fn.type_comment,
