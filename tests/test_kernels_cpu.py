@@ -271,3 +271,21 @@ def test_string_with_statements_outside_the_function_is_refused():
     with pytest.raises(EpilogueError, match="outside") as exc:
         EpilogueArguments("import os\ndef epi(accum): D = accum; return D", D=torch.empty(2, 2))
     assert exc.value.line == 1
+
+
+def test_gemm_repeat_call_takes_fast_path_with_new_data():
+    M, N, K = 16, 24, 8
+    src = "def epi(accum, C, alpha): D = alpha * accum + C; return D"
+    D = torch.empty(M, N)
+    first = [rand(M, K), rand(K, N), rand(M, N)]
+    evtfuse.gemm(*first[:2], src, C=first[2], alpha=1.0, D=D)
+    A, B, C = rand(M, K), rand(K, N), rand(M, N)
+    D.fill_(float("nan"))
+    out = evtfuse.gemm(A, B, src, C=C, alpha=-3.0, D=D)
+    assert out is D
+    torch.testing.assert_close(D, -3.0 * (A @ B) + C, rtol=1e-4, atol=1e-4)
+    # an output aliasing an input changes the structure: validated, not served blindly
+    buf = rand(M * K + M * N)
+    A2, D2 = buf[: M * K].view(M, K), buf[: M * N].view(M, N)
+    with pytest.raises(EpilogueError, match="overlaps"):
+        evtfuse.gemm(A2, B, src, C=C, alpha=1.0, D=D2)
