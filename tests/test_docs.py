@@ -172,6 +172,8 @@ TRIGGERS = [
      "epilogue parameters cannot have default values"),
     (lambda: epi("x = 1\ndef e(accum): D = accum; return D\ndef f(accum): D = accum; return D"),
      "the epilogue must be exactly one function definition"),
+    (lambda: epi("import torch\ndef e(accum): D = accum; return D"),
+     "the epilogue source must hold only the function definition"),
     (lambda: epi("def e(accum): D = accum +; return D"), "the epilogue is not valid Python"),
     (lambda: epi(functools.partial(max)), "pass the epilogue as a string instead"),
     (lambda: epi("def e(accum): D = accum; m = 2.0 * max(D); return D, m", m=torch.zeros(M, 1)),
