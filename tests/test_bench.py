@@ -72,6 +72,8 @@ def test_argparse_errors():
         main(["--workloads", "nope"])
     with pytest.raises(SystemExit):
         main(["--shapes", "12x"])
+    with pytest.raises(SystemExit):
+        main(["--systems", "evtfuse,cutlass"])
 
 
 def test_list_and_no_gpu(capsys):
@@ -430,6 +432,14 @@ def test_runner_failures_are_recorded(cpu_bench):
     cell = r.run_cell(W.BY_NAME["row_logsumexp"], (16, 32, 16))  # whatever the frontend says
     assert cell["systems"]["eager"]["status"] == "ok"
 
+    cpu_bench.setattr(evtfuse, "gemm", _fake_gemm, raising=False)
+    r = _runner(systems=frozenset({"evtfuse", "mm"}))
+    cell = r.run_cell(W.BY_NAME["alpha_beta"], (16, 32, 16))
+    st = {k: v["status"] for k, v in cell["systems"].items()}
+    assert st == {"eager": "skipped", "mm": "ok", "lt": "skipped", "evtfuse": "ok",
+                  "compiled": "skipped"}
+    assert cell["systems"]["evtfuse"]["rel_err"] < 1e-5  # still checked against eager
+
 
 def test_runner_budget():
     r = runner.Runner(runner.Config(device="cpu", log=lambda s: None), runner.Budget(30.0))
@@ -465,6 +475,14 @@ def test_main_end_to_end_cpu(cpu_bench, tmp_path, capsys):
     assert main(argv + ["--resume", "--no-chart"]) == 0
     res2 = json.loads((out / "results.json").read_text())
     assert len(res2["cells"]) == 6
+    # resume with a system the earlier run skipped: every cell runs again
+    main(argv[:-1] + [str(tmp_path / "q"), "--no-compile", "--no-chart"])
+    res = json.loads((tmp_path / "q" / "results.json").read_text())
+    assert {c["systems"]["compiled"]["status"] for c in res["cells"]} == {"skipped"}
+    main(argv[:-1] + [str(tmp_path / "q"), "--resume", "--no-chart"])
+    res = json.loads((tmp_path / "q" / "results.json").read_text())
+    assert {c["systems"]["compiled"]["status"] for c in res["cells"]} == {"ok"}
+    assert len(res["cells"]) == 6
     # a budget too small for anything: no cell runs, outputs still written
     out2 = tmp_path / "p"
     assert main(argv[:-1] + [str(out2), "--budget-s", "1"]) == 0

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "was measured (default: 540, under a 10-minute limit)")
     p.add_argument("--no-compile", action="store_true",
                    help="skip torch.compile (its max-autotune compile is slow)")
+    p.add_argument("--systems", type=_csv, default=None, metavar="S,S,...",
+                   help="systems to time, of " + ", ".join(report.SYSTEMS) + " (default: all; "
+                        "cuBLAS mm always runs, it sets the floor; eager always runs once, "
+                        "it is the reference)")
     p.add_argument("--resume", action="store_true",
                    help="keep the complete cells of --out/results.json and run the others")
     p.add_argument("--tune", default="fast", help="evtfuse.gemm's tune= (default: fast)")
@@ -115,6 +119,19 @@ def _load_previous(path: str, dtype: str) -> list[dict[str, Any]]:
     return [c for c in old.get("cells") or [] if c.get("dtype") == dtype]
 
 
+def _covers(cell: dict[str, Any], systems: frozenset, compile: bool) -> bool:
+    """Whether an earlier cell measured every system this run asks for."""
+    for name in systems:
+        rec = (cell.get("systems") or {}).get(name)
+        if rec is None:
+            return False
+        note = str(rec.get("note") or "")
+        if rec.get("status") == "skipped" and (note.startswith("not in --systems")
+                                               or (note == "--no-compile" and compile)):
+            return False
+    return True
+
+
 def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -156,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         workloads, shapes = plan(args)
     except ValueError as exc:
         parser.error(str(exc))
+    bad = [x for x in (args.systems or []) if x not in report.SYSTEMS]
+    if bad:
+        parser.error(f"unknown system(s) {', '.join(bad)}; known: {', '.join(report.SYSTEMS)}")
+    systems = frozenset(args.systems or report.SYSTEMS) | {"mm"}
 
     import torch
 
@@ -178,19 +199,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = W.DTYPES[args.dtype]
     cfg = Config(dtype=dtype, tune=args.tune, compile=not args.no_compile,
                  warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, tol=args.tol,
-                 max_sets=args.max_sets, seed=args.seed, device=args.device)
+                 max_sets=args.max_sets, seed=args.seed, device=args.device,
+                 systems=systems)
     budget = Budget(args.budget_s, start)
     log = cfg.log
     meta = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": ("python " + shlex.join(sys.argv)) if argv is None
             else shlex.join(["evtfuse", "bench", *argv]),
             "dtype": args.dtype, "tune": args.tune, "budget_s": args.budget_s,
-            "compile": not args.no_compile, "host": platform.node(), "caches": caches,
+            "compile": not args.no_compile, "systems": sorted(systems), "host": platform.node(), "caches": caches,
             **_versions()}
 
     out_json = os.path.join(args.out, "results.json")
     previous = _load_previous(out_json, args.dtype) if args.resume else []
-    done = {report.cell_key(c): c for c in previous if report.is_complete(c)}
+    done = {report.cell_key(c): c for c in previous
+            if report.is_complete(c) and _covers(c, systems, not args.no_compile)}
     todo = [(w, s) for w, s in W.cells_for(workloads, shapes)
             if (w.name, tuple(s), args.dtype) not in done]
     if previous:

@@ -351,12 +351,13 @@ def make_inputs(w: Workload, shape: Shape, run_dtype: torch.dtype, device: Any =
 
     A and B are scaled so that the accumulator is about N(0, 1) whatever K is."""
     M, N, K = shape
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)  # made on the device: fast at any size
     s = K ** -0.25
     in_dtype = w.input_dtype(run_dtype)
 
     def randn(*size):
-        return torch.randn(*size, generator=g)
+        return torch.randn(*size, generator=g, device=dev)
 
     A = (randn(M, K) * s).to(device=device, dtype=in_dtype)
     if w.fp8:
@@ -372,9 +373,9 @@ def make_inputs(w: Workload, shape: Shape, run_dtype: torch.dtype, device: Any =
         elif isinstance(o.init, (int, float)) and not isinstance(o.init, bool):
             values[o.name] = torch.full(size, float(o.init), dtype=dt, device=device)
         elif o.init == "labels":
-            values[o.name] = (torch.rand(*size, generator=g) < 0.5).to(device=device, dtype=dt)
+            values[o.name] = (torch.rand(*size, generator=g, device=dev) < 0.5).to(dtype=dt)
         elif o.init == "targets":
-            values[o.name] = torch.randint(0, N, size, generator=g).to(device=device, dtype=dt)
+            values[o.name] = torch.randint(0, N, size, generator=g, device=dev).to(dtype=dt)
         else:
             values[o.name] = (randn(*size) * (0.5 if o.kind == "col" else 1.0)).to(
                 device=device, dtype=dt)
