@@ -25,7 +25,12 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def cpu(monkeypatch, tmp_path):
+def cpu(request, monkeypatch, tmp_path):
+    if request.node.get_closest_marker("gpu"):
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU")
+        monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+        return
     if torch.cuda.is_available():
         pytest.skip("these tests exercise the CPU path")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -403,3 +408,24 @@ def test_debug_log_shows_kernel_decisions(monkeypatch):
                  "--iterations", "0")
     assert "evtfuse INFO" not in res.output and "evtfuse DEBUG" not in res.output
     cli.setup_logging()
+
+
+# ---------------------------------------------------------------------------- GPU tier
+
+@pytest.mark.gpu
+def test_demo_on_a_gpu():
+    res = invoke("demo", "--iterations", "10")
+    assert res.exit_code == 0, res.output
+    assert "CUDA GPU" in res.output and "M=4096 N=4096 K=4096, bf16" in res.output
+    assert res.output.count("verify:   PASSED") == 2 and res.output.count("speedup") == 2
+
+
+@pytest.mark.gpu
+def test_run_and_show_on_a_gpu():
+    res = invoke("run", "-e", "def e(accum, C, alpha, bias): D = gelu(alpha * accum + C + bias); "
+                 "return D", "--mnkl", "2048,1024,512,2", "--alpha", "0.5", "--verify",
+                 "--iterations", "5")
+    assert res.exit_code == 0 and "verify:   PASSED" in res.output and "TFLOP/s" in res.output, \
+        res.output
+    res = invoke("show", "def e(accum, C): D = accum + C; return D", "--mnkl", "1024,1024,1024,1")
+    assert res.exit_code == 0 and "@triton.jit" in res.output, res.output

@@ -133,3 +133,19 @@ def test_not_supported_needs_a_reason_from_explain(common, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         common.finish()
     assert exc.value.code == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_on_a_gpu(name, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    env = dict(os.environ, EVTFUSE_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "CUDA GPU" in res.stdout.splitlines()[0] and res.stdout.strip().endswith(
+        ("OK", "see above)")), res.stdout
