@@ -389,6 +389,7 @@ def write_chart(result: Mapping[str, Any], path: str) -> str | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     shapes: list[str] = []
     for c in cells:
@@ -408,13 +409,24 @@ def write_chart(result: Mapping[str, Any], path: str) -> str | None:
             ax.bar(xs, ys, width, label=SYSTEM_LABELS[name])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_yticks([t for t in (0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20)
+                       if t <= max(2.0, ax.get_ylim()[1])])
         ax.set_xticks(range(len(row)))
-        ax.set_xticklabels([c.get("workload") for c in row], rotation=20, fontsize=8)
+        labels = []
+        for c in row:
+            evt = (c.get("systems") or {}).get("evtfuse") or {}
+            st = evt.get("status")
+            labels.append(c.get("workload", "?") + ("" if st in TIMED else f"\n(evtfuse: {st})"))
+        ax.set_xticklabels(labels, rotation=15, fontsize=8)
         ax.set_ylabel("time / floor")
-        ax.set_title(f"{shp} ({result.get('meta', {}).get('dtype', '')}, "
-                     f"{result.get('meta', {}).get('gpu', '')})", fontsize=10)
+        meta = result.get("meta") or {}
+        what = ", ".join(str(x) for x in (meta.get("dtype"), meta.get("gpu")) if x)
+        ax.set_title(f"{shp}" + (f" ({what})" if what else ""), fontsize=10)
         ax.grid(axis="y", which="both", alpha=0.3)
-    axes[0, 0].legend(ncol=len(SYSTEMS), fontsize=8, loc="upper left")
+    axes[0, 0].legend(ncol=len(SYSTEMS), fontsize=8, loc="lower center",
+                      bbox_to_anchor=(0.5, 1.12), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
