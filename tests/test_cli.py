@@ -354,6 +354,22 @@ def test_bench_exit_status_is_the_benchmarks(monkeypatch):
     assert invoke("bench", "--bad").exit_code == 2
 
 
+def test_bench_with_a_missing_dependency_says_so(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def fake_import(name, *a, **kw):
+        if name == "evtfuse.bench":
+            raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    res = invoke("bench")
+    assert res.exit_code == 4 and "No module named 'matplotlib'" in res.output
+    assert "pip install" in res.output
+
+
 def test_bench_missing_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "evtfuse.bench", types.SimpleNamespace())
     res = invoke("bench")

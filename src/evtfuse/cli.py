@@ -884,9 +884,11 @@ def bench(ctx: typer.Context):
 
     try:
         module = importlib.import_module("evtfuse.bench")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("evtfuse.bench",):
-            raise
+    except ImportError as exc:
+        if getattr(exc, "name", None) != "evtfuse.bench":
+            typer.echo(f"error: the benchmark module evtfuse.bench cannot be imported ({exc}); "
+                       "`pip install -e .[bench]` installs what it needs", err=True)
+            raise typer.Exit(EXIT_MISSING) from None
         module = None
     entry = getattr(module, "main", None)
     if entry is None:
