@@ -201,6 +201,11 @@ def test_summary_and_targets():
     assert tg["identity throughput vs cuBLAS at 4096^3 (mm/evtfuse)"]["ok"] is True
     assert tg["identity throughput vs cuBLAS at 8192^3 (mm/evtfuse)"]["value"] is None
     assert tg["LM head CE evtfuse extra memory (MiB)"]["ok"] is None
+    assert tg["evtfuse first call (compile + tuning), slowest cell (s)"]["value"] is None
+    cs[2]["cold"] = {"first_call_s": 41.0}
+    t = {t["target"]: t for t in report.targets(cs)}[
+        "evtfuse first call (compile + tuning), slowest cell (s)"]
+    assert t["ok"] is False and t["detail"] == "bce_loss @ 8192x8192x1024"
 
 
 def test_markdown_and_json():
@@ -450,6 +455,15 @@ def test_runner_budget():
     r.compile_seen.append(4.0)
     assert r._compile_need() == 20.0 + r.cfg.reserve_s
     del cell
+
+
+def test_whole_function_has_its_own_code():
+    w = W.BY_NAME["alpha_beta"]
+    f1, f2 = runner.whole_function(w, (8, 16, 12)), runner.whole_function(w, (8, 16, 24))
+    assert f1.__code__ is not f2.__code__ and f1.__name__ == "whole_alpha_beta_8x16x12"
+    vals, ops = _inputs(w)
+    out = f1(vals["A"], vals["B"], **ops)
+    assert torch.allclose(out[0], w.torch_epilogue(vals["A"] @ vals["B"], **ops)[0])
 
 
 def test_classify_error():

@@ -197,6 +197,13 @@ def targets(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     evt = ((c or {}).get("systems") or {}).get("evtfuse") or {}
     out.append(_target("LM head CE evtfuse extra memory (MiB)",
                        evt.get("extra_mib") if evt.get("status") in TIMED else None, 64.0))
+    firsts = [((c.get("cold") or {}).get("first_call_s"), c) for c in bf]
+    firsts = [(v, c) for v, c in firsts if _finite(v)]
+    slowest = max(firsts, key=lambda p: p[0]) if firsts else None
+    out.append(_target("evtfuse first call (compile + tuning), slowest cell (s)",
+                       slowest[0] if slowest else None, 30.0,
+                       detail=f"{slowest[1].get('workload')} @ {slowest[1].get('shape_str')}"
+                       if slowest else ""))
     return out
 
 

@@ -18,6 +18,7 @@ import gc
 import statistics
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -443,10 +444,7 @@ class Runner:
         systems["compiled"] = rec
         try:
             if fn is None:
-                def whole(A, B, **ops):
-                    return w.eager(A, B, **ops)
-
-                fn = torch.compile(whole, mode=COMPILE_MODE, dynamic=False)
+                fn = torch.compile(whole_function(w, shape), mode=COMPILE_MODE, dynamic=False)
                 self.compiled[key] = fn
             s0 = sets[0]
             t, out = host_timed_s(lambda: fn(s0.A, s0.B, **s0.ops))
@@ -460,6 +458,21 @@ class Runner:
             rec["extra_mib"] = extra_memory_mib(lambda: fn(s0.A, s0.B, **s0.ops))
         except Exception as exc:  # noqa: BLE001
             self._fail(rec, exc)
+
+
+def whole_function(w: W.Workload, shape: W.Shape) -> Callable:
+    """matmul + epilogue as one function with its own code object: dynamo keeps its
+    compiled graphs and guards per code object, so no cell's call checks another's guards."""
+    def whole(A, B, **ops):
+        return w.eager(A, B, **ops)
+
+    name = f"whole_{w.name}_{'x'.join(str(d) for d in shape)}"
+    code = whole.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):
+        code = code.replace(co_qualname=name)
+    fn = types.FunctionType(code, whole.__globals__, name, whole.__defaults__, whole.__closure__)
+    fn.__kwdefaults__ = whole.__kwdefaults__
+    return fn
 
 
 def one_line(cell: Mapping[str, Any]) -> str:
