@@ -31,7 +31,6 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-
 log = logging.getLogger("evtfuse")
 
 EXIT_OK, EXIT_VERIFY, EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_MISSING = 0, 1, 2, 3, 4
@@ -82,8 +81,8 @@ def setup_logging(verbose: int = 0) -> int:
 
 
 @app.callback()
-def _root(verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
-                                               help="-v: info, -vv: debug (or EVTFUSE_LOG=debug)")] = 0):
+def _root(verbose: Annotated[int, typer.Option(
+        "--verbose", "-v", count=True, help="-v: info, -vv: debug (or EVTFUSE_LOG=debug)")] = 0):
     """evtfuse: write a GEMM epilogue as a Python function; get one fused kernel."""
     setup_logging(verbose)
 
@@ -620,7 +619,8 @@ def demo(
                                                      "128,96,64 on the CPU)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="inputs and outputs (default bf16 on a "
                                                       "GPU, f16 on the CPU)")] = None,
-    iterations: Annotated[Optional[int], typer.Option(help="timed runs (default 20 GPU, 2 CPU)")] = None,
+    iterations: Annotated[Optional[int], typer.Option(
+        help="timed runs (default 20 GPU, 2 CPU)")] = None,
     tune: Annotated[str, typer.Option(help="fast | exhaustive | none: how the kernel is chosen "
                                            "(autotuning, as evtfuse.gemm does)")] = "fast",
 ):
@@ -721,11 +721,13 @@ def run(
     a_major: AMajorOpt = "k", b_major: BMajorOpt = "n", scalar: ScalarOpt = None,
     alpha: AlphaOpt = None, beta: BetaOpt = None, operand: OperandOpt = None,
     output: OutputOpt = None,
-    verify: Annotated[bool, typer.Option("--verify/--no-verify",
-                                         help="compare every output with evtfuse.reference")] = False,
-    iterations: Annotated[Optional[int], typer.Option(help="timed runs (default 20 GPU, 1 CPU); 0: no timing")] = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify/--no-verify", help="compare every output with evtfuse.reference")] = False,
+    iterations: Annotated[Optional[int], typer.Option(
+        help="timed runs (default 20 GPU, 1 CPU); 0: no timing")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="untimed runs first")] = None,
-    eager: Annotated[bool, typer.Option("--eager/--no-eager", help="also time unfused PyTorch")] = True,
+    eager: Annotated[bool, typer.Option(
+        "--eager/--no-eager", help="also time unfused PyTorch")] = True,
     kernel: KernelOpt = None, seed: SeedOpt = 0, tf32: Tf32Opt = False,
     tune: Annotated[str, typer.Option(help="fast | exhaustive | none: autotune the kernel "
                                            "choice (kept in the cache) or take the first")] = "fast",
