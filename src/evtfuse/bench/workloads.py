@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -122,7 +122,6 @@ class Workload:
     shapes: tuple[Shape, ...] | None = None  # own shapes (ignores --shapes)
     reduction: bool = False
     notes: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def output_names(self) -> tuple[str, ...]:
