@@ -15,7 +15,7 @@ import torch
 from evtfuse import ops
 from evtfuse.optable import CALLABLE, OPS, Category, torch_apply
 
-REDUCTIONS = {"sum", "max", "min"}
+REDUCTIONS = {"sum", "max", "min", "logsumexp"}
 SHAPE = (16, 24)  # 384 elements: both the vectorised and the scalar tail paths of torch
 
 
@@ -263,6 +263,7 @@ def test_row_metadata():
     for name in REDUCTIONS:
         with pytest.raises(TypeError):
             torch_apply(OPS[name], [_signed(42)], {})
+        assert OPS[name].reduce_identity is not None
     assert not OPS["sub"].commutative and not OPS["div"].commutative
 
 
@@ -294,7 +295,8 @@ def test_ops_function_equals_table(name):
     row = OPS[name]
     if row.category is Category.REDUCE:
         x = _signed(60)
-        want = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[name]
+        want = {"sum": torch.sum, "max": torch.amax, "min": torch.amin,
+                "logsumexp": lambda t, dim=(0, 1): torch.logsumexp(t, dim=dim)}[name]
         assert torch.equal(fn(x), want(x))
         assert torch.equal(fn(x, dim=1), want(x, dim=1))
         assert fn(x, dim=0, keepdim=True).shape == (1, SHAPE[1])

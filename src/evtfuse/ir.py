@@ -392,7 +392,7 @@ def _evt_leaf(n: Node) -> str:
     return f"Sm90AuxLoad<{n.operand.name}>"
 
 
-_EVT_REDUCE = {"sum": "plus", "max": "maximum", "min": "minimum"}
+_EVT_REDUCE = {"sum": "plus", "max": "maximum", "min": "minimum", "logsumexp": "logsumexp"}
 
 
 def _evt_store(o: Output) -> str:

@@ -12,6 +12,8 @@ Reductions in plain torch: ``sum``/``max``/``min`` reduce over every element unl
 
 from __future__ import annotations
 
+import builtins
+
 import torch
 
 from .optable import CALLABLE, Category, OpDef, torch_apply
@@ -49,9 +51,8 @@ def _make(op: OpDef):
 _NO_OTHER = object()
 
 
-def _make_reduction(name: str):
-    torch_fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[name]
-    pairwise = {"max": torch.maximum, "min": torch.minimum}.get(name)
+def _make_reduction(op: OpDef):
+    pairwise = {"max": torch.maximum, "min": torch.minimum}.get(op.name)
 
     def fn(x, other=_NO_OTHER, *, dim=None, keepdim: bool = False):
         x = _as_tensor(x)
@@ -63,14 +64,19 @@ def _make_reduction(name: str):
             else:
                 return pairwise(x, _as_tensor(other))
         if dim is None:
-            return torch_fn(x)
-        return torch_fn(x, dim=dim, keepdim=keepdim)
+            dims = list(range(x.dim()))
+        else:
+            # (this module's globals shadow max/min/sum with the epilogue functions)
+            dims = [d % builtins.max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
+        r = op.torch_fn(x, dims) if dims else x
+        return r if keepdim or not dims else r.squeeze(tuple(dims))
 
-    fn.__name__ = name
-    fn.__doc__ = f"{name} over every element (or over ``dim``); fused: over the axes the output lacks"
+    fn.__name__ = op.name
+    fn.__doc__ = (f"{op.doc} over every element (or over ``dim``); fused: over the axes the "
+                  "output lacks")
     return fn
 
 
 for _name, _op in CALLABLE.items():
-    globals()[_name] = _make_reduction(_name) if _op.category is Category.REDUCE else _make(_op)
+    globals()[_name] = _make_reduction(_op) if _op.category is Category.REDUCE else _make(_op)
 del _name, _op

@@ -45,6 +45,7 @@ class OpDef:
     triton_cuda: TritonSpelling | None = None
     doc: str = ""
     aliases: tuple[str, ...] = field(default=())
+    reduce_identity: float | None = None  # REDUCE rows: the value that changes nothing
 
     @property
     def result_is_bool(self) -> bool:
@@ -119,10 +120,6 @@ def _t_clamp(x, lo, hi):
     return _t_minimum(_t_maximum(x, lo), hi)
 
 
-def _t_reduce_placeholder(x):  # the reference applies reductions with the output's axes
-    raise TypeError("reductions are applied by the evaluator, not row-wise")
-
-
 _ROWS: tuple[OpDef, ...] = (
     # ---- arithmetic (from Python operators) ----
     OpDef("add", 2, torch.add, "({0} + {1})", commutative=True, doc="a + b"),
@@ -177,9 +174,17 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
           doc="a * b + c (fused where the GPU has it)"),
     # ---- reductions: axes come from the shape of the output they feed ----
-    OpDef("sum", 1, _t_reduce_placeholder, "sum", Category.REDUCE, doc="sum"),
-    OpDef("max", 1, _t_reduce_placeholder, "max", Category.REDUCE, doc="maximum"),
-    OpDef("min", 1, _t_reduce_placeholder, "min", Category.REDUCE, doc="minimum"),
+    # torch_fn(x, dims) reduces with keepdim; ``triton`` names the combine helper of two
+    # partial results; ``reduce_identity`` fills masked-off elements
+    OpDef("sum", 1, lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), "_ef_add", Category.REDUCE,
+          reduce_identity=0.0, doc="sum"),
+    OpDef("max", 1, lambda x, dims: x.amax(dim=tuple(dims), keepdim=True), "_ef_maximum",
+          Category.REDUCE, reduce_identity=float("-inf"), doc="maximum (NaN-propagating)"),
+    OpDef("min", 1, lambda x, dims: x.amin(dim=tuple(dims), keepdim=True), "_ef_minimum",
+          Category.REDUCE, reduce_identity=float("inf"), doc="minimum (NaN-propagating)"),
+    OpDef("logsumexp", 1, lambda x, dims: torch.logsumexp(x, dim=tuple(dims), keepdim=True),
+          "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
+          doc="log(sum(exp(x))), computed with a running max"),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}

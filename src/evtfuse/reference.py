@@ -121,13 +121,7 @@ class _Evaluator:
                 dims.append(2)
             if not dims:
                 return src
-            if n.op == "sum":
-                return src.sum(dim=dims, keepdim=True)
-            if n.op == "max":
-                return src.amax(dim=dims, keepdim=True)
-            if n.op == "min":
-                return src.amin(dim=dims, keepdim=True)
-            raise NotImplementedError(f"reduction {n.op}")
+            return OPS[n.op].torch_fn(src, dims)
         raise NotImplementedError(n.kind)
 
     def run(self, shapes: Mapping[str, tuple[int, ...]], cast: bool) -> dict[str, torch.Tensor]:

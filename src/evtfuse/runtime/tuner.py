@@ -29,7 +29,10 @@ _memory: dict[str, object] = {}
 
 
 def _layout(t: torch.Tensor) -> str:
-    order = "r" if t.stride(-1) == 1 else ("c" if t.stride(-2) == 1 else "s")
+    if t.dim() < 2:
+        order = "v"
+    else:
+        order = "r" if t.stride(-1) == 1 else ("c" if t.stride(-2) == 1 else "s")
     aligned = "a" if (t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
                                                       for s in t.stride()[:-1] if s != 1)) else "u"
     return f"{tuple(t.shape)}{order}{aligned}{t.dtype}"
