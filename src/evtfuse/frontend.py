@@ -395,7 +395,11 @@ def classify_operand(name: str, value: Any, problem: tuple[int, int, int]) -> Op
     return OperandSpec(name, kind, value.dtype, batched)
 
 
-def classify_output(name: str, value: Any, problem: tuple[int, int, int]) -> tuple[OutputKind, torch.dtype | None, bool]:
+def classify_output(name: str, value: Any, problem: tuple[int, int, int],
+                    reduction: bool = False) -> tuple[OutputKind, torch.dtype | None, bool]:
+    """How an output is stored. For the result of a reduction, a dimension of size 1 is
+    read as reduced even when the problem's M or N is 1 (reducing over one element is
+    the same), so that an (M, 1) output stays per-row when N = 1, say."""
     if value is None:
         return OutputKind.NONE, None, False
     if not isinstance(value, torch.Tensor):
@@ -407,6 +411,10 @@ def classify_output(name: str, value: Any, problem: tuple[int, int, int]) -> tup
     if value.dim() == 0:
         return OutputKind.SCALAR, value.dtype, False
     batched, has_m, has_n = _dims(name, tuple(value.shape), problem, "Output", "")
+    if reduction:
+        padded = (1,) * (3 - value.dim()) + tuple(value.shape)
+        has_m = has_m and padded[1] > 1
+        has_n = has_n and padded[2] > 1
     kind = {(True, True): OutputKind.FULL, (True, False): OutputKind.ROW,
             (False, True): OutputKind.COL, (False, False): OutputKind.SCALAR}[(has_m, has_n)]
     return kind, value.dtype, batched
@@ -492,7 +500,8 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
 
     outputs: list[Output] = []
     for name, line in parsed.returns:
-        kind, dtype, batched = classify_output(name, given[name], problem)
+        kind, dtype, batched = classify_output(name, given[name], problem,
+                                               reduction=name in pending)
         if name in pending:
             op, src, rline = pending.pop(name)
             if kind is OutputKind.FULL:

@@ -94,7 +94,7 @@ def _allocate_outputs(parsed, A: torch.Tensor, B: torch.Tensor, given: dict[str,
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
          tune: str = "fast", allow_tf32: bool = False, cc: int | None = None,
-         **operands_and_outputs: Any):
+         deterministic: bool = True, **operands_and_outputs: Any):
     """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
     function's return order (one tensor when it returns one).
 
@@ -102,13 +102,19 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate), "none" (the
-    heuristic's first choice). The first call for a structure (epilogue, shapes,
+    heuristic's first choice). Reductions are always deterministic (each tile writes its
+    partial result to a workspace that is combined in a fixed order, never atomics), so
+    ``deterministic=True`` holds for every call; ``False`` is refused until a faster
+    non-deterministic path exists. The first call for a structure (epilogue, shapes,
     strides, dtypes) validates, tunes and builds a launch plan; later calls only fetch
     tensors and launch.
     """
     from .kernel import tensor_key, value_key
     from .tuner import choose_kernel
 
+    if not deterministic:
+        raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
+                         "always deterministic")
     if epilogue is None:
         epilogue = _IDENTITY
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)

@@ -68,8 +68,8 @@ class Kernel:
         if plan is None or plan.parsed is not args.epilogue.parsed:
             fn = self.compile(args)  # checks support first
             dag = self.family.optimized_dag(args)
-            items, consts, grid = self.family.plan(args, dag, self.config, self.target)
-            plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed)
+            items, consts, grid, post = self.family.plan(args, dag, self.config, self.target)
+            plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed, post)
             if len(self._plans) > 512:
                 self._plans.clear()
             self._plans[key] = plan
@@ -109,21 +109,24 @@ class LaunchPlan:
     """Positional arguments with the fixed ones (sizes, strides) filled in once; per call
     only tensors, descriptors and runtime scalars are fetched."""
 
-    __slots__ = ("fn", "template", "slots", "consts", "grid", "parsed")
+    __slots__ = ("fn", "template", "slots", "consts", "grid", "parsed", "post")
 
-    def __init__(self, fn, items: list, consts: dict, grid: tuple, parsed):
+    def __init__(self, fn, items: list, consts: dict, grid: tuple, parsed, post=()):
         self.fn = fn[grid]
         self.template = [None if callable(i) else i for i in items]
         self.slots = [(k, i) for k, i in enumerate(items) if callable(i)]
         self.consts = consts
         self.grid = grid
         self.parsed = parsed
+        self.post = tuple(post)
 
     def __call__(self, A, B, values) -> None:
         pos = self.template.copy()
         for k, get in self.slots:
             pos[k] = get(A, B, values)
         self.fn(*pos, **self.consts)
+        for step in self.post:
+            step(values)
 
     def positional(self, A, B, values) -> list:
         pos = self.template.copy()

@@ -56,7 +56,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "8"
+GENERATOR_VERSION = "9"
 
 
 def uname(name: str) -> str:
@@ -96,7 +96,18 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
     for o in vector_outputs(dag):
         u = uname(o.name)
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    for o in reduce_outputs(dag):
+        u = uname(o.name)
+        params += [f"{u}_ws", f"{u}_ws2"] if o.node.op == "logsumexp" else [f"{u}_ws"]
     return params
+
+
+def reduce_outputs(dag: Dag):
+    """Outputs computed by a reduction: each tile writes its partial result into a
+    workspace (per-row: [L, tiles along N, M]; per-column: [L, tiles along M, N]; whole
+    output: [L, tiles along M, tiles along N]) that the launch plan then combines in a fixed
+    order, so results are deterministic run to run."""
+    return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
 
 
 class _Epilogue:
@@ -169,16 +180,15 @@ class _Epilogue:
                     f"other=0.0).to(tl.float32)[None, :]")
         return sub.load_full(u, spec.batched)
 
-    def body(self, sub, indent: str) -> list[str]:
-        """Loads, computes and stores for one sub-tile described by ``sub``."""
+    def body(self, sub, indent: str, first: bool = True, last: bool = True) -> list[str]:
+        """Loads, computes and stores for one sub-tile described by ``sub`` (``first`` and
+        ``last`` say where it stands among the tile's sub-tiles)."""
         env: dict[int, str] = dict(self.hoisted)
         lines: list[str] = []
         users = self.dag.users
         for k, n in enumerate(self.dag.nodes):
-            if id(n) in env:
+            if id(n) in env or n.kind is NodeKind.REDUCE:
                 continue
-            if n.kind is NodeKind.REDUCE:
-                raise NotImplementedError("reductions are not emitted by this backend yet")
             expr = self._expr(n, env, sub)
             single_use = len(users[id(n)]) <= 1 and not any(o.node is n for o in self.dag.outputs)
             if n.kind in (NodeKind.ACCUM, NodeKind.CONST) or (
@@ -195,6 +205,71 @@ class _Epilogue:
             lines.append(indent + sub.store_full(uname(o.name), v, o.batched))
         for o in vector_outputs(self.dag):
             lines += self._store_vector(o, env, sub, indent)
+        for o in reduce_outputs(self.dag):
+            lines += self._reduce(o, env, sub, indent, first, last)
+        return lines
+
+    def _reduce(self, o, env, sub, indent, first: bool, last: bool) -> list[str]:
+        """This sub-tile's part of a reduction output; partials go to the workspace."""
+        n = o.node
+        row = OPS[n.op]
+        u = uname(o.name)
+        acc_name = f"racc_{u}"
+        v = self._arg(n.inputs[0], env, True)
+        if n.inputs[0].space is not Space.FULL:
+            v = f"({v} + tl.zeros(({sub.bm}, {sub.bn}), tl.float32))"
+        ident = _lit(row.reduce_identity)
+        lines = [f"{indent}rv_{u}{sub.suffix} = tl.where({sub.mask}, {v}, {ident})"]
+        rv = f"rv_{u}{sub.suffix}"
+        lse = n.op == "logsumexp"
+
+        def part(axis: int, x: str) -> str:
+            if n.op == "sum":
+                return f"tl.sum({x}, axis={axis})"
+            return f"tl.reduce({x}, {axis}, {row.triton})"
+
+        def combine(a: str, b: str) -> str:
+            return f"{row.triton}({a}, {b})"
+
+        ws_row = f"(bid64 * num_pid_n + {sub.pid_n}) * M + {sub.rm}"
+        ws_col = f"(bid64 * num_pid_m + {sub.pid_m}) * N + {sub.rn}"
+        ws_one = f"(bid64 * num_pid_m + {sub.pid_m}) * num_pid_n + {sub.pid_n}"
+        if o.kind is OutputKind.COL:  # each sub-tile holds its own columns: store now
+            if lse:
+                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 0)")
+                lines.append(f"{indent}tl.store({u}_ws + {ws_col}, pm_{u}, mask={sub.rn} < N)")
+                lines.append(f"{indent}tl.store({u}_ws2 + {ws_col}, ps_{u}, mask={sub.rn} < N)")
+            else:
+                lines.append(f"{indent}tl.store({u}_ws + {ws_col}, {part(0, rv)}, "
+                             f"mask={sub.rn} < N)")
+            return lines
+        # per-row and whole-output partials combine across the tile's sub-tiles first
+        if lse:
+            if o.kind is OutputKind.ROW:
+                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+            else:
+                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pm_{u}, ps_{u})")
+            if first:
+                lines.append(f"{indent}{acc_name}, {acc_name}_s = pm_{u}, ps_{u}")
+            else:
+                lines.append(f"{indent}{acc_name}, {acc_name}_s = _ef_lse_combine({acc_name}, "
+                             f"{acc_name}_s, pm_{u}, ps_{u})")
+        else:
+            p = part(1, rv)
+            if o.kind is OutputKind.SCALAR:
+                p = part(0, p)
+            lines.append(f"{indent}{acc_name} = {p if first else combine(acc_name, p)}")
+        if last:
+            if o.kind is OutputKind.ROW:
+                lines.append(f"{indent}tl.store({u}_ws + {ws_row}, {acc_name}, mask={sub.rm} < M)")
+                if lse:
+                    lines.append(f"{indent}tl.store({u}_ws2 + {ws_row}, {acc_name}_s, "
+                                 f"mask={sub.rm} < M)")
+            else:
+                lines.append(f"{indent}tl.store({u}_ws + {ws_one}, {acc_name})")
+                if lse:
+                    lines.append(f"{indent}tl.store({u}_ws2 + {ws_one}, {acc_name}_s)")
         return lines
 
     def _store_vector(self, o, env, sub, indent) -> list[str]:
@@ -229,6 +304,7 @@ class _PortableTile:
     pid_n: str = "pid_n"
     first_sub: str = "True"
     suffix: str = ""
+    mask: str = "mask"
 
     def load_full(self, u: str, batched: bool) -> str:
         b = f"bid64 * {u}_sl + " if batched else ""
@@ -254,6 +330,7 @@ class _HopperTile:
     pid_m: str = "pid_m_c"
     pid_n: str = "pid_n_c"
     prefetched: bool = False
+    mask: str = ""
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:
@@ -421,9 +498,12 @@ def _hopper_source(spec: KernelSpec) -> str:
         off_n = f"off_n_c + {s} * SUB_N" if s else "off_n_c"
         rn = f"rn{s}"
         sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", suffix=f"_{s}",
-                          first_sub="True" if s == 0 else "False", prefetched=spec.prefetch)
+                          first_sub="True" if s == 0 else "False", prefetched=spec.prefetch,
+                          mask=f"mask{s}")
         lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
-        lines += epi.body(sub, I2)
+        if reduce_outputs(spec.dag):
+            lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
+        lines += epi.body(sub, I2, first=s == 0, last=s == len(pieces) - 1)
     return "\n".join(lines) + "\n"
 
 
@@ -441,15 +521,16 @@ def generate(spec: KernelSpec) -> str:
 
 def check_emittable(dag: Dag) -> str | None:
     """Why this emitter cannot produce the DAG, or None."""
-    for o in dag.outputs:
-        if o.node.kind is NodeKind.REDUCE:
-            return (f"output {o.name} is a {o.kind.value} ({o.node.op}); reductions in the "
-                    "epilogue are not implemented by the Triton kernels yet")
+    for o in reduce_outputs(dag):
+        if OPS[o.node.op].reduce_identity is None:
+            return f"output {o.name}: the kernels have no code for the reduction {o.node.op}"
     for n in dag.nodes:
         if n.kind is NodeKind.LOAD and n.operand.dtype is not None \
                 and n.operand.dtype not in TL_DTYPES:
             return f"operand {n.operand.name} has dtype {n.operand.dtype}, which the kernels cannot load yet"
     for o in dag.outputs:
+        if o.node.kind is NodeKind.REDUCE:
+            continue  # written by the launch plan's combine step, any float dtype
         if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16 and fp32 for now"
     return None

@@ -14,9 +14,11 @@ import torch
 
 from ...arguments import GemmArguments
 from ...errors import Status
-from ...ir import Dag, OperandKind
+from ...ir import Dag, OperandKind, OutputKind
 from ...passes import optimize
-from ..triton.codegen import KernelSpec, check_emittable, full_outputs, uname, vector_outputs
+from ...optable import OPS
+from ..triton.codegen import (KernelSpec, check_emittable, full_outputs, reduce_outputs,
+                              vector_outputs)
 
 INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
@@ -101,12 +103,14 @@ class KernelFamily:
         raise NotImplementedError
 
     def plan(self, args: GemmArguments, dag: Dag, config: TileConfig, target: Target
-             ) -> tuple[list[Any], dict[str, Any], tuple[int, ...]]:
-        """(items, constexprs, grid) for launches on problems shaped like ``args``.
+             ) -> tuple[list[Any], dict[str, Any], tuple[int, ...], list[Any]]:
+        """(items, constexprs, grid, post) for launches on problems shaped like ``args``.
 
-        ``items`` lists the kernel's positional arguments: an int/float is fixed for every
-        problem of this structure (sizes, strides); a callable ``get(A, B, values)``
-        produces a value that changes per call (tensors, descriptors, runtime scalars).
+        ``items`` lists the kernel's positional arguments: a number (sizes, strides) or a
+        workspace tensor is fixed for every problem of this structure; a callable
+        ``get(A, B, values)`` produces a value that changes per call (tensors, descriptors,
+        runtime scalars). ``post`` holds callables ``post(values)`` run after the kernel
+        (combining reduction partials into their outputs).
         """
         raise NotImplementedError
 
@@ -183,12 +187,14 @@ class PortableFamily(KernelFamily):
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
                             *_dims3(args.A), *_dims3(args.B)]
         items += _epilogue_items(args, dag, "portable", config)
+        red_items, post = _reduction_items(args, dag, config)
+        items += red_items
         grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target))
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
-        return items, consts, grid
+        return items, consts, grid, post
 
 
 def _get_a(A, B, values):
@@ -248,6 +254,44 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
         out += [_value_getter(o.name), strides[0] if o.batched else 0,
                 strides[1] if shape[1] > 1 else 0, strides[2] if shape[2] > 1 else 0]
     return out
+
+
+def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig):
+    """Workspaces for reduction partials (allocated once per plan) and the steps that
+    combine them, in a fixed order, into each output."""
+    items: list[Any] = []
+    post: list[Any] = []
+    mt = triton_cdiv(args.M, config.block_m)
+    nt = triton_cdiv(args.N, config.block_n)
+    dev = args.A.device
+    for o in reduce_outputs(dag):
+        shape = {OutputKind.ROW: (args.L, nt, args.M), OutputKind.COL: (args.L, mt, args.N),
+                 OutputKind.SCALAR: (args.L, mt, nt)}[o.kind]
+        lse = o.node.op == "logsumexp"
+        ws = torch.empty(shape, device=dev, dtype=torch.float32)
+        ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
+        items += [ws, ws2] if lse else [ws]
+        dims = [1, 2] if o.kind is OutputKind.SCALAR else [1]
+        if not o.batched:
+            dims = [0] + dims
+        post.append(_combiner(o.name, o.node.op, ws, ws2, dims))
+    return items, post
+
+
+def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, dims: list[int]):
+    reduce = OPS[op].torch_fn
+
+    def combine(values) -> None:
+        out = values[name]
+        if op == "logsumexp":
+            m = ws.amax(dim=dims, keepdim=True)
+            safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+            r = safe + torch.log((ws2 * torch.exp(ws - safe)).sum(dim=dims, keepdim=True))
+        else:
+            r = reduce(ws, dims)
+        out.copy_(r.reshape(out.shape))
+
+    return combine
 
 
 def _make_descriptor(view: torch.Tensor, block: list[int]):
@@ -389,6 +433,8 @@ class HopperFamily(KernelFamily):
 
         items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
         items += _epilogue_items(args, dag, "hopper", config)
+        red_items, post = _reduction_items(args, dag, config)
+        items += red_items
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
@@ -396,7 +442,7 @@ class HopperFamily(KernelFamily):
                       FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize)
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
-        return items, consts, (num_sms,)
+        return items, consts, (num_sms,), post
 
 
 def _sms(target: Target) -> int:

@@ -64,6 +64,34 @@ def _ef_maximum(a, b):
 def _ef_minimum(a, b):
     return tl.where((a != a) | (a < b), a, b)
 ''',
+    "_ef_add": '''
+@triton.jit
+def _ef_add(a, b):
+    return a + b
+''',
+    "_ef_lse_part": '''
+@triton.jit
+def _ef_lse_part(x, AXIS: tl.constexpr):
+    # (running max, sum of exp(x - max)) along AXIS; an all -inf line gives (-inf, 0)
+    m = tl.reduce(x, AXIS, _ef_maximum)
+    safe = tl.where(m == float('-inf'), 0.0, m)
+    return m, tl.sum(tl.exp(x - tl.expand_dims(safe, AXIS)), axis=AXIS)
+''',
+    "_ef_lse_combine": '''
+@triton.jit
+def _ef_lse_combine(m1, s1, m2, s2):
+    m = _ef_maximum(m1, m2)
+    safe = tl.where(m == float('-inf'), 0.0, m)
+    return m, s1 * tl.exp(m1 - safe) + s2 * tl.exp(m2 - safe)
+''',
+    "_ef_lse_reduce": '''
+@triton.jit
+def _ef_lse_reduce(m, s):
+    # combine a vector of (max, sum-exp) partials into one
+    mm = tl.reduce(m, 0, _ef_maximum)
+    safe = tl.where(mm == float('-inf'), 0.0, mm)
+    return mm, tl.sum(s * tl.exp(m - safe), axis=0)
+''',
     "_ef_powf": '''
 @triton.jit
 def _ef_powf(x, c):
@@ -74,7 +102,7 @@ def _ef_powf(x, c):
 ''',
 }
 
-_CALL = re.compile(r"\b(_ef_[a-z0-9_]+)\s*\(")
+_CALL = re.compile(r"\b(_ef_[a-z0-9_]+)\b")  # calls, and combine functions passed by name
 
 
 def helpers_for(code: str) -> str:

@@ -1,0 +1,140 @@
+"""Reductions in the epilogue through the CPU interpreter: per-row, per-column and
+whole-output sum/max/min/logsumexp, batched and over batches, odd sizes, both families.
+
+Outputs are poisoned with NaN first (``Kernel.verify``); results are compared with the
+reference evaluator. Sums of fp32 values in another order differ from the reference by a
+few ulps times the number of terms, far inside the fp32 tolerance (1e-4 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments, explain, get_kernels
+from evtfuse.reference import evaluate
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+
+GEN = torch.Generator().manual_seed(99)
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def check(args, family):
+    cc = 90 if family == "hopper" else None
+    ks = [k for k in get_kernels(args, cc=cc) if k.family.name == family]
+    assert ks, explain(args, cc=cc)
+    result = ks[0].verify(args)
+    assert result, result.report()
+    return ks[0]
+
+
+SHAPES = {"row": lambda L, M, N: (M, 1), "row_b": lambda L, M, N: (L, M, 1),
+          "col": lambda L, M, N: (N,), "col_b": lambda L, M, N: (L, 1, N),
+          "all": lambda L, M, N: (1,), "all_b": lambda L, M, N: (L, 1, 1)}
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
+@pytest.mark.parametrize("where", list(SHAPES))
+def test_reduction_kinds(family, op, where):
+    L, M, N, K = 2, 37, 48, 16
+    A, B = rand(L, M, K, dtype=torch.float16), rand(L, K, N, dtype=torch.float16)
+    bias = rand(N)
+    D = torch.empty(L, M, N, dtype=torch.float16)
+    r = torch.empty(SHAPES[where](L, M, N))
+    src = f"def epi(accum, bias): D = accum + bias; r = {op}(D * 0.5); return D, r"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, bias=bias, D=D, r=r))
+    check(args, family)
+
+
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (7, 5, 3), (33, 65, 9)])
+def test_reductions_at_odd_sizes(mnk):
+    M, N, K = mnk
+    A, B = rand(M, K), rand(K, N)
+    rs, cm, tot = torch.empty(M, 1), torch.empty(N), torch.empty(1, dtype=torch.float16)
+    src = ("def epi(accum): t = accum * accum; rs = sum(t); cm = max(accum); tot = logsumexp(accum); "
+           "D = accum; return D, rs, cm, tot")
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, rs=rs, cm=cm, tot=tot))
+    check(args, "portable")
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+def test_bce_loss_of_the_evt_article(family):
+    M, N, K = 48, 64, 32
+    A, B = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
+    bias = rand(M, 1)  # per-row bias, as the article's column broadcast
+    C = (torch.rand(M, N, generator=GEN) > 0.5).to(torch.float16)
+    loss = torch.empty(1)
+    src = """
+def bce(accum, bias, C):
+    f = accum + bias
+    t = (1 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999))
+    loss = sum(t)
+    D = f
+    return D, loss
+"""
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, bias=bias, C=C, D=None,
+                                                                loss=loss))
+    check(args, family)
+    f = (A.float() @ B.float()) + bias
+    ref = ((1 - C.float()) * (-f) + torch.log(torch.clamp(torch.sigmoid(f), 1e-3, 0.999))).double().sum()
+    assert abs(loss.item() - ref.item()) <= 1e-5 * abs(ref.item()) + 1e-3
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+def test_lm_head_cross_entropy_never_stores_logits(family):
+    M, N, K = 24, 80, 16  # tokens, vocabulary, hidden
+    x, W = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
+    y = torch.randint(0, N, (M, 1), generator=GEN)  # int64 targets
+    lse, tgt = torch.empty(M, 1), torch.empty(M, 1)
+    src = """
+def ce(accum, y):
+    lse = logsumexp(accum)
+    tgt = sum(where(col_index() == y, accum, 0.0))
+    D = accum
+    return D, lse, tgt
+"""
+    args = GemmArguments(x, W, None, epilogue=EpilogueArguments(src, y=y, D=None, lse=lse, tgt=tgt))
+    check(args, family)
+    logits = x.float() @ W.float()
+    want = torch.nn.functional.cross_entropy(logits, y[:, 0], reduction="none")
+    torch.testing.assert_close((lse - tgt)[:, 0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_reductions_are_deterministic_bit_for_bit():
+    M, N, K = 64, 96, 32
+    A, B = rand(M, K), rand(K, N)
+    src = "def epi(accum): s = sum(accum * 3.0); c = sum(exp(accum * 0.1)); D = accum; return D, s, c"
+    first = evtfuse.gemm(A, B, src, D=None, s=torch.empty(1), c=torch.empty(N), deterministic=True)
+    second = evtfuse.gemm(A, B, src, D=None, s=torch.empty(1), c=torch.empty(N), deterministic=True)
+    assert first[0] is None
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
+
+
+def test_reduction_overwrites_whatever_the_output_held():
+    M, N, K = 16, 16, 8
+    A, B = rand(M, K), rand(K, N)
+    r = torch.full((M, 1), float("nan"))
+    src = "def epi(accum): r = max(accum); D = accum; return D, r"
+    evtfuse.gemm(A, B, src, D=None, r=r)
+    torch.testing.assert_close(r, (A @ B).amax(dim=1, keepdim=True), rtol=1e-5, atol=1e-5)
+    r.fill_(1e30)
+    evtfuse.gemm(A, B, src, D=None, r=r)  # an accumulator would keep 1e30
+    torch.testing.assert_close(r, (A @ B).amax(dim=1, keepdim=True), rtol=1e-5, atol=1e-5)
+
+
+def test_sum_against_float64():
+    M, N, K = 40, 56, 24
+    A, B = rand(M, K), rand(K, N)
+    s = torch.empty(M, 1)
+    src = "def epi(accum): s = sum(accum); D = accum; return D, s"
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, s=s))
+    get_kernels(args)[0].run(args)
+    ref = evaluate(args, accum=A.double() @ B.double(), compute_dtype=torch.float64)["s"]
+    scale = (A.double() @ B.double()).abs().sum(dim=1, keepdim=True)
+    assert ((s.double() - ref).abs() <= 1e-6 * scale + 1e-6).all()
