@@ -162,3 +162,51 @@ def test_tf32_opt_in():
     D = torch.empty(M, N, device=DEV)
     args = GemmArguments(A, B, D, allow_tf32=True)
     assert get_kernels(args)[0].verify(args)
+
+
+RED_SHAPES = {"row": lambda L, M, N: (M, 1), "col_b": lambda L, M, N: (L, 1, N),
+              "all": lambda L, M, N: (1,), "row_b": lambda L, M, N: (L, M, 1)}
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
+@pytest.mark.parametrize("where", list(RED_SHAPES))
+def test_reductions(family, op, where):
+    L, M, N, K = 2, 1000, 776, 264
+    A, B = _rand(L, M, K, dtype=torch.bfloat16), _rand(L, K, N, dtype=torch.bfloat16)
+    bias = _rand(N)
+    D = torch.empty(L, M, N, device=DEV, dtype=torch.bfloat16)
+    r = torch.empty(RED_SHAPES[where](L, M, N), device=DEV)
+    src = f"def epi(accum, bias): D = accum + bias; r = {op}(D * 0.125); return D, r"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, bias=bias, D=D, r=r))
+    _check(args, family, n_configs=1)
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+def test_lm_head_cross_entropy(family):
+    M, N, K = 512, 5000, 256
+    x, W = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16) * 0.1
+    y = torch.randint(0, N, (M, 1), device=DEV)
+    lse, tgt = torch.empty(M, 1, device=DEV), torch.empty(M, 1, device=DEV)
+    src = ("def ce(accum, y): lse = logsumexp(accum); "
+           "tgt = sum(where(col_index() == y, accum, 0.0)); D = accum; return D, lse, tgt")
+    args = GemmArguments(x, W, None, epilogue=EpilogueArguments(src, y=y, D=None, lse=lse, tgt=tgt))
+    _check(args, family, n_configs=1)
+    want = torch.nn.functional.cross_entropy(x.float() @ W.float(), y[:, 0], reduction="none")
+    torch.testing.assert_close((lse - tgt)[:, 0], want, rtol=1e-3, atol=1e-3)
+
+
+def test_bce_loss_and_determinism():
+    M, N, K = 2048, 2048, 512
+    A, B = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16)
+    bias = _rand(N)
+    C = (torch.rand(M, N, device=DEV) > 0.5).to(torch.bfloat16)
+    src = ("def bce(accum, bias, C): f = accum + bias; "
+           "t = (1 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
+           "return D, loss")
+    l1 = evtfuse.gemm(A, B, src, bias=bias, C=C, D=None, loss=torch.empty(1, device=DEV))[1]
+    l2 = evtfuse.gemm(A, B, src, bias=bias, C=C, D=None, loss=torch.empty(1, device=DEV))[1]
+    assert torch.equal(l1, l2)
+    f = A.double() @ B.double() + bias.double()
+    ref = ((1 - C.double()) * (-f) + torch.log(torch.clamp(torch.sigmoid(f), 1e-3, 0.999))).sum()
+    assert abs(l1.item() - ref.item()) <= 1e-4 * abs(ref.item())
