@@ -56,7 +56,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "9"
+GENERATOR_VERSION = "10"
 
 
 def uname(name: str) -> str:
@@ -117,6 +117,39 @@ class _Epilogue:
         self.spec = spec
         self.dag = spec.dag
         self.hoisted: dict[int, str] = {}
+
+    def program_reduced(self, o) -> bool:
+        """A whole-output reduction kept in registers across all tiles of a persistent
+        program (one partial per program, not per tile): the cross-warp step runs once."""
+        return self.spec.family == "hopper" and o.kind is OutputKind.SCALAR and not o.batched
+
+    def program_accumulators(self, indent: str) -> list[str]:
+        lines = []
+        for o in reduce_outputs(self.dag):
+            if self.program_reduced(o):
+                u = uname(o.name)
+                ident = _lit(OPS[o.node.op].reduce_identity)
+                lines.append(f"{indent}pacc_{u} = tl.full((BLOCK_M,), {ident}, tl.float32)")
+                if o.node.op == "logsumexp":
+                    lines.append(f"{indent}pacc_{u}_s = tl.zeros((BLOCK_M,), tl.float32)")
+        return lines
+
+    def program_finish(self, indent: str) -> list[str]:
+        lines = []
+        for o in reduce_outputs(self.dag):
+            if not self.program_reduced(o):
+                continue
+            u = uname(o.name)
+            row = OPS[o.node.op]
+            if o.node.op == "logsumexp":
+                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pacc_{u}, pacc_{u}_s)")
+                lines.append(f"{indent}tl.store({u}_ws + start, pm_{u})")
+                lines.append(f"{indent}tl.store({u}_ws2 + start, ps_{u})")
+            elif o.node.op == "sum":
+                lines.append(f"{indent}tl.store({u}_ws + start, tl.sum(pacc_{u}, axis=0))")
+            else:
+                lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
+        return lines
 
     @staticmethod
     def _program_level(n: Node) -> bool:
@@ -242,6 +275,14 @@ class _Epilogue:
             else:
                 lines.append(f"{indent}tl.store({u}_ws + {ws_col}, {part(0, rv)}, "
                              f"mask={sub.rn} < N)")
+            return lines
+        if self.program_reduced(o):
+            if lse:
+                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+                lines.append(f"{indent}pacc_{u}, pacc_{u}_s = _ef_lse_combine(pacc_{u}, "
+                             f"pacc_{u}_s, pm_{u}, ps_{u})")
+            else:
+                lines.append(f"{indent}pacc_{u} = {combine(f'pacc_{u}', part(1, rv))}")
             return lines
         # per-row and whole-output partials combine across the tile's sub-tiles first
         if lse:
@@ -456,6 +497,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I1}num_tiles = tiles_per_batch * L",
     ]
     lines += epi.prologue(I1)
+    lines += epi.program_accumulators(I1)
     lines += [
         f"{I1}tile_c = start - NUM_SMS",
         f"{I1}for tile in tl.range(start, num_tiles, NUM_SMS, flatten=FLATTEN, "
@@ -504,6 +546,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         if reduce_outputs(spec.dag):
             lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         lines += epi.body(sub, I2, first=s == 0, last=s == len(pieces) - 1)
+    lines += epi.program_finish(I1)
     return "\n".join(lines) + "\n"
 
 

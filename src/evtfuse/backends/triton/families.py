@@ -221,9 +221,26 @@ def _scalar_getter(name: str):
     return get
 
 
+def _reuse_last(make):
+    """``make(t)``, reused while the same tensor object comes back (a loop re-running one
+    set of buffers skips rebuilding its TMA descriptors). Keeps the last tensor alive."""
+    last: list[Any] = [None, None]
+
+    def get(t):
+        if last[0] is t:
+            return last[1]
+        d = make(t)
+        last[0], last[1] = t, d
+        return d
+
+    return get
+
+
 def _descriptor_getter(name: str, batched: bool, config: TileConfig):
+    make = _reuse_last(lambda t: _descriptor(t, batched, config))
+
     def get(A, B, values):
-        return _descriptor(values[name], batched, config)
+        return make(values[name])
     return get
 
 
@@ -256,9 +273,10 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
     return out
 
 
-def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig):
+def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs: int = 0):
     """Workspaces for reduction partials (allocated once per plan) and the steps that
-    combine them, in a fixed order, into each output."""
+    combine them, in a fixed order, into each output. ``programs`` > 0: a persistent
+    kernel keeps whole-output, non-batched reductions per program (one partial each)."""
     items: list[Any] = []
     post: list[Any] = []
     mt = triton_cdiv(args.M, config.block_m)
@@ -267,6 +285,9 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig):
     for o in reduce_outputs(dag):
         shape = {OutputKind.ROW: (args.L, nt, args.M), OutputKind.COL: (args.L, mt, args.N),
                  OutputKind.SCALAR: (args.L, mt, nt)}[o.kind]
+        per_program = programs > 0 and o.kind is OutputKind.SCALAR and not o.batched
+        if per_program:
+            shape = (programs,)
         lse = o.node.op == "logsumexp"
         ws = torch.empty(shape, device=dev, dtype=torch.float32)
         ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
@@ -274,6 +295,8 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig):
         dims = [1, 2] if o.kind is OutputKind.SCALAR else [1]
         if not o.batched:
             dims = [0] + dims
+        if per_program:
+            dims = [0]
         post.append(_combiner(o.name, o.node.op, ws, ws2, dims))
     return items, post
 
@@ -425,18 +448,21 @@ class HopperFamily(KernelFamily):
                 view = view.mT
             return _make_descriptor(view, ([1] if batched else []) + block)
 
+        make_a = _reuse_last(lambda t: operand_desc(t, spec.a_trans, spec.a_batched, a_block))
+        make_b = _reuse_last(lambda t: operand_desc(t, spec.b_trans, spec.b_batched, b_block))
+
         def get_a(A, B, values):
-            return operand_desc(A, spec.a_trans, spec.a_batched, a_block)
+            return make_a(A)
 
         def get_b(A, B, values):
-            return operand_desc(B, spec.b_trans, spec.b_batched, b_block)
+            return make_b(B)
 
         items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
         items += _epilogue_items(args, dag, "hopper", config)
-        red_items, post = _reduction_items(args, dag, config)
-        items += red_items
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
+        red_items, post = _reduction_items(args, dag, config, programs=num_sms)
+        items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
                       FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize)
