@@ -88,6 +88,11 @@ def _t_pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
     return torch.pow(x, exponent)
 
 
+# On a GPU, NaN-propagating max/min are one instruction (max.NaN.f32); their choice between
+# +0.0 and -0.0 on a tie may differ from the where-based spelling (equal as numbers).
+_NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+_NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+
 _SQRT1_2 = 0.7071067811865476
 _SQRT_2_OVER_PI = 0.7978845608028654
 
@@ -138,7 +143,8 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("ne", 2, torch.ne, "({0} != {1})", Category.COMPARE, commutative=True, doc="a != b"),
     # ---- activations and math functions ----
     OpDef("identity", 1, lambda x: x, "{0}", doc="x"),
-    OpDef("relu", 1, torch.relu, "tl.maximum({0}, 0.0)", doc="max(x, 0)"),
+    OpDef("relu", 1, torch.relu, "tl.maximum({0}, 0.0)", triton_cuda=_NAN_MAX.format("{0}", "0.0"),
+          doc="max(x, 0) (NaN stays NaN)"),
     OpDef("leaky_relu", 1, lambda x, slope: torch.where(x >= 0, x, x * slope),
           "tl.where({0} >= 0.0, {0}, {0} * {slope})", params=(("slope", 0.01),),
           doc="x if x >= 0 else slope * x"),
@@ -163,11 +169,12 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("sin", 1, torch.sin, "tl.sin({0})", doc="sine"),
     OpDef("cos", 1, torch.cos, "tl.cos({0})", doc="cosine"),
     OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))", doc="tangent"),
-    OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})",  # ties give b: not commutative
+    OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})", triton_cuda=_NAN_MAX,  # ties give b: not commutative
           doc="elementwise max, NaN-propagating like torch"),
-    OpDef("minimum", 2, _t_minimum, "_ef_minimum({0}, {1})",  # ties give b: not commutative
+    OpDef("minimum", 2, _t_minimum, "_ef_minimum({0}, {1})", triton_cuda=_NAN_MIN,  # ties give b: not commutative
           doc="elementwise min, NaN-propagating like torch"),
     OpDef("clamp", 3, _t_clamp, "_ef_minimum(_ef_maximum({0}, {1}), {2})",
+          triton_cuda=_NAN_MIN.format(_NAN_MAX.format("{0}", "{1}"), "{2}"),
           doc="min(max(x, lo), hi)"),
     OpDef("where", 3, torch.where, "tl.where({0}, {1}, {2})", Category.SELECT,
           doc="a where cond else b"),

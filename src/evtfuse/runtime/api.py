@@ -126,6 +126,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         for name in list(operands_and_outputs):
             if name.endswith("_dtype") and name[:-6] in parsed.outputs:
                 dtypes[name[:-6]] = operands_and_outputs.pop(name)
+    last = _last_call.get(id(parsed))
+    if last is not None and last[0] is parsed and last[1] == (tune, allow_tf32, cc) \
+            and A is last[2] and B is last[3] and dtypes == last[5] \
+            and _same_objects(operands_and_outputs, last[4]):
+        return _launch(parsed, last[6], last[7], A, B, operands_and_outputs, dtypes)
     ptrs = [A.data_ptr(), B.data_ptr()] + [v.data_ptr() for v in operands_and_outputs.values()
                                            if isinstance(v, torch.Tensor)]
     fast_key = (id(parsed), tune, allow_tf32, cc, tensor_key(A), tensor_key(B),
@@ -134,13 +139,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     hit = _fast.get(fast_key)
     if hit is not None and hit[0] is parsed:
         _, plan, shape = hit
-        values = dict(operands_and_outputs)
-        for name in parsed.outputs:
-            if name not in values:
-                values[name] = torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device)
-        plan(A, B, values)
-        results = tuple(values[n] for n in parsed.outputs)
-        return results[0] if len(results) == 1 else results
+        _last_call[id(parsed)] = (parsed, (tune, allow_tf32, cc), A, B,
+                                  dict(operands_and_outputs), dtypes, plan, shape)
+        return _launch(parsed, plan, shape, A, B, operands_and_outputs, dtypes)
     values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
     epi = EpilogueArguments(epilogue, **values)
     args = GemmArguments(A, B, values.get("D"), torch.float32, epi, allow_tf32=allow_tf32)
@@ -157,6 +158,31 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
 
 _IDENTITY = "def identity(accum):\n    D = accum\n    return D"
 _fast: dict[tuple, tuple] = {}
+# per epilogue, the last call's objects: a loop passing the same tensors again skips even
+# the structure key (it keeps those tensors alive until the next call)
+_last_call: dict[int, tuple] = {}
+
+
+def _same_objects(now: dict, before: dict) -> bool:
+    if now.keys() != before.keys():
+        return False
+    for name, v in now.items():
+        w = before[name]
+        if v is w:
+            continue
+        if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor) or v is None or w is None:
+            return False  # another tensor (or None for a tensor): check its structure
+    return True
+
+
+def _launch(parsed, plan, shape, A, B, given: dict, dtypes: dict):
+    values = dict(given)
+    for name in parsed.outputs:
+        if name not in values:
+            values[name] = torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device)
+    plan(A, B, values)
+    results = tuple(values[n] for n in parsed.outputs)
+    return results[0] if len(results) == 1 else results
 
 
 class Fused:
