@@ -7,7 +7,7 @@ turns ``GemmArguments`` into a launch plan for the generated kernel (``plan``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from ..triton.codegen import (KernelSpec, check_emittable, full_outputs, reduce_
 
 INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
+SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scratch need room
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -412,7 +413,15 @@ class HopperFamily(KernelFamily):
             TileConfig(64, 128, bk, 8, 4, 5, epi_split=1),
             TileConfig(64, 64, bk, 8, 4, 6, epi_split=1),
         ]
-        fits = [c for c in cands if self._smem(c, elt, out_bytes) <= SMEM_LIMIT]
+        fits = []
+        for c in cands:
+            # wide or many outputs: split the epilogue further rather than overflow shared
+            # memory (each stored sub-tile is staged there for its TMA store)
+            while self._smem(c, elt, out_bytes) > SMEM_BUDGET and c.epi_split < 4 \
+                    and c.block_n // (c.epi_split * 2) >= 32:
+                c = replace(c, epi_split=c.epi_split * 2)
+            if self._smem(c, elt, out_bytes) <= SMEM_BUDGET and c not in fits:
+                fits.append(c)
         tiles = lambda c: triton_cdiv(args.M, c.block_m) * triton_cdiv(args.N, c.block_n) * args.L
         sms = _sms(target)
         # small problems: prefer tiles that still fill the GPU
