@@ -284,3 +284,18 @@ def test_gemm_repeat_call_takes_fast_path_with_new_data():
     A2, D2 = buf[: M * K].view(M, K), buf[: M * N].view(M, N)
     with pytest.raises(EpilogueError, match="overlaps"):
         evtfuse.gemm(A2, B, src, C=C, alpha=1.0, D=D2)
+
+
+def test_gemm_last_call_path_respects_new_dtypes_and_scalars():
+    M, N, K = 8, 16, 8
+    A, B, C = rand(M, K), rand(K, N), rand(M, N)
+    src = "def epi(accum, C, alpha): F = alpha * accum; D = F + C; return D, F"
+    for _ in range(3):  # slow path, structure hit, then the same-objects path
+        D, F = evtfuse.gemm(A, B, src, C=C, alpha=2.0, F_dtype=torch.float16)
+        assert F.dtype == torch.float16
+    D, F = evtfuse.gemm(A, B, src, C=C, alpha=-1.0, F_dtype=torch.float32)
+    assert F.dtype == torch.float32
+    torch.testing.assert_close(F, -(A @ B), rtol=1e-4, atol=1e-4)
+    D, F = evtfuse.gemm(A, B, src, C=C, alpha=3.0, F_dtype=torch.float32)
+    D, F = evtfuse.gemm(A, B, src, C=C, alpha=0.5, F_dtype=torch.float32)
+    torch.testing.assert_close(D, 0.5 * (A @ B) + C, rtol=1e-4, atol=1e-4)
