@@ -299,3 +299,15 @@ def test_gemm_last_call_path_respects_new_dtypes_and_scalars():
     D, F = evtfuse.gemm(A, B, src, C=C, alpha=3.0, F_dtype=torch.float32)
     D, F = evtfuse.gemm(A, B, src, C=C, alpha=0.5, F_dtype=torch.float32)
     torch.testing.assert_close(D, 0.5 * (A @ B) + C, rtol=1e-4, atol=1e-4)
+
+
+def test_evtfuse_log_environment_reaches_library_users():
+    import subprocess
+    import sys
+    code = ("import torch, evtfuse, logging; "
+            "assert logging.getLogger('evtfuse').level == logging.DEBUG; "
+            "logging.getLogger('evtfuse').debug('hello from evtfuse')")
+    env = dict(os.environ, EVTFUSE_LOG="debug")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "evtfuse DEBUG: hello from evtfuse" in res.stderr

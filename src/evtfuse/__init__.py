@@ -9,10 +9,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import ops, reference  # noqa: F401
+from . import logs, ops, reference  # noqa: F401
 from .arguments import EpilogueArguments, GemmArguments
 from .errors import EpilogueError, Status, UnsupportedError
 from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels
+
+logs.setup_from_environment()
 
 __all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
            "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "fuse", "ops",
