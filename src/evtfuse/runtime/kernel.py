@@ -125,10 +125,7 @@ class LaunchPlan:
         self.post = tuple(post)
 
     def __call__(self, A, B, values) -> None:
-        pos = self.template.copy()
-        for k, get in self.slots:
-            pos[k] = get(A, B, values)
-        self.fn(*pos, **self.consts)
+        self.fn(*self.positional(A, B, values), **self.consts)
         for step in self.post:
             step(values)
 

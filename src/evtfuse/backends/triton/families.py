@@ -249,22 +249,24 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
     """Items for ``codegen.epilogue_params`` in the same order (see ``KernelFamily.plan``)."""
     values = args.epilogue.values
     out: list[Any] = []
+
+    def full(name: str, t: torch.Tensor, batched: bool) -> list[Any]:
+        """A full (M, N) tile source or target: a TMA descriptor, or pointer and strides."""
+        if family == "hopper":
+            return [_descriptor_getter(name, batched, config)]
+        return [_value_getter(name)] + _vec_strides(t, OperandKind.FULL, batched)
+
     for spec in dag.used_operands:
         v = values[spec.name]
         if spec.kind is OperandKind.RUNTIME_SCALAR:
             out.append(_scalar_getter(spec.name))
-        elif spec.kind is OperandKind.FULL and family == "hopper":
-            out.append(_descriptor_getter(spec.name, spec.batched, config))
+        elif spec.kind is OperandKind.FULL:
+            out += full(spec.name, v, spec.batched)
         else:
             out.append(_value_getter(spec.name))
             out += _vec_strides(v, spec.kind, spec.batched)
     for o in full_outputs(dag):
-        t = values[o.name]
-        if family == "hopper":
-            out.append(_descriptor_getter(o.name, o.batched, config))
-        else:
-            out.append(_value_getter(o.name))
-            out += _vec_strides(t, OperandKind.FULL, o.batched)
+        out += full(o.name, values[o.name], o.batched)
     for o in vector_outputs(dag):
         t = values[o.name]
         shape = (1,) * (3 - t.dim()) + tuple(t.shape)
