@@ -145,11 +145,20 @@ class GemmArguments:
         self.out = out if out is not None else d
         self.epilogue = epilogue
         self.dag = epilogue.bind(self.problem)
+        self._optimized: ir.Dag | None = None
         self._check_tensors()
 
     @property
     def problem(self) -> tuple[int, int, int]:
         return (self.L, self.M, self.N)
+
+    @property
+    def optimized_dag(self) -> ir.Dag:
+        """The epilogue DAG after the pass pipeline (computed once): what backends emit."""
+        if self._optimized is None:
+            from .passes import optimize
+            self._optimized = optimize(self.dag)
+        return self._optimized
 
     def _check_tensors(self) -> None:
         dev = self.A.device

@@ -70,7 +70,7 @@ class Kernel:
         plan = self._plans.get(key)
         if plan is None or plan.parsed is not args.epilogue.parsed:
             fn = self.compile(args)  # checks support first
-            dag = self.family.optimized_dag(args)
+            dag = args.optimized_dag
             items, consts, grid, post = self.family.plan(args, dag, self.config, self.target)
             plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed, post)
             if len(self._plans) > 512:

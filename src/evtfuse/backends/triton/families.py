@@ -15,7 +15,6 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, OperandKind, OutputKind
-from ...passes import optimize
 from ...optable import OPS
 from ..triton.codegen import (KernelSpec, check_emittable, full_outputs, reduce_outputs,
                               vector_outputs)
@@ -143,14 +142,6 @@ class KernelFamily:
             return "tf32" if (args.allow_tf32 and target.kind != INTERPRETER) else "ieee"
         return "ieee"
 
-    @staticmethod
-    def optimized_dag(args: GemmArguments) -> Dag:
-        dag = getattr(args, "_optimized_dag", None)
-        if dag is None or dag[0] is not args.dag:
-            dag = (args.dag, optimize(args.dag))
-            args._optimized_dag = dag
-        return dag[1]
-
 
 # ------------------------------------------------------------------ portable
 
@@ -181,7 +172,7 @@ class PortableFamily(KernelFamily):
         return cands
 
     def spec(self, args, config, target):
-        return KernelSpec("portable", self.optimized_dag(args), False, False, False, False, 1,
+        return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
                           target.kind != INTERPRETER)
 
     def plan(self, args, dag, config, target):
@@ -370,7 +361,7 @@ class HopperFamily(KernelFamily):
                                "with cc=90")
         A, B = args.A, args.B
         checks = [(A, "A"), (B, "B")]
-        dag = self.optimized_dag(args)
+        dag = args.optimized_dag
         values = args.epilogue.values
         for spec in dag.used_operands:
             if spec.kind is OperandKind.FULL:
@@ -397,7 +388,7 @@ class HopperFamily(KernelFamily):
                     TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
         elt = args.A.element_size()
         out_bytes = sum(args.epilogue.values[o.name].element_size()
-                        for o in full_outputs(self.optimized_dag(args)))
+                        for o in full_outputs(args.optimized_dag))
         bk = 32 if elt == 4 else 64
         # measured on H100 bf16 (scripts/perf_probe.py, BENCHMARKS.md): 128x256x64 with
         # 3 stages and a 2-way split epilogue wins at 4096^3..8192^3, with or without aux
@@ -443,8 +434,8 @@ class HopperFamily(KernelFamily):
         a_batched = A.dim() == 3 and A.shape[0] > 1
         b_batched = B.dim() == 3 and B.shape[0] > 1
         prefetch = config.prefetch and any(s.kind is OperandKind.FULL
-                                           for s in self.optimized_dag(args).used_operands)
-        return KernelSpec("hopper", self.optimized_dag(args), a_trans, b_trans, a_batched,
+                                           for s in args.optimized_dag.used_operands)
+        return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch)
 
     def plan(self, args, dag, config, target):
