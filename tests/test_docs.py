@@ -231,8 +231,8 @@ def test_errors_md_explains_explain_reasons(monkeypatch):
     text = explain(args)
     assert "bf16 under Triton's CPU interpreter gives wrong results" in text
     assert "bf16 under Triton's CPU interpreter gives wrong results" in ERRORS_MD
-    D = torch.zeros(M, N, dtype=torch.int32)
+    D = torch.empty(M, N, dtype=torch.float8_e4m3fn)
     text = explain(GemmArguments(A, B, D, epilogue=EpilogueArguments(
         "def e(accum): D = accum; return D", D=D)))
-    assert "the kernels store fp16, bf16 and fp32 for now" in text
-    assert "the kernels store fp16, bf16 and fp32 for now" in ERRORS_MD
+    assert "the kernels store fp16, bf16, fp32, int8, uint8 and int32" in text
+    assert "the kernels store fp16, bf16, fp32, int8, uint8 and int32" in ERRORS_MD

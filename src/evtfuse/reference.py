@@ -37,6 +37,8 @@ def evaluate(dag_or_args: Any, accum: torch.Tensor | None = None,
     if isinstance(dag_or_args, GemmArguments):
         args = dag_or_args
         dag = args.dag
+        if not args.A.dtype.is_floating_point:
+            compute_dtype = torch.float64  # integer products: exact up to 2**53
         if accum is None:
             accum = torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
         values = args.epilogue.values
@@ -138,9 +140,19 @@ class _Evaluator:
             if o.name in shapes:
                 v = v.reshape(shapes[o.name])
             if cast and o.dtype is not None:
-                v = v.to(o.dtype)
+                v = _cast(v, o.dtype)
             result[o.name] = v.contiguous()
         return result
+
+
+def _cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round to an output dtype as a kernel stores it: floats by rounding to nearest; integer
+    outputs round half to even and saturate (as CUTLASS's float-to-int converters do)."""
+    if dtype.is_floating_point or dtype == torch.bool:
+        return v.to(dtype)
+    info = torch.iinfo(dtype)
+    hi = 2147483520.0 if dtype == torch.int32 else float(info.max)  # fp32 inside int32
+    return torch.round(v).clamp(float(info.min), hi).to(dtype)
 
 
 __all__ = ["evaluate"]

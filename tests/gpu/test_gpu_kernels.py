@@ -210,3 +210,20 @@ def test_bce_loss_and_determinism():
     f = A.double() @ B.double() + bias.double()
     ref = ((1 - C.double()) * (-f) + torch.log(torch.clamp(torch.sigmoid(f), 1e-3, 0.999))).sum()
     assert abs(l1.item() - ref.item()) <= 1e-4 * abs(ref.item())
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 520, 272)])
+def test_int8(family, mnk):
+    M, N, K = mnk
+    A = torch.randint(-128, 128, (M, K), device=DEV, dtype=torch.int8)
+    B = torch.randint(-128, 128, (N, K), device=DEV, dtype=torch.int8).T  # K-contiguous
+    D = torch.empty(M, N, device=DEV, dtype=torch.int8)
+    Y = torch.empty(M, N, device=DEV, dtype=torch.int32)
+    H = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    src = ("def epi(accum, scale, bias): Y = accum; D = accum * scale + bias; "
+           "H = accum * 0.001; return D, Y, H")
+    args = GemmArguments(A, B, D, torch.int32, EpilogueArguments(
+        src, scale=0.0005, bias=_rand(N) * 3, D=D, Y=Y, H=H))
+    _check(args, family, n_configs=2)
+    assert torch.equal(Y.long().cpu(), A.long().cpu() @ B.long().cpu())

@@ -145,7 +145,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         return _launch(parsed.outputs, plan, shape, A, B, operands_and_outputs, dtypes)
     values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
     epi = EpilogueArguments(epilogue, **values)
-    args = GemmArguments(A, B, values.get("D"), torch.float32, epi, allow_tf32=allow_tf32)
+    acc = torch.float32 if A.dtype.is_floating_point else torch.int32
+    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=allow_tf32)
     kernel = choose_kernel(args, tune=tune, cc=cc)
     plan = kernel.plan(args)
     plan(A, B, values)

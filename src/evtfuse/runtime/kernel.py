@@ -95,8 +95,9 @@ class Kernel:
         values = args.epilogue.values
         stored = [o for o in args.dag.outputs if o.kind is not OutputKind.NONE]
         if poison:
-            for o in stored:
-                values[o.name].fill_(float("nan"))
+            for o in stored:  # NaN; integers: the dtype's minimum (an unlikely result)
+                t = values[o.name]
+                t.fill_(float("nan") if t.dtype.is_floating_point else torch.iinfo(t.dtype).min)
         self.run(args)
         if args.A.device.type == "cuda":
             torch.cuda.synchronize(args.A.device)

@@ -62,6 +62,21 @@ class VerifyResult:
         return "\n".join([head] + ["  " + c.line() for c in self.checks])
 
 
+def _compare_int(name: str, out: torch.Tensor, ref: torch.Tensor, dtype) -> OutputCheck:
+    """Integer outputs: the reference (float64) rounded as the kernel rounds; one unit of
+    difference is allowed where the kernel's fp32 value sits on the other side of a .5."""
+    from ..reference import _cast
+
+    want = _cast(ref.detach().to(torch.float64), dtype).to(torch.int64).reshape(-1).cpu()
+    got = out.detach().to(torch.int64).reshape(-1).cpu()
+    diff = (got - want).abs()
+    bad = int((diff > 1).sum())
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    norm = float(want.double().norm())
+    rel = float(diff.double().norm()) / norm if norm else float(diff.double().norm())
+    return OutputCheck(name, bad == 0, rel, max_abs, bad, 0, 1.0)
+
+
 def tolerance_for(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]:
     base = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
     if tf32:
@@ -72,6 +87,8 @@ def tolerance_for(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]
 def compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
             tf32: bool = False, input_dtype: torch.dtype | None = None) -> OutputCheck:
     """Check ``out`` against ``ref`` (both shaped like the output buffer)."""
+    if not dtype.is_floating_point:
+        return _compare_int(name, out, ref, dtype)
     tol_norm, rtol = tolerance_for(dtype, tf32)
     if input_dtype is not None and input_dtype != torch.float32 and dtype == torch.float32:
         # fp16/bf16 inputs, fp32 output: only accumulation order differs from the reference

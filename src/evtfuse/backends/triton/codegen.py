@@ -47,16 +47,23 @@ class KernelSpec:
     epi_split: int  # sub-tiles along N in the epilogue (hopper)
     cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
     prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
+    int_acc: bool = False  # int8/uint8 inputs accumulated in int32
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
-                         str(int(self.prefetch)), GENERATOR_VERSION])
+                         str(int(self.prefetch)), str(int(self.int_acc)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "10"
+GENERATOR_VERSION = "11"
+
+
+# integer output dtypes and the fp32 range they saturate to (int32: the largest fp32 values
+# inside the int32 range)
+INT_OUTPUTS = {torch.int8: (-128.0, 127.0), torch.uint8: (0.0, 255.0),
+               torch.int32: (-2147483648.0, 2147483520.0)}
 
 
 def uname(name: str) -> str:
@@ -179,7 +186,7 @@ class _Epilogue:
 
     def _expr(self, n: Node, env: dict[int, str], sub) -> str:
         if n.kind is NodeKind.ACCUM:
-            return sub.acc
+            return f"{sub.acc}.to(tl.float32)" if self.spec.int_acc else sub.acc
         if n.kind is NodeKind.CONST:
             return _lit(n.value)
         if n.kind is NodeKind.INDEX:
@@ -235,6 +242,12 @@ class _Epilogue:
             v = self._arg(o.node, env, True)
             if o.node.space is not Space.FULL:
                 v = f"({v} + tl.zeros(({sub.bm}, {sub.bn}), tl.float32))"
+            if o.dtype in INT_OUTPUTS:
+                if self.spec.int_acc and o.node.kind is NodeKind.ACCUM and o.dtype == torch.int32:
+                    v = sub.acc  # the exact int32 accumulator
+                else:  # round half to even, saturate, as CUTLASS's float-to-int converters
+                    lo, hi = INT_OUTPUTS[o.dtype]
+                    v = f"_ef_round_sat({v}, {lo}, {hi})"
             lines.append(indent + sub.store_full(uname(o.name), v, o.batched))
         for o in vector_outputs(self.dag):
             lines += self._store_vector(o, env, sub, indent)
@@ -388,6 +401,10 @@ class _HopperTile:
         return f"{u}_desc.store([off_m_c, {self.off_n}], ({value}).to({u}_desc.dtype))"
 
 
+def _acc_type(spec: KernelSpec) -> str:
+    return "tl.int32" if spec.int_acc else "tl.float32"
+
+
 def _portable_source(spec: KernelSpec) -> str:
     epi = _Epilogue(spec)
     params = ", ".join(["A", "B", "M", "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
@@ -413,12 +430,12 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I1}rk = tl.arange(0, BLOCK_K)",
         f"{I1}a_ptrs = A + bid64 * sa_l + rm[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
         f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + rn[None, :].to(tl.int64) * sb_n",
-        f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
         f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
         f"{I2}k_left = K - k * BLOCK_K",
         f"{I2}a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < k_left), other=0.0)",
         f"{I2}b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < N), other=0.0)",
-        f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)",
+        f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype={_acc_type(spec)})",
         f"{I2}a_ptrs += BLOCK_K * sa_k",
         f"{I2}b_ptrs += BLOCK_K * sb_k",
         f"{I1}mask = (rm[:, None] < M) & (rn[None, :] < N)",
@@ -505,7 +522,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I2}bid, pid_m, pid_n = _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)",
         f"{I2}off_m = pid_m * BLOCK_M",
         f"{I2}off_n = pid_n * BLOCK_N",
-        f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
     ]
     if spec.prefetch:
         # aux tiles requested before the mainloop, so that their latency hides behind it
@@ -523,7 +540,8 @@ def _hopper_source(spec: KernelSpec) -> str:
     lines += [
         f"{I2}for ki in range(k_tiles):",
         f"{I3}off_k = ki * BLOCK_K",
-        f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION)",
+        f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION, "
+        f"out_dtype={_acc_type(spec)})",
         # the epilogue recomputes its tile's coordinates: with a flattened loop the
         # mainloop of the next tile may already have started
         f"{I2}tile_c += NUM_SMS",
@@ -574,6 +592,8 @@ def check_emittable(dag: Dag) -> str | None:
     for o in dag.outputs:
         if o.node.kind is NodeKind.REDUCE:
             continue  # written by the launch plan's combine step, any float dtype
-        if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16 and fp32 for now"
+        if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32) \
+                and o.dtype not in INT_OUTPUTS:
+            return (f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16, fp32, "
+                    "int8, uint8 and int32 (fp8 outputs are not implemented yet)")
     return None

@@ -23,6 +23,7 @@ INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
 SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scratch need room
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,17 @@ class KernelFamily:
     # ---- shared checks
     @staticmethod
     def _common(args: GemmArguments, target: Target) -> Status:
-        if args.A.dtype not in _FLOAT_DTYPES:
-            return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16 "
-                               "and fp32 inputs (int8 and fp8 are not implemented yet)")
-        if args.accumulator_type != torch.float32:
-            return Status.fail(f"accumulator_type {args.accumulator_type}: only torch.float32 "
-                               "accumulation is implemented")
+        if args.A.dtype in _INT_DTYPES:
+            if args.accumulator_type != torch.int32:
+                return Status.fail(f"A and B are {args.A.dtype}: pass accumulator_type="
+                                   "torch.int32 (8-bit integers accumulate in int32)")
+        elif args.A.dtype not in _FLOAT_DTYPES:
+            return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16, "
+                               "fp32 and int8 inputs (uint8: Triton's dot has no unsigned "
+                               "8-bit form; fp8 is not implemented yet)")
+        elif args.accumulator_type != torch.float32:
+            return Status.fail(f"accumulator_type {args.accumulator_type}: float inputs "
+                               "accumulate in torch.float32")
         if target.kind == INTERPRETER and args.A.dtype == torch.bfloat16:
             return Status.fail("bf16 under Triton's CPU interpreter gives wrong results; use "
                                "fp16/fp32 on the CPU, bf16 on a GPU")
@@ -158,7 +164,7 @@ class PortableFamily(KernelFamily):
             mid = TileConfig(32, 32, 32, group_m=4, num_warps=1, num_stages=1)
             return [mid, small]
         elt = args.A.element_size()
-        bk = 32 if elt == 4 else 64
+        bk = {4: 32, 2: 64, 1: 128}[elt]
         cands = [
             TileConfig(128, 128, bk, 8, 8, 3),
             TileConfig(128, 64, bk, 8, 4, 4),
@@ -173,7 +179,7 @@ class PortableFamily(KernelFamily):
 
     def spec(self, args, config, target):
         return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
-                          target.kind != INTERPRETER)
+                          target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES)
 
     def plan(self, args, dag, config, target):
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
@@ -380,6 +386,10 @@ class HopperFamily(KernelFamily):
             return Status.fail("A is neither row- nor column-major")
         if B.stride(-1) != 1 and B.stride(-2) != 1:
             return Status.fail("B is neither row- nor column-major")
+        if A.element_size() == 1 and (A.stride(-1) != 1 or (B.stride(-2) != 1 and B.shape[-1] > 1)):
+            return Status.fail("8-bit inputs on the tensor cores (wgmma) need A row-major and B "
+                               "column-major (both K-contiguous); the portable family takes "
+                               "other layouts")
         return Status.success()
 
     def configs(self, args, target):
@@ -389,7 +399,7 @@ class HopperFamily(KernelFamily):
         elt = args.A.element_size()
         out_bytes = sum(args.epilogue.values[o.name].element_size()
                         for o in full_outputs(args.optimized_dag))
-        bk = 32 if elt == 4 else 64
+        bk = {4: 32, 2: 64, 1: 128}[elt]
         # measured on H100 bf16 (scripts/perf_probe.py, BENCHMARKS.md): 128x256x64 with
         # 3 stages and a 2-way split epilogue wins at 4096^3..8192^3, with or without aux
         # loads; aux prefetch into registers and 2 CTAs/SM were slower everywhere
@@ -436,7 +446,8 @@ class HopperFamily(KernelFamily):
         prefetch = config.prefetch and any(s.kind is OperandKind.FULL
                                            for s in args.optimized_dag.used_operands)
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
-                          b_batched, config.epi_split, target.kind != INTERPRETER, prefetch)
+                          b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
+                          int_acc=args.A.dtype in _INT_DTYPES)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

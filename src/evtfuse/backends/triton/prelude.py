@@ -92,6 +92,16 @@ def _ef_lse_reduce(m, s):
     safe = tl.where(mm == float('-inf'), 0.0, mm)
     return mm, tl.sum(s * tl.exp(m - safe), axis=0)
 ''',
+    "_ef_round_sat": '''
+@triton.jit
+def _ef_round_sat(x, lo, hi):
+    # round half to even, then saturate to [lo, hi] (exact for every finite fp32)
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+    return tl.minimum(tl.maximum(r, lo), hi)
+''',
     "_ef_powf": '''
 @triton.jit
 def _ef_powf(x, c):
