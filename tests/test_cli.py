@@ -445,3 +445,11 @@ def test_run_and_show_on_a_gpu():
         res.output
     res = invoke("show", "def e(accum, C): D = accum + C; return D", "--mnkl", "1024,1024,1024,1")
     assert res.exit_code == 0 and "@triton.jit" in res.output, res.output
+
+
+def test_verify_command_is_run_with_verification():
+    res = invoke("verify", "-e", "def epi(accum, C, alpha): D = alpha * accum + C; return D",
+                 "--mnkl", "40,32,16,1", "--alpha", "-2.0")
+    assert res.exit_code == 0, res.output
+    assert "verify:   PASSED" in res.output and "ok   D:" in res.output
+    assert "time:" not in res.output

@@ -843,6 +843,13 @@ def profile(ctx: typer.Context):
                 typer.echo(f"  {label:34s} {value} {unit}".rstrip())
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify(ctx: typer.Context):
+    """Check the fused kernel of an epilogue against the reference evaluator: `evtfuse run`
+    with --verify and no timing (same options). Exit status 1 when an output differs."""
+    main(["run", *ctx.args, "--verify", "--iterations", "0", "--no-eager"])
+
+
 # ============================================================================ bench / cache
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
