@@ -69,7 +69,6 @@ def _dims3(t: torch.Tensor) -> tuple[int, int, int]:
 
 def _vec_strides(t: torch.Tensor, kind: OperandKind, batched: bool) -> list[int]:
     """Strides of a scalar/vector operand right-aligned with (L, M, N)."""
-    shape = (1,) * (3 - t.dim()) + tuple(t.shape)
     strides = (0,) * (3 - t.dim()) + tuple(t.stride())
     sl = strides[0] if batched else 0
     if kind is OperandKind.DEVICE_SCALAR:
