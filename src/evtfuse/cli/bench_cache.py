@@ -1,0 +1,72 @@
+"""``evtfuse bench`` (hands its arguments to ``evtfuse.bench.main``) and ``evtfuse cache list | clear``.
+
+Layer: cli. Both reach optional parts of evtfuse and say so (exit status 4) when they are
+missing.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from .base import EXIT_MISSING, CliError, _fail
+
+
+def bench(ctx: typer.Context):
+    """Benchmarks (evtfuse.bench): every argument is passed on to evtfuse.bench.main.
+    Use `evtfuse bench -- --help` for the benchmark's own options."""
+    import importlib
+
+    try:
+        module = importlib.import_module("evtfuse.bench")
+    except ImportError as exc:
+        if getattr(exc, "name", None) != "evtfuse.bench":
+            typer.echo(f"error: the benchmark module evtfuse.bench cannot be imported ({exc}); "
+                       "`pip install -e .[bench]` installs what it needs", err=True)
+            raise typer.Exit(EXIT_MISSING) from None
+        module = None
+    entry = getattr(module, "main", None)
+    if entry is None:
+        typer.echo("error: the benchmark module evtfuse.bench (with a main(argv) function) is not "
+                   "available in this installation of evtfuse", err=True)
+        raise typer.Exit(EXIT_MISSING)
+    try:
+        code = entry(list(ctx.args))
+    except SystemExit as exc:  # argparse --help and errors
+        code = exc.code
+    raise typer.Exit(int(code or 0) if not isinstance(code, str) else 1)
+
+
+def _cache_module():
+    try:
+        from ..runtime import cache
+    except ImportError as exc:
+        raise CliError(f"the kernel cache is not available ({exc})", EXIT_MISSING) from None
+    return cache
+
+
+def cache_list():
+    """List the cached tuning choices (the folder is EVTFUSE_CACHE_DIR or ~/.cache/evtfuse)."""
+    try:
+        cache = _cache_module()
+    except CliError as exc:
+        _fail(exc)
+    entries = cache.list_entries()
+    typer.echo(f"cache: {cache.cache_dir()}")
+    if not entries:
+        typer.echo("no entries")
+        return
+    for e in entries:
+        head = e.get("kernel", "?")
+        rest = ", ".join(f"{k}={v}" for k, v in sorted(e.items()) if k not in ("kernel", "file"))
+        typer.echo(f"  {head}  {rest}".rstrip())
+    typer.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+
+
+def cache_clear():
+    """Remove every evtfuse cache entry (generated kernels and tuning choices)."""
+    try:
+        cache = _cache_module()
+    except CliError as exc:
+        _fail(exc)
+    n = cache.clear()
+    typer.echo(f"removed {n} file{'s' if n != 1 else ''} from {cache.cache_dir().parent}")

@@ -1,0 +1,160 @@
+"""``evtfuse run``, ``show`` and ``verify``: one epilogue, operands made from its flags.
+
+Layer: cli. The options ``run``, ``show`` and ``profile`` share are defined here once.
+``choose_kernel`` and ``main`` are looked up on the ``evtfuse.cli`` package at call time, so
+that replacing them there (as the tests do) takes effect here too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .. import cli
+from .base import EXIT_VERIFY, CliError, _fail, _user_errors
+from .device import Device, pick_device
+from .problem import BuiltProblem, ProblemSpec, build_problem, problem_spec_from_flags, short_dtype
+from .report import eager_of, format_report, run_and_report
+from .sources import resolve_epilogue, resolve_positional
+
+
+# the options run, show and profile share
+EpilogueOpt = Annotated[Optional[str], typer.Option(
+    "--epilogue", "-e", help='epilogue source, e.g. "def epi(accum, C, alpha): D = alpha * accum '
+                             '+ C; return D"')]
+EpilogueFileOpt = Annotated[Optional[str], typer.Option(
+    "--epilogue-file", "-f", help="path.py:fn (parsed with ast, never imported)")]
+MnklOpt = Annotated[Optional[str], typer.Option(
+    help="M,N,K,L (default 4096,4096,4096,1 on a GPU, 128,96,64,1 on the CPU)")]
+AbOpt = Annotated[Optional[str], typer.Option("--ab-dtype", help="A and B (default bf16 GPU, f16 CPU)")]
+COpt = Annotated[Optional[str], typer.Option("--c-dtype", help="full-tensor operands (default: ab)")]
+DOpt = Annotated[Optional[str], typer.Option("--d-dtype", help="full outputs (default: c)")]
+AccOpt = Annotated[str, typer.Option("--acc-dtype", help="accumulator")]
+AMajorOpt = Annotated[str, typer.Option("--a-major", help="k: A row-major (M,K); m: column-major")]
+BMajorOpt = Annotated[str, typer.Option("--b-major", help="n: B row-major (K,N); k: column-major")]
+ScalarOpt = Annotated[Optional[list[str]], typer.Option(
+    "--scalar", "-s", help="NAME=VALUE: a runtime scalar (repeatable)")]
+AlphaOpt = Annotated[Optional[float], typer.Option(help="shortcut for --scalar alpha=VALUE")]
+BetaOpt = Annotated[Optional[float], typer.Option(help="shortcut for --scalar beta=VALUE")]
+OperandOpt = Annotated[Optional[list[str]], typer.Option(
+    "--operand", help="NAME=KIND[:DTYPE], KIND one of full, row (M,1), col (N,), scalar (0-d), "
+                      "batch-scalar (L,1,1). Default: full, but alpha/beta are runtime scalars and "
+                      "bias is col")]
+OutputOpt = Annotated[Optional[list[str]], typer.Option(
+    "--output", help="NAME=KIND[:DTYPE], KIND one of full, row, col, scalar (reductions), none")]
+SeedOpt = Annotated[int, typer.Option(help="random seed of the operands")]
+Tf32Opt = Annotated[bool, typer.Option("--tf32", help="let fp32 inputs use TF32")]
+KernelOpt = Annotated[Optional[str], typer.Option("--kernel", help="use the first kernel whose name "
+                                                                   "contains this")]
+
+
+def _spec(device, mnkl, ab_dtype, c_dtype, d_dtype, acc_dtype, a_major, b_major, scalar, alpha,
+          beta, operand, output, seed, tf32) -> ProblemSpec:
+    return problem_spec_from_flags(mnkl=mnkl, ab_dtype=ab_dtype, c_dtype=c_dtype, d_dtype=d_dtype,
+                                   acc_dtype=acc_dtype, a_major=a_major, b_major=b_major,
+                                   scalar=scalar or [], alpha=alpha, beta=beta,
+                                   operand=operand or [], output=output or [], seed=seed,
+                                   tf32=tf32, device=device)
+
+
+def _describe(spec: ProblemSpec, where: str, built: BuiltProblem, device: Device) -> list[str]:
+    lines = [f"device:   {device.description}",
+             f"epilogue: {where}",
+             f"problem:  M={spec.M} N={spec.N} K={spec.K} L={spec.L}, A {short_dtype(spec.ab_dtype)} "
+             f"{spec.a_major}-major, B {short_dtype(spec.ab_dtype)} {spec.b_major}-major, "
+             f"accumulator {short_dtype(spec.acc_dtype)}"]
+    lines += ["  " + t for t in built.table]
+    return lines
+
+
+def run(
+    epilogue: EpilogueOpt = None, epilogue_file: EpilogueFileOpt = None, mnkl: MnklOpt = None,
+    ab_dtype: AbOpt = None, c_dtype: COpt = None, d_dtype: DOpt = None, acc_dtype: AccOpt = "f32",
+    a_major: AMajorOpt = "k", b_major: BMajorOpt = "n", scalar: ScalarOpt = None,
+    alpha: AlphaOpt = None, beta: BetaOpt = None, operand: OperandOpt = None,
+    output: OutputOpt = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify/--no-verify", help="compare every output with evtfuse.reference")] = False,
+    iterations: Annotated[Optional[int], typer.Option(
+        help="timed runs (default 20 GPU, 1 CPU); 0: no timing")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="untimed runs first")] = None,
+    eager: Annotated[bool, typer.Option(
+        "--eager/--no-eager", help="also time unfused PyTorch")] = True,
+    kernel: KernelOpt = None, seed: SeedOpt = 0, tf32: Tf32Opt = False,
+    tune: Annotated[str, typer.Option(help="fast | exhaustive | none: autotune the kernel "
+                                           "choice (kept in the cache) or take the first")] = "fast",
+):
+    """Run one epilogue fused into a GEMM: operands are made from its parameters and the flags.
+
+    Example: evtfuse run -e "def epi(accum, C, alpha): D = alpha * accum + C; return D"
+    --mnkl 4096,4096,4096,1 --ab-dtype bf16 --alpha 1.5 --verify
+    """
+    try:
+        device = pick_device()
+        source, where = resolve_epilogue(epilogue, epilogue_file)
+        spec = _spec(device, mnkl, ab_dtype, c_dtype, d_dtype, acc_dtype, a_major, b_major, scalar,
+                     alpha, beta, operand, output, seed, tf32)
+        built = build_problem(source, spec, device)
+        for line in _describe(spec, where, built, device):
+            typer.echo(line)
+        k = cli.choose_kernel(built.args, kernel, tune)
+        iters = iterations if iterations is not None else (1 if device.interpreter else 20)
+        warm = warmup if warmup is not None else (0 if device.interpreter else 5)
+        rep = run_and_report(built.args, k, device, eager=eager_of(built.args) if eager else None,
+                             verify=verify, iterations=iters, warmup=warm)
+        for line in format_report(rep, spec.flops, device):
+            typer.echo(line)
+        if rep.ok is False:
+            raise typer.Exit(EXIT_VERIFY)
+    except CliError as exc:
+        _fail(exc)
+    except _user_errors() as exc:
+        _fail(CliError(str(exc)))
+
+
+def show(
+    target: Annotated[str, typer.Argument(help='path.py:fn, or the epilogue source as a string')],
+    mnkl: MnklOpt = None, ab_dtype: AbOpt = None, c_dtype: COpt = None, d_dtype: DOpt = None,
+    acc_dtype: AccOpt = "f32", a_major: AMajorOpt = "k", b_major: BMajorOpt = "n",
+    scalar: ScalarOpt = None, alpha: AlphaOpt = None, beta: BetaOpt = None,
+    operand: OperandOpt = None, output: OutputOpt = None, kernel: KernelOpt = None,
+    source_code: Annotated[bool, typer.Option("--source/--no-source",
+                                              help="print the generated kernel")] = True,
+):
+    """Print the epilogue's DAG, its EVT view (as CUTLASS would nest it) and the generated
+    Triton kernel for a given shape and dtypes."""
+    from .. import ir
+    from ..passes import optimize
+
+    try:
+        device = pick_device()
+        source, where = resolve_positional(target)
+        spec = _spec(device, mnkl, ab_dtype, c_dtype, d_dtype, acc_dtype, a_major, b_major, scalar,
+                     alpha, beta, operand, output, 0, False)
+        built = build_problem(source, spec, device)
+        for line in _describe(spec, where, built, device):
+            typer.echo(line)
+        dag = built.args.dag
+        typer.echo("\n== DAG ==")
+        typer.echo(ir.format_dag(dag))
+        opt = optimize(dag)
+        if ir.format_dag(opt) != ir.format_dag(dag):
+            typer.echo("\n== DAG after the passes ==")
+            typer.echo(ir.format_dag(opt))
+        typer.echo("\n== EVT ==")
+        typer.echo(ir.format_evt(opt))
+        if source_code:
+            k = cli.choose_kernel(built.args, kernel)
+            typer.echo(f"\n== kernel {k.name} ==")
+            typer.echo(k.source(built.args))
+    except CliError as exc:
+        _fail(exc)
+    except _user_errors() as exc:
+        _fail(CliError(str(exc)))
+
+
+def verify(ctx: typer.Context):
+    """Check the fused kernel of an epilogue against the reference evaluator: `evtfuse run`
+    with --verify and no timing (same options). Exit status 1 when an output differs."""
+    cli.main(["run", *ctx.args, "--verify", "--iterations", "0", "--no-eager"])
