@@ -79,12 +79,18 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
 _parsed_cache: dict[Any, Any] = {}
 
 
+def _output_shape(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
+    """Shape of an output gemm allocates: (M, N), or (L, M, N) when A or B is batched."""
+    M, N = A.shape[-2], B.shape[-1]
+    if A.dim() == 3 or B.dim() == 3:
+        return (max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1), M, N)
+    return (M, N)
+
+
 def _allocate_outputs(parsed, A: torch.Tensor, B: torch.Tensor, given: dict[str, Any],
                       dtypes: dict[str, torch.dtype]) -> dict[str, Any]:
     """Missing outputs are full (L, M, N) tensors in A's dtype (or ``<name>_dtype``)."""
-    L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
-    M, N = A.shape[-2], B.shape[-1]
-    shape = (L, M, N) if (A.dim() == 3 or B.dim() == 3) else (M, N)
+    shape = _output_shape(A, B)
     out = dict(given)
     for name in parsed.outputs:
         if name not in out:
@@ -152,7 +158,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     plan(A, B, values)
     if len(_fast) > 1024:
         _fast.clear()
-    shape = (args.L, args.M, args.N) if (A.dim() == 3 or B.dim() == 3) else (args.M, args.N)
+    shape = _output_shape(A, B)
     _fast[fast_key] = (parsed, plan, shape)
     results = tuple(values[n] for n in parsed.outputs)
     return results[0] if len(results) == 1 else results

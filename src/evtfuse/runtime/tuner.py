@@ -21,6 +21,7 @@ from ..errors import UnsupportedError
 from ..ir import signature
 from . import cache
 from .device import device_name
+from .kernel import tensor_key
 
 log = logging.getLogger("evtfuse")
 
@@ -28,21 +29,13 @@ FAST_CANDIDATES = 6
 _memory: dict[str, object] = {}
 
 
-def _layout(t: torch.Tensor) -> str:
-    if t.dim() < 2:
-        order = "v"
-    else:
-        order = "r" if t.stride(-1) == 1 else ("c" if t.stride(-2) == 1 else "s")
-    aligned = "a" if (t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
-                                                      for s in t.stride()[:-1] if s != 1)) else "u"
-    return f"{tuple(t.shape)}{order}{aligned}{t.dtype}"
-
-
 def tuning_key(args: GemmArguments, tune: str, cc) -> str:
     values = args.epilogue.values
-    tensors = sorted((k, _layout(v)) for k, v in values.items() if isinstance(v, torch.Tensor))
+    # what a kernel's support and speed depend on in each tensor: the launch plans' key
+    tensors = sorted((k, str(tensor_key(v))) for k, v in values.items()
+                     if isinstance(v, torch.Tensor))
     return cache.make_key(signature(args.dag), args.L, args.M, args.N, args.K,
-                          _layout(args.A), _layout(args.B), tensors, args.allow_tf32,
+                          str(tensor_key(args.A)), str(tensor_key(args.B)), tensors, args.allow_tf32,
                           device_name(args.A.device), cc, tune)
 
 

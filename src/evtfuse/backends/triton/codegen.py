@@ -299,10 +299,8 @@ class _Epilogue:
             return lines
         # per-row and whole-output partials combine across the tile's sub-tiles first
         if lse:
-            if o.kind is OutputKind.ROW:
-                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
-            else:
-                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+            lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+            if o.kind is OutputKind.SCALAR:
                 lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pm_{u}, ps_{u})")
             if first:
                 lines.append(f"{indent}{acc_name}, {acc_name}_s = pm_{u}, ps_{u}")
