@@ -248,7 +248,7 @@ def test_every_row_is_covered():
     """A new row must come with its own check here (not only the generic table reading)."""
     covered = (set(_exact_cases()) | set(TRANSCENDENTAL) |
                {"pow", "leaky_relu", "clamp", "lt", "le", "gt", "ge", "eq", "ne", "where",
-                "multiply_add"})
+                "multiply_add"} | {"cast"})  # cast: tests/test_cast.py
     assert covered == set(OPS) - REDUCTIONS
 
 
@@ -302,8 +302,9 @@ def test_ops_function_equals_table(name):
         assert fn(x, dim=0, keepdim=True).shape == (1, SHAPE[1])
         return
     inputs = _ops_inputs(name)
-    got = fn(*inputs)
-    want = torch_apply(row, inputs, dict(row.params))
+    required = {"cast": {"dtype": "bf16"}}.get(name, {})  # a Choice has no default
+    got = fn(*inputs, **required)
+    want = torch_apply(row, inputs, {**row.defaults, **required})
     assert torch.equal(got, want), name
 
 

@@ -27,7 +27,8 @@ import torch
 from . import ir
 from .errors import EpilogueError
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
-from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS, UNARY_OPERATORS, Category
+from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS, UNARY_OPERATORS,
+                      Category, OpDef, ParamValue)
 
 # ----------------------------------------------------------------------------- syntax
 
@@ -42,7 +43,7 @@ class Expr:
     value: float | None = None  # for "const"
     op: str | None = None  # for "call" (op-table row) and "index" ("row"/"col")
     args: tuple["Expr", ...] = ()
-    params: tuple[tuple[str, float], ...] = ()
+    params: tuple[tuple[str, ParamValue], ...] = ()  # for "call": all, in the row's order
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ class _Parser:
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(f"*args is not supported in a call of {fname}", node, target)
         pnames = [p for p, _ in row.params]
-        params = dict(row.params)
+        params: dict[str, ParamValue] = row.defaults
         args = list(node.args)
         tensors, extra = args[: row.arity], args[row.arity:]
         if len(tensors) < row.arity or len(extra) > len(pnames):
@@ -259,14 +260,35 @@ class _Parser:
             raise self.error(f"{fname}() takes {span} positional argument(s), got {len(args)} "
                              f"(in the value of '{target}')", node, target)
         for pname, a in zip(pnames, extra):
-            params[pname] = self.literal(a, f"{fname}() parameter '{pname}'", target)
+            params[pname] = self.param(row, pname, a, target)
         for kw in node.keywords:
-            if kw.arg is None or kw.arg not in params:
+            if kw.arg is None or kw.arg not in pnames:
                 raise self.error(f"{fname}() got an unexpected keyword argument '{kw.arg}'",
                                  node, target)
-            params[kw.arg] = self.literal(kw.value, f"{fname}() parameter '{kw.arg}'", target)
+            params[kw.arg] = self.param(row, kw.arg, kw.value, target)
+        for pname in row.required:
+            if pname not in params:
+                raise self.error(row.param_error(pname), node, target)
         parsed = tuple(self.parse_expr(a, target) for a in tensors)
-        return Expr("call", line, op=fname, args=parsed, params=tuple(params.items()))
+        return Expr("call", line, op=fname, args=parsed,
+                    params=tuple((p, params[p]) for p in pnames))
+
+    def param(self, row: OpDef, pname: str, node: ast.expr, target: str) -> ParamValue:
+        """A parameter's value: a numeric literal, or for a Choice one of its names as a
+        string (``"fp16"``) or as a torch dtype attribute (``torch.float16``)."""
+        choice = row.choice(pname)
+        if choice is None:
+            return self.literal(node, f"{row.name}() parameter '{pname}'", target)
+        spelling, got = None, ast.unparse(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            spelling, got = node.value, f'"{node.value}"'
+        elif isinstance(node, ast.Attribute) and isinstance(getattr(torch, node.attr, None),
+                                                            torch.dtype):
+            spelling = node.attr  # the name only: nothing of the user's is evaluated
+        name = None if spelling is None else choice.canonical(spelling)
+        if name is None:
+            raise self.error(row.param_error(pname, got), node, target)
+        return name
 
     def literal(self, node: ast.expr, what: str, target: str) -> float:
         e = self.parse_expr(node, target)

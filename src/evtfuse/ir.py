@@ -16,7 +16,7 @@ from typing import Iterable
 
 import torch
 
-from .optable import OPS, Category, OpDef
+from .optable import OPS, Category, OpDef, ParamValue
 
 
 class NodeKind(Enum):
@@ -100,7 +100,7 @@ class Node:
     kind: NodeKind
     inputs: tuple["Node", ...] = ()
     op: str | None = None  # op-table row for COMPUTE/REDUCE; "row"/"col" for INDEX
-    params: tuple[tuple[str, float], ...] = ()
+    params: tuple[tuple[str, ParamValue], ...] = ()  # a row's parameters, in its order
     value: float | None = None  # CONST
     operand: OperandSpec | None = None  # LOAD
     space: Space = Space.FULL
@@ -115,7 +115,7 @@ class Node:
         return OPS[self.op]
 
     @property
-    def param_dict(self) -> dict[str, float]:
+    def param_dict(self) -> dict[str, ParamValue]:
         return dict(self.params)
 
     def short(self) -> str:
@@ -230,7 +230,7 @@ def index_node(axis: str, line: int | None = None) -> Node:
     return Node(NodeKind.INDEX, op=axis, space=space, line=line)
 
 
-def compute_node(op: str, inputs: Iterable[Node], params: Iterable[tuple[str, float]] = (),
+def compute_node(op: str, inputs: Iterable[Node], params: Iterable[tuple[str, ParamValue]] = (),
                  var: str | None = None, line: int | None = None) -> Node:
     """A compute node with its space, batching and dtype inferred from its inputs."""
     inputs = tuple(inputs)
@@ -320,7 +320,8 @@ def signature(dag: Dag) -> str:
         elif n.kind is NodeKind.CONST:
             desc = f"const {float(n.value).hex()}"
         elif n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
-            ps = ",".join(f"{k}={float(v).hex()}" for k, v in n.params)
+            ps = ",".join(f"{k}={v if isinstance(v, str) else float(v).hex()}"
+                          for k, v in n.params)
             desc = f"{n.kind.value} {n.op}({','.join(names[id(i)] for i in n.inputs)};{ps})"
         else:
             desc = f"{n.kind.value} {n.op or ''}"

@@ -96,7 +96,9 @@ def _activation_call(activation: str, x: str, params: Mapping[str, float]) -> tu
             raise EpilogueError(f"{activation}() has no parameter '{k}'"
                                 + (f"; it has {', '.join(allowed)}" if allowed else ""),
                                 variable=k)
-    extra = "".join(f", {k}={float(v)!r}" for k, v in params.items())
+    # a Choice (cast's dtype) as written, "fp16" or torch.float16: the frontend checks it
+    extra = "".join(f", {k}={v!r}" if row.choice(k) else f", {k}={float(v)!r}"
+                    for k, v in params.items())
     return f"{activation}({x}{extra})", ()
 
 

@@ -8,6 +8,8 @@ frontend recognises these names by the AST; it never calls these functions.
 Reductions in plain torch: ``sum``/``max``/``min`` reduce over every element unless
 ``dim`` is given (in a fused epilogue the output's shape picks the axes); ``max(a, b)`` and
 ``min(a, b)`` with two values are elementwise, as in an epilogue (``dim`` is keyword-only).
+Parameters are numbers, or a name from a fixed set: ``cast(x, "fp16")`` (also
+``cast(x, torch.float16)``) rounds x as a kernel would and keeps x's dtype.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import builtins
 
 import torch
 
-from .optable import CALLABLE, Category, OpDef, torch_apply
+from .optable import CALLABLE, Category, OpDef, ParamValue, torch_apply
 
 __all__ = sorted(CALLABLE)
 
@@ -25,22 +27,37 @@ def _as_tensor(x):
     return x if isinstance(x, torch.Tensor) else torch.tensor(float(x))
 
 
+def _param(op: OpDef, name: str, value) -> ParamValue:
+    """A number, or for a Choice one of its names (``"fp16"``, ``"half"``, ``torch.float16``)."""
+    choice = op.choice(name)
+    if choice is None:
+        return float(value)
+    spelling = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+    canonical = choice.canonical(spelling) if isinstance(spelling, str) else None
+    if canonical is None:
+        got = f'"{value}"' if isinstance(value, str) else repr(value)
+        raise ValueError(op.param_error(name, got))
+    return canonical
+
+
 def _make(op: OpDef):
     param_names = [p for p, _ in op.params]
-    defaults = dict(op.params)
 
     def fn(*args, **kwargs):
         tensors = list(args[: op.arity])
         extra = list(args[op.arity:])
         if len(tensors) != op.arity:
             raise TypeError(f"{op.name}() takes {op.arity} tensor argument(s), got {len(tensors)}")
-        params = dict(defaults)
+        params: dict[str, ParamValue] = op.defaults
         for name, value in zip(param_names, extra):
-            params[name] = float(value)
+            params[name] = _param(op, name, value)
         for name, value in kwargs.items():
-            if name not in defaults:
+            if name not in param_names:
                 raise TypeError(f"{op.name}() got an unexpected keyword argument '{name}'")
-            params[name] = float(value)
+            params[name] = _param(op, name, value)
+        for name in op.required:
+            if name not in params:
+                raise TypeError(op.param_error(name))
         return torch_apply(op, [_as_tensor(t) for t in tensors], params)
 
     fn.__name__ = op.name

@@ -8,13 +8,18 @@ Adding an op is adding one row here; nothing else needs to change.
 Invariant: ``torch_fn`` receives fp32 (or bool) tensors and returns a tensor; a Triton
 spelling is a format string over the argument expressions ``{0}``, ``{1}``... and the
 parameters ``{slope}`` etc., or a callable ``(args, params) -> str`` for ops whose code
-depends on a constant (``pow``). Spellings may call the helpers of
+depends on a constant (``pow``, ``cast``). Spellings may call the helpers of
 ``evtfuse.backends.triton.prelude`` (prefixed ``_ef_``); ``triton_cuda`` is an optional
 faster spelling used on a real GPU (the CPU interpreter has no libdevice).
+
+A parameter is a number with a default, or a ``Choice``: a required name from a fixed
+set (``cast``'s dtype, one of ``CAST_TARGETS``). ``round_to`` is the one reading of how a
+kernel rounds a value to a dtype: the reference's output stores and ``cast`` both use it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -23,6 +28,7 @@ from typing import Callable, Mapping, Union
 import torch
 
 TritonSpelling = Union[str, Callable[[list, dict], str]]
+ParamValue = Union[float, str]  # a number, or a Choice's canonical name
 
 
 class Category(Enum):
@@ -34,13 +40,31 @@ class Category(Enum):
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A required parameter naming one of a fixed set: the canonical names in order, each
+    with the other spellings it accepts (``cast``'s dtype: ``"fp16"``, also ``"half"``)."""
+
+    names: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def canonical(self, spelling: str) -> str | None:
+        for name, aliases in self.names:
+            if spelling == name or spelling in aliases:
+                return name
+        return None
+
+    def listing(self) -> str:
+        return ", ".join(f'"{name}"' for name, _ in self.names)
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     arity: int
     torch_fn: Callable[..., torch.Tensor]
     triton: TritonSpelling
     category: Category = Category.ELEMENTWISE
-    params: tuple[tuple[str, float], ...] = ()  # constant keyword parameters and defaults
+    # constant keyword parameters: a float default, or a Choice (a required name)
+    params: tuple[tuple[str, float | Choice], ...] = ()
     commutative: bool = False
     triton_cuda: TritonSpelling | None = None
     doc: str = ""
@@ -51,12 +75,34 @@ class OpDef:
     def result_is_bool(self) -> bool:
         return self.category is Category.COMPARE
 
-    def spell(self, args: list[str], params: Mapping[str, float], cuda: bool = False) -> str:
+    @property
+    def defaults(self) -> dict[str, float]:
+        """The numeric parameters and their defaults (a Choice has no default)."""
+        return {k: v for k, v in self.params if not isinstance(v, Choice)}
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(k for k, v in self.params if isinstance(v, Choice))
+
+    def choice(self, param: str) -> Choice | None:
+        v = dict(self.params).get(param)
+        return v if isinstance(v, Choice) else None
+
+    def param_error(self, param: str, got: str | None = None) -> str:
+        """The message for a Choice parameter given a name it does not allow (``got``, as
+        written), or not given at all."""
+        names = self.choice(param).listing()
+        if got is None:
+            return f"{self.name}() needs its parameter '{param}': one of {names}"
+        return f"{self.name}() parameter '{param}' must be one of {names} (got {got})"
+
+    def spell(self, args: list[str], params: Mapping[str, ParamValue], cuda: bool = False) -> str:
         """Triton expression of this op applied to argument expressions ``args``."""
         spelling = self.triton_cuda if (cuda and self.triton_cuda is not None) else self.triton
         if callable(spelling):
             return spelling(args, dict(params))
-        return spelling.format(*args, **{k: _lit(v) for k, v in params.items()})
+        return spelling.format(*args, **{k: v if isinstance(v, str) else _lit(v)
+                                         for k, v in params.items()})
 
 
 def _lit(v: float) -> str:
@@ -125,6 +171,85 @@ def _t_clamp(x, lo, hi):
     return _t_minimum(_t_maximum(x, lo), hi)
 
 
+# ---- cast(x, dtype): rounding to a dtype as a kernel stores it ----
+
+_SATURATING = (torch.float8_e4m3fn, torch.float8_e5m2)  # no inf kept: satfinite, as CUTLASS
+
+
+def int_range(dtype: torch.dtype) -> tuple[float, float]:
+    """The fp32 range an integer dtype saturates to (int32: up to the largest fp32 inside)."""
+    info = torch.iinfo(dtype)
+    return float(info.min), 2147483520.0 if dtype == torch.int32 else float(info.max)
+
+
+def round_to(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``v`` rounded to ``dtype`` (a tensor of that dtype) as a kernel stores it: floats to
+    nearest even, fp16/bf16 overflowing to inf; fp8 saturates to its largest finite value,
+    inf included, NaN kept (CUTLASS's satfinite converters); integers round half to even
+    and saturate, NaN giving 0 (CUTLASS's float-to-int converters)."""
+    if dtype in _SATURATING:
+        fmax = torch.finfo(dtype).max
+        return v.clamp(-fmax, fmax).to(dtype)  # clamp keeps NaN
+    if dtype.is_floating_point or dtype == torch.bool:
+        return v.to(dtype)
+    lo, hi = int_range(dtype)
+    return torch.where(torch.isnan(v), 0.0, torch.round(v).clamp(lo, hi)).to(dtype)
+
+
+@dataclass(frozen=True)
+class CastTarget:
+    """A dtype ``cast`` rounds to: the other names it is written with, and the Triton
+    spellings (format strings over ``{0}``) of the rounding, the result in fp32."""
+
+    dtype: torch.dtype
+    aliases: tuple[str, ...]
+    triton: str  # exact under the CPU interpreter too
+    triton_cuda: str | None = None
+
+
+def _float_target(dtype, aliases, tl_type: str, interpreted: str | None = None) -> CastTarget:
+    """Triton's own conversion, or on a GPU only where the interpreter needs an emulation."""
+    native = f"({{0}}).to({tl_type}).to(tl.float32)"
+    return CastTarget(dtype, aliases, interpreted or native, native if interpreted else None)
+
+
+def _fp8_target(dtype, aliases) -> CastTarget:
+    # Emulated in fp32 arithmetic everywhere, exact: Triton 3.6 converts fp32 to fp8 wrongly
+    # under the CPU interpreter (500 -> 256), and on an H100 its portable (mma-layout)
+    # kernels miscompile x.to(float8).to(float32) (wrong values, or ptxas crashes)
+    fi = torch.finfo(dtype)
+    mbits, emin = -round(math.log2(fi.eps)), round(math.log2(fi.smallest_normal))
+    return CastTarget(dtype, aliases, f"_ef_round_fp8({{0}}, {mbits}, {emin}, {fi.max!r})")
+
+
+def _int_target(dtype, aliases) -> CastTarget:
+    lo, hi = int_range(dtype)
+    return CastTarget(dtype, aliases, f"_ef_round_sat({{0}}, {lo!r}, {hi!r})")
+
+
+CAST_TARGETS: Mapping[str, CastTarget] = {
+    "fp32": CastTarget(torch.float32, ("float32", "f32"), "{0}"),
+    "fp16": _float_target(torch.float16, ("float16", "half", "f16"), "tl.float16"),
+    # bf16: the interpreter's own conversion is unreliable
+    "bf16": _float_target(torch.bfloat16, ("bfloat16",), "tl.bfloat16", "_ef_round_bf16({0})"),
+    "fp8e4m3": _fp8_target(torch.float8_e4m3fn, ("float8_e4m3fn", "e4m3", "fp8")),
+    "fp8e5m2": _fp8_target(torch.float8_e5m2, ("float8_e5m2", "e5m2")),
+    "int8": _int_target(torch.int8, ("i8",)),
+    "uint8": _int_target(torch.uint8, ("u8",)),
+    "int32": _int_target(torch.int32, ("i32",)),
+}
+CAST_DTYPE = Choice(tuple((name, t.aliases) for name, t in CAST_TARGETS.items()))
+
+
+def _t_cast(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    return round_to(x, CAST_TARGETS[dtype].dtype).to(x.dtype)
+
+
+def _cast_spelling(args: list, params: dict, cuda: bool = False) -> str:
+    t = CAST_TARGETS[params["dtype"]]
+    return (t.triton_cuda if cuda and t.triton_cuda else t.triton).format(*args)
+
+
 _ROWS: tuple[OpDef, ...] = (
     # ---- arithmetic (from Python operators) ----
     OpDef("add", 2, torch.add, "({0} + {1})", commutative=True, doc="a + b"),
@@ -180,6 +305,12 @@ _ROWS: tuple[OpDef, ...] = (
           doc="a where cond else b"),
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
           doc="a * b + c (fused where the GPU has it)"),
+    OpDef("cast", 1, _t_cast, _cast_spelling, params=(("dtype", CAST_DTYPE),),
+          triton_cuda=functools.partial(_cast_spelling, cuda=True),
+          doc="x rounded to dtype as a kernel stores it, then used as fp32: floats to nearest "
+              "even (fp16/bf16 overflow to inf); fp8 saturates to +-448 (e4m3) / +-57344 "
+              "(e5m2), inf included, NaN kept; integers round half to even and saturate, "
+              "NaN gives 0"),
     # ---- reductions: axes come from the shape of the output they feed ----
     # torch_fn(x, dims) reduces with keepdim; ``triton`` names the combine helper of two
     # partial results; ``reduce_identity`` fills masked-off elements
@@ -206,7 +337,8 @@ _OPERATOR_ONLY = {"add", "sub", "mul", "div", "neg", "pow", "lt", "le", "gt", "g
 CALLABLE = {name: row for name, row in OPS.items() if name not in _OPERATOR_ONLY}
 
 
-def torch_apply(op: OpDef, inputs: list[torch.Tensor], params: Mapping[str, float]) -> torch.Tensor:
+def torch_apply(op: OpDef, inputs: list[torch.Tensor],
+                params: Mapping[str, ParamValue]) -> torch.Tensor:
     """Apply an elementwise/compare/select row in torch (the one reading of its meaning)."""
     if op.category is Category.REDUCE:
         raise TypeError(f"{op.name} is a reduction; its axes come from the output it feeds")

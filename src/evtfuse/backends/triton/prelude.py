@@ -95,12 +95,46 @@ def _ef_lse_reduce(m, s):
     "_ef_round_sat": '''
 @triton.jit
 def _ef_round_sat(x, lo, hi):
-    # round half to even, then saturate to [lo, hi] (exact for every finite fp32)
+    # round half to even, then saturate to [lo, hi] (exact for every finite fp32); NaN gives
+    # 0 as CUTLASS's converters do, and zero is +0.0 (an integer has no signed zero)
     f = tl.floor(x)
     d = x - f
     odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
     r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
-    return tl.minimum(tl.maximum(r, lo), hi)
+    r = tl.minimum(tl.maximum(r, lo), hi)
+    return tl.where((x != x) | (r == 0.0), 0.0, r)
+''',
+    "_ef_sat": '''
+@triton.jit
+def _ef_sat(x, hi):
+    # clamp to [-hi, hi], +-inf included; NaN kept (it compares false)
+    return tl.where(x > hi, hi, tl.where(x < -hi, -hi, x))
+''',
+    "_ef_round_bf16": '''
+@triton.jit
+def _ef_round_bf16(x):
+    # x rounded to bfloat16 (nearest even; overflow gives inf) in integer arithmetic, as fp32:
+    # the CPU interpreter's own bf16 conversion is unreliable
+    b = x.to(tl.uint32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)
+''',
+    "_ef_round_fp8": '''
+@triton.jit
+def _ef_round_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr):
+    # x rounded to an fp8 format with MBITS mantissa bits and smallest normal exponent EMIN,
+    # saturating to FMAX (inf included, NaN kept), in fp32 arithmetic (Triton's own fp8
+    # conversion is wrong under the interpreter, and miscompiled beside tl.dot on a GPU).
+    # Scale |x| by the exact power of two that puts its last kept bit at 1.0 (subnormals:
+    # at 2^(EMIN - MBITS)), round to an integer, scale back.
+    a = tl.minimum(tl.abs(x), FMAX)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 255) - 127, EMIN)
+    up = ((127 + MBITS - e) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - MBITS + e) << 23).to(tl.float32, bitcast=True)
+    q = ((a * up + 8388608.0) - 8388608.0) * down  # to nearest even: exact below 2^23
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+    r = (q.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)
 ''',
     "_ef_powf": '''
 @triton.jit
