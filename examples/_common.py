@@ -4,8 +4,8 @@ Each example is a script (``python examples/<name>.py``) that computes its epilo
 a fused evtfuse kernel, checks every output against plain PyTorch, and exits with status
 1 on a mismatch. With a CUDA GPU it runs a larger problem in bf16; without one it runs a
 small problem through Triton's CPU interpreter (turned on here, before any kernel is
-generated). When no kernel supports an epilogue yet, the example prints
-``kernel not yet supported: <what evtfuse.explain says>``, still checks the reference
+generated). When no kernel supports an epilogue here, the example prints
+``kernel not supported here: <what evtfuse.explain says>``, still checks the reference
 evaluator against PyTorch, and exits 0: the reason came from ``explain``.
 """
 
@@ -98,13 +98,13 @@ def check(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype =
 
 def fused(args: GemmArguments):
     """Run the best kernel for ``args`` (outputs written in place) and return it, or print
-    why no kernel supports it (``kernel not yet supported: ...``) and return None."""
+    why no kernel supports it (``kernel not supported here: ...``) and return None."""
     kernels = get_kernels(args)
     if not kernels:
         why = explain(args).strip()
         if not why:
             raise RuntimeError("get_kernels() found no kernel and explain() gave no reason")
-        print("kernel not yet supported: " + why.replace("\n", "\n    "))
+        print("kernel not supported here: " + why.replace("\n", "\n    "))
         _unsupported.append(why)
         return None
     kernel = kernels[0]
@@ -129,7 +129,7 @@ def finish() -> None:
         print(f"FAILED: {', '.join(_failures)}")
         sys.exit(1)
     if _unsupported:
-        print("OK (reference verified; the fused kernel is not supported yet, see above)")
+        print("OK (reference verified; no fused kernel runs this here, see above)")
     else:
         print("OK")
     sys.exit(0)

@@ -5,13 +5,16 @@
     amax = max(abs(Z))                    # for the next step's scale_d
 
 The source comes from ``evtfuse.library.fp8_scaled_output()``. The scales are 0-d tensors
-(device scalars), as an FP8 training loop keeps them on the GPU.
+(device scalars), as an FP8 training loop keeps them on the GPU. On a GPU, A and B are
+fp8 e4m3 too (A row-major, B column-major: fp8 tensor cores read both K-contiguous); on
+the CPU they are fp16 and the fused kernel is refused (Triton's interpreter converts fp8
+wrongly), so only the reference's reading is checked there.
 """
 
 import torch
 
-from _common import (GemmArguments, banner, check, check_reference, empty, finish, fused, matmul,
-                     randn, size)
+from _common import (ON_GPU, GemmArguments, banner, check, check_reference, empty, finish, fused,
+                     matmul, randn, size)
 from evtfuse import library
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
@@ -23,7 +26,9 @@ def main():
         print("this torch has no float8_e4m3fn; nothing to check")
         finish()
     L, M, N, K = size((1, 4096, 4096, 4096), (1, 64, 48, 32))
-    A, B = randn(M, K), randn(K, N, scale=K ** -0.5)
+    A, B = randn(M, K), randn(N, K, scale=K ** -0.5).T  # B column-major, K contiguous
+    if ON_GPU:
+        A, B = A.to(FP8), B.to(FP8)
     dev = A.device
     scale_a, scale_b = torch.tensor(0.5, device=dev), torch.tensor(4.0, device=dev)
     Z = matmul(A, B) * 0.5 * 4.0

@@ -234,5 +234,10 @@ def test_errors_md_explains_explain_reasons(monkeypatch):
     D = torch.empty(M, N, dtype=torch.float8_e4m3fn)
     text = explain(GemmArguments(A, B, D, epilogue=EpilogueArguments(
         "def e(accum): D = accum; return D", D=D)))
-    assert "the kernels store fp16, bf16, fp32, int8, uint8 and int32" in text
-    assert "the kernels store fp16, bf16, fp32, int8, uint8 and int32" in ERRORS_MD
+    assert "fp8 needs a GPU (Triton's CPU interpreter converts fp8 wrongly" in text
+    assert "fp8 needs a GPU (Triton's CPU interpreter converts fp8 wrongly" in ERRORS_MD
+    D = torch.empty(M, N, dtype=torch.float64)
+    text = explain(GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def e(accum): D = accum; return D", D=D)))
+    assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in text
+    assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in ERRORS_MD

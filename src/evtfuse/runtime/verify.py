@@ -10,7 +10,7 @@ Tolerances (``TOLERANCES``): the output dtype's rounding dominates. fp32 outputs
 fp32 math differ from torch only by summation order: 1e-5 relative. fp16 rounds at
 2^-11 (4.9e-4 relative, half an ulp); bf16 at 2^-8 (3.9e-3). The elementwise ``rtol`` is
 about four half-ulps of the output dtype; the norm bound is tighter, since rounding
-errors average out. TF32 inputs (10-bit mantissa) are allowed 5e-3.
+errors average out. TF32 inputs (10-bit mantissa) are allowed 5e-3. fp8: see ``FP8_TOLERANCES``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,19 @@ TOLERANCES = {
     torch.bfloat16: (1.2e-2, 3.2e-2),
 }
 TF32_TOLERANCE = (5e-3, 2e-2)
+# fp8 outputs: e4m3 rounds at 2^-4 relative (half an ulp), e5m2 at 2^-3; a value near a
+# rounding boundary may land one ulp away (2^-3 / 2^-2 relative), hence rtol = two ulps.
+# The absolute slack is not rtol * RMS (a quarter of the RMS would hide wrong elements)
+# but 1% of the RMS plus the smallest subnormal. The kernel saturates to the largest
+# finite value (satfinite), so the reference does too.
+FP8_TOLERANCES = {getattr(torch, n): (tol, fmax, tiny) for n, tol, fmax, tiny in (
+    ("float8_e4m3fn", (7e-2, 0.25), 448.0, 2.0 ** -9),
+    ("float8_e5m2", (0.14, 0.5), 57344.0, 2.0 ** -16)) if hasattr(torch, n)}
+FP8_ATOL_RMS = 1e-2
+TOLERANCES.update({dt: tol for dt, (tol, _, _) in FP8_TOLERANCES.items()})
+# fp8 inputs with wider outputs: Hopper's fp8 tensor cores accumulate with fewer than
+# fp32's bits (Triton's default fast accumulation, as cuBLAS's use_fast_accum)
+FP8_INPUT_TOLERANCE = (2e-3, 2e-2)
 
 
 @dataclass
@@ -93,8 +106,13 @@ def compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
     if input_dtype is not None and input_dtype != torch.float32 and dtype == torch.float32:
         # fp16/bf16 inputs, fp32 output: only accumulation order differs from the reference
         tol_norm, rtol = max(tol_norm, 1e-4), max(rtol, 1e-3)
+    if input_dtype in FP8_TOLERANCES:
+        tol_norm, rtol = max(tol_norm, FP8_INPUT_TOLERANCE[0]), max(rtol, FP8_INPUT_TOLERANCE[1])
     o = out.detach().to(torch.float64).reshape(-1).cpu()
     r = ref.detach().to(torch.float64).reshape(-1).cpu()
+    if dtype in FP8_TOLERANCES:  # saturating stores: NaN stays NaN, +-inf become +-max
+        fmax = FP8_TOLERANCES[dtype][1]
+        r = torch.where(torch.isnan(r), r, r.clamp(-fmax, fmax))
     o_nan, r_nan = torch.isnan(o), torch.isnan(r)
     unwritten = int((o_nan & ~r_nan).sum())
     nan_mismatch = int((o_nan != r_nan).sum())
@@ -108,6 +126,8 @@ def compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
     rel = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
     rms = ref_norm / max(r_f.numel(), 1) ** 0.5
     atol = rtol * max(rms, 1e-30)
+    if dtype in FP8_TOLERANCES:
+        atol = FP8_ATOL_RMS * rms + FP8_TOLERANCES[dtype][2]
     bad = int((diff > atol + rtol * r_f.abs()).sum()) + nan_mismatch + inf_mismatch
     max_abs = float(diff.max()) if diff.numel() else 0.0
     ok = bad == 0 and rel <= tol_norm

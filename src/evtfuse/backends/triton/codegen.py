@@ -32,6 +32,11 @@ TL_DTYPES = {
     torch.int32: "tl.int32", torch.int64: "tl.int64", torch.int16: "tl.int16",
     torch.bool: "tl.int1",
 }
+# fp8 output dtypes, their Triton types and the largest finite value they saturate to
+FP8_OUTPUTS = {getattr(torch, name): (tl_name, fmax) for name, tl_name, fmax in (
+    ("float8_e4m3fn", "tl.float8e4nv", 448.0), ("float8_e5m2", "tl.float8e5", 57344.0))
+    if hasattr(torch, name)}
+TL_DTYPES.update({dt: tl_name for dt, (tl_name, _) in FP8_OUTPUTS.items()})
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "11"
+GENERATOR_VERSION = "12"
 
 
 # integer output dtypes and the fp32 range they saturate to (int32: the largest fp32 values
@@ -248,6 +253,8 @@ class _Epilogue:
                 else:  # round half to even, saturate, as CUTLASS's float-to-int converters
                     lo, hi = INT_OUTPUTS[o.dtype]
                     v = f"_ef_round_sat({v}, {lo}, {hi})"
+            elif o.dtype in FP8_OUTPUTS:  # saturate (satfinite), NaN kept, as CUTLASS does
+                v = f"_ef_sat({v}, {_lit(FP8_OUTPUTS[o.dtype][1])})"
             lines.append(indent + sub.store_full(uname(o.name), v, o.batched))
         for o in vector_outputs(self.dag):
             lines += self._store_vector(o, env, sub, indent)
@@ -342,6 +349,8 @@ class _Epilogue:
             ptr = f"{u}_ptr + bid64 * {u}_sl"
             mask = f"({sub.pid_m} == 0) & ({sub.pid_n} == 0) & ({sub.first_sub})"
         mask = " & ".join([mask] + conds)
+        if o.dtype in FP8_OUTPUTS:
+            val = f"_ef_sat({val}, {_lit(FP8_OUTPUTS[o.dtype][1])})"
         return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]
 
 
@@ -591,7 +600,7 @@ def check_emittable(dag: Dag) -> str | None:
         if o.node.kind is NodeKind.REDUCE:
             continue  # written by the launch plan's combine step, any float dtype
         if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32) \
-                and o.dtype not in INT_OUTPUTS:
+                and o.dtype not in INT_OUTPUTS and o.dtype not in FP8_OUTPUTS:
             return (f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16, fp32, "
-                    "int8, uint8 and int32 (fp8 outputs are not implemented yet)")
+                    "fp8 (e4m3fn, e5m2), int8, uint8 and int32")
     return None

@@ -24,6 +24,8 @@ SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
 SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scratch need room
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,10 @@ class KernelFamily:
             if args.accumulator_type != torch.int32:
                 return Status.fail(f"A and B are {args.A.dtype}: pass accumulator_type="
                                    "torch.int32 (8-bit integers accumulate in int32)")
-        elif args.A.dtype not in _FLOAT_DTYPES:
+        elif args.A.dtype not in _FLOAT_DTYPES + FP8_DTYPES:
             return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16, "
-                               "fp32 and int8 inputs (uint8: Triton's dot has no unsigned "
-                               "8-bit form; fp8 is not implemented yet)")
+                               "fp32, fp8 (e4m3fn, e5m2) and int8 inputs (uint8: Triton's dot has "
+                               "no unsigned 8-bit form)")
         elif args.accumulator_type != torch.float32:
             return Status.fail(f"accumulator_type {args.accumulator_type}: float inputs "
                                "accumulate in torch.float32")
@@ -136,6 +138,9 @@ class KernelFamily:
         if target.kind != INTERPRETER and args.A.device.type != "cuda":
             return Status.fail(f"tensors are on {args.A.device}; kernels need CUDA tensors, or "
                                "TRITON_INTERPRET=1 for CPU tensors")
+        why = _fp8_refusal(args, target)
+        if why:
+            return Status.fail(why)
         why = check_emittable(args.dag)
         if why:
             return Status.fail(why)
@@ -146,6 +151,26 @@ class KernelFamily:
         if args.A.dtype == torch.float32:
             return "tf32" if (args.allow_tf32 and target.kind != INTERPRETER) else "ieee"
         return "ieee"
+
+
+def _fp8_refusal(args: GemmArguments, target: Target) -> str | None:
+    """Why fp8 inputs, operands or outputs cannot run on ``target`` (None: they can)."""
+    values = args.epilogue.values
+    dag = args.optimized_dag
+    names = [s.name for s in dag.used_operands if s.kind is not OperandKind.RUNTIME_SCALAR]
+    names += [o.name for o in dag.outputs if o.kind is not OutputKind.NONE]
+    fp8 = [n for n in names if getattr(values.get(n), "dtype", None) in FP8_DTYPES]
+    if args.A.dtype in FP8_DTYPES:
+        fp8.insert(0, "A and B")
+    if not fp8:
+        return None
+    if target.kind == INTERPRETER:
+        return (f"{', '.join(fp8)}: fp8 needs a GPU (Triton's CPU interpreter converts fp8 "
+                "wrongly, e.g. 500.0 to 256.0); test the epilogue logic with fp16 on the CPU")
+    if args.A.dtype in FP8_DTYPES and target.cc < FP8_MIN_CC:
+        return (f"fp8 inputs need tensor-core fp8 (compute capability 8.9+); this GPU is "
+                f"{target.cc}")
+    return None
 
 
 # ------------------------------------------------------------------ portable
@@ -386,9 +411,10 @@ class HopperFamily(KernelFamily):
         if B.stride(-1) != 1 and B.stride(-2) != 1:
             return Status.fail("B is neither row- nor column-major")
         if A.element_size() == 1 and (A.stride(-1) != 1 or (B.stride(-2) != 1 and B.shape[-1] > 1)):
-            return Status.fail("8-bit inputs on the tensor cores (wgmma) need A row-major and B "
-                               "column-major (both K-contiguous); the portable family takes "
-                               "other layouts")
+            return Status.fail(f"8-bit inputs ({A.dtype}) on the tensor cores (wgmma) need A "
+                               "row-major and B column-major (both K-contiguous, e.g. B = "
+                               "W.t() for W of shape (N, K)); the portable family takes other "
+                               "layouts")
         return Status.success()
 
     def configs(self, args, target):

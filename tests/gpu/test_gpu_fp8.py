@@ -1,0 +1,128 @@
+"""GPU tier: fp8 (e4m3fn, e5m2) inputs and outputs, scales and the FP8 output recipe.
+
+fp8 needs tensor-core fp8 (compute capability 8.9+); the CPU interpreter refuses it (its
+fp8 conversions are wrong), so these run only on the device machine. Inputs are scaled
+random normals (never zeros), outputs NaN-poisoned before each run (``Kernel.verify``);
+fp8 tolerances are documented in ``evtfuse.runtime.verify``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from evtfuse.library import fp8_scaled_output_args
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch without fp8")]
+
+DEV = "cuda"
+E4M3 = getattr(torch, "float8_e4m3fn", None)
+E5M2 = getattr(torch, "float8_e5m2", None)
+
+
+def _fp8(*shape, dtype, scale=1.0, gen=None):
+    return (torch.randn(*shape, device=DEV, generator=gen) * scale).to(dtype)
+
+
+def _operands(M, N, K, dtype):
+    """A (M, K) row-major and B (K, N) column-major (B = W.t(), K contiguous)."""
+    return _fp8(M, K, dtype=dtype), _fp8(N, K, dtype=dtype).T
+
+
+def _kernels(args, family):
+    ks = [k for k in get_kernels(args) if k.family.name == family]
+    if not ks:
+        pytest.fail(f"no {family} kernel for these arguments:\n{evtfuse.explain(args)}")
+    return ks
+
+
+def _check(args, family, n_configs=2):
+    for k in _kernels(args, family)[:n_configs]:
+        result = k.verify(args)
+        assert result, result.report()
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+@pytest.mark.parametrize("in_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, E4M3],
+                         ids=["bf16", "fp32", "e4m3"])
+@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 528, 272)])
+def test_fp8_inputs_per_tensor_and_vector_scales(family, in_dtype, out_dtype, mnk):
+    M, N, K = mnk
+    A, B = _operands(M, N, K, in_dtype)
+    scale_a = torch.tensor(0.5, device=DEV)  # per-tensor: device scalars
+    scale_b = torch.tensor(0.25, device=DEV)
+    row_scale = torch.rand(M, 1, device=DEV) + 0.5  # per-row and per-column vectors
+    col_scale = torch.rand(N, device=DEV) + 0.5
+    D = torch.empty(M, N, device=DEV, dtype=out_dtype)
+    epi = ("def epi(accum, scale_a, scale_b, row_scale, col_scale):\n"
+           "    D = accum * scale_a * scale_b * row_scale * col_scale\n"
+           "    return D")
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        epi, scale_a=scale_a, scale_b=scale_b, row_scale=row_scale, col_scale=col_scale, D=D))
+    _check(args, family)
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+@pytest.mark.parametrize("out_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_fp8_outputs_saturate(family, out_dtype):
+    """bf16 inputs, fp8 outputs far outside fp8's range: stores saturate to +-max, NaN kept."""
+    M, N, K = 384, 512, 256
+    A = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+    B = torch.randn(K, N, device=DEV, dtype=torch.bfloat16)
+    D = torch.empty(M, N, device=DEV, dtype=out_dtype)
+    big = 1e5 if out_dtype == E5M2 else 100.0  # |D| reaches well past 57344 / 448
+    epi = "def epi(accum, big): D = accum * big; return D"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(epi, big=big, D=D))
+    _check(args, family)
+    fmax = 57344.0 if out_dtype == E5M2 else 448.0
+    k = _kernels(args, family)[0]
+    k.run(args)
+    torch.cuda.synchronize()
+    d = D.float()
+    assert d.abs().max().item() == fmax  # saturated, not inf/NaN
+    assert not torch.isnan(d).any()
+
+
+def test_fp8_recipe_scale_amax_one_kernel():
+    """Z = acc * scale_a * scale_b; D = to_fp8(Z * scale_d); amax = max(abs(Z)), one kernel."""
+    M, N, K = 1024, 1536, 512
+    A, B = _operands(M, N, K, E4M3)
+    D = torch.empty(M, N, device=DEV, dtype=E4M3)
+    amax = torch.empty(1, device=DEV)
+    args = fp8_scaled_output_args(D, scale_a=torch.tensor(0.5, device=DEV),
+                                  scale_b=torch.tensor(2.0, device=DEV),
+                                  scale_d=torch.tensor(0.125, device=DEV), amax=amax)
+    gargs = GemmArguments(A, B, D, epilogue=args)
+    for family in ("hopper", "portable"):
+        _check(gargs, family, n_configs=1)
+    # amax: of Z before scale_d and before rounding to fp8, an fp32 scalar
+    z = (A.float() @ B.float()) * 0.5 * 2.0
+    assert torch.allclose(amax, z.abs().max().reshape(1), rtol=2e-3)
+
+
+def test_fp8_gemm_api_and_layout_refusal():
+    M, N, K = 256, 384, 512
+    A, B = _operands(M, N, K, E4M3)
+    scale = torch.tensor(0.5, device=DEV)
+    D, amax = evtfuse.gemm(A, B, epilogue="def epi(accum, s): D = accum * s; amax = "
+                           "max(abs(D)); return D, amax", s=scale,
+                           D_dtype=E4M3, amax=torch.empty(1, device=DEV))
+    ref = (A.float() @ B.float()) * 0.5
+    assert D.dtype == E4M3
+    assert torch.allclose(D.float(), ref.clamp(-448, 448), rtol=0.13, atol=1e-2)
+    assert torch.allclose(amax.float(), ref.abs().max().reshape(amax.shape), rtol=2e-3)
+    # B row-major (N contiguous): the hopper family refuses with the reason, portable runs
+    Brow = B.contiguous()
+    D2 = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    args = GemmArguments(A, Brow, D2, epilogue=EpilogueArguments(
+        "def epi(accum): D = accum; return D", D=D2))
+    why = str(evtfuse.explain(args))
+    assert "K-contiguous" in why
+    ks = get_kernels(args)
+    assert ks and all(k.family.name == "portable" for k in ks)
+    assert ks[0].verify(args)
