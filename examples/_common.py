@@ -69,15 +69,18 @@ def matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 
-def check(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = None) -> bool:
-    """``got`` equals ``want`` up to the rounding of ``dtype`` (default: got's dtype).
+def check(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = None,
+          tol: float | None = None) -> bool:
+    """``got`` equals ``want`` up to the rounding of ``dtype`` (default: got's dtype), or up
+    to ``tol`` when given.
 
     The error is the largest elementwise difference relative to the largest value of
     ``want``; NaN anywhere ``want`` has none (an unwritten element) fails.
     """
     dtype = dtype or got.dtype
     fp8 = "float8" in str(dtype)
-    tol = 0.07 if fp8 else TOLERANCE.get(dtype, 1e-4)
+    if tol is None:
+        tol = 0.07 if fp8 else TOLERANCE.get(dtype, 1e-4)
     if tuple(got.shape) != tuple(want.shape):
         print(f"  FAIL {name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
         _failures.append(name)

@@ -49,7 +49,9 @@ def main():
     check_reference(args, None, {"D": want_D, "amax": want_amax})
     if fused(args):
         check("D", D, Z * scale_d, dtype=FP8)
-        check("amax", amax, want_amax)
+        # fp8 inputs: the tensor cores' fast fp8 accumulation keeps fewer bits than fp32
+        # (about 2e-3 relative on this amax at K = 4096, measured on an H100)
+        check("amax", amax, want_amax, tol=5e-3 if A.dtype == FP8 else None)
     finish()
 
 
