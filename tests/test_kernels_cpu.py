@@ -186,6 +186,37 @@ def test_scalar_rerun_uses_new_value_without_recompiling():
     torch.testing.assert_close(D, -2.0 * (A @ B) + 3.0 * C, rtol=1e-4, atol=1e-4)
 
 
+def test_hopper_plan_reuses_validated_descriptors_for_new_tensors():
+    """A launch plan validates each TMA descriptor once and rebases copies on later
+    tensors of the same structure; results on new tensors (transposed B included) stay right."""
+    M, N, K = 32, 32, 16
+    src = "def epi(accum, C, alpha): D = alpha * accum + C; return D"
+
+    epi: list = []
+
+    def problem():
+        A, B, C = rand(M, K, dtype=torch.float16), rand(N, K, dtype=torch.float16).T, rand(M, N)
+        D = torch.full((M, N), float("nan"), dtype=torch.float16)
+        if not epi:
+            epi.append(EpilogueArguments(src, C=C, alpha=0.5, D=D))
+        return GemmArguments(A, B, D, epilogue=epi[0].with_values(C=C, D=D))
+
+    first = problem()
+    k = kernels_of(first, "hopper", cc=90)[0]
+    plan = k.plan(first)
+    for _ in range(3):  # fresh tensors each time: the same plan, rebased descriptors
+        args = problem()
+        assert k.plan(args) is plan
+        pos = plan.positional(args.A, args.B, args.epilogue.values)
+        descs = [p for p in pos if type(p).__name__ == "TensorDescriptor"]
+        assert [d.base.data_ptr() for d in descs] == [args.A.data_ptr(), args.B.data_ptr(),
+                                                      args.epilogue.values["C"].data_ptr(),
+                                                      args.epilogue.values["D"].data_ptr()]
+        assert descs[1].shape == [N, K] and descs[1].strides == [K, 1]  # B as (N, K), K-major
+        result = k.verify(args)
+        assert result, result.report()
+
+
 def test_outputs_untouched_when_validation_fails():
     M, N, K = 8, 8, 8
     A, B = rand(M, K), rand(K, N)

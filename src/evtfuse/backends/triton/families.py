@@ -258,8 +258,30 @@ def _reuse_last(make):
     return get
 
 
+def _rebased(make):
+    """``make(t)`` validated once per launch plan; later tensors of the plan's structure
+    (same shape, strides, dtype and 16-byte alignment: the plan's key) get a copy of that
+    descriptor with their own base. The launcher reads only the base's data pointer, which
+    every view ``make`` takes (transpose, unsqueeze, batch 0) shares with the tensor."""
+    template: dict[str, Any] = {}
+    cls: list[type] = []
+
+    def get(t):
+        if not template:
+            d = make(t)
+            template.update(vars(d), base=None)  # no tensor kept alive by the template
+            cls.append(type(d))
+            return d
+        d = object.__new__(cls[0])
+        vars(d).update(template)
+        d.base = t
+        return d
+
+    return _reuse_last(get)
+
+
 def _descriptor_getter(name: str, batched: bool, config: TileConfig):
-    make = _reuse_last(lambda t: _descriptor(t, batched, config))
+    make = _rebased(lambda t: _descriptor(t, batched, config))
 
     def get(A, B, values):
         return make(values[name])
@@ -486,8 +508,8 @@ class HopperFamily(KernelFamily):
                 view = view.mT
             return _make_descriptor(view, ([1] if batched else []) + block)
 
-        make_a = _reuse_last(lambda t: operand_desc(t, spec.a_trans, spec.a_batched, a_block))
-        make_b = _reuse_last(lambda t: operand_desc(t, spec.b_trans, spec.b_batched, b_block))
+        make_a = _rebased(lambda t: operand_desc(t, spec.a_trans, spec.a_batched, a_block))
+        make_b = _rebased(lambda t: operand_desc(t, spec.b_trans, spec.b_batched, b_block))
 
         def get_a(A, B, values):
             return make_a(A)
