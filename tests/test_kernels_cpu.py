@@ -342,3 +342,16 @@ def test_evtfuse_log_environment_reaches_library_users():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "evtfuse DEBUG: hello from evtfuse" in res.stderr
+
+
+def test_direct_launcher_steps_aside_for_launch_hooks():
+    """Launch plans call Triton's compiled launcher directly only while no launch hook
+    (a profiler's) is installed; an empty hook chain, Triton 3.6's default, is no hook."""
+    from evtfuse.runtime.kernel import _hooked
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not _hooked(None) and not _hooked(Chain([]))
+    assert _hooked(Chain([print])) and _hooked(print)

@@ -172,13 +172,19 @@ def _direct_launcher(compiled, jit_fn, grid: tuple, n_positional: int, consts: d
     get_device, get_stream = driver.active.get_current_device, driver.active.get_current_stream
 
     def launch(pos) -> bool:
-        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             return False
         run(g0, g1, g2, get_stream(get_device()), function, metadata, None, None, None,
             *pos, *tail)
         return True
 
     return launch
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is installed (Triton 3.6 keeps an always-present chain
+    of hooks, empty by default; older versions use None)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def tensor_key(t) -> tuple:
