@@ -13,6 +13,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from gpu_helpers import check, family_kernels
 from evtfuse.library import fp8_scaled_output_args
 
 pytestmark = [pytest.mark.gpu,
@@ -33,19 +34,6 @@ def _operands(M, N, K, dtype):
     return _fp8(M, K, dtype=dtype), _fp8(N, K, dtype=dtype).T
 
 
-def _kernels(args, family):
-    ks = [k for k in get_kernels(args) if k.family.name == family]
-    if not ks:
-        pytest.fail(f"no {family} kernel for these arguments:\n{evtfuse.explain(args)}")
-    return ks
-
-
-def _check(args, family, n_configs=2):
-    for k in _kernels(args, family)[:n_configs]:
-        result = k.verify(args)
-        assert result, result.report()
-
-
 @pytest.mark.parametrize("family", ["hopper", "portable"])
 @pytest.mark.parametrize("in_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, E4M3],
@@ -64,7 +52,7 @@ def test_fp8_inputs_per_tensor_and_vector_scales(family, in_dtype, out_dtype, mn
            "    return D")
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
         epi, scale_a=scale_a, scale_b=scale_b, row_scale=row_scale, col_scale=col_scale, D=D))
-    _check(args, family)
+    check(args, family)
 
 
 @pytest.mark.parametrize("family", ["hopper", "portable"])
@@ -78,9 +66,9 @@ def test_fp8_outputs_saturate(family, out_dtype):
     big = 1e5 if out_dtype == E5M2 else 100.0  # |D| reaches well past 57344 / 448
     epi = "def epi(accum, big): D = accum * big; return D"
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(epi, big=big, D=D))
-    _check(args, family)
+    check(args, family)
     fmax = 57344.0 if out_dtype == E5M2 else 448.0
-    k = _kernels(args, family)[0]
+    k = family_kernels(args, family)[0]
     k.run(args)
     torch.cuda.synchronize()
     d = D.float()
@@ -99,7 +87,7 @@ def test_fp8_recipe_scale_amax_one_kernel():
                                   scale_d=torch.tensor(0.125, device=DEV), amax=amax)
     gargs = GemmArguments(A, B, D, epilogue=args)
     for family in ("hopper", "portable"):
-        _check(gargs, family, n_configs=1)
+        check(gargs, family, n_configs=1)
     # amax: of Z before scale_d and before rounding to fp8, an fp32 scalar
     z = (A.float() @ B.float()) * 0.5 * 2.0
     assert torch.allclose(amax, z.abs().max().reshape(1), rtol=2e-3)

@@ -12,6 +12,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from gpu_helpers import check
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -21,19 +22,6 @@ DEV = "cuda"
 
 def _rand(*shape, dtype=torch.float32, gen=None):
     return torch.randn(*shape, device=DEV, dtype=torch.float32, generator=gen).to(dtype)
-
-
-def _family_kernels(args, family):
-    ks = [k for k in get_kernels(args) if k.family.name == family]
-    if not ks:
-        pytest.fail(f"no {family} kernel for these arguments:\n{evtfuse.explain(args)}")
-    return ks
-
-
-def _check(args, family, n_configs=2):
-    for k in _family_kernels(args, family)[:n_configs]:
-        result = k.verify(args)
-        assert result, result.report()
 
 
 ALPHA_BETA = "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"
@@ -60,7 +48,7 @@ def test_alpha_beta(family, dtype, mnk):
     D = torch.empty(M, N, device=DEV, dtype=dtype)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=0.75,
                                                              beta=-1.25, D=D))
-    _check(args, family)
+    check(args, family)
 
 
 @pytest.mark.parametrize("mnk", [(1, 1, 1), (7, 7, 7), (129, 1000, 33), (1000, 129, 7)])
@@ -70,7 +58,7 @@ def test_odd_sizes_portable(mnk):
     D = torch.empty(M, N, device=DEV, dtype=torch.float16)
     F = torch.empty(M, N, device=DEV, dtype=torch.float32)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(RELU_AUX, C=C, alpha=1.5, D=D, F=F))
-    _check(args, "portable")
+    check(args, "portable")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -82,7 +70,7 @@ def test_all_ops(dtype):
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
         ALL_OPS, C=C, bias=bias, rowv=rowv, s=torch.tensor(0.5, device=DEV), D=D))
     for family in ("hopper", "portable"):
-        _check(args, family, n_configs=1)
+        check(args, family, n_configs=1)
 
 
 @pytest.mark.parametrize("family", ["hopper", "portable"])
@@ -98,7 +86,7 @@ def test_batched_transposed_per_batch_scalars(family):
     src = "def epi(accum, C, alpha, rowb): Y = accum; D = alpha * accum + C + rowb; return D, Y"
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, alpha=alpha, rowb=rowb,
                                                              D=D, Y=Y))
-    _check(args, family)
+    check(args, family)
 
 
 def test_scalar_rerun_uses_new_value():
@@ -179,7 +167,7 @@ def test_reductions(family, op, where):
     r = torch.empty(RED_SHAPES[where](L, M, N), device=DEV)
     src = f"def epi(accum, bias): D = accum + bias; r = {op}(D * 0.125); return D, r"
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, bias=bias, D=D, r=r))
-    _check(args, family, n_configs=1)
+    check(args, family, n_configs=1)
 
 
 @pytest.mark.parametrize("family", ["hopper", "portable"])
@@ -191,7 +179,7 @@ def test_lm_head_cross_entropy(family):
     src = ("def ce(accum, y): lse = logsumexp(accum); "
            "tgt = sum(where(col_index() == y, accum, 0.0)); D = accum; return D, lse, tgt")
     args = GemmArguments(x, W, None, epilogue=EpilogueArguments(src, y=y, D=None, lse=lse, tgt=tgt))
-    _check(args, family, n_configs=1)
+    check(args, family, n_configs=1)
     want = torch.nn.functional.cross_entropy(x.float() @ W.float(), y[:, 0], reduction="none")
     torch.testing.assert_close((lse - tgt)[:, 0], want, rtol=1e-3, atol=1e-3)
 
@@ -225,5 +213,5 @@ def test_int8(family, mnk):
            "H = accum * 0.001; return D, Y, H")
     args = GemmArguments(A, B, D, torch.int32, EpilogueArguments(
         src, scale=0.0005, bias=_rand(N) * 3, D=D, Y=Y, H=H))
-    _check(args, family, n_configs=2)
+    check(args, family, n_configs=2)
     assert torch.equal(Y.long().cpu(), A.long().cpu() @ B.long().cpu())
