@@ -27,8 +27,8 @@ import torch
 from . import ir
 from .errors import EpilogueError
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
-from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS, UNARY_OPERATORS,
-                      Category, OpDef, ParamValue)
+from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, FP8_DTYPES, OPS,
+                      UNARY_OPERATORS, Category, OpDef, ParamValue)
 
 # ----------------------------------------------------------------------------- syntax
 
@@ -359,8 +359,7 @@ def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
 
 _LOADABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                     torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
-_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
-_STORABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64) + _FP8
+_STORABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64) + FP8_DTYPES
 
 
 def _fmt_shape(shape) -> str:
@@ -400,7 +399,7 @@ def classify_operand(name: str, value: Any, problem: tuple[int, int, int]) -> Op
     if not isinstance(value, torch.Tensor):
         raise EpilogueError(f"Argument {name} must be a number or a torch.Tensor, not "
                             f"{type(value).__name__}", variable=name)
-    if value.dtype not in _LOADABLE_DTYPES + _FP8:
+    if value.dtype not in _LOADABLE_DTYPES + FP8_DTYPES:
         raise EpilogueError(f"Argument {name} has dtype {value.dtype}, which an epilogue cannot "
                             "load; use a floating-point or integer tensor", variable=name)
     if value.dim() == 0:

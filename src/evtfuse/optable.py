@@ -173,7 +173,8 @@ def _t_clamp(x, lo, hi):
 
 # ---- cast(x, dtype): rounding to a dtype as a kernel stores it ----
 
-_SATURATING = (torch.float8_e4m3fn, torch.float8_e5m2)  # no inf kept: satfinite, as CUTLASS
+# fp8 dtypes: stored saturating to torch.finfo(dtype).max, no inf kept (satfinite, as CUTLASS)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def int_range(dtype: torch.dtype) -> tuple[float, float]:
@@ -187,7 +188,7 @@ def round_to(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     nearest even, fp16/bf16 overflowing to inf; fp8 saturates to its largest finite value,
     inf included, NaN kept (CUTLASS's satfinite converters); integers round half to even
     and saturate, NaN giving 0 (CUTLASS's float-to-int converters)."""
-    if dtype in _SATURATING:
+    if dtype in FP8_DTYPES:
         fmax = torch.finfo(dtype).max
         return v.clamp(-fmax, fmax).to(dtype)  # clamp keeps NaN
     if dtype.is_floating_point or dtype == torch.bool:

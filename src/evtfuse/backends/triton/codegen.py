@@ -23,7 +23,7 @@ import torch
 
 from ... import ir
 from ...ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
-from ...optable import OPS, Category, _lit
+from ...optable import FP8_DTYPES, OPS, Category, _lit, int_range
 from .prelude import helpers_for
 
 TL_DTYPES = {
@@ -32,11 +32,7 @@ TL_DTYPES = {
     torch.int32: "tl.int32", torch.int64: "tl.int64", torch.int16: "tl.int16",
     torch.bool: "tl.int1",
 }
-# fp8 output dtypes, their Triton types and the largest finite value they saturate to
-FP8_OUTPUTS = {getattr(torch, name): (tl_name, fmax) for name, tl_name, fmax in (
-    ("float8_e4m3fn", "tl.float8e4nv", 448.0), ("float8_e5m2", "tl.float8e5", 57344.0))
-    if hasattr(torch, name)}
-TL_DTYPES.update({dt: tl_name for dt, (tl_name, _) in FP8_OUTPUTS.items()})
+TL_DTYPES.update({torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5"})
 
 
 @dataclass(frozen=True)
@@ -65,10 +61,13 @@ class KernelSpec:
 GENERATOR_VERSION = "12"
 
 
-# integer output dtypes and the fp32 range they saturate to (int32: the largest fp32 values
-# inside the int32 range)
-INT_OUTPUTS = {torch.int8: (-128.0, 127.0), torch.uint8: (0.0, 255.0),
-               torch.int32: (-2147483648.0, 2147483520.0)}
+# integer output dtypes and the fp32 range they saturate to (the op table's reading)
+INT_OUTPUTS = {dt: int_range(dt) for dt in (torch.int8, torch.uint8, torch.int32)}
+
+
+def _saturated(value: str, dtype: torch.dtype) -> str:
+    """An fp8 store's value clamped to the dtype's largest finite value, NaN kept."""
+    return f"_ef_sat({value}, {_lit(torch.finfo(dtype).max)})"
 
 
 def uname(name: str) -> str:
@@ -253,8 +252,8 @@ class _Epilogue:
                 else:  # round half to even, saturate, as CUTLASS's float-to-int converters
                     lo, hi = INT_OUTPUTS[o.dtype]
                     v = f"_ef_round_sat({v}, {lo}, {hi})"
-            elif o.dtype in FP8_OUTPUTS:  # saturate (satfinite), NaN kept, as CUTLASS does
-                v = f"_ef_sat({v}, {_lit(FP8_OUTPUTS[o.dtype][1])})"
+            elif o.dtype in FP8_DTYPES:  # saturate (satfinite), NaN kept, as CUTLASS does
+                v = _saturated(v, o.dtype)
             lines.append(indent + sub.store_full(uname(o.name), v, o.batched))
         for o in vector_outputs(self.dag):
             lines += self._store_vector(o, env, sub, indent)
@@ -349,8 +348,8 @@ class _Epilogue:
             ptr = f"{u}_ptr + bid64 * {u}_sl"
             mask = f"({sub.pid_m} == 0) & ({sub.pid_n} == 0) & ({sub.first_sub})"
         mask = " & ".join([mask] + conds)
-        if o.dtype in FP8_OUTPUTS:
-            val = f"_ef_sat({val}, {_lit(FP8_OUTPUTS[o.dtype][1])})"
+        if o.dtype in FP8_DTYPES:
+            val = _saturated(val, o.dtype)
         return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]
 
 
@@ -600,7 +599,7 @@ def check_emittable(dag: Dag) -> str | None:
         if o.node.kind is NodeKind.REDUCE:
             continue  # written by the launch plan's combine step, any float dtype
         if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32) \
-                and o.dtype not in INT_OUTPUTS and o.dtype not in FP8_OUTPUTS:
+                and o.dtype not in INT_OUTPUTS and o.dtype not in FP8_DTYPES:
             return (f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16, fp32, "
                     "fp8 (e4m3fn, e5m2), int8, uint8 and int32")
     return None

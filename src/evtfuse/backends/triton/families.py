@@ -15,7 +15,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, OperandKind, OutputKind
-from ...optable import OPS
+from ...optable import FP8_DTYPES, OPS
 from ..triton.codegen import (KernelSpec, check_emittable, full_outputs, reduce_outputs,
                               vector_outputs)
 
@@ -24,7 +24,6 @@ SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
 SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scratch need room
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
-FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
 
 
