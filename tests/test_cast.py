@@ -21,7 +21,7 @@ from evtfuse.frontend import parse_epilogue
 from evtfuse.ir import NodeKind
 from evtfuse.optable import CAST_DTYPE, CAST_TARGETS, OPS, round_to
 from evtfuse.passes import optimize
-from evtfuse.reference import _cast, evaluate
+from evtfuse.reference import evaluate
 
 GEN = torch.Generator().manual_seed(77)
 FP8 = {"fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
@@ -86,7 +86,16 @@ def test_targets_and_spellings():
 
 
 def test_reference_output_rounding_is_the_one_function():
-    assert _cast is round_to
+    """The reference rounds stored outputs with optable.round_to (as cast() and verify do):
+    fp8 saturating, integers half to even and saturating."""
+    M, N, K = 8, 12, 4
+    A, B = torch.randn(M, K, generator=GEN), torch.randn(K, N, generator=GEN)
+    for dtype in (torch.float8_e4m3fn, torch.int8, torch.float16):
+        D = torch.empty(M, N, dtype=dtype)
+        args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+            "def e(accum): D = accum * 300.0; return D", D=D))
+        raw = evaluate(args, cast=False)["D"]
+        assert torch.equal(evaluate(args)["D"].float(), round_to(raw, dtype).float())
 
 
 def _nearest_fp8(x: torch.Tensor, dtype) -> torch.Tensor:

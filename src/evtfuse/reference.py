@@ -145,7 +145,4 @@ class _Evaluator:
         return result
 
 
-_cast = round_to  # the name runtime.verify imports
-
-
 __all__ = ["evaluate"]

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..optable import round_to
+
 # dtype -> (relative norm tolerance, elementwise rtol)
 TOLERANCES = {
     torch.float32: (1e-4, 1e-3),
@@ -76,9 +78,7 @@ class VerifyResult:
 def _compare_int(name: str, out: torch.Tensor, ref: torch.Tensor, dtype) -> OutputCheck:
     """Integer outputs: the reference (float64) rounded as the kernel rounds; one unit of
     difference is allowed where the kernel's fp32 value sits on the other side of a .5."""
-    from ..reference import _cast
-
-    want = _cast(ref.detach().to(torch.float64), dtype).to(torch.int64).reshape(-1).cpu()
+    want = round_to(ref.detach().to(torch.float64), dtype).to(torch.int64).reshape(-1).cpu()
     got = out.detach().to(torch.int64).reshape(-1).cpu()
     diff = (got - want).abs()
     bad = int((diff > 1).sum())
