@@ -22,11 +22,18 @@ CASES = {
     "relu_aux": ("def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
                  ["C"]),
     "gelu_bias": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", ["bias"]),
+    "silu_mul": ("def epi(accum, C): D = silu(accum) * C; return D", ["C"]),
+    "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", []),
+    "bce": ("def epi(accum, bias, C): f = accum + bias; "
+            "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
+            "return D, loss", ["bias", "C"]),
 }
 SHAPES = {"identity": [(4096, 4096, 4096), (8192, 8192, 8192)],
           "alpha_beta": [(8192, 8192, 1024), (4096, 4096, 4096)],
           "relu_aux": [(8192, 8192, 1024)],
-          "gelu_bias": [(8192, 8192, 1024)]}
+          "gelu_bias": [(8192, 8192, 1024)], "silu_mul": [(8192, 8192, 1024)],
+          "row_amax": [(8192, 8192, 1024), (4096, 4096, 4096)],
+          "bce": [(8192, 8192, 1024), (4096, 4096, 4096)]}
 
 
 def main() -> None:
@@ -35,6 +42,8 @@ def main() -> None:
     p.add_argument("--only", default="")
     p.add_argument("--max-configs", type=int, default=20)
     p.add_argument("--sweep", action="store_true", help="time a wide grid of hopper configs")
+    p.add_argument("--gluon", action="store_true",
+                   help="time gluon variants (epilogue split x GROUP_M) and the best hopper config")
     a = p.parse_args()
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
@@ -55,6 +64,11 @@ def main() -> None:
                 vals["beta"] = 0.5
             D = torch.empty(M, N, device="cuda", dtype=dt)
             outs = {"D": D}
+            if "amax" in src:
+                outs["amax"] = torch.empty(M, 1, device="cuda")
+            if "loss" in src:
+                outs["loss"] = torch.empty(1, device="cuda")
+                outs["D"] = D = None
             if "return D, F" in src:
                 outs["F"] = torch.empty(M, N, device="cuda", dtype=dt)
             args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, **vals, **outs))
@@ -66,6 +80,9 @@ def main() -> None:
             kernels = get_kernels(args)[: a.max_configs]
             if a.sweep:
                 kernels = _sweep(kernels[0], name)
+            if a.gluon:
+                kernels = _gluon_variants(kernels[0]) + [k for k in kernels
+                                                         if k.family.name == "hopper"][:2]
             for k in kernels:
                 t0 = time.time()
                 try:
@@ -108,6 +125,15 @@ def _sweep(base, name):
     configs.append(TileConfig(128, 128, 64, 8, 8, 2, epi_split=2, ctas_per_sm=2))
     configs.append(TileConfig(128, 256, 64, 8, 8, 2, epi_split=4, ctas_per_sm=2))
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
+
+
+def _gluon_variants(base):
+    """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8."""
+    from evtfuse.backends.triton.families import GluonFamily, TileConfig
+    from evtfuse.runtime.kernel import Kernel
+
+    return [Kernel(GluonFamily(), TileConfig(128, 128, 64, g, 4, 5, epi_split=sp), base.target)
+            for sp in (1, 2, 4) for g in (8, 4)]
 
 
 def _eager(name, vals):

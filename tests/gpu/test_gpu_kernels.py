@@ -215,3 +215,33 @@ def test_int8(family, mnk):
         src, scale=0.0005, bias=_rand(N) * 3, D=D, Y=Y, H=H))
     check(args, family, n_configs=2)
     assert torch.equal(Y.long().cpu(), A.long().cpu() @ B.long().cpu())
+
+
+@pytest.mark.parametrize("family", ["gluon", "hopper", "portable"])
+def test_fast_log_accuracy(family):
+    """On a GPU ``log`` is the hardware log2 with a series near 1: check it against float64
+    over magnitudes from 1e-30 to 1e30 and around 1 (where an absolute error would be a
+    large relative one)."""
+    if family == "gluon" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the gluon family runs on Hopper (sm_90)")
+    M, N, K = 512, 512, 16
+    A = torch.zeros(M, K, device=DEV, dtype=torch.bfloat16)
+    B = torch.zeros(K, N, device=DEV, dtype=torch.bfloat16)
+    A[:, 0], B[0, :] = 1.0, 1.0  # accum == 1 exactly
+    near1 = 1.0 + torch.linspace(-0.2, 0.2, M * N // 2, device=DEV)
+    wide = torch.logspace(-30, 30, M * N // 2, device=DEV)
+    X = torch.cat([near1, wide]).reshape(M, N)
+    D = torch.empty(M, N, device=DEV)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, X): D = log(accum * X); return D", X=X, D=D))
+    check(args, family, n_configs=1)
+    ref = torch.log(X.double())
+    err = ((D.double() - ref).abs() / ref.abs().clamp_min(1e-30)).max().item()
+    assert err < 2e-6, f"max relative error {err:.2e}"
+    X[0, :4] = torch.tensor([0.0, -1.0, float("inf"), float("nan")], device=DEV)
+    for k in [k for k in get_kernels(args) if k.family.name == family][:1]:
+        k.run(args)
+    torch.cuda.synchronize()
+    got = D[0, :4].tolist()
+    assert got[0] == float("-inf") and got[1] != got[1] and got[2] == float("inf") \
+        and got[3] != got[3], got

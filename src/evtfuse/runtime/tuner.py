@@ -1,7 +1,8 @@
 """Autotuning: time candidate kernels once per problem, remember the winner on disk.
 
 Layer: runtime. The key holds everything that changes which kernel is best or whether
-it runs at all: the epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides' order
+it runs at all: the code generator's version (new kernel families re-tune), the
+epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides' order
 and TMA alignment), the GPU's name and capability, and the tuning mode. The in-memory
 table answers repeated calls without touching the disk. "fast" tuning times the
 heuristic's first few candidates and stops at a time budget (30 s by default,
@@ -17,6 +18,7 @@ import time
 import torch
 
 from ..arguments import GemmArguments
+from ..backends.triton.codegen import GENERATOR_VERSION
 from ..errors import UnsupportedError
 from ..ir import signature
 from . import cache
@@ -34,7 +36,7 @@ def tuning_key(args: GemmArguments, tune: str, cc) -> str:
     # what a kernel's support and speed depend on in each tensor: the launch plans' key
     tensors = sorted((k, str(tensor_key(v))) for k, v in values.items()
                      if isinstance(v, torch.Tensor))
-    return cache.make_key(signature(args.dag), args.L, args.M, args.N, args.K,
+    return cache.make_key(GENERATOR_VERSION, signature(args.dag), args.L, args.M, args.N, args.K,
                           str(tensor_key(args.A)), str(tensor_key(args.B)), tensors, args.allow_tf32,
                           device_name(args.A.device), cc, tune)
 

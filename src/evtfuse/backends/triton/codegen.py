@@ -58,7 +58,8 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "12"
+GENERATOR_VERSION = "13"  # also part of the tuning key: a new generator re-tunes
+TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 
 
 # integer output dtypes and the fp32 range they saturate to (the op table's reading)
@@ -97,13 +98,13 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm"]
         elif spec.kind is OperandKind.PER_COL:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sn"]
-        elif family == "hopper":
+        elif family in TMA_FAMILIES:
             params.append(f"{u}_desc")
         else:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in full_outputs(dag):
         u = uname(o.name)
-        params += [f"{u}_desc"] if family == "hopper" else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+        params += [f"{u}_desc"] if family in TMA_FAMILIES else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in vector_outputs(dag):
         u = uname(o.name)
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
@@ -245,7 +246,7 @@ class _Epilogue:
         for o in full_outputs(self.dag):
             v = self._arg(o.node, env, True)
             if o.node.space is not Space.FULL:
-                v = f"({v} + tl.zeros(({sub.bm}, {sub.bn}), tl.float32))"
+                v = f"({v} + {sub.zeros()})"
             if o.dtype in INT_OUTPUTS:
                 if self.spec.int_acc and o.node.kind is NodeKind.ACCUM and o.dtype == torch.int32:
                     v = sub.acc  # the exact int32 accumulator
@@ -269,7 +270,7 @@ class _Epilogue:
         acc_name = f"racc_{u}"
         v = self._arg(n.inputs[0], env, True)
         if n.inputs[0].space is not Space.FULL:
-            v = f"({v} + tl.zeros(({sub.bm}, {sub.bn}), tl.float32))"
+            v = f"({v} + {sub.zeros()})"
         ident = _lit(row.reduce_identity)
         lines = [f"{indent}rv_{u}{sub.suffix} = tl.where({sub.mask}, {v}, {ident})"]
         rv = f"rv_{u}{sub.suffix}"
@@ -366,6 +367,9 @@ class _PortableTile:
     suffix: str = ""
     mask: str = "mask"
 
+    def zeros(self) -> str:
+        return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
+
     def load_full(self, u: str, batched: bool) -> str:
         b = f"bid64 * {u}_sl + " if batched else ""
         return (f"tl.load({u}_ptr + {b}{self.rm}[:, None] * {u}_sm + {self.rn}[None, :] * {u}_sn, "
@@ -391,6 +395,9 @@ class _HopperTile:
     pid_n: str = "pid_n_c"
     prefetched: bool = False
     mask: str = ""
+
+    def zeros(self) -> str:
+        return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:
@@ -576,13 +583,17 @@ def _hopper_source(spec: KernelSpec) -> str:
 
 def generate(spec: KernelSpec) -> str:
     """The whole generated module for ``spec``."""
-    kernel = _hopper_source(spec) if spec.family == "hopper" else _portable_source(spec)
     header = (
         f'"""evtfuse generated kernel ({spec.family}); key {spec.key()}.\n\n'
         + "\n".join("  " + line for line in ir.format_dag(spec.dag).splitlines())
         + '\n"""\n'
-        "import triton\nimport triton.language as tl\n\n"
     )
+    if spec.family == "gluon":
+        from .gluon_codegen import generate_gluon
+
+        return generate_gluon(spec, header)
+    kernel = _hopper_source(spec) if spec.family == "hopper" else _portable_source(spec)
+    header += "import triton\nimport triton.language as tl\n\n"
     return header + helpers_for(kernel) + "\n\n" + kernel
 
 

@@ -7,6 +7,7 @@ turns ``GemmArguments`` into a launch plan for the generated kernel (``plan``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,10 +15,10 @@ import torch
 
 from ...arguments import GemmArguments
 from ...errors import Status
-from ...ir import Dag, OperandKind, OutputKind
+from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES, OPS
-from ..triton.codegen import (KernelSpec, check_emittable, full_outputs, reduce_outputs,
-                              vector_outputs)
+from ..triton.codegen import (TMA_FAMILIES, KernelSpec, check_emittable, full_outputs,
+                              reduce_outputs, vector_outputs)
 
 INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
@@ -287,15 +288,18 @@ def _descriptor_getter(name: str, batched: bool, config: TileConfig):
     return get
 
 
-def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConfig) -> list[Any]:
-    """Items for ``codegen.epilogue_params`` in the same order (see ``KernelFamily.plan``)."""
+def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConfig,
+                    descriptor=None) -> list[Any]:
+    """Items for ``codegen.epilogue_params`` in the same order (see ``KernelFamily.plan``);
+    ``descriptor(name, batched, config)`` makes the getter of a full tile's descriptor."""
     values = args.epilogue.values
     out: list[Any] = []
+    descriptor = descriptor or _descriptor_getter
 
     def full(name: str, t: torch.Tensor, batched: bool) -> list[Any]:
         """A full (M, N) tile source or target: a TMA descriptor, or pointer and strides."""
-        if family == "hopper":
-            return [_descriptor_getter(name, batched, config)]
+        if family in TMA_FAMILIES:
+            return [descriptor(name, batched, config)]
         return [_value_getter(name)] + _vec_strides(t, OperandKind.FULL, batched)
 
     for spec in dag.used_operands:
@@ -396,6 +400,36 @@ def _tma_ok(t: torch.Tensor, name: str) -> str | None:
     return None
 
 
+def _tma_refusal(args: GemmArguments) -> str | None:
+    """Why A, B or a full aux operand/output cannot move by TMA (None: all can)."""
+    A, B = args.A, args.B
+    checks = [(A, "A"), (B, "B")]
+    dag = args.optimized_dag
+    values = args.epilogue.values
+    for spec in dag.used_operands:
+        if spec.kind is OperandKind.FULL:
+            checks.append((values[spec.name], spec.name))
+    for o in full_outputs(dag):
+        checks.append((values[o.name], o.name))
+    for t, name in checks:
+        why = _tma_ok(t, name)
+        if why:
+            return why
+    for t, name in checks[2:]:
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            return (f"{name} is not row-major (its last stride is {t.stride(-1)}); "
+                    "TMA aux tiles need N contiguous")
+    if A.stride(-1) != 1 and A.stride(-2) != 1:
+        return "A is neither row- nor column-major"
+    if B.stride(-1) != 1 and B.stride(-2) != 1:
+        return "B is neither row- nor column-major"
+    if A.element_size() == 1 and (A.stride(-1) != 1 or (B.stride(-2) != 1 and B.shape[-1] > 1)):
+        return (f"8-bit inputs ({A.dtype}) on the tensor cores (wgmma) need A row-major and "
+                "B column-major (both K-contiguous, e.g. B = W.t() for W of shape (N, K)); "
+                "the portable family takes other layouts")
+    return None
+
+
 class HopperFamily(KernelFamily):
     name = "hopper"
     description = ("persistent, tensor-descriptor (TMA) loads and stores, grouped tile order, "
@@ -410,32 +444,9 @@ class HopperFamily(KernelFamily):
         if target.kind == INTERPRETER and target.cc < 90:
             return Status.fail("TMA kernels run under the interpreter only when asked for "
                                "with cc=90")
-        A, B = args.A, args.B
-        checks = [(A, "A"), (B, "B")]
-        dag = args.optimized_dag
-        values = args.epilogue.values
-        for spec in dag.used_operands:
-            if spec.kind is OperandKind.FULL:
-                checks.append((values[spec.name], spec.name))
-        for o in full_outputs(dag):
-            checks.append((values[o.name], o.name))
-        for t, name in checks:
-            why = _tma_ok(t, name)
-            if why:
-                return Status.fail(why)
-        for t, name in checks[2:]:
-            if t.stride(-1) != 1 and t.shape[-1] > 1:
-                return Status.fail(f"{name} is not row-major (its last stride is {t.stride(-1)}); "
-                                   "TMA aux tiles need N contiguous")
-        if A.stride(-1) != 1 and A.stride(-2) != 1:
-            return Status.fail("A is neither row- nor column-major")
-        if B.stride(-1) != 1 and B.stride(-2) != 1:
-            return Status.fail("B is neither row- nor column-major")
-        if A.element_size() == 1 and (A.stride(-1) != 1 or (B.stride(-2) != 1 and B.shape[-1] > 1)):
-            return Status.fail(f"8-bit inputs ({A.dtype}) on the tensor cores (wgmma) need A "
-                               "row-major and B column-major (both K-contiguous, e.g. B = "
-                               "W.t() for W of shape (N, K)); the portable family takes other "
-                               "layouts")
+        why = _tma_refusal(args)
+        if why:
+            return Status.fail(why)
         return Status.success()
 
     def configs(self, args, target):
@@ -534,6 +545,145 @@ def _sms(target: Target) -> int:
     return target.sms
 
 
-FAMILIES: tuple[KernelFamily, ...] = (HopperFamily(), PortableFamily())
+# ------------------------------------------------------------------ gluon (ping-pong)
 
-__all__ = ["FAMILIES", "KernelFamily", "TileConfig", "Target", "HopperFamily", "PortableFamily"]
+def _gluon_available() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _gluon_descriptor(t: torch.Tensor, block: list[int]):
+    """A Gluon TMA descriptor: 128-byte-swizzled shared layout, as wgmma and ldmatrix read."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .codegen import TL_DTYPES
+
+    gl_dtype = getattr(gl, TL_DTYPES[t.dtype].split(".")[1])
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _gluon_full_getter(name: str, batched: bool, config: TileConfig):
+    make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
+                                                [config.block_m, config.block_n]))
+
+    def get(A, B, values):
+        return make(values[name])
+    return get
+
+
+def _gluon_split(dag: Dag) -> int:
+    """Column pieces of the gluon epilogue: a 128x128 fp32 tile is 128 registers per thread
+    of a consumer's 232; heavier epilogues work on narrower pieces (offline sm_90 compiles:
+    the BCE loss spills ~500 accesses in halves, none in quarters)."""
+    work = sum(1 for n in dag.nodes if n.kind is NodeKind.COMPUTE and n.space is Space.FULL)
+    return 4 if reduce_outputs(dag) or work >= 4 else 2
+
+
+GLUON_TILE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+GLUON_MIN_STAGES = 4  # a shallower A/B ring starves the tensor cores (3 stages: -25%)
+GLUON_MAX_STAGES = 5
+
+
+class GluonFamily(KernelFamily):
+    """CUTLASS's ping-pong structure written in Gluon (see ``gluon_codegen``)."""
+
+    name = "gluon"
+    description = ("warp-specialized ping-pong (Gluon, sm_90): a TMA producer warp, two MMA "
+                   "warpgroups on alternate tiles (one's epilogue overlaps the other's "
+                   "mainloop), aux tiles TMA-loaded into shared memory ahead of the epilogue")
+
+    def supports(self, args, target):
+        if target.kind != "cuda":
+            return Status.fail("Gluon kernels need a Hopper GPU (they do not run under "
+                               "Triton's CPU interpreter)")
+        if target.cc != 90:
+            return Status.fail(f"needs compute capability 9.0 (warpgroup MMA); this GPU is "
+                               f"{target.cc}")
+        if not _gluon_available():
+            return Status.fail("this Triton has no Gluon (triton.experimental.gluon, Triton 3.6+)")
+        st = self._common(args, target)
+        if not st:
+            return st
+        if args.A.dtype not in (torch.float16, torch.bfloat16):
+            return Status.fail(f"A and B are {args.A.dtype}; the gluon family takes fp16 and "
+                               "bf16 (the hopper family takes the others)")
+        if args.L > 1:
+            return Status.fail("batched problems (L > 1) run on the hopper family")
+        dag = args.optimized_dag
+        if vector_outputs(dag):
+            return Status.fail(f"per-row/per-column stored output {vector_outputs(dag)[0].name}: "
+                               "the hopper family stores those")
+        values = args.epilogue.values
+        tiles = [(s.name, values[s.name]) for s in dag.used_operands if s.kind is OperandKind.FULL]
+        tiles += [(o.name, values[o.name]) for o in full_outputs(dag)]
+        for name, t in tiles:
+            if t.dtype not in GLUON_TILE_DTYPES:
+                return Status.fail(f"{name} is {t.dtype}; the gluon family moves fp16, bf16 and "
+                                   "fp32 tiles (the hopper family takes the others)")
+        why = _tma_refusal(args)
+        if why:
+            return Status.fail(why)
+        if not self.configs(args, target):
+            from .gluon_codegen import buffers
+
+            kb = buffers(dag).tile_bytes(128, 128) // 1024
+            return Status.fail(f"the epilogue's tiles need {kb} KB of shared memory, which "
+                               f"leaves less than {GLUON_MIN_STAGES} stages for A and B")
+        return Status.success()
+
+    def configs(self, args, target):
+        from .gluon_codegen import buffers
+
+        bm, bn, bk = 128, 128, 64
+        epi = buffers(args.optimized_dag).tile_bytes(bm, bn)
+        stage = (bm + bn) * bk * args.A.element_size()
+        stages = min(GLUON_MAX_STAGES, (SMEM_LIMIT - 2048 - epi) // stage)
+        if stages < GLUON_MIN_STAGES:
+            return []
+        # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
+        # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
+        split = int(os.environ.get("EVTFUSE_GLUON_SPLIT", "0")) or _gluon_split(args.optimized_dag)
+        return [TileConfig(bm, bn, bk, 8, 4, stages, epi_split=split),
+                TileConfig(bm, bn, bk, 4, 4, stages, epi_split=split)]
+
+    def spec(self, args, config, target):
+        return KernelSpec("gluon", args.optimized_dag, bool(args.A.stride(-1) != 1),
+                          bool(args.B.stride(-1) != 1), False, False, config.epi_split, True)
+
+    def plan(self, args, dag, config, target):
+        spec = self.spec(args, config, target)
+        bm, bn, bk = config.block_m, config.block_n, config.block_k
+
+        def operand(t, trans, block):
+            view = _as2d_or_3d(t, False)
+            return _gluon_descriptor(view.mT if trans else view, block)
+
+        make_a = _rebased(lambda t: operand(t, spec.a_trans, [bk, bm] if spec.a_trans else [bm, bk]))
+        make_b = _rebased(lambda t: operand(t, spec.b_trans, [bn, bk] if spec.b_trans else [bk, bn]))
+
+        def get_a(A, B, values):
+            return make_a(A)
+
+        def get_b(A, B, values):
+            return make_b(B)
+
+        items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
+        items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter)
+        red_items, post = _reduction_items(args, dag, config)
+        items += red_items
+        tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn)
+        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+                      NUM_STAGES=config.num_stages, CONSUMER_REGS=232, PRODUCER_REGS=40,
+                      num_warps=4)
+        return items, consts, (min(_sms(target), tiles),), post
+
+
+FAMILIES: tuple[KernelFamily, ...] = (GluonFamily(), HopperFamily(), PortableFamily())
+
+__all__ = ["FAMILIES", "KernelFamily", "TileConfig", "Target", "HopperFamily", "PortableFamily",
+           "GluonFamily"]

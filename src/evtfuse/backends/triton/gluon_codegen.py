@@ -1,0 +1,360 @@
+"""Gluon source emitter: a warp-specialized ping-pong Hopper GEMM with the DAG's epilogue.
+
+Layer: backends/triton. Gluon (``triton.experimental.gluon``, shipped with Triton 3.6) is
+Triton's lower-level dialect: layouts, shared memory, mbarriers, TMA and warpgroup MMA are
+explicit. This emitter produces one module with a ``@gluon.jit`` kernel named
+``evtfuse_kernel`` laid out as CUTLASS's ping-pong kernel
+(``KernelTmaWarpSpecializedPingpong``), which lets one tile's epilogue run while the tensor
+cores work on the next tile:
+
+* a 1-warp **producer** partition streams A and B tiles through a ring of ``NUM_STAGES``
+  shared-memory stages (TMA, ``ready``/``empty`` mbarriers);
+* two 4-warp **consumer** partitions (one warpgroup each) take alternate tiles of the
+  persistent program; each runs its tile's mainloop (``warpgroup_mma``) and then its
+  epilogue. An ``order`` mbarrier pair makes the mainloops strictly alternate, so while one
+  warpgroup computes its epilogue the other owns the tensor cores (required for
+  correctness too: both consumers wait on one ring by parity);
+* a 1-warp **epilogue-memory** partition TMA-loads every full aux operand of a tile into
+  its consumer's shared buffers ahead of time (``c_ready``) and TMA-stores the full outputs
+  the consumer left in shared memory (``d_ready``), then reuses the buffers two tiles on.
+
+The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op table's
+spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
+wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
+indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
+(sm_90), fp16/bf16 A and B, one batch, no per-row/per-column stored vectors.
+Design notes and measurements of the prototype: ``scripts/gluon_probe.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...ir import Dag, OperandKind
+from .codegen import (_Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
+                      reduce_outputs, uname)
+from .prelude import helpers_for
+
+LAYOUT = "mma_layout"
+I1, I2, I3 = "    ", "        ", "            "
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """Shared-memory buffers of the epilogue, two of each (one per consumer): ``loads``
+    (operand name, dtype) filled by TMA before the epilogue; ``stores`` (output name,
+    dtype, buffer): an output reuses a load's buffer of the same dtype (its tile is read
+    into registers before any output is written), else gets its own."""
+
+    loads: tuple[tuple[str, torch.dtype], ...]
+    stores: tuple[tuple[str, torch.dtype, str], ...]
+
+    @property
+    def own(self) -> list[tuple[str, torch.dtype]]:
+        """Every buffer allocated: (buffer name, dtype)."""
+        out = [(f"lb_{uname(n)}", dt) for n, dt in self.loads]
+        out += [(buf, dt) for n, dt, buf in self.stores if buf == f"ob_{uname(n)}"]
+        return out
+
+    def tile_bytes(self, block_m: int, block_n: int) -> int:
+        """Shared memory of both consumers' buffers for tiles of block_m x block_n."""
+        return 2 * block_m * block_n * sum(dt.itemsize for _, dt in self.own)
+
+
+def buffers(dag: Dag) -> Buffers:
+    loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
+    free = list(loads)
+    stores = []
+    for o in full_outputs(dag):
+        match = next((ld for ld in free if ld[1] == o.dtype), None)
+        if match is not None:
+            free.remove(match)
+            stores.append((o.name, o.dtype, f"lb_{uname(match[0])}"))
+        else:
+            stores.append((o.name, o.dtype, f"ob_{uname(o.name)}"))
+    return Buffers(loads, tuple(stores))
+
+
+@dataclass
+class _GluonTile:
+    """One column piece of the consumer's tile: accumulator ``acc`` in layout ``layout``
+    (the wgmma layout, or the one ``split`` gives its pieces), columns from ``off_n`` on."""
+
+    store_buffer: dict
+    acc: str
+    layout: str
+    rn: str
+    off: str  # column offset of the piece inside the tile
+    suffix: str
+    first_sub: str
+    rm: str = "rm"
+    bm: str = "BLOCK_M"
+    bn: str = "SUB_N"
+    pid_m: str = "pid_m_c"
+    pid_n: str = "pid_n_c"
+    mask: str = ""
+
+    def zeros(self) -> str:
+        return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
+
+    def _piece(self, buf: str) -> str:
+        return f"{buf}_c.slice({self.off}, SUB_N, dim=1)"
+
+    def load_full(self, u: str, batched: bool) -> str:
+        return f"{self._piece(f'lb_{u}')}.load({self.layout}).to(tl.float32)"
+
+    def store_full(self, u: str, value: str, batched: bool) -> str:
+        buf = self.store_buffer[u]
+        return f"{self._piece(buf)}.store(({value}).to({buf}_c.dtype))"
+
+
+def _coords(trans: bool, row: str, k: str) -> str:
+    return f"[{k}, {row}]" if trans else f"[{row}, {k}]"
+
+
+def _kernel_source(spec: KernelSpec) -> str:
+    dag = spec.dag
+    bufs = buffers(dag)
+    epi = _Epilogue(spec)
+    params = epilogue_params(dag, "gluon")
+    # descriptors of full tiles go to the epilogue-memory partition, the rest to consumers
+    descs = [p for p in params if p.endswith("_desc")]
+    consumer_params = [p for p in params if not p.endswith("_desc")]
+    own = [name for name, _ in bufs.own]
+    store_buffer = {uname(n): buf for n, _, buf in bufs.stores}
+    load_names = [uname(n) for n, _ in bufs.loads]
+    sizes = "M, N, K, L"
+    consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
+                 "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr"
+    consts = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES"
+    a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K")
+    b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K")
+    a_smem = "a_bufs.index(s).permute((1, 0))" if spec.a_trans else "a_bufs.index(s)"
+    b_smem = "b_bufs.index(s).permute((1, 0))" if spec.b_trans else "b_bufs.index(s)"
+    L: list[str] = []
+    L += [
+        "@gluon.jit",
+        "def _ef_tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):",
+        f"{I1}group = GROUP_M * num_pid_n",
+        f"{I1}first_m = (tile // group) * GROUP_M",
+        f"{I1}group_m = gl.minimum(num_pid_m - first_m, GROUP_M)",
+        f"{I1}pid_m = first_m + ((tile % group) % group_m)",
+        f"{I1}pid_n = (tile % group) // group_m",
+        f"{I1}return pid_m, pid_n",
+        "",
+        "",
+        "@gluon.jit",
+        f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts_sig}):",
+        f"{I1}start = gl.program_id(0)",
+        f"{I1}nprog = gl.num_programs(0)",
+        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
+        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
+        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+        f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
+        f"{I1}nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes",
+        f"{I1}i = 0",
+        f"{I1}for t in range(my_tiles):",
+        f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}off_m = pid_m * BLOCK_M",
+        f"{I2}off_n = pid_n * BLOCK_N",
+        f"{I2}for kk in range(k_tiles):",
+        f"{I3}s = i % NUM_STAGES",
+        f"{I3}mbarrier.wait(empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)",
+        f"{I3}bar = ready.index(s)",
+        f"{I3}mbarrier.expect(bar, nbytes)",
+        f"{I3}tma.async_copy_global_to_shared(a_desc, {a_k}, bar, a_bufs.index(s))",
+        f"{I3}tma.async_copy_global_to_shared(b_desc, {b_k}, bar, b_bufs.index(s))",
+        f"{I3}i += 1",
+        "",
+        "",
+    ]
+    # ---- epilogue-memory partition: aux tiles in, outputs out
+    load_bytes = " + ".join(f"{u}_desc.block_type.nbytes" for u in load_names) or "0"
+    mem_args = ", ".join(descs + own)
+    L += [
+        "@gluon.jit",
+        f"def _ef_mem_issue(t, start, nprog, num_pid_m, num_pid_n, c_ready, "
+        f"{mem_args + ', ' if mem_args else ''}{consts_sig}):",
+        f"{I1}b = t % 2",
+    ]
+    if load_names:
+        L += [
+            f"{I1}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+            f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
+        ]
+        for u in load_names:
+            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [pid_m * BLOCK_M, "
+                     f"pid_n * BLOCK_N], c_ready.index(b), lb_{u}.index(b))")
+    else:
+        L.append(f"{I1}mbarrier.arrive(c_ready.index(b))")
+    L += [
+        "",
+        "",
+        "@gluon.jit",
+        f"def _ef_mem(c_ready, d_ready, {mem_args + ', ' if mem_args else ''}{sizes}, {consts_sig}):",
+        f"{I1}start = gl.program_id(0)",
+        f"{I1}nprog = gl.num_programs(0)",
+        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
+        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
+        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+        f"{I1}_ef_mem_issue(0, start, nprog, num_pid_m, num_pid_n, c_ready, "
+        f"{mem_args + ', ' if mem_args else ''}{consts})",
+        f"{I1}if my_tiles > 1:",
+        f"{I2}_ef_mem_issue(1, start, nprog, num_pid_m, num_pid_n, c_ready, "
+        f"{mem_args + ', ' if mem_args else ''}{consts})",
+        f"{I1}for t in range(my_tiles):",
+        f"{I2}b = t % 2",
+        f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
+    ]
+    for o in full_outputs(dag):
+        u = uname(o.name)
+        L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, [pid_m * BLOCK_M, "
+                 f"pid_n * BLOCK_N], {store_buffer[u]}.index(b))")
+    L += [
+        f"{I2}if t + 2 < my_tiles:",
+        f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
+        f"{I3}_ef_mem_issue(t + 2, start, nprog, num_pid_m, num_pid_n, c_ready, "
+        f"{mem_args + ', ' if mem_args else ''}{consts})",
+        f"{I1}tma.store_wait(pendings=0)",
+        "",
+        "",
+    ]
+    # ---- consumers
+    cons_args = ", ".join(["a_bufs", "b_bufs", "ready", "empty", "c_ready", "d_ready", "order"]
+                          + own + consumer_params)
+    L += [
+        "@gluon.jit",
+        "def _ef_mma_step(i, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES: gl.constexpr):",
+        f"{I1}s = i % NUM_STAGES",
+        f"{I1}mbarrier.wait(ready.index(s), (i // NUM_STAGES) & 1)",
+        f"{I1}acc = warpgroup_mma({a_smem}, {b_smem}, acc, use_acc=kk > 0, is_async=True)",
+        f"{I1}acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))",
+        f"{I1}# wgmma i-1 is done: release its stage",
+        f"{I1}mbarrier.arrive(empty.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=kk > 0)",
+        f"{I1}return acc",
+        "",
+        "",
+        "@gluon.jit",
+        f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
+        f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
+        "warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])",
+        f"{I1}start = gl.program_id(0)",
+        f"{I1}nprog = gl.num_programs(0)",
+        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
+        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
+        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+        f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
+        f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
+        f"{I1}bid64 = 0",
+    ]
+    L += [f"{I1}{name}_c = {name}.index(WHICH)" for name in own]
+    L += epi.prologue(I1)
+    L += [
+        f"{I1}for r in range((my_tiles - WHICH + 1) // 2):",
+        f"{I2}t = 2 * r + WHICH",
+        # a fresh accumulator per tile: the last tile's dies with its epilogue instead of
+        # staying live (as the first wgmma's input) through it
+        f"{I2}acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout={LAYOUT})",
+        f"{I2}i0 = t * k_tiles  # ring index of this tile's first k-step",
+        # wait for the other consumer to have issued its previous mainloop: the ring's
+        # barriers are waited on by parity, so a consumer must never run two phases ahead
+        f"{I2}mbarrier.wait(order.index(WHICH), (r & 1) ^ (1 - WHICH))",
+        f"{I2}for kk in range(k_tiles):",
+        f"{I3}acc = _ef_mma_step(i0 + kk, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES)",
+        f"{I2}mbarrier.arrive(order.index(1 - WHICH))  # every wgmma issued: the other's turn",
+        f"{I2}acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
+        f"{I2}mbarrier.arrive(empty.index((i0 + k_tiles - 1) % NUM_STAGES))",
+        f"{I2}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}mbarrier.wait(c_ready.index(WHICH), r & 1)  # aux tiles in, old outputs out",
+    ]
+    # the epilogue runs on column pieces of the tile (as the hopper family's sub-tiles):
+    # a 128x128 fp32 tile is 128 registers per thread, which leaves too few for
+    # transcendental-heavy epilogues (ptxas spills)
+    split_lines, pieces = _split_lines(spec.epi_split, I2)
+    L += split_lines
+    for k, piece in enumerate(pieces):
+        layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
+        rn = f"rn{k}"
+        L += [
+            f"{I2}rm = pid_m_c * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, {layout}))",
+            f"{I2}{rn} = pid_n_c * BLOCK_N + {k} * SUB_N + gl.arange(0, SUB_N, "
+            f"layout=gl.SliceLayout(0, {layout}))",
+        ]
+        if reduce_outputs(dag):
+            L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
+        sub = _GluonTile(store_buffer, acc=piece, layout=layout, rn=rn, off=f"{k} * SUB_N",
+                         suffix=f"_{k}", first_sub="True" if k == 0 else "False",
+                         mask=f"mask{k}")
+        L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
+    L += [
+        f"{I2}fence_async_shared()",
+        f"{I2}mbarrier.arrive(d_ready.index(WHICH))",
+        "",
+        "",
+    ]
+    call = f"{cons_args}, {sizes}"
+    for which in (0, 1):
+        L += [
+            "@gluon.jit",
+            f"def _ef_consumer{which}({call}, {consts_sig}):",
+            f"{I1}_ef_consumer({call}, {which}, {consts})",
+            "",
+            "",
+        ]
+    # ---- the kernel: shared memory, barriers, partitions
+    kparams = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + params)
+    L += [
+        "@gluon.jit",
+        f"def evtfuse_kernel({kparams},",
+        f"                   {consts_sig},",
+        "                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):",
+        f"{I1}dtype: gl.constexpr = a_desc.dtype",
+        f"{I1}a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, "
+        "a_desc.layout)",
+        f"{I1}b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, "
+        "b_desc.layout)",
+    ]
+    for name, _ in bufs.own:
+        desc = name[3:] + "_desc"
+        L.append(f"{I1}{name} = gl.allocate_shared_memory({desc}.dtype, [2] + "
+                 f"{desc}.block_type.shape, {desc}.layout)")
+    L += [
+        f"{I1}ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())",
+        f"{I1}empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())",
+        f"{I1}c_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
+        f"{I1}d_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
+        f"{I1}order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
+        f"{I1}for i in gl.static_range(NUM_STAGES):",
+        f"{I2}mbarrier.init(ready.index(i), count=1)",
+        f"{I2}mbarrier.init(empty.index(i), count=1)",
+        f"{I1}for i in gl.static_range(2):",
+        f"{I2}mbarrier.init(c_ready.index(i), count=1)",
+        f"{I2}mbarrier.init(d_ready.index(i), count=1)",
+        f"{I2}mbarrier.init(order.index(i), count=1)",
+        f"{I1}gl.warp_specialize([",
+        f"{I2}(_ef_consumer0, ({call}, {consts})),",
+        f"{I2}(_ef_consumer1, ({call}, {consts})),",
+        f"{I2}(_ef_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts})),",
+        f"{I2}(_ef_mem, (c_ready, d_ready, {mem_args + ', ' if mem_args else ''}{sizes}, {consts})),",
+        f"{I1}], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])",
+    ]
+    return "\n".join(L) + "\n"
+
+
+IMPORTS = (
+    "import triton\n"
+    "import triton.language as tl\n"
+    "from triton.experimental import gluon\n"
+    "from triton.experimental.gluon import language as gl\n"
+    "from triton.experimental.gluon.language.nvidia.hopper import (\n"
+    "    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)\n\n"
+)
+
+
+def generate_gluon(spec: KernelSpec, header: str) -> str:
+    """The whole generated module (``header``: the docstring ``codegen.generate`` writes)."""
+    kernel = _kernel_source(spec)
+    return header + IMPORTS + helpers_for(kernel) + "\n\n" + kernel

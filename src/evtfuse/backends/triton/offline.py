@@ -1,0 +1,111 @@
+"""Offline compilation of a generated kernel for a GPU target, without a GPU.
+
+Layer: backends/triton. Triton compiles for any NVIDIA target on a machine without one
+(``triton.compile`` with a ``GPUTarget``); this module does it for one kernel family and
+arguments, with the signature Triton would derive from the real launch values. The CPU
+test tier uses it to check that every generated Gluon kernel compiles to sm_90 SASS
+within its register and shared-memory budget (no spills), which the interpreter cannot
+show. Arguments may hold CPU tensors: only dtypes, shapes and strides matter here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from ...arguments import GemmArguments
+from .codegen import generate
+from .families import KernelFamily, Target, TileConfig
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What an offline compile says about one kernel."""
+
+    shared_bytes: int
+    registers: int  # per thread, as ptxas allocated (cuobjdump -res-usage), -1 if unknown
+    spills: int  # local-memory loads and stores in the SASS (LDL/STL)
+    ptx: str
+
+
+def _cuobjdump() -> str | None:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return path if os.path.exists(path) else None
+
+
+def compile_for(family: KernelFamily, config: TileConfig, args: GemmArguments,
+                cc: int = 90, sms: int = 132) -> Compiled:
+    """Generate and compile ``family``'s kernel for ``args`` to a ``cc`` cubin."""
+    target = Target("cuda", cc, args.A.device, sms)
+    spec = family.spec(args, config, target)
+    with tempfile.TemporaryDirectory() as tmp:
+        fn = _compiled_kernel_fn(generate(spec), tmp)
+        return _compile(fn, spec, family, config, args, target, cc)
+
+
+def _compiled_kernel_fn(source: str, folder: str):
+    """The module's ``evtfuse_kernel``, imported from ``folder`` (not registered in the
+    runtime's module cache)."""
+    from triton import knobs
+
+    if knobs.runtime.interpret:
+        raise RuntimeError("offline compiles need Triton's CPU interpreter off (TRITON_INTERPRET "
+                           "unset): with it on, Triton's own library functions (tl.sum's "
+                           "combine, ...) are interpreted ones that no compiled kernel can call")
+    path = os.path.join(folder, "offline_kernel.py")
+    with open(path, "w") as f:
+        f.write(source)
+    name = f"evtfuse_offline_{abs(hash(source))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module.evtfuse_kernel
+
+
+def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    items, consts, _, _ = family.plan(args, args.optimized_dag, config, target)
+    values = args.epilogue.values
+    pos = [item(args.A, args.B, values) if callable(item) else item for item in items]
+    names = list(fn.arg_names)
+    consts = dict(consts)
+    options = {k: consts.pop(k) for k in ("num_warps", "num_stages") if k in consts}
+    if spec.family == "gluon":  # Gluon pipelines explicitly; num_stages is a kernel constexpr
+        options.pop("num_stages", None)
+    signature = {name: mangle_type(v) for name, v in zip(names, pos)}
+    for name in names[len(pos):]:
+        signature[name] = "constexpr"
+    constexprs = {(names.index(k),): v for k, v in consts.items()}
+    if spec.family == "gluon":
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    else:
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+    registers, spills = -1, 0
+    tool = _cuobjdump()
+    if tool:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = os.path.join(tmp, "k.cubin")
+            with open(cubin, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True,
+                                   text=True).stdout
+            m = re.search(r"REG:(\d+)", usage)
+            registers = int(m.group(1)) if m else -1
+            sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+            spills = sum(1 for line in sass.splitlines() if "LDL" in line or "STL" in line)
+    return Compiled(kernel.metadata.shared, registers, spills, kernel.asm["ptx"])

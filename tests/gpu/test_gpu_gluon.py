@@ -1,0 +1,202 @@
+"""GPU tier: the Gluon ping-pong family (Hopper only) against the reference evaluator.
+
+Every case runs on NaN-poisoned outputs (``Kernel.verify``) with fresh random data. The
+shapes exercise what the family's synchronisation depends on: one tile (the second
+consumer has no work), fewer tiles than SMs, several tiles per program (odd and even
+counts per consumer), K shorter than one k-step, ragged M/N/K (TMA zero fill and clipped
+stores), and both operand layouts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from gpu_helpers import check, family_kernels
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(torch.cuda.is_available()
+                                 and torch.cuda.get_device_capability() != (9, 0),
+                                 reason="the gluon family runs on Hopper (sm_90)")]
+
+DEV = "cuda"
+BF = torch.bfloat16
+
+
+def _rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEV, dtype=torch.float32).to(dtype)
+
+
+ALPHA_BETA = "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"
+
+
+@pytest.mark.parametrize("dtype", [BF, torch.float16])
+@pytest.mark.parametrize("mnk", [(100, 64, 16), (300, 520, 72), (1000, 776, 264),
+                                 (2048, 2048, 512), (4096, 4096, 4096), (8192, 1024, 1024)])
+def test_alpha_beta(dtype, mnk):
+    M, N, K = mnk  # rows of 16-byte multiples (TMA); smaller ones: test_tiny_problems_padded_storage
+    A, B, C = _rand(M, K, dtype=dtype), _rand(K, N, dtype=dtype), _rand(M, N, dtype=dtype)
+    D = torch.empty(M, N, device=DEV, dtype=dtype)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.5, beta=-0.5, D=D))
+    check(args, "gluon")
+
+
+def test_tiny_problems_padded_storage():
+    # 1x1x1, 7x7x7 and 1x9x3 in storage with 16-byte aligned rows (views of wider tensors)
+    for M, N, K in [(1, 1, 1), (7, 7, 7), (1, 9, 3), (129, 33, 7)]:
+        pad = lambda r, c: torch.randn(r, 64, device=DEV).to(BF)[:, :c]  # noqa: E731
+        A, B, C = pad(M, K), pad(K, N), pad(M, N)
+        D = torch.empty(M, 64, device=DEV, dtype=BF)[:, :N]
+        args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=2.0, beta=1.0, D=D))
+        check(args, "gluon", n_configs=1)
+
+
+@pytest.mark.parametrize("layout", ["A_col", "B_col", "both_col"])
+def test_operand_layouts(layout):
+    M, N, K = 1000, 776, 264
+    A = _rand(K, M, dtype=BF).T if layout in ("A_col", "both_col") else _rand(M, K, dtype=BF)
+    B = _rand(N, K, dtype=BF).T if layout in ("B_col", "both_col") else _rand(K, N, dtype=BF)
+    C = _rand(M, N, dtype=BF)
+    D = torch.empty(M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=1.0, D=D))
+    check(args, "gluon", n_configs=1)
+
+
+def test_few_programs_many_tiles(monkeypatch):
+    # 5 programs for 48 tiles: 9-10 tiles each, odd and even counts per consumer
+    from evtfuse.backends.triton import families
+
+    M, N, K = 1000, 776, 200
+    A, B, C = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF), _rand(M, N, dtype=BF)
+    D = torch.empty(M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=2.0, D=D))
+    k = family_kernels(args, "gluon")[0]
+    monkeypatch.setattr(families, "_sms", lambda target: 5)
+    k._plans.clear()
+    k._last = (None, None)
+    try:
+        assert k.plan(args).grid == (5,)
+        result = k.verify(args)
+        assert result, result.report()
+    finally:  # later tests must not reuse the 5-program plan
+        k._plans.clear()
+        k._last = (None, None)
+
+
+EPILOGUES = {
+    "identity": ("def epi(accum): D = accum; return D", {}),
+    "bias_gelu": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", {"bias": "col"}),
+    "silu_mul": ("def epi(accum, X): D = silu(accum) * X; return D", {"X": "full"}),
+    "aux_device_scalar": ("def epi(accum, C, s): D = accum * s + C; return D", {"C": "full", "s": "dev"}),
+    "row_vec_index": ("def epi(accum, r): D = accum + r * row_index() - col_index(); return D", {"r": "row"}),
+    "all_ops": ("""
+def epi(accum, C, bias, rowv, s):
+    x = accum * 0.125 + bias
+    a = relu(x) + leaky_relu(x, 0.2) + sigmoid(x) + tanh(x) + gelu(x) + gelu_tanh(x)
+    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0)
+    c = sqrt(abs(x)) + rsqrt(abs(x) + 1.0) + sin(x) + cos(x) + tan(x * 0.1)
+    d = maximum(x, C) + minimum(x, rowv) + clamp(x, -0.5, 0.5) + where(x > C, x, C)
+    e = multiply_add(x, s, C) + x ** 2 + x ** 3 - x / (abs(C) + 1.0)
+    D = a + b + c + d + e
+    return D
+""", {"C": "full", "bias": "col", "rowv": "row", "s": "scalar"}),
+    "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", {"amax": "rowout"}),
+    "col_sum": ("def epi(accum): D = accum; cs = sum(accum * 0.5); return D, cs", {"cs": "colout"}),
+    "lse": ("def epi(accum): D = accum; lse = logsumexp(accum * 0.1); return D, lse", {"lse": "rowout"}),
+    "bce": ("""
+def bce(accum, bias, C):
+    f = accum + bias
+    t = (1 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999))
+    loss = sum(t)
+    D = f
+    return D, loss
+""", {"bias": "col", "C": "label", "D": None, "loss": "scalarout"}),
+}
+
+
+def _operands(kinds, M, N):
+    ops = {}
+    for name, kind in kinds.items():
+        ops[name] = {
+            "full": lambda: _rand(M, N, dtype=BF),
+            "full32": lambda: _rand(M, N),
+            "label": lambda: (torch.rand(M, N, device=DEV) > 0.5).to(BF),
+            "col": lambda: _rand(N),
+            "row": lambda: _rand(M, 1),
+            "dev": lambda: _rand(1).reshape(()),
+            "scalar": lambda: 0.75,
+            "out32": lambda: torch.empty(M, N, device=DEV),
+            "rowout": lambda: torch.empty(M, 1, device=DEV),
+            "colout": lambda: torch.empty(N, device=DEV),
+            "scalarout": lambda: torch.empty(1, device=DEV),
+            None: lambda: None,
+        }[kind]()
+    return ops
+
+
+@pytest.mark.parametrize("name", list(EPILOGUES))
+@pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 1536, 1024)])
+def test_epilogues(name, mnk):
+    M, N, K = mnk
+    src, kinds = EPILOGUES[name]
+    ops = _operands(kinds, M, N)
+    if "D" not in kinds:
+        ops["D"] = torch.empty(M, N, device=DEV, dtype=BF)
+    A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF) * 0.25
+    args = GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(src, **ops))
+    check(args, "gluon")
+
+
+def test_two_outputs_refused_with_reason():
+    M, N, K = 512, 512, 128
+    A, B, C = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF), _rand(M, N, dtype=BF)
+    D, F = (torch.empty(M, N, device=DEV, dtype=BF) for _ in range(2))
+    src = "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, alpha=0.5, D=D, F=F))
+    assert not [k for k in get_kernels(args) if k.family.name == "gluon"]
+    assert "gluon: refused: the epilogue's tiles need 128 KB of shared memory" in evtfuse.explain(args)
+    assert get_kernels(args)[0].verify(args)  # the hopper family takes it
+    D32 = torch.empty(M, N, device=DEV)  # an fp32 D beside a bf16 C: 96 KB per consumer
+    args = GemmArguments(A, B, D32, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=1.0, D=D32))
+    assert "gluon: refused: the epilogue's tiles need 192 KB" in evtfuse.explain(args)
+
+
+def test_scalar_rerun_and_cuda_graph():
+    M, N, K = 1024, 1024, 512
+    A, B, C = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF), _rand(M, N, dtype=BF)
+    D = torch.empty(M, N, device=DEV, dtype=BF)
+    epi = EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=0.0, D=D)
+    args = GemmArguments(A, B, D, epilogue=epi)
+    k = family_kernels(args, "gluon")[0]
+    assert k.verify(args)
+    args2 = GemmArguments(A, B, D, epilogue=epi.with_values(alpha=-2.0, beta=3.0))
+    assert k.verify(args2)
+    k.run(args2)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        k.run(args2)
+    A.copy_(_rand(M, K, dtype=BF))
+    D.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = evtfuse.reference.evaluate(args2, cast=False)["D"]
+    torch.testing.assert_close(D.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().mean().item())
+
+
+def test_gemm_tuner_sees_gluon_candidates():
+    M, N, K = 2048, 2048, 1024
+    A, B, C = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF), _rand(M, N, dtype=BF)
+    args = GemmArguments(A, B, torch.empty(M, N, device=DEV, dtype=BF),
+                         epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=1.0,
+                                                    D=torch.empty(M, N, device=DEV, dtype=BF)))
+    from evtfuse.runtime.tuner import FAST_CANDIDATES
+
+    names = [k.family.name for k in get_kernels(args)[:FAST_CANDIDATES]]
+    assert "gluon" in names and "hopper" in names
+    D = evtfuse.gemm(A, B, ALPHA_BETA, C=C, alpha=1.0, beta=1.0)
+    ref = A.float() @ B.float() + C.float()
+    torch.testing.assert_close(D.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().mean().item())

@@ -1,0 +1,153 @@
+"""The gluon family without a GPU: its refusals, its shared-memory plan, and offline
+compiles of generated kernels for sm_90 (``backends.triton.offline``), which check that
+each one is valid Gluon, fits shared memory and does not spill heavily. Results on a
+GPU: tests/gpu/test_gpu_gluon.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evtfuse import EpilogueArguments, GemmArguments, explain
+from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target
+from evtfuse.backends.triton.gluon_codegen import buffers
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+BF = torch.bfloat16
+M, N, K = 512, 384, 256
+H100 = Target("cuda", 90, torch.device("cpu"), 132)
+
+
+def _args(src, dtype=BF, **ops):
+    A, B = torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+    if "D" not in ops:
+        ops["D"] = torch.empty(M, N, dtype=dtype)
+    return GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(src, **ops))
+
+
+ALPHA_BETA = "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"
+RELU_AUX = "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"
+
+
+def test_refused_under_interpreter_with_reason():
+    args = _args(ALPHA_BETA, dtype=torch.float16, C=torch.randn(M, N).half(), alpha=1.0, beta=1.0)
+    assert "gluon: refused: Gluon kernels need a Hopper GPU" in explain(args)
+
+
+def test_refusals_on_hopper_target():
+    fam = GluonFamily()
+    fp32 = _args(ALPHA_BETA, dtype=torch.float32, C=torch.randn(M, N), alpha=1.0, beta=1.0)
+    assert not fam.supports(fp32, Target("cuda", 80, torch.device("cpu"), 108))
+    assert "compute capability 9.0" in fam.supports(fp32, Target("cuda", 100, torch.device("cpu"), 148)).reason
+
+
+def test_output_shares_a_load_buffer_of_its_dtype():
+    b = buffers(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0).optimized_dag)
+    assert [n for n, _ in b.own] == ["lb_u_C"]  # D is staged in C's buffer
+    assert b.tile_bytes(128, 128) == 2 * 128 * 128 * 2
+    b = buffers(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0,
+                      D=torch.empty(M, N)).optimized_dag)  # fp32 D: its own buffer
+    assert [n for n, _ in b.own] == ["lb_u_C", "ob_u_D"]
+    assert b.tile_bytes(128, 128) == 2 * 128 * 128 * (2 + 4)
+
+
+def test_configs_keep_four_stages_or_refuse():
+    fam = GluonFamily()
+    ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
+    cfgs = fam.configs(ab, H100)
+    assert cfgs and all(c.num_stages == 5 for c in cfgs)
+    two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
+    assert fam.configs(two, H100) == []  # C/D and F buffers: 128 KB, 3 stages left
+    fp32_out = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0,
+                     D=torch.empty(M, N))
+    assert fam.configs(fp32_out, H100) == []  # C 32 KB + fp32 D 64 KB per consumer
+
+
+CASES = {
+    "alpha_beta": (ALPHA_BETA, dict(C="full", alpha=1.0, beta=0.5)),
+    "identity_col_major_b": ("def epi(accum): D = accum; return D", dict(B_col=True)),
+    "bias_gelu": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", dict(bias="col")),
+    "silu_mul": ("def epi(accum, X): D = silu(accum) * X; return D", dict(X="full")),
+    "aux_device_scalar": ("def epi(accum, C, s): D = accum * s + C; return D",
+                          dict(C="full", s="dev")),
+    "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", dict(amax="row")),
+    "lse_target": ("def epi(accum, y): lse = logsumexp(accum); "
+                   "tgt = sum(where(col_index() == y, accum, 0.0)); D = accum; return D, lse, tgt",
+                   dict(y="yrow", lse="row", tgt="row", D=None)),
+    "bce": ("def bce(accum, bias, C): f = accum + bias; "
+            "t = (1 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
+            "return D, loss", dict(bias="col", C="full", loss="one", D=None)),
+}
+
+
+def _make(kind):
+    return {
+        "full": lambda: torch.randn(M, N).to(BF),
+        "col": lambda: torch.randn(N),
+        "row": lambda: torch.empty(M, 1),
+        "yrow": lambda: torch.randint(0, N, (M, 1)),
+        "one": lambda: torch.empty(1),
+        "full16": lambda: torch.randn(M, N).half(),
+        "dev": lambda: torch.randn(()),
+        None: lambda: None,
+    }[kind]() if kind in ("full", "col", "row", "yrow", "one", "full16", "dev", None) else kind
+
+
+def compile_case(name):
+    """Offline-compile one case (called in a subprocess with the interpreter off)."""
+    from evtfuse.backends.triton.offline import compile_for
+
+    src, spec = CASES[name]
+    spec = dict(spec)
+    b_col = spec.pop("B_col", False)
+    ops = {k: _make(v) for k, v in spec.items()}
+    args = _args(src, **ops)
+    if b_col:
+        args = GemmArguments(args.A, torch.randn(N, K).to(BF).T, args.out, epilogue=args.epilogue)
+    fam = GluonFamily()
+    out = compile_for(fam, fam.configs(args, H100)[0], args)
+    return {"shared": out.shared_bytes, "spills": out.spills,
+            "wgmma": "wgmma.mma_async" in out.ptx, "setmaxnreg": "setmaxnreg" in out.ptx}
+
+
+SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import test_gluon_cpu as t
+out = {{}}
+for name in t.CASES:
+    try:
+        out[name] = t.compile_case(name)
+    except Exception as exc:  # reported per case by the test
+        out[name] = {{"error": f"{{type(exc).__name__}}: {{str(exc)[-3000:]}}"}}
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every case compiled for sm_90 in one subprocess: the CPU tier runs with Triton's
+    interpreter on, under which Triton's library functions cannot be compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=os.path.dirname(__file__))],
+                          env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert lines, f"offline compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_offline_compile_for_sm90(compiled, name):
+    out = compiled[name]
+    assert "error" not in out, out.get("error")
+    assert out["shared"] <= SMEM_LIMIT
+    assert out["wgmma"] and out["setmaxnreg"]
+    # a few spilled scalars are tolerated; a spilled tile (hundreds of accesses) is not
+    assert out["spills"] < 100, f"{out['spills']} local-memory accesses: the epilogue spills"
