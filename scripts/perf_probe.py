@@ -81,6 +81,7 @@ def main() -> None:
             if a.sweep:
                 kernels = _sweep(kernels[0], name)
             if a.gluon:
+                base_dag[0] = args.optimized_dag
                 kernels = _gluon_variants(kernels[0]) + [k for k in kernels
                                                          if k.family.name == "hopper"][:2]
             for k in kernels:
@@ -132,8 +133,18 @@ def _gluon_variants(base):
     from evtfuse.backends.triton.families import GluonFamily, TileConfig
     from evtfuse.runtime.kernel import Kernel
 
-    return [Kernel(GluonFamily(), TileConfig(128, 128, 64, g, 4, 5, epi_split=sp), base.target)
-            for sp in (1, 2, 4) for g in (8, 4)]
+    fam = GluonFamily()
+    out = []
+    for sp in (1, 2, 4):
+        for g in (8, 4):
+            stages = fam._stages(base_dag[0], sp, 2)
+            if stages >= 4:
+                out.append(Kernel(fam, TileConfig(128, 128, 64, g, 4, stages, epi_split=sp),
+                                  base.target))
+    return out
+
+
+base_dag: list = [None]  # the current case's optimised DAG (set in main)
 
 
 def _eager(name, vals):

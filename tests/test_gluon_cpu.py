@@ -50,28 +50,34 @@ def test_refusals_on_hopper_target():
 
 def test_output_shares_a_load_buffer_of_its_dtype():
     b = buffers(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0).optimized_dag)
-    assert [n for n, _ in b.own] == ["lb_u_C"]  # D is staged in C's buffer
-    assert b.tile_bytes(128, 128) == 2 * 128 * 128 * 2
+    assert b.tile_stores == (("D", "lb_u_C"),) and not b.piece_stores  # D staged in C's buffer
+    assert b.smem_bytes(128, 128, 64) == 2 * 128 * 128 * 2
     b = buffers(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0,
-                      D=torch.empty(M, N)).optimized_dag)  # fp32 D: its own buffer
-    assert [n for n, _ in b.own] == ["lb_u_C", "ob_u_D"]
-    assert b.tile_bytes(128, 128) == 2 * 128 * 128 * (2 + 4)
+                      D=torch.empty(M, N)).optimized_dag)  # fp32 D: staged per piece
+    assert b.piece_stores == (("D", torch.float32),) and not b.tile_stores
+    assert b.smem_bytes(128, 128, 32) == 2 * 128 * 128 * 2 + 2 * 2 * 128 * 32 * 4
+    b = buffers(_args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5,
+                      F=torch.empty(M, N, dtype=BF)).optimized_dag)
+    assert len(b.tile_stores) == 1 and len(b.piece_stores) == 1
 
 
-def test_configs_keep_four_stages_or_refuse():
+def test_configs_fit_shared_memory_or_refuse():
     fam = GluonFamily()
     ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
     cfgs = fam.configs(ab, H100)
     assert cfgs and all(c.num_stages == 5 for c in cfgs)
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
-    assert fam.configs(two, H100) == []  # C/D and F buffers: 128 KB, 3 stages left
-    fp32_out = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0,
-                     D=torch.empty(M, N))
-    assert fam.configs(fp32_out, H100) == []  # C 32 KB + fp32 D 64 KB per consumer
+    assert [c.num_stages for c in fam.configs(two, H100)] == [4, 4]  # C/D tiles + F pieces
+    many = _args("def epi(accum, C, X, Y): D = accum + C + X + Y; return D",
+                 C=torch.randn(M, N).to(BF), X=torch.randn(M, N).to(BF), Y=torch.randn(M, N).to(BF))
+    assert fam.configs(many, H100) == []  # three aux tiles: 192 KB
+    assert fam._epilogue_smem(many.optimized_dag) == 192 * 1024
 
 
 CASES = {
     "alpha_beta": (ALPHA_BETA, dict(C="full", alpha=1.0, beta=0.5)),
+    "relu_aux_two_outputs": (RELU_AUX, dict(C="full", alpha=0.5, F="outbf")),
+    "fp32_output": ("def epi(accum, bias): D = relu(accum + bias); return D", dict(bias="col", D="f32")),
     "identity_col_major_b": ("def epi(accum): D = accum; return D", dict(B_col=True)),
     "bias_gelu": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", dict(bias="col")),
     "silu_mul": ("def epi(accum, X): D = silu(accum) * X; return D", dict(X="full")),
@@ -95,9 +101,11 @@ def _make(kind):
         "yrow": lambda: torch.randint(0, N, (M, 1)),
         "one": lambda: torch.empty(1),
         "full16": lambda: torch.randn(M, N).half(),
+        "outbf": lambda: torch.empty(M, N, dtype=BF),
+        "f32": lambda: torch.empty(M, N),
         "dev": lambda: torch.randn(()),
         None: lambda: None,
-    }[kind]() if kind in ("full", "col", "row", "yrow", "one", "full16", "dev", None) else kind
+    }[kind]() if kind in ("full", "col", "row", "yrow", "one", "full16", "dev", "outbf", "f32", None) else kind
 
 
 def compile_case(name):

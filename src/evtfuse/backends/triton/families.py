@@ -567,13 +567,23 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
-def _gluon_full_getter(name: str, batched: bool, config: TileConfig):
-    make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
-                                                [config.block_m, config.block_n]))
+def _gluon_full_getter(dag: Dag):
+    """``descriptor(name, batched, config)`` for ``_epilogue_items``: whole tiles, except
+    outputs staged per column piece (``gluon_codegen.Buffers``)."""
+    from .gluon_codegen import buffers
 
-    def get(A, B, values):
-        return make(values[name])
-    return get
+    pieces = {n for n, _ in buffers(dag).piece_stores}
+
+    def descriptor(name: str, batched: bool, config: TileConfig):
+        width = config.block_n // config.epi_split if name in pieces else config.block_n
+        make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
+                                                    [config.block_m, width]))
+
+        def get(A, B, values):
+            return make(values[name])
+        return get
+
+    return descriptor
 
 
 def _gluon_split(dag: Dag) -> int:
@@ -629,25 +639,42 @@ class GluonFamily(KernelFamily):
         if why:
             return Status.fail(why)
         if not self.configs(args, target):
-            from .gluon_codegen import buffers
-
-            kb = buffers(dag).tile_bytes(128, 128) // 1024
+            kb = self._epilogue_smem(dag) // 1024
             return Status.fail(f"the epilogue's tiles need {kb} KB of shared memory, which "
                                f"leaves less than {GLUON_MIN_STAGES} stages for A and B")
         return Status.success()
 
-    def configs(self, args, target):
+    BM, BN, BK = 128, 128, 64  # per consumer warpgroup: 128 fp32 accumulator registers
+
+    def _split(self, dag: Dag, elt: int = 2) -> int:
+        forced = int(os.environ.get("EVTFUSE_GLUON_SPLIT", "0"))
+        if forced:
+            return forced
+        split = _gluon_split(dag)
+        # narrower pieces also shrink the piece-staged outputs' buffers: take them when
+        # that buys A/B stages
+        if split < 4 and self._stages(dag, 4, elt) > self._stages(dag, split, elt):
+            split = 4
+        return split
+
+    def _epilogue_smem(self, dag: Dag, split: int | None = None) -> int:
         from .gluon_codegen import buffers
 
-        bm, bn, bk = 128, 128, 64
-        epi = buffers(args.optimized_dag).tile_bytes(bm, bn)
-        stage = (bm + bn) * bk * args.A.element_size()
-        stages = min(GLUON_MAX_STAGES, (SMEM_LIMIT - 2048 - epi) // stage)
+        return buffers(dag).smem_bytes(self.BM, self.BN, self.BN // (split or self._split(dag)))
+
+    def _stages(self, dag: Dag, split: int, elt: int) -> int:
+        stage = (self.BM + self.BN) * self.BK * elt
+        return min(GLUON_MAX_STAGES, (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split)) // stage)
+
+    def configs(self, args, target):
+        bm, bn, bk = self.BM, self.BN, self.BK
+        dag = args.optimized_dag
+        split = self._split(dag, args.A.element_size())
+        stages = self._stages(dag, split, args.A.element_size())
         if stages < GLUON_MIN_STAGES:
             return []
         # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
         # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
-        split = int(os.environ.get("EVTFUSE_GLUON_SPLIT", "0")) or _gluon_split(args.optimized_dag)
         return [TileConfig(bm, bn, bk, 8, 4, stages, epi_split=split),
                 TileConfig(bm, bn, bk, 4, 4, stages, epi_split=split)]
 
@@ -673,7 +700,7 @@ class GluonFamily(KernelFamily):
             return make_b(B)
 
         items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
-        items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter)
+        items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter(dag))
         red_items, post = _reduction_items(args, dag, config)
         items += red_items
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn)

@@ -15,8 +15,10 @@ cores work on the next tile:
   warpgroup computes its epilogue the other owns the tensor cores (required for
   correctness too: both consumers wait on one ring by parity);
 * a 1-warp **epilogue-memory** partition TMA-loads every full aux operand of a tile into
-  its consumer's shared buffers ahead of time (``c_ready``) and TMA-stores the full outputs
-  the consumer left in shared memory (``d_ready``), then reuses the buffers two tiles on.
+  its consumer's shared buffers ahead of time (``c_ready``) and TMA-stores the outputs the
+  consumer left in those buffers (``d_ready``), then reuses them two tiles on; outputs
+  without a buffer of their dtype are staged per column piece and TMA-stored by the
+  consumer itself (``Buffers``).
 
 The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op table's
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
@@ -43,50 +45,58 @@ I1, I2, I3 = "    ", "        ", "            "
 
 @dataclass(frozen=True)
 class Buffers:
-    """Shared-memory buffers of the epilogue, two of each (one per consumer): ``loads``
-    (operand name, dtype) filled by TMA before the epilogue; ``stores`` (output name,
-    dtype, buffer): an output reuses a load's buffer of the same dtype (its tile is read
-    into registers before any output is written), else gets its own."""
+    """Shared-memory buffers of the epilogue.
+
+    ``loads`` (operand name, dtype): whole-tile buffers, two (one per consumer), filled by
+    TMA ahead of the epilogue by the epilogue-memory warp. ``tile_stores`` (output name,
+    load buffer): an output of a load's dtype is staged in that load's buffer (the tile
+    was read into registers before any output is written) and stored by the same warp.
+    ``piece_stores`` (output name, dtype): the other outputs are staged per column piece
+    in two buffers per consumer and TMA-stored by the consumer itself, so they cost
+    ``2 * BLOCK_M * SUB_N`` elements per consumer instead of a whole tile."""
 
     loads: tuple[tuple[str, torch.dtype], ...]
-    stores: tuple[tuple[str, torch.dtype, str], ...]
+    tile_stores: tuple[tuple[str, str], ...]
+    piece_stores: tuple[tuple[str, torch.dtype], ...]
 
     @property
-    def own(self) -> list[tuple[str, torch.dtype]]:
-        """Every buffer allocated: (buffer name, dtype)."""
-        out = [(f"lb_{uname(n)}", dt) for n, dt in self.loads]
-        out += [(buf, dt) for n, dt, buf in self.stores if buf == f"ob_{uname(n)}"]
+    def own(self) -> list[tuple[str, str]]:
+        """Every buffer allocated: (buffer name, the descriptor that gives its layout)."""
+        out = [(f"lb_{uname(n)}", f"{uname(n)}_desc") for n, _ in self.loads]
+        out += [(f"ob_{uname(n)}", f"{uname(n)}_desc") for n, _ in self.piece_stores]
         return out
 
-    def tile_bytes(self, block_m: int, block_n: int) -> int:
-        """Shared memory of both consumers' buffers for tiles of block_m x block_n."""
-        return 2 * block_m * block_n * sum(dt.itemsize for _, dt in self.own)
+    def smem_bytes(self, block_m: int, block_n: int, sub_n: int) -> int:
+        """Shared memory of both consumers' epilogue buffers."""
+        tiles = 2 * block_m * block_n * sum(dt.itemsize for _, dt in self.loads)
+        pieces = 2 * 2 * block_m * sub_n * sum(dt.itemsize for _, dt in self.piece_stores)
+        return tiles + pieces
 
 
 def buffers(dag: Dag) -> Buffers:
     loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
     free = list(loads)
-    stores = []
+    tile, piece = [], []
     for o in full_outputs(dag):
         match = next((ld for ld in free if ld[1] == o.dtype), None)
         if match is not None:
             free.remove(match)
-            stores.append((o.name, o.dtype, f"lb_{uname(match[0])}"))
+            tile.append((o.name, f"lb_{uname(match[0])}"))
         else:
-            stores.append((o.name, o.dtype, f"ob_{uname(o.name)}"))
-    return Buffers(loads, tuple(stores))
+            piece.append((o.name, o.dtype))
+    return Buffers(loads, tuple(tile), tuple(piece))
 
 
 @dataclass
 class _GluonTile:
-    """One column piece of the consumer's tile: accumulator ``acc`` in layout ``layout``
-    (the wgmma layout, or the one ``split`` gives its pieces), columns from ``off_n`` on."""
+    """One column piece (number ``k``) of the consumer's tile: accumulator ``acc`` in
+    layout ``layout`` (the wgmma layout, or the one ``split`` gives its pieces)."""
 
-    store_buffer: dict
+    bufs: Buffers
+    k: int
     acc: str
     layout: str
     rn: str
-    off: str  # column offset of the piece inside the tile
     suffix: str
     first_sub: str
     rm: str = "rm"
@@ -99,15 +109,26 @@ class _GluonTile:
     def zeros(self) -> str:
         return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
 
-    def _piece(self, buf: str) -> str:
-        return f"{buf}_c.slice({self.off}, SUB_N, dim=1)"
-
     def load_full(self, u: str, batched: bool) -> str:
-        return f"{self._piece(f'lb_{u}')}.load({self.layout}).to(tl.float32)"
+        return f"lb_{u}_c.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
 
     def store_full(self, u: str, value: str, batched: bool) -> str:
-        buf = self.store_buffer[u]
-        return f"{self._piece(buf)}.store(({value}).to({buf}_c.dtype))"
+        tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
+        if u in tile:  # the epilogue-memory warp stores the whole tile later
+            buf = f"{tile[u]}_c"
+            return f"{buf}.slice({self.k} * SUB_N, SUB_N, dim=1).store(({value}).to({buf}.dtype))"
+        # staged in one of this consumer's two piece buffers, stored by TMA from here: the
+        # buffer's previous store (two pieces ago) is done once at most 2n - 1 of the n
+        # piece outputs' later stores are pending (bulk groups complete in order)
+        n = len(self.bufs.piece_stores)
+        buf = f"ob_{u}.index(WHICH * 2 + {self.k % 2})"
+        return "; ".join([
+            f"tma.store_wait(pendings={2 * n - 1})",
+            f"{buf}.store(({value}).to(ob_{u}.dtype))",
+            "fence_async_shared()",
+            f"tma.async_copy_shared_to_global({u}_desc, [pid_m_c * BLOCK_M, pid_n_c * BLOCK_N "
+            f"+ {self.k} * SUB_N], {buf})",
+        ])
 
 
 def _coords(trans: bool, row: str, k: str) -> str:
@@ -119,11 +140,13 @@ def _kernel_source(spec: KernelSpec) -> str:
     bufs = buffers(dag)
     epi = _Epilogue(spec)
     params = epilogue_params(dag, "gluon")
-    # descriptors of full tiles go to the epilogue-memory partition, the rest to consumers
-    descs = [p for p in params if p.endswith("_desc")]
-    consumer_params = [p for p in params if not p.endswith("_desc")]
-    own = [name for name, _ in bufs.own]
-    store_buffer = {uname(n): buf for n, _, buf in bufs.stores}
+    # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
+    # rest (piece-staged outputs' descriptors included) to the consumers
+    piece_descs = {f"{uname(n)}_desc" for n, _ in bufs.piece_stores}
+    descs = [p for p in params if p.endswith("_desc") and p not in piece_descs]
+    consumer_params = [p for p in params if not p.endswith("_desc") or p in piece_descs]
+    tile_bufs = [f"lb_{uname(n)}" for n, _ in bufs.loads]
+    piece_bufs = [f"ob_{uname(n)}" for n, _ in bufs.piece_stores]
     load_names = [uname(n) for n, _ in bufs.loads]
     sizes = "M, N, K, L"
     consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
@@ -172,7 +195,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     # ---- epilogue-memory partition: aux tiles in, outputs out
     load_bytes = " + ".join(f"{u}_desc.block_type.nbytes" for u in load_names) or "0"
-    mem_args = ", ".join(descs + own)
+    mem_args = ", ".join(descs + tile_bufs)
     L += [
         "@gluon.jit",
         f"def _ef_mem_issue(t, start, nprog, num_pid_m, num_pid_n, c_ready, "
@@ -209,10 +232,10 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
         f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
     ]
-    for o in full_outputs(dag):
-        u = uname(o.name)
+    for name, buf in bufs.tile_stores:
+        u = uname(name)
         L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, [pid_m * BLOCK_M, "
-                 f"pid_n * BLOCK_N], {store_buffer[u]}.index(b))")
+                 f"pid_n * BLOCK_N], {buf}.index(b))")
     L += [
         f"{I2}if t + 2 < my_tiles:",
         f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
@@ -224,7 +247,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     # ---- consumers
     cons_args = ", ".join(["a_bufs", "b_bufs", "ready", "empty", "c_ready", "d_ready", "order"]
-                          + own + consumer_params)
+                          + tile_bufs + piece_bufs + consumer_params)
     L += [
         "@gluon.jit",
         "def _ef_mma_step(i, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES: gl.constexpr):",
@@ -250,7 +273,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
         f"{I1}bid64 = 0",
     ]
-    L += [f"{I1}{name}_c = {name}.index(WHICH)" for name in own]
+    L += [f"{I1}{name}_c = {name}.index(WHICH)" for name in tile_bufs]
     L += epi.prologue(I1)
     L += [
         f"{I1}for r in range((my_tiles - WHICH + 1) // 2):",
@@ -285,16 +308,16 @@ def _kernel_source(spec: KernelSpec) -> str:
         ]
         if reduce_outputs(dag):
             L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
-        sub = _GluonTile(store_buffer, acc=piece, layout=layout, rn=rn, off=f"{k} * SUB_N",
-                         suffix=f"_{k}", first_sub="True" if k == 0 else "False",
-                         mask=f"mask{k}")
+        sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, suffix=f"_{k}",
+                         first_sub="True" if k == 0 else "False", mask=f"mask{k}")
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
     L += [
         f"{I2}fence_async_shared()",
         f"{I2}mbarrier.arrive(d_ready.index(WHICH))",
-        "",
-        "",
     ]
+    if piece_bufs:
+        L.append(f"{I1}tma.store_wait(pendings=0)")
+    L += ["", ""]
     call = f"{cons_args}, {sizes}"
     for which in (0, 1):
         L += [
@@ -317,9 +340,9 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I1}b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, "
         "b_desc.layout)",
     ]
-    for name, _ in bufs.own:
-        desc = name[3:] + "_desc"
-        L.append(f"{I1}{name} = gl.allocate_shared_memory({desc}.dtype, [2] + "
+    for name, desc in bufs.own:
+        count = 2 if name.startswith("lb_") else 4  # piece buffers: 2 per consumer
+        L.append(f"{I1}{name} = gl.allocate_shared_memory({desc}.dtype, [{count}] + "
                  f"{desc}.block_type.shape, {desc}.layout)")
     L += [
         f"{I1}ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())",
