@@ -194,9 +194,8 @@ def test_scalar_rerun_and_cuda_graph():
 def test_gemm_tuner_sees_gluon_candidates():
     M, N, K = 2048, 2048, 1024
     A, B, C = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF), _rand(M, N, dtype=BF)
-    args = GemmArguments(A, B, torch.empty(M, N, device=DEV, dtype=BF),
-                         epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=1.0,
-                                                    D=torch.empty(M, N, device=DEV, dtype=BF)))
+    D = torch.empty(M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=1.0, D=D))
     from evtfuse.runtime.tuner import FAST_CANDIDATES
 
     names = [k.family.name for k in get_kernels(args)[:FAST_CANDIDATES]]
