@@ -138,3 +138,26 @@ def test_sum_against_float64():
     ref = evaluate(args, accum=A.double() @ B.double(), compute_dtype=torch.float64)["s"]
     scale = (A.double() @ B.double()).abs().sum(dim=1, keepdim=True)
     assert ((s.double() - ref).abs() <= 1e-6 * scale + 1e-6).all()
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("where", ["row_b", "col", "all"])
+def test_in_kernel_combine_runs_again_and_again(family, where):
+    """The tile that completes a group combines it (ticket counters reset by that tile):
+    three launches of one kernel on new data each give the reference's result, and the
+    plan has no step after the kernel."""
+    L, M, N, K = 2, 37, 48, 16
+    bias = rand(N)
+    D = torch.empty(L, M, N, dtype=torch.float16)
+    r = torch.empty(SHAPES[where](L, M, N))
+    src = "def epi(accum, bias): D = accum + bias; r = max(abs(D)); return D, r"
+    A, B = rand(L, M, K, dtype=torch.float16), rand(L, K, N, dtype=torch.float16)
+    epi = EpilogueArguments(src, bias=bias, D=D, r=r)
+    args = GemmArguments(A, B, D, epilogue=epi)
+    k = check(args, family)
+    assert k.plan(args).post == ()
+    for _ in range(3):
+        A.copy_(rand(L, M, K, dtype=torch.float16))
+        r.fill_(float("nan"))
+        k.run(args)
+        torch.testing.assert_close(r, evaluate(args, cast=False)["r"], rtol=1e-5, atol=1e-5)

@@ -110,16 +110,29 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in reduce_outputs(dag):
         u = uname(o.name)
-        params += [f"{u}_ws", f"{u}_ws2"] if o.node.op == "logsumexp" else [f"{u}_ws"]
+        if combined_in_kernel(o):
+            params += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"]
+            params += [] if o.kind is OutputKind.SCALAR else [f"{u}_os"]
+        else:
+            params += [f"{u}_ws", f"{u}_ws2"]
     return params
 
 
 def reduce_outputs(dag: Dag):
     """Outputs computed by a reduction: each tile writes its partial result into a
     workspace (per-row: [L, tiles along N, M]; per-column: [L, tiles along M, N]; whole
-    output: [L, tiles along M, tiles along N]) that the launch plan then combines in a fixed
-    order, so results are deterministic run to run."""
+    output: [L, tiles along M, tiles along N]), combined in a fixed order, so results are
+    deterministic run to run: by the kernel itself (``combined_in_kernel``) or by the
+    launch plan after it (logsumexp)."""
     return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
+
+
+def combined_in_kernel(o) -> bool:
+    """sum/max/min outputs: the tile that completes a group of partials (a row block, a
+    column block, the whole output; per batch or over all batches) combines them in a
+    fixed order and stores the output, so no launch follows the kernel. A per-group
+    ticket counter (int32 workspace, reset by that tile) tells it that it is the last."""
+    return o.node.kind is NodeKind.REDUCE and o.node.op != "logsumexp"
 
 
 class _Epilogue:
@@ -161,6 +174,9 @@ class _Epilogue:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.sum(pacc_{u}, axis=0))")
             else:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
+            if combined_in_kernel(o):
+                lines += self._combine_scalar(o, "tl.arange(0, BLOCK_M)", "0", "0",
+                                              "tl.num_programs(0)", "tl.debug_barrier()", indent)
         return lines
 
     @staticmethod
@@ -260,6 +276,79 @@ class _Epilogue:
             lines += self._store_vector(o, env, sub, indent)
         for o in reduce_outputs(self.dag):
             lines += self._reduce(o, env, sub, indent, first, last)
+        if last:
+            for o in reduce_outputs(self.dag):
+                if combined_in_kernel(o) and not self.program_reduced(o):
+                    lines += self._combine(o, sub, indent)
+        return lines
+
+    def _ticket(self, o, group: str, count: str, barrier: str, indent: str) -> list[str]:
+        """Take a ticket for ``group``: the partial stores of every thread of the program
+        are ordered before it (barrier, then a release at GPU scope); the last of ``count``
+        tickets acquires the others' partials, resets the counter for the next launch and
+        runs the lines that follow (indented one more level)."""
+        u = uname(o.name)
+        return [f"{indent}{barrier}",
+                f"{indent}tk_{u} = tl.atomic_add({u}_cnt + {group}, 1, sem=\"acq_rel\", scope=\"gpu\")",
+                f"{indent}if tk_{u} == {count} - 1:",
+                f"{indent}    tl.atomic_xchg({u}_cnt + {group}, 0)"]
+
+    def _combine(self, o, sub, indent: str) -> list[str]:
+        """Lines run after a tile's partials are stored: the last tile of the group
+        combines the group's partials (ascending order) into the output."""
+        n = o.node
+        u = uname(o.name)
+        comb = OPS[n.op].triton
+        inner = indent + "    "
+        ld = "cache_modifier=\".cg\""  # L2: partials written by other SMs
+        b = "bid64 * " if o.batched else "0 * "
+        if o.kind is OutputKind.ROW:
+            count = "num_pid_n" if o.batched else "num_pid_n * L"
+            group = f"{b}num_pid_m + {sub.pid_m}"
+            base = f"{b}num_pid_n * M"
+            lines = self._ticket(o, group, count, sub.barrier(), indent)
+            lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {sub.rm}, mask={sub.rm} < M, {ld})",
+                      f"{inner}for j in range(1, {count}):",
+                      f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j * M + {sub.rm}, "
+                      f"mask={sub.rm} < M, {ld}))",
+                      f"{inner}tl.store({u}_out + {b}{u}_osl + {sub.rm} * {u}_os, "
+                      f"cm_{u}.to({u}_out.dtype.element_ty), mask={sub.rm} < M)"]
+            return lines
+        if o.kind is OutputKind.COL:
+            count = "num_pid_m" if o.batched else "num_pid_m * L"
+            group = f"{b}num_pid_n + {sub.pid_n}"
+            base = f"{b}num_pid_m * N"
+            lines = self._ticket(o, group, count, sub.barrier(), indent)
+            for rn in sub.all_rn:
+                lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {rn}, mask={rn} < N, {ld})",
+                          f"{inner}for j in range(1, {count}):",
+                          f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j * N + {rn}, "
+                          f"mask={rn} < N, {ld}))",
+                          f"{inner}tl.store({u}_out + {b}{u}_osl + {rn} * {u}_os, "
+                          f"cm_{u}.to({u}_out.dtype.element_ty), mask={rn} < N)"]
+            return lines
+        count = "num_pid_m * num_pid_n" if o.batched else "num_pid_m * num_pid_n * L"
+        base = f"{b}num_pid_m * num_pid_n"
+        return self._combine_scalar(o, sub.lane(), "bid64" if o.batched else "0", base, count,
+                                    sub.barrier(), indent)
+
+    def _combine_scalar(self, o, lane: str, group: str, base: str, count: str, barrier: str,
+                        indent: str) -> list[str]:
+        """The whole-output case: ``count`` partials at ``base``, read ``lane``-wide."""
+        u = uname(o.name)
+        row = OPS[o.node.op]
+        ident = _lit(row.reduce_identity)
+        inner = indent + "    "
+        ld = "cache_modifier=\".cg\""
+        total = f"tl.sum(cm_{u}, axis=0)" if o.node.op == "sum" else f"tl.reduce(cm_{u}, 0, {row.triton})"
+        lines = self._ticket(o, group, count, barrier, indent)
+        lines += [f"{inner}ln_{u} = {lane}",
+                  f"{inner}cm_{u} = tl.load({u}_ws + {base} + ln_{u}, mask=ln_{u} < {count}, "
+                  f"other={ident}, {ld})",
+                  f"{inner}for j0 in range(ln_{u}.shape[0], {count}, ln_{u}.shape[0]):",
+                  f"{inner}    cm_{u} = {row.triton}(cm_{u}, tl.load({u}_ws + {base} + j0 + ln_{u}, "
+                  f"mask=j0 + ln_{u} < {count}, other={ident}, {ld}))",
+                  f"{inner}tl.store({u}_out + {group} * {u}_osl, ({total}).to({u}_out.dtype.element_ty))"]
         return lines
 
     def _reduce(self, o, env, sub, indent, first: bool, last: bool) -> list[str]:
@@ -366,9 +455,16 @@ class _PortableTile:
     first_sub: str = "True"
     suffix: str = ""
     mask: str = "mask"
+    all_rn: tuple = ("rn",)
 
     def zeros(self) -> str:
         return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
+
+    def barrier(self) -> str:
+        return "tl.debug_barrier()"
+
+    def lane(self) -> str:
+        return "tl.arange(0, BLOCK_M)"
 
     def load_full(self, u: str, batched: bool) -> str:
         b = f"bid64 * {u}_sl + " if batched else ""
@@ -395,9 +491,16 @@ class _HopperTile:
     pid_n: str = "pid_n_c"
     prefetched: bool = False
     mask: str = ""
+    all_rn: tuple = ()
 
     def zeros(self) -> str:
         return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
+
+    def barrier(self) -> str:
+        return "tl.debug_barrier()"
+
+    def lane(self) -> str:
+        return "tl.arange(0, BLOCK_M)"
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:
@@ -572,7 +675,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         rn = f"rn{s}"
         sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", suffix=f"_{s}",
                           first_sub="True" if s == 0 else "False", prefetched=spec.prefetch,
-                          mask=f"mask{s}")
+                          mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))))
         lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
         if reduce_outputs(spec.dag):
             lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")

@@ -17,8 +17,8 @@ from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES, OPS
-from ..triton.codegen import (TMA_FAMILIES, KernelSpec, check_emittable, full_outputs,
-                              reduce_outputs, vector_outputs)
+from ..triton.codegen import (TMA_FAMILIES, KernelSpec, check_emittable, combined_in_kernel,
+                              full_outputs, reduce_outputs, vector_outputs)
 
 INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
@@ -337,10 +337,18 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs
         per_program = programs > 0 and o.kind is OutputKind.SCALAR and not o.batched
         if per_program:
             shape = (programs,)
-        lse = o.node.op == "logsumexp"
         ws = torch.empty(shape, device=dev, dtype=torch.float32)
-        ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
-        items += [ws, ws2] if lse else [ws]
+        if combined_in_kernel(o):  # the kernel combines: ticket counters, the output itself
+            groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
+            cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
+            t = args.epilogue.values[o.name]
+            strides = (0,) * (3 - t.dim()) + tuple(t.stride())
+            items += [ws, cnt, _value_getter(o.name), strides[0] if o.batched else 0]
+            if o.kind is not OutputKind.SCALAR:
+                items.append(strides[1] if o.kind is OutputKind.ROW else strides[2])
+            continue
+        ws2 = torch.empty(shape, device=dev, dtype=torch.float32)
+        items += [ws, ws2]
         dims = [1, 2] if o.kind is OutputKind.SCALAR else [1]
         if not o.batched:
             dims = [0] + dims
@@ -350,17 +358,15 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs
     return items, post
 
 
-def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, dims: list[int]):
-    reduce = OPS[op].torch_fn
+def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor, dims: list[int]):
+    """The logsumexp combine after the kernel: (max, sum of exp) partials, fixed order."""
+    assert op == "logsumexp"
 
     def combine(values) -> None:
         out = values[name]
-        if op == "logsumexp":
-            m = ws.amax(dim=dims, keepdim=True)
-            safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-            r = safe + torch.log((ws2 * torch.exp(ws - safe)).sum(dim=dims, keepdim=True))
-        else:
-            r = reduce(ws, dims)
+        m = ws.amax(dim=dims, keepdim=True)
+        safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        r = safe + torch.log((ws2 * torch.exp(ws - safe)).sum(dim=dims, keepdim=True))
         out.copy_(r.reshape(out.shape))
 
     return combine

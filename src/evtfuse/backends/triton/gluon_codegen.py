@@ -106,8 +106,16 @@ class _GluonTile:
     pid_n: str = "pid_n_c"
     mask: str = ""
 
+    all_rn: tuple = ()
+
     def zeros(self) -> str:
         return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
+
+    def barrier(self) -> str:
+        return "gl.thread_barrier()"  # the consumer warpgroup's own barrier
+
+    def lane(self) -> str:
+        return f"({self.rm} - pid_m_c * BLOCK_M)"
 
     def load_full(self, u: str, batched: bool) -> str:
         return f"lb_{u}_c.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
@@ -309,7 +317,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         if reduce_outputs(dag):
             L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, suffix=f"_{k}",
-                         first_sub="True" if k == 0 else "False", mask=f"mask{k}")
+                         first_sub="True" if k == 0 else "False", mask=f"mask{k}",
+                         all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
     L += [
         f"{I2}fence_async_shared()",
