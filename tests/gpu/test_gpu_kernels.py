@@ -224,24 +224,27 @@ def test_fast_log_accuracy(family):
     large relative one)."""
     if family == "gluon" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the gluon family runs on Hopper (sm_90)")
-    M, N, K = 512, 512, 16
+    M, N, K = 1024, 512, 16
     A = torch.zeros(M, K, device=DEV, dtype=torch.bfloat16)
     B = torch.zeros(K, N, device=DEV, dtype=torch.bfloat16)
     A[:, 0], B[0, :] = 1.0, 1.0  # accum == 1 exactly
-    near1 = 1.0 + torch.linspace(-0.2, 0.2, M * N // 2, device=DEV)
-    wide = torch.logspace(-30, 30, M * N // 2, device=DEV)
-    X = torch.cat([near1, wide]).reshape(M, N)
+    # x = r_i + c_j: rows 1e-30..1e30 and 1 +- 0.2, columns add up to 5e-5
+    r = torch.cat([torch.logspace(-30, 30, M // 2, device=DEV),
+                   1.0 + torch.linspace(-0.2, 0.2, M // 2, device=DEV)]).reshape(M, 1)
+    c = torch.arange(N, device=DEV, dtype=torch.float32) * 1e-7
     D = torch.empty(M, N, device=DEV)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
-        "def epi(accum, X): D = log(accum * X); return D", X=X, D=D))
+        "def epi(accum, r, c): D = log(accum * r + c); return D", r=r, c=c, D=D))
     check(args, family, n_configs=1)
+    X = r + c  # the kernel's fp32 argument of log
     ref = torch.log(X.double())
     err = ((D.double() - ref).abs() / ref.abs().clamp_min(1e-30)).max().item()
     assert err < 2e-6, f"max relative error {err:.2e}"
-    X[0, :4] = torch.tensor([0.0, -1.0, float("inf"), float("nan")], device=DEV)
+    r[:4, 0] = torch.tensor([0.0, -1.0, float("inf"), float("nan")], device=DEV)
+    c.zero_()
     for k in [k for k in get_kernels(args) if k.family.name == family][:1]:
         k.run(args)
     torch.cuda.synchronize()
-    got = D[0, :4].tolist()
+    got = D[:4, 0].tolist()
     assert got[0] == float("-inf") and got[1] != got[1] and got[2] == float("inf") \
         and got[3] != got[3], got

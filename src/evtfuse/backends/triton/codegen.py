@@ -110,11 +110,11 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in reduce_outputs(dag):
         u = uname(o.name)
-        if combined_in_kernel(o):
+        if combined_in_kernel(o, family):
             params += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"]
             params += [] if o.kind is OutputKind.SCALAR else [f"{u}_os"]
         else:
-            params += [f"{u}_ws", f"{u}_ws2"]
+            params += [f"{u}_ws", f"{u}_ws2"] if o.node.op == "logsumexp" else [f"{u}_ws"]
     return params
 
 
@@ -127,12 +127,21 @@ def reduce_outputs(dag: Dag):
     return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
 
 
-def combined_in_kernel(o) -> bool:
+def combined_in_kernel(o, family: str) -> bool:
     """sum/max/min outputs: the tile that completes a group of partials (a row block, a
     column block, the whole output; per batch or over all batches) combines them in a
     fixed order and stores the output, so no launch follows the kernel. A per-group
-    ticket counter (int32 workspace, reset by that tile) tells it that it is the last."""
-    return o.node.kind is NodeKind.REDUCE and o.node.op != "logsumexp"
+    ticket counter (int32 workspace, reset by that tile) tells it that it is the last.
+
+    The hopper family does it only for its per-program whole-output sums (after its tile
+    loop): a combine inside Triton 3.6's pipelined persistent loop fails to compile
+    ("'scf.if' op region control flow edge ... source has 2 operands, but target successor
+    needs 5", seen on an H100); its other reductions are combined after the kernel."""
+    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp":
+        return False
+    if family == "hopper":
+        return o.kind is OutputKind.SCALAR and not o.batched
+    return True
 
 
 class _Epilogue:
@@ -174,7 +183,7 @@ class _Epilogue:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.sum(pacc_{u}, axis=0))")
             else:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
-            if combined_in_kernel(o):
+            if combined_in_kernel(o, self.spec.family):
                 lines += self._combine_scalar(o, "tl.arange(0, BLOCK_M)", "0", "0",
                                               "tl.num_programs(0)", "tl.debug_barrier()", indent)
         return lines
@@ -278,7 +287,7 @@ class _Epilogue:
             lines += self._reduce(o, env, sub, indent, first, last)
         if last:
             for o in reduce_outputs(self.dag):
-                if combined_in_kernel(o) and not self.program_reduced(o):
+                if combined_in_kernel(o, self.spec.family) and not self.program_reduced(o):
                     lines += self._combine(o, sub, indent)
         return lines
 

@@ -209,7 +209,7 @@ class PortableFamily(KernelFamily):
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
                             *_dims3(args.A), *_dims3(args.B)]
         items += _epilogue_items(args, dag, "portable", config)
-        red_items, post = _reduction_items(args, dag, config)
+        red_items, post = _reduction_items(args, dag, config, "portable")
         items += red_items
         grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
@@ -322,7 +322,8 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
     return out
 
 
-def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs: int = 0):
+def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: str,
+                     programs: int = 0):
     """Workspaces for reduction partials (allocated once per plan) and the steps that
     combine them, in a fixed order, into each output. ``programs`` > 0: a persistent
     kernel keeps whole-output, non-batched reductions per program (one partial each)."""
@@ -338,7 +339,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs
         if per_program:
             shape = (programs,)
         ws = torch.empty(shape, device=dev, dtype=torch.float32)
-        if combined_in_kernel(o):  # the kernel combines: ticket counters, the output itself
+        if combined_in_kernel(o, family):  # the kernel combines: ticket counters, the output
             groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
             cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
             t = args.epilogue.values[o.name]
@@ -347,8 +348,9 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs
             if o.kind is not OutputKind.SCALAR:
                 items.append(strides[1] if o.kind is OutputKind.ROW else strides[2])
             continue
-        ws2 = torch.empty(shape, device=dev, dtype=torch.float32)
-        items += [ws, ws2]
+        lse = o.node.op == "logsumexp"
+        ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
+        items += [ws, ws2] if lse else [ws]
         dims = [1, 2] if o.kind is OutputKind.SCALAR else [1]
         if not o.batched:
             dims = [0] + dims
@@ -358,15 +360,19 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, programs
     return items, post
 
 
-def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor, dims: list[int]):
-    """The logsumexp combine after the kernel: (max, sum of exp) partials, fixed order."""
-    assert op == "logsumexp"
+def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, dims: list[int]):
+    """A combine step after the kernel (fixed order): logsumexp's (max, sum of exp)
+    partials, or the hopper family's per-row/per-column partials."""
+    reduce = OPS[op].torch_fn
 
     def combine(values) -> None:
         out = values[name]
-        m = ws.amax(dim=dims, keepdim=True)
-        safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-        r = safe + torch.log((ws2 * torch.exp(ws - safe)).sum(dim=dims, keepdim=True))
+        if op == "logsumexp":
+            m = ws.amax(dim=dims, keepdim=True)
+            safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+            r = safe + torch.log((ws2 * torch.exp(ws - safe)).sum(dim=dims, keepdim=True))
+        else:
+            r = reduce(ws, dims)
         out.copy_(r.reshape(out.shape))
 
     return combine
@@ -537,7 +543,7 @@ class HopperFamily(KernelFamily):
         items += _epilogue_items(args, dag, "hopper", config)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
-        red_items, post = _reduction_items(args, dag, config, programs=num_sms)
+        red_items, post = _reduction_items(args, dag, config, "hopper", programs=num_sms)
         items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
@@ -707,7 +713,7 @@ class GluonFamily(KernelFamily):
 
         items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
         items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter(dag))
-        red_items, post = _reduction_items(args, dag, config)
+        red_items, post = _reduction_items(args, dag, config, "gluon")
         items += red_items
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn)
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
