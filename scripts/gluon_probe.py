@@ -3,6 +3,11 @@
 accumulation) in which the C tile is TMA-loaded into SHARED memory ahead of the epilogue instead of
 being loaded (TMA issue + immediate wait) inside it.
 
+The ping-pong design measured here became the library's ``gluon`` kernel family
+(src/evtfuse/backends/triton/gluon_codegen.py, which generates it for any epilogue DAG); this
+script stays as the record of the design space (single-partition, ws2, ws3, ping-pong) and its
+measurements.
+
 Four kernels, same host signature
 ``kernel[grid](a_desc, b_desc, c_desc, d_desc, alpha, beta, M, N, K, HAS_C, GROUP_M, NUM_STAGES,
 C_LOAD_AT, num_warps=8)`` (ping-pong: num_warps=4, extra constexpr kwargs via cfg["kw"]),

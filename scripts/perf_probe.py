@@ -81,9 +81,8 @@ def main() -> None:
             if a.sweep:
                 kernels = _sweep(kernels[0], name)
             if a.gluon:
-                base_dag[0] = args.optimized_dag
-                kernels = _gluon_variants(kernels[0]) + [k for k in kernels
-                                                         if k.family.name == "hopper"][:2]
+                kernels = _gluon_variants(kernels[0], args) + [k for k in kernels
+                                                               if k.family.name == "hopper"][:2]
             for k in kernels:
                 t0 = time.time()
                 try:
@@ -128,8 +127,9 @@ def _sweep(base, name):
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
 
 
-def _gluon_variants(base):
-    """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8."""
+def _gluon_variants(base, args):
+    """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8
+    (each with as many A/B stages as shared memory leaves, at least 4)."""
     from evtfuse.backends.triton.families import GluonFamily, TileConfig
     from evtfuse.runtime.kernel import Kernel
 
@@ -137,14 +137,11 @@ def _gluon_variants(base):
     out = []
     for sp in (1, 2, 4):
         for g in (8, 4):
-            stages = fam._stages(base_dag[0], sp, 2)
+            stages = fam._stages(args.optimized_dag, sp, args.A.element_size())
             if stages >= 4:
                 out.append(Kernel(fam, TileConfig(128, 128, 64, g, 4, stages, epi_split=sp),
                                   base.target))
     return out
-
-
-base_dag: list = [None]  # the current case's optimised DAG (set in main)
 
 
 def _eager(name, vals):
