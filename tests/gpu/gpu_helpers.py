@@ -9,6 +9,20 @@ import evtfuse
 from evtfuse import get_kernels
 
 
+# one epilogue that uses every elementwise op family of the op table
+ALL_OPS = """
+def epi(accum, C, bias, rowv, s):
+    x = accum * 0.125 + bias
+    a = relu(x) + leaky_relu(x, 0.2) + sigmoid(x) + tanh(x) + gelu(x) + gelu_tanh(x)
+    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0)
+    c = sqrt(abs(x)) + rsqrt(abs(x) + 1.0) + sin(x) + cos(x) + tan(x * 0.1)
+    d = maximum(x, C) + minimum(x, rowv) + clamp(x, -0.5, 0.5) + where(x > C, x, C)
+    e = multiply_add(x, s, C) + x ** 2 + x ** 3 - x / (abs(C) + 1.0)
+    D = a + b + c + d + e
+    return D
+"""
+
+
 def family_kernels(args, family):
     """The kernels of one family for ``args``, best first; fails with ``explain`` if none."""
     ks = [k for k in get_kernels(args) if k.family.name == family]

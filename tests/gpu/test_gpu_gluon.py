@@ -14,7 +14,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
-from gpu_helpers import check, family_kernels
+from gpu_helpers import ALL_OPS, check, family_kernels
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -92,17 +92,7 @@ EPILOGUES = {
     "silu_mul": ("def epi(accum, X): D = silu(accum) * X; return D", {"X": "full"}),
     "aux_device_scalar": ("def epi(accum, C, s): D = accum * s + C; return D", {"C": "full", "s": "dev"}),
     "row_vec_index": ("def epi(accum, r): D = accum + r * row_index() - col_index(); return D", {"r": "row"}),
-    "all_ops": ("""
-def epi(accum, C, bias, rowv, s):
-    x = accum * 0.125 + bias
-    a = relu(x) + leaky_relu(x, 0.2) + sigmoid(x) + tanh(x) + gelu(x) + gelu_tanh(x)
-    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0)
-    c = sqrt(abs(x)) + rsqrt(abs(x) + 1.0) + sin(x) + cos(x) + tan(x * 0.1)
-    d = maximum(x, C) + minimum(x, rowv) + clamp(x, -0.5, 0.5) + where(x > C, x, C)
-    e = multiply_add(x, s, C) + x ** 2 + x ** 3 - x / (abs(C) + 1.0)
-    D = a + b + c + d + e
-    return D
-""", {"C": "full", "bias": "col", "rowv": "row", "s": "scalar"}),
+    "all_ops": (ALL_OPS, {"C": "full", "bias": "col", "rowv": "row", "s": "scalar"}),
     "relu_aux_two_outputs": ("def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
                              {"C": "full", "alpha": "scalar", "F": "outbf"}),
     "fp32_out": ("def epi(accum, bias): D = relu(accum + bias); return D", {"bias": "col", "D": "out32"}),

@@ -12,7 +12,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
-from gpu_helpers import check
+from gpu_helpers import ALL_OPS, check
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -26,17 +26,6 @@ def _rand(*shape, dtype=torch.float32, gen=None):
 
 ALPHA_BETA = "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"
 RELU_AUX = "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"
-ALL_OPS = """
-def epi(accum, C, bias, rowv, s):
-    x = accum * 0.125 + bias
-    a = relu(x) + leaky_relu(x, 0.2) + sigmoid(x) + tanh(x) + gelu(x) + gelu_tanh(x)
-    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0)
-    c = sqrt(abs(x)) + rsqrt(abs(x) + 1.0) + sin(x) + cos(x) + tan(x * 0.1)
-    d = maximum(x, C) + minimum(x, rowv) + clamp(x, -0.5, 0.5) + where(x > C, x, C)
-    e = multiply_add(x, s, C) + x ** 2 + x ** 3 - x / (abs(C) + 1.0)
-    D = a + b + c + d + e
-    return D
-"""
 
 
 @pytest.mark.parametrize("family", ["hopper", "portable"])

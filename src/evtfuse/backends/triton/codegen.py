@@ -452,8 +452,22 @@ class _Epilogue:
         return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]
 
 
+class _TritonTile:
+    """What a Triton tile (portable or hopper) spells the same way: the emitter asks a
+    tile for tile-shaped zeros, the program's barrier and a BLOCK_M-wide index vector."""
+
+    def zeros(self) -> str:
+        return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
+
+    def barrier(self) -> str:
+        return "tl.debug_barrier()"
+
+    def lane(self) -> str:
+        return "tl.arange(0, BLOCK_M)"
+
+
 @dataclass
-class _PortableTile:
+class _PortableTile(_TritonTile):
     acc: str = "acc"
     rm: str = "rm"
     rn: str = "rn"
@@ -466,14 +480,6 @@ class _PortableTile:
     mask: str = "mask"
     all_rn: tuple = ("rn",)
 
-    def zeros(self) -> str:
-        return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
-
-    def barrier(self) -> str:
-        return "tl.debug_barrier()"
-
-    def lane(self) -> str:
-        return "tl.arange(0, BLOCK_M)"
 
     def load_full(self, u: str, batched: bool) -> str:
         b = f"bid64 * {u}_sl + " if batched else ""
@@ -487,7 +493,7 @@ class _PortableTile:
 
 
 @dataclass
-class _HopperTile:
+class _HopperTile(_TritonTile):
     acc: str
     rn: str
     off_n: str
@@ -502,14 +508,6 @@ class _HopperTile:
     mask: str = ""
     all_rn: tuple = ()
 
-    def zeros(self) -> str:
-        return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
-
-    def barrier(self) -> str:
-        return "tl.debug_barrier()"
-
-    def lane(self) -> str:
-        return "tl.arange(0, BLOCK_M)"
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:

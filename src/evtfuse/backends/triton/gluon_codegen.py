@@ -139,6 +139,16 @@ class _GluonTile:
         ])
 
 
+# every partition's view of the persistent schedule: program p takes tiles p, p + nprog, ...
+_PROGRAM = [
+    f"{I1}start = gl.program_id(0)",
+    f"{I1}nprog = gl.num_programs(0)",
+    f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
+    f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
+    f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+]
+
+
 def _coords(trans: bool, row: str, k: str) -> str:
     return f"[{k}, {row}]" if trans else f"[{row}, {k}]"
 
@@ -178,11 +188,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
         "@gluon.jit",
         f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts_sig}):",
-        f"{I1}start = gl.program_id(0)",
-        f"{I1}nprog = gl.num_programs(0)",
-        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
-        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
-        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+        *_PROGRAM,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes",
         f"{I1}i = 0",
@@ -225,11 +231,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
         "@gluon.jit",
         f"def _ef_mem(c_ready, d_ready, {mem_args + ', ' if mem_args else ''}{sizes}, {consts_sig}):",
-        f"{I1}start = gl.program_id(0)",
-        f"{I1}nprog = gl.num_programs(0)",
-        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
-        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
-        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+        *_PROGRAM,
         f"{I1}_ef_mem_issue(0, start, nprog, num_pid_m, num_pid_n, c_ready, "
         f"{mem_args + ', ' if mem_args else ''}{consts})",
         f"{I1}if my_tiles > 1:",
@@ -272,11 +274,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
         "warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])",
-        f"{I1}start = gl.program_id(0)",
-        f"{I1}nprog = gl.num_programs(0)",
-        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
-        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
-        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
+        *_PROGRAM,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
         f"{I1}bid64 = 0",
