@@ -134,9 +134,11 @@ def combined_in_kernel(o, family: str) -> bool:
     ticket counter (int32 workspace, reset by that tile) tells it that it is the last.
 
     The hopper family does it only for its per-program whole-output sums (after its tile
-    loop): a combine inside Triton 3.6's pipelined persistent loop fails to compile
+    loop): a combine inside Triton 3.6's flattened persistent loop fails to compile
     ("'scf.if' op region control flow edge ... source has 2 operands, but target successor
-    needs 5", seen on an H100); its other reductions are combined after the kernel."""
+    needs 5" in TritonGPUFuseNestedLoops, seen on an H100 and reproduced by an offline
+    sm_90 compile); its other reductions are combined after the kernel. The same kernel
+    with ``flatten=False`` compiles offline (not yet run on a GPU)."""
     if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp":
         return False
     if family == "hopper":
