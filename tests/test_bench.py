@@ -214,6 +214,7 @@ def test_markdown_and_json():
     cs[1]["systems"]["compiled"]["rel_err"] = 0.31
     cs[0]["cold"] = {"first_call_s": 12.34, "warm_call_ms": 0.05}
     cs[0]["systems"]["evtfuse"]["rel_err"] = float("nan")
+    cs[0]["systems"]["evtfuse"]["kernel"] = "gluon_128x128x64_w4_s5_g8_e2"
     meta = {"date": "2026-01-01", "gpu": "NVIDIA H100", "torch": "2.11", "triton": "3.6",
             "command": "python benchmarks/run.py --quick", "dtype": "bf16"}
     res = report.assemble(meta, cs, 3e12, complete=False, left=3)
@@ -224,6 +225,7 @@ def test_markdown_and_json():
     assert "MISMATCH" in md and "rel err 0.3100" in md
     assert "unsupported[" in md and "sum \\| not yet" not in md.split("Notes:")[1] or True
     assert "12.3 s / 0.050 ms" in md
+    assert "| gluon_128x128x64_w4_s5_g8_e2 |" in md  # the kernel the tuner chose
     assert "3 cell(s) not run" in md and "--resume" in md
     assert "## Targets" in md
     # every table row has the same number of columns as the header

@@ -274,7 +274,7 @@ def fmt_cold(cell: Mapping[str, Any]) -> str:
 
 TABLE_COLUMNS = ("workload", "shape", "floor ms", "evtfuse ms (x floor)", "cuBLAS mm",
                  "cuBLASLt", "eager", "torch.compile", "evt/compiled", "evt/lt", "evt/mm",
-                 "evt TFLOP/s", "first call / warm call")
+                 "evt TFLOP/s", "first call / warm call", "evtfuse kernel")
 
 
 def markdown_table(cells: Sequence[Mapping[str, Any]], notes: _Notes | None = None) -> str:
@@ -293,7 +293,7 @@ def markdown_table(cells: Sequence[Mapping[str, Any]], notes: _Notes | None = No
                fmt_system(sy.get("lt"), notes), fmt_system(sy.get("eager"), notes),
                fmt_system(sy.get("compiled"), notes), fmt_ratio(r.get("evtfuse/compiled")),
                fmt_ratio(r.get("evtfuse/lt")), fmt_ratio(r.get("evtfuse/mm")),
-               fmt_num(evt.get("tflops"), 0), fmt_cold(c)]
+               fmt_num(evt.get("tflops"), 0), fmt_cold(c), evt.get("kernel") or "-"]
         if c.get("incomplete"):
             row[0] += " (incomplete)"
         lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |")
