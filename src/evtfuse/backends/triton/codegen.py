@@ -60,6 +60,7 @@ class KernelSpec:
 
 GENERATOR_VERSION = "13"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
+_LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 
 
 # integer output dtypes and the fp32 range they saturate to (the op table's reading)
@@ -186,8 +187,9 @@ class _Epilogue:
             else:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
             if combined_in_kernel(o, self.spec.family):
-                lines += self._combine_scalar(o, "tl.arange(0, BLOCK_M)", "0", "0",
-                                              "tl.num_programs(0)", "tl.debug_barrier()", indent)
+                tile = _TritonTile()
+                lines += self._combine_scalar(o, tile.lane(), "0", "0", "tl.num_programs(0)",
+                                              tile.barrier(), indent)
         return lines
 
     @staticmethod
@@ -307,41 +309,32 @@ class _Epilogue:
     def _combine(self, o, sub, indent: str) -> list[str]:
         """Lines run after a tile's partials are stored: the last tile of the group
         combines the group's partials (ascending order) into the output."""
-        n = o.node
         u = uname(o.name)
-        comb = OPS[n.op].triton
-        inner = indent + "    "
-        ld = "cache_modifier=\".cg\""  # L2: partials written by other SMs
         b = "bid64 * " if o.batched else "0 * "
-        if o.kind is OutputKind.ROW:
-            count = "num_pid_n" if o.batched else "num_pid_n * L"
-            group = f"{b}num_pid_m + {sub.pid_m}"
-            base = f"{b}num_pid_n * M"
-            lines = self._ticket(o, group, count, sub.barrier(), indent)
-            lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {sub.rm}, mask={sub.rm} < M, {ld})",
+        if o.kind is OutputKind.SCALAR:
+            count = "num_pid_m * num_pid_n" if o.batched else "num_pid_m * num_pid_n * L"
+            return self._combine_scalar(o, sub.lane(), "bid64" if o.batched else "0",
+                                        f"{b}num_pid_m * num_pid_n", count, sub.barrier(), indent)
+        if o.kind is OutputKind.ROW:  # partials [L, tiles along N, M]
+            tiles, other, extent, idx = "num_pid_n", "num_pid_m", "M", [sub.rm]
+            group = sub.pid_m
+        else:  # per column: partials [L, tiles along M, N]; every piece's columns
+            tiles, other, extent, idx = "num_pid_m", "num_pid_n", "N", list(sub.all_rn)
+            group = sub.pid_n
+        count = tiles if o.batched else f"{tiles} * L"
+        base = f"{b}{tiles} * {extent}"
+        comb = OPS[o.node.op].triton
+        inner = indent + "    "
+        lines = self._ticket(o, f"{b}{other} + {group}", count, sub.barrier(), indent)
+        for i in idx:
+            mask = f"mask={i} < {extent}"
+            lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {i}, {mask}, {_LD_L2})",
                       f"{inner}for j in range(1, {count}):",
-                      f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j * M + {sub.rm}, "
-                      f"mask={sub.rm} < M, {ld}))",
-                      f"{inner}tl.store({u}_out + {b}{u}_osl + {sub.rm} * {u}_os, "
-                      f"cm_{u}.to({u}_out.dtype.element_ty), mask={sub.rm} < M)"]
-            return lines
-        if o.kind is OutputKind.COL:
-            count = "num_pid_m" if o.batched else "num_pid_m * L"
-            group = f"{b}num_pid_n + {sub.pid_n}"
-            base = f"{b}num_pid_m * N"
-            lines = self._ticket(o, group, count, sub.barrier(), indent)
-            for rn in sub.all_rn:
-                lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {rn}, mask={rn} < N, {ld})",
-                          f"{inner}for j in range(1, {count}):",
-                          f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j * N + {rn}, "
-                          f"mask={rn} < N, {ld}))",
-                          f"{inner}tl.store({u}_out + {b}{u}_osl + {rn} * {u}_os, "
-                          f"cm_{u}.to({u}_out.dtype.element_ty), mask={rn} < N)"]
-            return lines
-        count = "num_pid_m * num_pid_n" if o.batched else "num_pid_m * num_pid_n * L"
-        base = f"{b}num_pid_m * num_pid_n"
-        return self._combine_scalar(o, sub.lane(), "bid64" if o.batched else "0", base, count,
-                                    sub.barrier(), indent)
+                      f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j * {extent} + "
+                      f"{i}, {mask}, {_LD_L2}))",
+                      f"{inner}tl.store({u}_out + {b}{u}_osl + {i} * {u}_os, "
+                      f"cm_{u}.to({u}_out.dtype.element_ty), {mask})"]
+        return lines
 
     def _combine_scalar(self, o, lane: str, group: str, base: str, count: str, barrier: str,
                         indent: str) -> list[str]:
@@ -350,15 +343,14 @@ class _Epilogue:
         row = OPS[o.node.op]
         ident = _lit(row.reduce_identity)
         inner = indent + "    "
-        ld = "cache_modifier=\".cg\""
         total = f"tl.sum(cm_{u}, axis=0)" if o.node.op == "sum" else f"tl.reduce(cm_{u}, 0, {row.triton})"
         lines = self._ticket(o, group, count, barrier, indent)
         lines += [f"{inner}ln_{u} = {lane}",
                   f"{inner}cm_{u} = tl.load({u}_ws + {base} + ln_{u}, mask=ln_{u} < {count}, "
-                  f"other={ident}, {ld})",
+                  f"other={ident}, {_LD_L2})",
                   f"{inner}for j0 in range(ln_{u}.shape[0], {count}, ln_{u}.shape[0]):",
                   f"{inner}    cm_{u} = {row.triton}(cm_{u}, tl.load({u}_ws + {base} + j0 + ln_{u}, "
-                  f"mask=j0 + ln_{u} < {count}, other={ident}, {ld}))",
+                  f"mask=j0 + ln_{u} < {count}, other={ident}, {_LD_L2}))",
                   f"{inner}tl.store({u}_out + {group} * {u}_osl, ({total}).to({u}_out.dtype.element_ty))"]
         return lines
 
@@ -482,7 +474,6 @@ class _PortableTile(_TritonTile):
     mask: str = "mask"
     all_rn: tuple = ("rn",)
 
-
     def load_full(self, u: str, batched: bool) -> str:
         b = f"bid64 * {u}_sl + " if batched else ""
         return (f"tl.load({u}_ptr + {b}{self.rm}[:, None] * {u}_sm + {self.rn}[None, :] * {u}_sn, "
@@ -509,7 +500,6 @@ class _HopperTile(_TritonTile):
     prefetched: bool = False
     mask: str = ""
     all_rn: tuple = ()
-
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:

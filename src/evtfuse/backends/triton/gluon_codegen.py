@@ -105,7 +105,6 @@ class _GluonTile:
     pid_m: str = "pid_m_c"
     pid_n: str = "pid_n_c"
     mask: str = ""
-
     all_rn: tuple = ()
 
     def zeros(self) -> str:
@@ -209,11 +208,11 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     # ---- epilogue-memory partition: aux tiles in, outputs out
     load_bytes = " + ".join(f"{u}_desc.block_type.nbytes" for u in load_names) or "0"
-    mem_args = ", ".join(descs + tile_bufs)
+    mem = "".join(f"{a}, " for a in descs + tile_bufs)  # the memory warp's own arguments
     L += [
         "@gluon.jit",
         f"def _ef_mem_issue(t, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{mem_args + ', ' if mem_args else ''}{consts_sig}):",
+        f"{mem}{consts_sig}):",
         f"{I1}b = t % 2",
     ]
     if load_names:
@@ -230,13 +229,13 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
         "",
         "@gluon.jit",
-        f"def _ef_mem(c_ready, d_ready, {mem_args + ', ' if mem_args else ''}{sizes}, {consts_sig}):",
+        f"def _ef_mem(c_ready, d_ready, {mem}{sizes}, {consts_sig}):",
         *_PROGRAM,
         f"{I1}_ef_mem_issue(0, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{mem_args + ', ' if mem_args else ''}{consts})",
+        f"{mem}{consts})",
         f"{I1}if my_tiles > 1:",
         f"{I2}_ef_mem_issue(1, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{mem_args + ', ' if mem_args else ''}{consts})",
+        f"{mem}{consts})",
         f"{I1}for t in range(my_tiles):",
         f"{I2}b = t % 2",
         f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
@@ -250,7 +249,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I2}if t + 2 < my_tiles:",
         f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
         f"{I3}_ef_mem_issue(t + 2, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{mem_args + ', ' if mem_args else ''}{consts})",
+        f"{mem}{consts})",
         f"{I1}tma.store_wait(pendings=0)",
         "",
         "",
@@ -368,7 +367,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I2}(_ef_consumer0, ({call}, {consts})),",
         f"{I2}(_ef_consumer1, ({call}, {consts})),",
         f"{I2}(_ef_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts})),",
-        f"{I2}(_ef_mem, (c_ready, d_ready, {mem_args + ', ' if mem_args else ''}{sizes}, {consts})),",
+        f"{I2}(_ef_mem, (c_ready, d_ready, {mem}{sizes}, {consts})),",
         f"{I1}], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])",
     ]
     return "\n".join(L) + "\n"
