@@ -71,7 +71,7 @@ def test_configs_fit_shared_memory_or_refuse():
     many = _args("def epi(accum, C, X, Y): D = accum + C + X + Y; return D",
                  C=torch.randn(M, N).to(BF), X=torch.randn(M, N).to(BF), Y=torch.randn(M, N).to(BF))
     assert fam.configs(many, H100) == []  # three aux tiles: 192 KB
-    assert fam._epilogue_smem(many.optimized_dag) == 192 * 1024
+    assert fam._epilogue_smem(many.optimized_dag, fam._split(many.optimized_dag, 2)) == 192 * 1024
 
 
 CASES = {

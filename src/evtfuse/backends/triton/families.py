@@ -69,9 +69,14 @@ def _dims3(t: torch.Tensor) -> tuple[int, int, int]:
     return 0, t.stride(0), t.stride(1)
 
 
+def _strides_lmn(t: torch.Tensor) -> tuple[int, int, int]:
+    """``t``'s strides right-aligned with (L, M, N) (0 for the dimensions it lacks)."""
+    return (0,) * (3 - t.dim()) + tuple(t.stride())
+
+
 def _vec_strides(t: torch.Tensor, kind: OperandKind, batched: bool) -> list[int]:
     """Strides of a scalar/vector operand right-aligned with (L, M, N)."""
-    strides = (0,) * (3 - t.dim()) + tuple(t.stride())
+    strides = _strides_lmn(t)
     sl = strides[0] if batched else 0
     if kind is OperandKind.DEVICE_SCALAR:
         return [sl]
@@ -316,7 +321,7 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
     for o in vector_outputs(dag):
         t = values[o.name]
         shape = (1,) * (3 - t.dim()) + tuple(t.shape)
-        strides = (0,) * (3 - t.dim()) + tuple(t.stride())
+        strides = _strides_lmn(t)
         out += [_value_getter(o.name), strides[0] if o.batched else 0,
                 strides[1] if shape[1] > 1 else 0, strides[2] if shape[2] > 1 else 0]
     return out
@@ -342,8 +347,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         if combined_in_kernel(o, family):  # the kernel combines: ticket counters, the output
             groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
             cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
-            t = args.epilogue.values[o.name]
-            strides = (0,) * (3 - t.dim()) + tuple(t.stride())
+            strides = _strides_lmn(args.epilogue.values[o.name])
             items += [ws, cnt, _value_getter(o.name), strides[0] if o.batched else 0]
             if o.kind is not OutputKind.SCALAR:
                 items.append(strides[1] if o.kind is OutputKind.ROW else strides[2])
@@ -442,6 +446,30 @@ def _tma_refusal(args: GemmArguments) -> str | None:
     return None
 
 
+def _operand_getters(spec: KernelSpec, config: TileConfig, make_descriptor) -> list[Any]:
+    """The plan items for A and B: TMA descriptors (``make_descriptor(view, block)``) of
+    their (M, K)/(K, N) views, or of the transposed view for a column-major operand,
+    validated once per plan and rebased on each call's tensors."""
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+
+    def operand(trans: bool, batched: bool, block: list[int]):
+        def make(t):
+            view = _as2d_or_3d(t, batched)
+            return make_descriptor(view.mT if trans else view, ([1] if batched else []) + block)
+        return _rebased(make)
+
+    make_a = operand(spec.a_trans, spec.a_batched, [bk, bm] if spec.a_trans else [bm, bk])
+    make_b = operand(spec.b_trans, spec.b_batched, [bn, bk] if spec.b_trans else [bk, bn])
+
+    def get_a(A, B, values):
+        return make_a(A)
+
+    def get_b(A, B, values):
+        return make_b(B)
+
+    return [get_a, get_b]
+
+
 class HopperFamily(KernelFamily):
     name = "hopper"
     description = ("persistent, tensor-descriptor (TMA) loads and stores, grouped tile order, "
@@ -521,25 +549,8 @@ class HopperFamily(KernelFamily):
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
         bm, bn, bk = config.block_m, config.block_n, config.block_k
-        a_block = [bk, bm] if spec.a_trans else [bm, bk]
-        b_block = [bn, bk] if spec.b_trans else [bk, bn]
-
-        def operand_desc(t, trans, batched, block):
-            view = _as2d_or_3d(t, batched)
-            if trans:
-                view = view.mT
-            return _make_descriptor(view, ([1] if batched else []) + block)
-
-        make_a = _rebased(lambda t: operand_desc(t, spec.a_trans, spec.a_batched, a_block))
-        make_b = _rebased(lambda t: operand_desc(t, spec.b_trans, spec.b_batched, b_block))
-
-        def get_a(A, B, values):
-            return make_a(A)
-
-        def get_b(A, B, values):
-            return make_b(B)
-
-        items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
+        items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
+                            args.K, args.L]
         items += _epilogue_items(args, dag, "hopper", config)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
@@ -651,14 +662,14 @@ class GluonFamily(KernelFamily):
         if why:
             return Status.fail(why)
         if not self.configs(args, target):
-            kb = self._epilogue_smem(dag) // 1024
+            kb = self._epilogue_smem(dag, self._split(dag, args.A.element_size())) // 1024
             return Status.fail(f"the epilogue's tiles need {kb} KB of shared memory, which "
                                f"leaves less than {GLUON_MIN_STAGES} stages for A and B")
         return Status.success()
 
     BM, BN, BK = 128, 128, 64  # per consumer warpgroup: 128 fp32 accumulator registers
 
-    def _split(self, dag: Dag, elt: int = 2) -> int:
+    def _split(self, dag: Dag, elt: int) -> int:
         forced = int(os.environ.get("EVTFUSE_GLUON_SPLIT", "0"))
         if forced:
             return forced
@@ -669,10 +680,10 @@ class GluonFamily(KernelFamily):
             split = 4
         return split
 
-    def _epilogue_smem(self, dag: Dag, split: int | None = None) -> int:
+    def _epilogue_smem(self, dag: Dag, split: int) -> int:
         from .gluon_codegen import buffers
 
-        return buffers(dag).smem_bytes(self.BM, self.BN, self.BN // (split or self._split(dag)))
+        return buffers(dag).smem_bytes(self.BM, self.BN, self.BN // split)
 
     def _stages(self, dag: Dag, split: int, elt: int) -> int:
         stage = (self.BM + self.BN) * self.BK * elt
@@ -697,21 +708,8 @@ class GluonFamily(KernelFamily):
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
         bm, bn, bk = config.block_m, config.block_n, config.block_k
-
-        def operand(t, trans, block):
-            view = _as2d_or_3d(t, False)
-            return _gluon_descriptor(view.mT if trans else view, block)
-
-        make_a = _rebased(lambda t: operand(t, spec.a_trans, [bk, bm] if spec.a_trans else [bm, bk]))
-        make_b = _rebased(lambda t: operand(t, spec.b_trans, [bn, bk] if spec.b_trans else [bk, bn]))
-
-        def get_a(A, B, values):
-            return make_a(A)
-
-        def get_b(A, B, values):
-            return make_b(B)
-
-        items: list[Any] = [get_a, get_b, args.M, args.N, args.K, args.L]
+        items: list[Any] = [*_operand_getters(spec, config, _gluon_descriptor), args.M, args.N,
+                            args.K, args.L]
         items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter(dag))
         red_items, post = _reduction_items(args, dag, config, "gluon")
         items += red_items
