@@ -1,5 +1,5 @@
 """The gluon family without a GPU: its refusals, its shared-memory plan, and offline
-compiles of generated kernels for sm_90 (``backends.triton.offline``), which check that
+compiles of generated kernels for sm_90 (``runtime.offline``), which check that
 each one is valid Gluon, fits shared memory and does not spill heavily. Results on a
 GPU: tests/gpu/test_gpu_gluon.py.
 """
@@ -93,24 +93,27 @@ CASES = {
 }
 
 
+_MAKERS = {
+    "full": lambda: torch.randn(M, N).to(BF),
+    "col": lambda: torch.randn(N),
+    "row": lambda: torch.empty(M, 1),
+    "yrow": lambda: torch.randint(0, N, (M, 1)),
+    "one": lambda: torch.empty(1),
+    "outbf": lambda: torch.empty(M, N, dtype=BF),
+    "f32": lambda: torch.empty(M, N),
+    "dev": lambda: torch.randn(()),
+    None: lambda: None,
+}
+
+
 def _make(kind):
-    return {
-        "full": lambda: torch.randn(M, N).to(BF),
-        "col": lambda: torch.randn(N),
-        "row": lambda: torch.empty(M, 1),
-        "yrow": lambda: torch.randint(0, N, (M, 1)),
-        "one": lambda: torch.empty(1),
-        "full16": lambda: torch.randn(M, N).half(),
-        "outbf": lambda: torch.empty(M, N, dtype=BF),
-        "f32": lambda: torch.empty(M, N),
-        "dev": lambda: torch.randn(()),
-        None: lambda: None,
-    }[kind]() if kind in ("full", "col", "row", "yrow", "one", "full16", "dev", "outbf", "f32", None) else kind
+    """A value for a case's operand: a kind named in _MAKERS, or the value itself."""
+    return _MAKERS[kind]() if kind in _MAKERS else kind
 
 
 def compile_case(name):
     """Offline-compile one case (called in a subprocess with the interpreter off)."""
-    from evtfuse.backends.triton.offline import compile_for
+    from evtfuse.runtime.offline import compile_for
 
     src, spec = CASES[name]
     spec = dict(spec)

@@ -84,12 +84,18 @@ def load_module(key: str, source: str):
     path = cache_dir() / "kernels" / f"k{key}.py"
     if not path.exists() or path.read_text() != source:
         atomic_write(path, source)
-    name = f"evtfuse_generated_k{key}"
+    mod = import_path(f"evtfuse_generated_k{key}", path)
+    _loaded[key] = mod
+    return mod
+
+
+def import_path(name: str, path) -> Any:
+    """Import the Python file ``path`` as module ``name`` (registered in sys.modules:
+    Triton's JIT reads its functions' source through it)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
-    _loaded[key] = mod
     return mod
 
 

@@ -1,8 +1,8 @@
 """Offline compilation of a generated kernel for a GPU target, without a GPU.
 
-Layer: backends/triton. Triton compiles for any NVIDIA target on a machine without one
-(``triton.compile`` with a ``GPUTarget``); this module does it for one kernel family and
-arguments, with the signature Triton would derive from the real launch values. The CPU
+Layer: runtime (beside ``Kernel.compile``). Triton compiles for any NVIDIA target on a
+machine without one (``triton.compile`` with a ``GPUTarget``); this module does it for one
+kernel family and arguments, with the signature Triton would derive from the real launch values. The CPU
 test tier uses it to check that every generated Gluon kernel compiles to sm_90 SASS
 within its register and shared-memory budget (no spills), which the interpreter cannot
 show. Arguments may hold CPU tensors: only dtypes, shapes and strides matter here.
@@ -10,17 +10,16 @@ show. Arguments may hold CPU tensors: only dtypes, shapes and strides matter her
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 
-from ...arguments import GemmArguments
-from .codegen import generate
-from .families import KernelFamily, Target, TileConfig
+from ..arguments import GemmArguments
+from ..backends.triton.codegen import generate
+from ..backends.triton.families import KernelFamily, Target, TileConfig
+from .cache import import_path
 
 
 @dataclass(frozen=True)
@@ -62,12 +61,7 @@ def _compiled_kernel_fn(source: str, folder: str):
     path = os.path.join(folder, "offline_kernel.py")
     with open(path, "w") as f:
         f.write(source)
-    name = f"evtfuse_offline_{abs(hash(source))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module.evtfuse_kernel
+    return import_path(f"evtfuse_offline_{abs(hash(source))}", path).evtfuse_kernel
 
 
 def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
