@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from evtfuse import EpilogueArguments, GemmArguments, explain
-from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target
+from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target, _vector_refusal
 from evtfuse.backends.triton.gluon_codegen import buffers
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -61,6 +61,21 @@ def test_output_shares_a_load_buffer_of_its_dtype():
     assert len(b.tile_stores) == 1 and len(b.piece_stores) == 1
 
 
+def test_vectors_staged_in_shared_memory_by_tma():
+    src = "def epi(accum, r, bias, y): D = accum * r + bias + y; return D"
+    y = torch.randint(0, 3, (N,))  # int64: read from global memory, not staged
+    args = _args(src, r=torch.randn(M, 1).to(BF), bias=torch.randn(N), y=y)
+    b = buffers(args.optimized_dag)
+    assert b.vectors == (("r", BF, True), ("bias", torch.float32, False))
+    assert b.smem_bytes(128, 128, 64) == 2 * 2 * 128 * 64 * 2 + 2 * 128 * 2 + 2 * 128 * 4  # D pieces
+    assert _vector_refusal(args) is None  # GluonFamily.supports asks it (on a GPU)
+    strided = _args(src, r=torch.randn(M, 2).to(BF)[:, :1], bias=torch.randn(N), y=y)
+    why = _vector_refusal(strided)
+    assert "r is not contiguous (stride 2)" in why and "TMA-loads" in why
+    unaligned = _args(src, r=torch.randn(M, 1).to(BF), bias=torch.randn(N + 1)[1:], y=y)
+    assert "bias's data pointer is not 16-byte aligned" in _vector_refusal(unaligned)
+
+
 def test_configs_fit_shared_memory_or_refuse():
     fam = GluonFamily()
     ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
@@ -87,6 +102,8 @@ CASES = {
     "lse_target": ("def epi(accum, y): lse = logsumexp(accum); "
                    "tgt = sum(where(col_index() == y, accum, 0.0)); D = accum; return D, lse, tgt",
                    dict(y="yrow", lse="row", tgt="row", D=None)),
+    "row_and_col_vectors": ("def epi(accum, r, bias): D = accum * r + bias; return D",
+                            dict(r="rowbf", bias="colbf")),
     "bce": ("def bce(accum, bias, C): f = accum + bias; "
             "t = (1 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
             "return D, loss", dict(bias="col", C="full", loss="one", D=None)),
@@ -97,6 +114,8 @@ _MAKERS = {
     "full": lambda: torch.randn(M, N).to(BF),
     "col": lambda: torch.randn(N),
     "row": lambda: torch.empty(M, 1),
+    "rowbf": lambda: torch.randn(M, 1).to(BF),
+    "colbf": lambda: torch.randn(N).to(BF),
     "yrow": lambda: torch.randint(0, N, (M, 1)),
     "one": lambda: torch.empty(1),
     "outbf": lambda: torch.empty(M, N, dtype=BF),

@@ -183,6 +183,7 @@ TRANSCENDENTAL = {
     "gelu_tanh": (_gelu_tanh, False),
     "silu": (lambda v: v * _sigmoid(v), False),
     "softplus": (_softplus, False),
+    "log_sigmoid": (lambda v: min(v, 0.0) - math.log1p(math.exp(-abs(v))), False),
     "exp": (math.exp, False),
     "log": (math.log, True),
     "sqrt": (math.sqrt, True),
@@ -207,6 +208,15 @@ def test_softplus_is_linear_above_20():
     assert torch.equal(got[1:5], x[1:5])  # exactly x, no overflow of exp
     assert torch.isfinite(got).all()
     assert 0 < got[5] < 1e-12
+
+
+def test_log_sigmoid_keeps_what_sigmoid_rounds_away():
+    x = torch.tensor([-200.0, -100.0, -30.0, 20.0, 40.0, float("inf"), float("-inf"), float("nan")])
+    got = _apply("log_sigmoid", x)
+    want = torch.tensor([-200.0, -100.0, -30.0 - math.exp(-30.0), -math.exp(-20.0),
+                         -math.exp(-40.0), 0.0, float("-inf"), float("nan")], dtype=torch.float64)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0.0, equal_nan=True)
+    assert torch.isinf(torch.log(torch.sigmoid(x[:1])))  # what the unfused form gives
 
 
 def test_multiply_add():

@@ -324,12 +324,51 @@ def test_reduction_of_bool_is_kept():
     assert optimize(dag, debug=True).output("m").node.kind is NodeKind.REDUCE
 
 
+# ------------------------------------------------------------------ stable forms
+
+BCE = ("def epi(accum, C): t = (1.0 - C) * (-accum) + log(clamp(sigmoid(accum), 1e-3, 0.999)); "
+       "u = log(clamp(1 - sigmoid(accum), 1e-4, 0.9)); D = t + u; return D")
+
+
+def test_stable_forms_rewrites_the_clamped_cross_entropy_logs():
+    epi = _args(BCE, C=(_randn(M, N, seed=1) > 0).float(), D=_empty(M, N))
+    dag = passes.stable_forms(passes.fold_constants(epi.dag))
+    assert not _computes(dag, "log") and not _computes(dag, "sigmoid")
+    (ls_pos, ls_neg) = _computes(dag, "log_sigmoid")
+    assert ls_pos.inputs[0].kind is NodeKind.ACCUM and ls_neg.inputs[0].op == "neg"
+    bounds = sorted(n.inputs[1].value for n in _computes(dag, "clamp"))
+    assert bounds == pytest.approx([math.log(1e-4), math.log(1e-3)], rel=1e-6)
+    # the same values up to rounding, special values included (NaN stays NaN, +-inf clamp)
+    acc = _special(M, N, seed=3) * 8.0
+    acc.view(-1)[:3] = torch.tensor([40.0, -40.0, -200.0])
+    values = {"C": (_randn(M, N, seed=4) > 0).float()}
+    want = evaluate(epi.dag, acc, values)["D"]
+    got = evaluate(optimize(epi.dag), acc, values)["D"]
+    assert torch.equal(want.isnan(), got.isnan())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("expr", [
+    "log(sigmoid(accum))",                  # unclamped: differs where sigmoid rounds to 0 or 1
+    "log(clamp(sigmoid(accum), 0.0, 0.9))",  # log(0) bound
+    "log(clamp(sigmoid(accum), 0.1, 1.0))",  # bound at 1: not below the sigmoid's rounding
+    "log(clamp(sigmoid(accum), 0.5, 0.1))",  # lo > hi
+    "log(clamp(sigmoid(accum), s, 0.9))",   # bound not a literal
+    "log(clamp(accum, 0.1, 0.9))",          # not a sigmoid: negative values clamp to lo first
+    "log(clamp(2 - sigmoid(accum), 0.1, 0.9))",
+])
+def test_stable_forms_leaves_other_logs(expr):
+    epi = _args(f"def epi(accum, s): D = {expr}; return D", s=0.25, D=_empty(M, N))
+    dag = passes.stable_forms(passes.fold_constants(epi.dag))
+    assert _computes(dag, "log") and not _computes(dag, "log_sigmoid")
+
+
 # ------------------------------------------------------------------ pipeline and debug verify
 
 def test_pipeline_is_named_and_ordered():
     names = [name for name, _ in PIPELINE]
     assert names[0].startswith("dead-code") and names[-1].startswith("dead-code")
-    for needed in ("constant folding", "algebraic simplification",
+    for needed in ("constant folding", "algebraic simplification", "stable forms",
                    "common-subexpression elimination", "reduction elimination"):
         assert needed in names
     assert names.index("constant folding") < names.index("algebraic simplification") \

@@ -4,7 +4,10 @@ Layer: passes. Each pass is a pure function of an ``ir.Dag``; ``optimize`` runs
 ``PIPELINE`` in order and, in debug mode (``debug=True`` or ``EVTFUSE_DEBUG=1``), checks
 the DAG's invariants (``ir.verify``) before and after every pass. Every rewrite here is
 exact in IEEE arithmetic: the optimised DAG computes bit-for-bit what the original
-computes in fp32 (no ``x*0 -> 0``, no ``x+0 -> x``).
+computes in fp32 (no ``x*0 -> 0``, no ``x+0 -> x``), except ``stable_forms``, whose
+rewrites are exact in real arithmetic and replace a form that rounds an intermediate
+(``log`` of a rounded ``sigmoid``) by one at least as accurate: results move by the ops'
+own rounding, never away from the true value.
 """
 
 from __future__ import annotations
@@ -131,6 +134,55 @@ def simplify_algebra(dag: Dag) -> Dag:
     return _rebuild(dag, rewrite)
 
 
+# ------------------------------------------------------------------ stable forms
+
+def _compute(n: Node, op: str) -> bool:
+    return n.kind is NodeKind.COMPUTE and n.op == op
+
+
+def stable_forms(dag: Dag) -> Dag:
+    """The cross-entropy pattern ``log(clamp(s, lo, hi))`` of ``s = sigmoid(x)`` or
+    ``s = 1 - sigmoid(x)``, with literal bounds ``0 < lo <= hi < 1`` -> ``clamp(log_sigmoid(x),
+    log(lo), log(hi))`` (or of ``log_sigmoid(-x)``): ``s`` is in [0, 1] and log is increasing,
+    NaN stays NaN. On a GPU that is no division and one transcendental less, and
+    ``log_sigmoid`` does not round ``s`` first (near ``hi`` that rounding is a relative error
+    of ~1e-4 in ``log(s)``). Unclamped ``log(sigmoid(x))`` is left as written: where the
+    rounded sigmoid reaches 0 or 1 (|x| > ~17) the two forms differ by more than rounding,
+    and the reference evaluator computes the form the user wrote."""
+
+    def log_sigmoid_of(x: Node, line: int | None) -> Node | None:
+        if _compute(x, "sigmoid"):
+            return ir.compute_node("log_sigmoid", x.inputs, line=line)
+        if _compute(x, "sub") and _is(x.inputs[0], 1.0) and _compute(x.inputs[1], "sigmoid"):
+            neg = ir.compute_node("neg", x.inputs[1].inputs, line=line)
+            return ir.compute_node("log_sigmoid", (neg,), line=line)
+        return None
+
+    def log_of(x: Node, var: str | None, line: int | None) -> Node | None:
+        """``clamp(log_sigmoid(..), log(lo), log(hi))`` for ``log(x)``, or None."""
+        if not _compute(x, "clamp"):
+            return None
+        src, lo, hi = x.inputs
+        vlo, vhi = _const_value(lo), _const_value(hi)
+        if vlo is None or vhi is None or not 0.0 < vlo <= vhi < 1.0:
+            return None
+        inner = log_sigmoid_of(src, line)
+        if inner is None:
+            return None
+        bounds = [ir.const_node(float(torch.log(torch.tensor(v, dtype=torch.float32))), line)
+                  for v in (vlo, vhi)]
+        return ir.compute_node("clamp", (inner, *bounds), var=var, line=line)
+
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        if _compute(n, "log"):
+            better = log_of(inputs[0], n.var, n.line)
+            if better is not None:
+                return better
+        return _same_or_new(n, inputs)
+
+    return _rebuild(dag, rewrite)
+
+
 # ------------------------------------------------------------------ CSE
 
 def eliminate_common_subexpressions(dag: Dag) -> Dag:
@@ -181,6 +233,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("dead-code elimination", eliminate_dead_code),
     ("constant folding", fold_constants),
     ("algebraic simplification", simplify_algebra),
+    ("stable forms", stable_forms),
     ("constant folding (again)", fold_constants),
     ("common-subexpression elimination", eliminate_common_subexpressions),
     ("reduction elimination", eliminate_reductions),
@@ -208,4 +261,4 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
 
 
 __all__ = ["PIPELINE", "optimize", "eliminate_dead_code", "fold_constants", "simplify_algebra",
-           "eliminate_common_subexpressions", "eliminate_reductions", "Space"]
+           "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

@@ -14,7 +14,7 @@ ALL_OPS = """
 def epi(accum, C, bias, rowv, s):
     x = accum * 0.125 + bias
     a = relu(x) + leaky_relu(x, 0.2) + sigmoid(x) + tanh(x) + gelu(x) + gelu_tanh(x)
-    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0)
+    b = silu(x) + hardswish(x) + softplus(x) + exp(-abs(x)) + log(abs(x) + 1.0) + log_sigmoid(x)
     c = sqrt(abs(x)) + rsqrt(abs(x) + 1.0) + sin(x) + cos(x) + tan(x * 0.1)
     d = maximum(x, C) + minimum(x, rowv) + clamp(x, -0.5, 0.5) + where(x > C, x, C)
     e = multiply_add(x, s, C) + x ** 2 + x ** 3 - x / (abs(C) + 1.0)

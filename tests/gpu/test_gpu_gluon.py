@@ -93,6 +93,12 @@ EPILOGUES = {
     "aux_device_scalar": ("def epi(accum, C, s): D = accum * s + C; return D", {"C": "full", "s": "dev"}),
     "row_vec_index": ("def epi(accum, r): D = accum + r * row_index() - col_index(); return D", {"r": "row"}),
     "all_ops": (ALL_OPS, {"C": "full", "bias": "col", "rowv": "row", "s": "scalar"}),
+    # bf16 vectors, TMA-staged like the fp32 ones; an int64 one read from global memory
+    "bf16_vectors": ("def epi(accum, r, bias): D = accum * r + bias; return D",
+                     {"r": "rowbf", "bias": "colbf"}),
+    "lse_target": ("def epi(accum, y): lse = logsumexp(accum); "
+                   "tgt = sum(where(col_index() == y, accum, 0.0)); D = accum; return D, lse, tgt",
+                   {"y": "target", "lse": "rowout", "tgt": "rowout", "D": None}),
     "relu_aux_two_outputs": ("def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
                              {"C": "full", "alpha": "scalar", "F": "outbf"}),
     "fp32_out": ("def epi(accum, bias): D = relu(accum + bias); return D", {"bias": "col", "D": "out32"}),
@@ -120,6 +126,9 @@ def _operands(kinds, M, N):
             "label": lambda: (torch.rand(M, N, device=DEV) > 0.5).to(BF),
             "col": lambda: _rand(N),
             "row": lambda: _rand(M, 1),
+            "colbf": lambda: _rand(N, dtype=BF),
+            "rowbf": lambda: _rand(M, 1, dtype=BF),
+            "target": lambda: torch.randint(0, N, (M, 1), device=DEV),
             "dev": lambda: _rand(1).reshape(()),
             "scalar": lambda: 0.75,
             "out32": lambda: torch.empty(M, N, device=DEV),
@@ -155,6 +164,17 @@ def test_three_aux_tiles_refused_with_reason():
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, X=X, Y=Y, D=D))
     assert not [k for k in get_kernels(args) if k.family.name == "gluon"]
     assert "gluon: refused: the epilogue's tiles need 192 KB of shared memory" in evtfuse.explain(args)
+    assert get_kernels(args)[0].verify(args)  # the hopper family takes it
+
+
+def test_strided_vector_refused_with_reason():
+    M, N, K = 512, 384, 128
+    A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF)
+    bias = _rand(N, 2, dtype=BF)[:, 0]  # stride 2: no TMA
+    D = torch.empty(M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, bias): D = accum + bias; return D", bias=bias, D=D))
+    assert "gluon: refused: bias is not contiguous (stride 2)" in evtfuse.explain(args)
     assert get_kernels(args)[0].verify(args)  # the hopper family takes it
 
 

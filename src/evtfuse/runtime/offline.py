@@ -30,6 +30,7 @@ class Compiled:
     registers: int  # per thread, as ptxas allocated (cuobjdump -res-usage), -1 if unknown
     spills: int  # local-memory loads and stores in the SASS (LDL/STL)
     ptx: str
+    sass: str = ""  # cuobjdump -sass of the cubin ("" without the tool)
 
 
 def _cuobjdump() -> str | None:
@@ -89,7 +90,7 @@ def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
     else:
         src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
-    registers, spills = -1, 0
+    registers, spills, sass = -1, 0, ""
     tool = _cuobjdump()
     if tool:
         with tempfile.TemporaryDirectory() as tmp:
@@ -102,4 +103,4 @@ def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
             registers = int(m.group(1)) if m else -1
             sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
             spills = sum(1 for line in sass.splitlines() if "LDL" in line or "STL" in line)
-    return Compiled(kernel.metadata.shared, registers, spills, kernel.asm["ptx"])
+    return Compiled(kernel.metadata.shared, registers, spills, kernel.asm["ptx"], sass)

@@ -58,7 +58,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "13"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "14"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 
@@ -86,6 +86,17 @@ def vector_outputs(dag: Dag):
             and o.node.kind is not NodeKind.REDUCE]
 
 
+STAGED_VECTOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def staged_vector(spec, family: str) -> bool:
+    """A per-row/per-column operand the gluon family TMA-loads into shared memory with the
+    tile's aux tiles (its consumers then read it there instead of waiting on global loads,
+    whose latency ptxas may leave exposed once per load); other dtypes are read directly."""
+    return family == "gluon" and spec.kind in (OperandKind.PER_ROW, OperandKind.PER_COL) \
+        and spec.dtype in STAGED_VECTOR_DTYPES
+
+
 def epilogue_params(dag: Dag, family: str) -> list[str]:
     """Kernel parameters for the epilogue's operands and outputs, in a fixed order."""
     params: list[str] = []
@@ -95,6 +106,8 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
             params.append(u)
         elif spec.kind is OperandKind.DEVICE_SCALAR:
             params += [f"{u}_ptr", f"{u}_sl"]
+        elif staged_vector(spec, family):
+            params.append(f"{u}_desc")
         elif spec.kind is OperandKind.PER_ROW:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm"]
         elif spec.kind is OperandKind.PER_COL:
@@ -111,7 +124,7 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in reduce_outputs(dag):
         u = uname(o.name)
-        if combined_in_kernel(o, family):
+        if combined_in_kernel(o):
             params += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"]
             params += [] if o.kind is OutputKind.SCALAR else [f"{u}_os"]
         else:
@@ -128,23 +141,25 @@ def reduce_outputs(dag: Dag):
     return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
 
 
-def combined_in_kernel(o, family: str) -> bool:
+def combined_in_kernel(o) -> bool:
     """sum/max/min outputs: the tile that completes a group of partials (a row block, a
     column block, the whole output; per batch or over all batches) combines them in a
     fixed order and stores the output, so no launch follows the kernel. A per-group
     ticket counter (int32 workspace, reset by that tile) tells it that it is the last.
 
-    The hopper family does it only for its per-program whole-output sums (after its tile
-    loop): a combine inside Triton 3.6's flattened persistent loop fails to compile
-    ("'scf.if' op region control flow edge ... source has 2 operands, but target successor
-    needs 5" in TritonGPUFuseNestedLoops, seen on an H100 and reproduced by an offline
-    sm_90 compile); its other reductions are combined after the kernel. The same kernel
-    with ``flatten=False`` compiles offline (not yet run on a GPU)."""
-    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp":
-        return False
-    if family == "hopper":
-        return o.kind is OutputKind.SCALAR and not o.batched
-    return True
+    The hopper family combines its per-program whole-output sums after its tile loop, and
+    the others inside it, which Triton 3.6 compiles only in an unflattened loop (in the
+    flattened one: "'scf.if' op region control flow edge ... source has 2 operands, but
+    target successor needs 5" in TritonGPUFuseNestedLoops): ``HopperFamily.configs``
+    keeps ``flatten=False`` when ``tile_combines`` says a DAG has such a reduction."""
+    return o.node.kind is NodeKind.REDUCE and o.node.op != "logsumexp"
+
+
+def tile_combines(dag: Dag) -> bool:
+    """Whether the hopper family combines a reduction inside its tile loop (per row, per
+    column, or per batch: not its per-program whole-output ones)."""
+    return any(combined_in_kernel(o) and not (o.kind is OutputKind.SCALAR and not o.batched)
+               for o in reduce_outputs(dag))
 
 
 class _Epilogue:
@@ -186,7 +201,7 @@ class _Epilogue:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.sum(pacc_{u}, axis=0))")
             else:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
-            if combined_in_kernel(o, self.spec.family):
+            if combined_in_kernel(o):
                 tile = _TritonTile()
                 lines += self._combine_scalar(o, tile.lane(), "0", "0", "tl.num_programs(0)",
                                               tile.barrier(), indent)
@@ -246,12 +261,8 @@ class _Epilogue:
         bofs = f"bid64 * {u}_sl" if spec.batched else "0"
         if spec.kind is OperandKind.DEVICE_SCALAR:
             return f"tl.load({u}_ptr + {bofs}).to(tl.float32)"
-        if spec.kind is OperandKind.PER_ROW:
-            return (f"tl.load({u}_ptr + {bofs} + {sub.rm} * {u}_sm, mask={sub.rm} < M, "
-                    f"other=0.0).to(tl.float32)[:, None]")
-        if spec.kind is OperandKind.PER_COL:
-            return (f"tl.load({u}_ptr + {bofs} + {sub.rn} * {u}_sn, mask={sub.rn} < N, "
-                    f"other=0.0).to(tl.float32)[None, :]")
+        if spec.kind in (OperandKind.PER_ROW, OperandKind.PER_COL):
+            return sub.load_vector(u, spec.kind, bofs)
         return sub.load_full(u, spec.batched)
 
     def body(self, sub, indent: str, first: bool = True, last: bool = True) -> list[str]:
@@ -291,7 +302,7 @@ class _Epilogue:
             lines += self._reduce(o, env, sub, indent, first, last)
         if last:
             for o in reduce_outputs(self.dag):
-                if combined_in_kernel(o, self.spec.family) and not self.program_reduced(o):
+                if combined_in_kernel(o) and not self.program_reduced(o):
                     lines += self._combine(o, sub, indent)
         return lines
 
@@ -446,9 +457,20 @@ class _Epilogue:
         return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]
 
 
+def vector_load(u: str, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
+    """A per-row or per-column operand read from global memory, broadcast over the tile."""
+    if kind is OperandKind.PER_ROW:
+        return f"tl.load({u}_ptr + {bofs} + {rm} * {u}_sm, mask={rm} < M, other=0.0).to(tl.float32)[:, None]"
+    return f"tl.load({u}_ptr + {bofs} + {rn} * {u}_sn, mask={rn} < N, other=0.0).to(tl.float32)[None, :]"
+
+
 class _TritonTile:
     """What a Triton tile (portable or hopper) spells the same way: the emitter asks a
-    tile for tile-shaped zeros, the program's barrier and a BLOCK_M-wide index vector."""
+    tile for tile-shaped zeros, the program's barrier, a BLOCK_M-wide index vector and
+    its per-row/per-column operands."""
+
+    def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
+        return vector_load(u, kind, bofs, self.rm, self.rn)
 
     def zeros(self) -> str:
         return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"

@@ -18,7 +18,8 @@ from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES, OPS
 from ..triton.codegen import (TMA_FAMILIES, KernelSpec, check_emittable, combined_in_kernel,
-                              full_outputs, reduce_outputs, vector_outputs)
+                              full_outputs, reduce_outputs, staged_vector, tile_combines,
+                              vector_outputs)
 
 INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
@@ -311,6 +312,8 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
         v = values[spec.name]
         if spec.kind is OperandKind.RUNTIME_SCALAR:
             out.append(_scalar_getter(spec.name))
+        elif staged_vector(spec, family):
+            out.append(_gluon_vector_getter(spec.name, spec.kind, config))
         elif spec.kind is OperandKind.FULL:
             out += full(spec.name, v, spec.batched)
         else:
@@ -344,7 +347,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         if per_program:
             shape = (programs,)
         ws = torch.empty(shape, device=dev, dtype=torch.float32)
-        if combined_in_kernel(o, family):  # the kernel combines: ticket counters, the output
+        if combined_in_kernel(o):  # the kernel combines: ticket counters, the output
             groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
             cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
             strides = _strides_lmn(args.epilogue.values[o.name])
@@ -490,9 +493,10 @@ class HopperFamily(KernelFamily):
         return Status.success()
 
     def configs(self, args, target):
+        unflattened = tile_combines(args.optimized_dag)  # see codegen.combined_in_kernel
         if target.kind == INTERPRETER:
-            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True),
-                    TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
+            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True, flatten=not unflattened),
+                    TileConfig(16, 32, 16, 2, 4, 2, epi_split=1, flatten=not unflattened)]
         elt = args.A.element_size()
         out_bytes = sum(args.epilogue.values[o.name].element_size()
                         for o in full_outputs(args.optimized_dag))
@@ -513,6 +517,8 @@ class HopperFamily(KernelFamily):
             TileConfig(64, 128, bk, 8, 4, 5, epi_split=1),
             TileConfig(64, 64, bk, 8, 4, 6, epi_split=1),
         ]
+        if unflattened:
+            cands = [replace(c, flatten=False) for c in cands]
         fits = []
         for c in cands:
             # wide or many outputs: split the epilogue further rather than overflow shared
@@ -609,6 +615,38 @@ def _gluon_full_getter(dag: Dag):
     return descriptor
 
 
+def _vector_view(t: torch.Tensor, kind: OperandKind) -> torch.Tensor:
+    """A per-row/per-column operand as the 1-D tensor of its M or N values (same storage)."""
+    shape, strides = (1,) * (3 - t.dim()) + tuple(t.shape), _strides_lmn(t)
+    axis = 1 if kind is OperandKind.PER_ROW else 2
+    return t.as_strided((shape[axis],), (strides[axis] if shape[axis] > 1 else 1,))
+
+
+def _gluon_vector_getter(name: str, kind: OperandKind, config: TileConfig):
+    """The getter of a staged vector's 1-D TMA descriptor (one tile's slice per load)."""
+    block = [config.block_m if kind is OperandKind.PER_ROW else config.block_n]
+    make = _rebased(lambda t: _gluon_descriptor(_vector_view(t, kind), block))
+
+    def get(A, B, values):
+        return make(values[name])
+    return get
+
+
+def _vector_refusal(args: GemmArguments) -> str | None:
+    """Why a staged per-row/per-column operand cannot move by TMA (None: all can)."""
+    values = args.epilogue.values
+    for spec in args.optimized_dag.used_operands:
+        if staged_vector(spec, "gluon"):
+            v = _vector_view(values[spec.name], spec.kind)
+            if v.stride(0) != 1:
+                return (f"{spec.name} is not contiguous (stride {v.stride(0)}); the gluon family "
+                        "TMA-loads per-row/per-column operands")
+            if v.data_ptr() % 16:
+                return (f"{spec.name}'s data pointer is not 16-byte aligned; the gluon family "
+                        "TMA-loads per-row/per-column operands")
+    return None
+
+
 def _gluon_split(dag: Dag) -> int:
     """Column pieces of the gluon epilogue: a 128x128 fp32 tile is 128 registers per thread
     of a consumer's 232; heavier epilogues work on narrower pieces (offline sm_90 compiles:
@@ -658,7 +696,7 @@ class GluonFamily(KernelFamily):
             if t.dtype not in GLUON_TILE_DTYPES:
                 return Status.fail(f"{name} is {t.dtype}; the gluon family moves fp16, bf16 and "
                                    "fp32 tiles (the hopper family takes the others)")
-        why = _tma_refusal(args)
+        why = _tma_refusal(args) or _vector_refusal(args)
         if why:
             return Status.fail(why)
         if not self.configs(args, target):

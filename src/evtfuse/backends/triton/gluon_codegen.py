@@ -14,8 +14,9 @@ cores work on the next tile:
   epilogue. An ``order`` mbarrier pair makes the mainloops strictly alternate, so while one
   warpgroup computes its epilogue the other owns the tensor cores (required for
   correctness too: both consumers wait on one ring by parity);
-* a 1-warp **epilogue-memory** partition TMA-loads every full aux operand of a tile into
-  its consumer's shared buffers ahead of time (``c_ready``) and TMA-stores the outputs the
+* a 1-warp **epilogue-memory** partition TMA-loads every full aux operand of a tile, and
+  its slices of per-row/per-column operands, into its consumer's shared buffers ahead of
+  time (``c_ready``) and TMA-stores the outputs the
   consumer left in those buffers (``d_ready``), then reuses them two tiles on; outputs
   without a buffer of their dtype are staged per column piece and TMA-stored by the
   consumer itself (``Buffers``).
@@ -24,7 +25,8 @@ The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op tabl
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
 wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
 indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
-(sm_90), fp16/bf16 A and B, one batch, no per-row/per-column stored vectors.
+(sm_90), fp16/bf16 A and B, one batch, no per-row/per-column stored vectors; per-row/
+-column operands of fp16/bf16/fp32 contiguous and 16-byte aligned (they move by TMA).
 Design notes and measurements of the prototype: ``scripts/gluon_probe.py``.
 """
 
@@ -36,7 +38,7 @@ import torch
 
 from ...ir import Dag, OperandKind
 from .codegen import (_Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
-                      reduce_outputs, uname)
+                      reduce_outputs, staged_vector, uname, vector_load)
 from .prelude import helpers_for
 
 LAYOUT = "mma_layout"
@@ -53,16 +55,20 @@ class Buffers:
     was read into registers before any output is written) and stored by the same warp.
     ``piece_stores`` (output name, dtype): the other outputs are staged per column piece
     in two buffers per consumer and TMA-stored by the consumer itself, so they cost
-    ``2 * BLOCK_M * SUB_N`` elements per consumer instead of a whole tile."""
+    ``2 * BLOCK_M * SUB_N`` elements per consumer instead of a whole tile. ``vectors``
+    (operand name, dtype, per-row?): per-row/per-column operands TMA-loaded with the aux
+    tiles, ``BLOCK_M`` or ``BLOCK_N`` elements per consumer (``codegen.staged_vector``)."""
 
     loads: tuple[tuple[str, torch.dtype], ...]
     tile_stores: tuple[tuple[str, str], ...]
     piece_stores: tuple[tuple[str, torch.dtype], ...]
+    vectors: tuple[tuple[str, torch.dtype, bool], ...] = ()
 
     @property
     def own(self) -> list[tuple[str, str]]:
         """Every buffer allocated: (buffer name, the descriptor that gives its layout)."""
         out = [(f"lb_{uname(n)}", f"{uname(n)}_desc") for n, _ in self.loads]
+        out += [(f"vb_{uname(n)}", f"{uname(n)}_desc") for n, _, _ in self.vectors]
         out += [(f"ob_{uname(n)}", f"{uname(n)}_desc") for n, _ in self.piece_stores]
         return out
 
@@ -70,10 +76,13 @@ class Buffers:
         """Shared memory of both consumers' epilogue buffers."""
         tiles = 2 * block_m * block_n * sum(dt.itemsize for _, dt in self.loads)
         pieces = 2 * 2 * block_m * sub_n * sum(dt.itemsize for _, dt in self.piece_stores)
-        return tiles + pieces
+        vectors = sum(2 * (block_m if row else block_n) * dt.itemsize for _, dt, row in self.vectors)
+        return tiles + pieces + vectors
 
 
 def buffers(dag: Dag) -> Buffers:
+    vectors = tuple((s.name, s.dtype, s.kind is OperandKind.PER_ROW) for s in dag.used_operands
+                    if staged_vector(s, "gluon"))
     loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
     free = list(loads)
     tile, piece = [], []
@@ -84,7 +93,7 @@ def buffers(dag: Dag) -> Buffers:
             tile.append((o.name, f"lb_{uname(match[0])}"))
         else:
             piece.append((o.name, o.dtype))
-    return Buffers(loads, tuple(tile), tuple(piece))
+    return Buffers(loads, tuple(tile), tuple(piece), vectors)
 
 
 @dataclass
@@ -118,6 +127,15 @@ class _GluonTile:
 
     def load_full(self, u: str, batched: bool) -> str:
         return f"lb_{u}_c.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
+
+    def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
+        row = kind is OperandKind.PER_ROW
+        if not any(uname(n) == u for n, _, _ in self.bufs.vectors):
+            return vector_load(u, kind, bofs, self.rm, self.rn)
+        if row:
+            return f"vb_{u}_c.load(gl.SliceLayout(1, {self.layout})).to(tl.float32)[:, None]"
+        return (f"vb_{u}_c.slice({self.k} * SUB_N, SUB_N).load(gl.SliceLayout(0, {self.layout}))"
+                f".to(tl.float32)[None, :]")
 
     def store_full(self, u: str, value: str, batched: bool) -> str:
         tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
@@ -162,9 +180,10 @@ def _kernel_source(spec: KernelSpec) -> str:
     piece_descs = {f"{uname(n)}_desc" for n, _ in bufs.piece_stores}
     descs = [p for p in params if p.endswith("_desc") and p not in piece_descs]
     consumer_params = [p for p in params if not p.endswith("_desc") or p in piece_descs]
-    tile_bufs = [f"lb_{uname(n)}" for n, _ in bufs.loads]
+    tile_bufs = [f"lb_{uname(n)}" for n, _ in bufs.loads] + [f"vb_{uname(n)}" for n, _, _ in bufs.vectors]
     piece_bufs = [f"ob_{uname(n)}" for n, _ in bufs.piece_stores]
     load_names = [uname(n) for n, _ in bufs.loads]
+    vec_names = [(uname(n), row) for n, _, row in bufs.vectors]
     sizes = "M, N, K, L"
     consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
                  "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr"
@@ -207,7 +226,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
     ]
     # ---- epilogue-memory partition: aux tiles in, outputs out
-    load_bytes = " + ".join(f"{u}_desc.block_type.nbytes" for u in load_names) or "0"
+    load_bytes = " + ".join(f"{u}_desc.block_type.nbytes"
+                            for u in load_names + [v for v, _ in vec_names]) or "0"
     mem = "".join(f"{a}, " for a in descs + tile_bufs)  # the memory warp's own arguments
     L += [
         "@gluon.jit",
@@ -215,7 +235,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{mem}{consts_sig}):",
         f"{I1}b = t % 2",
     ]
-    if load_names:
+    if load_names or vec_names:
         L += [
             f"{I1}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
             f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
@@ -223,6 +243,10 @@ def _kernel_source(spec: KernelSpec) -> str:
         for u in load_names:
             L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [pid_m * BLOCK_M, "
                      f"pid_n * BLOCK_N], c_ready.index(b), lb_{u}.index(b))")
+        for u, row in vec_names:
+            at = "pid_m * BLOCK_M" if row else "pid_n * BLOCK_N"
+            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [{at}], c_ready.index(b), "
+                     f"vb_{u}.index(b))")
     else:
         L.append(f"{I1}mbarrier.arrive(c_ready.index(b))")
     L += [
@@ -347,7 +371,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         "b_desc.layout)",
     ]
     for name, desc in bufs.own:
-        count = 2 if name.startswith("lb_") else 4  # piece buffers: 2 per consumer
+        count = 4 if name.startswith("ob_") else 2  # piece buffers: 2 per consumer
         L.append(f"{I1}{name} = gl.allocate_shared_memory({desc}.dtype, [{count}] + "
                  f"{desc}.block_type.shape, {desc}.layout)")
     L += [

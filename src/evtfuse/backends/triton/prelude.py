@@ -16,6 +16,38 @@ HELPERS: dict[str, str] = {
 def _ef_sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 ''',
+    "_ef_sigmoid_cuda": '''
+@triton.jit
+def _ef_sigmoid_cuda(x):
+    # MUFU.EX2 and MUFU.RCP without their subnormal handling (5 instructions instead of 10):
+    # results below 2^-126 (x < -87.3) flush to 0; inf, -inf and NaN as torch
+    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * -1.4426950408889634],
+                                  dtype=tl.float32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+''',
+    "_ef_log_sigmoid": '''
+@triton.jit
+def _ef_log_sigmoid(x):
+    # min(x, 0) - log1p(exp(-|x|)); log1p by its series below 1/16 (relative error < 1e-8),
+    # where log(1 + e) would lose e's low bits
+    e = tl.exp(-tl.abs(x))
+    p = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (0.2 - e * 0.16666666666666666)))))
+    l1p = tl.where(e < 0.0625, p, tl.log(1.0 + e))
+    return tl.where(x < 0.0, x, 0.0) - l1p
+''',
+    "_ef_log_sigmoid_cuda": '''
+@triton.jit
+def _ef_log_sigmoid_cuda(x):
+    # as _ef_log_sigmoid with MUFU.EX2/MUFU.LG2 (1 + e is in [1, 2]: no subnormal handling)
+    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [tl.abs(x) * -1.4426950408889634],
+                                  dtype=tl.float32, is_pure=True, pack=1)
+    l2 = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e],
+                                   dtype=tl.float32, is_pure=True, pack=1)
+    p = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (0.2 - e * 0.16666666666666666)))))
+    l1p = tl.where(e < 0.0625, p, l2 * 0.6931471805599453)
+    return tl.where(x < 0.0, x, 0.0) - l1p
+''',
     "_ef_tanh": '''
 @triton.jit
 def _ef_tanh(x):
