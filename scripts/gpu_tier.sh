@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU test tier in parallel shards on one GPU (compiles are CPU-bound: one process
+# takes ~20 min cold, more than a 10-minute device call). Usage, on the GPU machine from
+# the repository root:  scripts/gpu_tier.sh LOGDIR [TIMEOUT_S]
+# Each shard gets its own evtfuse cache; logs go to LOGDIR/<shard>.log; prints one summary
+# line per shard and exits non-zero if any shard failed or timed out.
+set -u
+out=${1:?log folder}
+limit=${2:-540}
+mkdir -p "$out"
+G=tests/gpu/test_gpu_gluon.py
+K=tests/gpu/test_gpu_kernels.py
+first="identity or bias_gelu or silu_mul or aux_device or row_vec or all_ops or bf16_vectors or lse_target"
+kfirst="alpha_beta or odd_sizes or all_ops or batched"
+# shard name -> "files|-k expression" (empty expression: every GPU test of the files)
+declare -A shards=(
+  [gluon_a]="$G|not epilogues"
+  [gluon_b]="$G|epilogues and ($first)"
+  [gluon_c]="$G|epilogues and not ($first)"
+  [kernels_a]="$K|$kfirst"
+  [kernels_b]="$K|not ($kfirst)"
+  [cast_fp8]="tests/gpu/test_gpu_cast.py tests/gpu/test_gpu_fp8.py|"
+  [cli_examples]="tests/test_cli.py tests/test_examples.py|"
+)
+pids=()
+for name in "${!shards[@]}"; do
+  files=${shards[$name]%%|*}
+  sel=${shards[$name]#*|}
+  read -r -a args <<< "$files"
+  [[ -n $sel ]] && args+=(-k "$sel")
+  ( EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=src timeout "$limit" \
+      python3 -m pytest -q -m gpu -p no:cacheprovider "${args[@]}" > "$out/$name.log" 2>&1
+    echo "rc=$?" >> "$out/$name.log" ) &
+  pids+=($!)
+done
+wait "${pids[@]}"
+status=0
+for name in "${!shards[@]}"; do
+  summary=$(grep -E " in [0-9.]+s" "$out/$name.log" | tail -1)
+  rc=$(tail -1 "$out/$name.log")
+  echo "$name: $summary $rc"
+  [[ $rc == rc=0 ]] || status=1
+done
+exit $status
