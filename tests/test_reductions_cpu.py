@@ -141,6 +141,20 @@ def test_sum_against_float64():
 
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("op,where", [("sum", "row"), ("max", "col"), ("min", "row_b")])
+def test_combine_of_many_tiles(family, op, where):
+    """More partials per group than the combine loads per step (8), and not a multiple of
+    it: 11 tiles of 32 along the reduced axis."""
+    L, K = 2, 8
+    M, N = (340, 20) if where == "col" else (20, 340)
+    r = torch.empty(SHAPES[where](L, M, N))
+    src = f"def epi(accum): D = accum; r = {op}(accum); return D, r"
+    A, B = rand(L, M, K), rand(L, K, N)
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, r=r))
+    check(args, family)
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("where", ["row_b", "col", "all"])
 def test_in_kernel_combine_runs_again_and_again(family, where):
     """The tile that completes a group combines it (ticket counters reset by that tile):
