@@ -58,7 +58,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "15"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "16"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _COMBINE_LOADS = 8  # partials loaded per step of an in-kernel per-row/per-column combine
@@ -125,7 +125,7 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in reduce_outputs(dag):
         u = uname(o.name)
-        if combined_in_kernel(o):
+        if combined_in_kernel(o, family):
             params += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"]
             params += [] if o.kind is OutputKind.SCALAR else [f"{u}_os"]
         else:
@@ -142,25 +142,23 @@ def reduce_outputs(dag: Dag):
     return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
 
 
-def combined_in_kernel(o) -> bool:
+def combined_in_kernel(o, family: str) -> bool:
     """sum/max/min outputs: the tile that completes a group of partials (a row block, a
     column block, the whole output; per batch or over all batches) combines them in a
     fixed order and stores the output, so no launch follows the kernel. A per-group
     ticket counter (int32 workspace, reset by that tile) tells it that it is the last.
 
-    The hopper family combines its per-program whole-output sums after its tile loop, and
-    the others inside it, which Triton 3.6 compiles only in an unflattened loop (in the
-    flattened one: "'scf.if' op region control flow edge ... source has 2 operands, but
-    target successor needs 5" in TritonGPUFuseNestedLoops): ``HopperFamily.configs``
-    keeps ``flatten=False`` when ``tile_combines`` says a DAG has such a reduction."""
-    return o.node.kind is NodeKind.REDUCE and o.node.op != "logsumexp"
-
-
-def tile_combines(dag: Dag) -> bool:
-    """Whether the hopper family combines a reduction inside its tile loop (per row, per
-    column, or per batch: not its per-program whole-output ones)."""
-    return any(combined_in_kernel(o) and not (o.kind is OutputKind.SCALAR and not o.batched)
-               for o in reduce_outputs(dag))
+    The TMA families do it only for whole-output reductions (hopper: per program, after
+    its tile loop); their per-row/per-column ones are combined after the kernel. Measured
+    on an H100 (BENCHMARKS.md, 2026-11-22): in-kernel per-row combines made row amax at
+    8192x8192x1024 (64 tiles per row) 0.21 -> 0.71 ms in the gluon family and 0.24 -> 0.30
+    ms in the hopper one (whose combine inside its tile loop also needs an unflattened
+    loop in Triton 3.6), while helping small problems (2048^3: 0.089 -> 0.039 ms)."""
+    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp":
+        return False
+    if family in TMA_FAMILIES:
+        return o.kind is OutputKind.SCALAR and not o.batched
+    return True
 
 
 class _Epilogue:
@@ -202,7 +200,7 @@ class _Epilogue:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.sum(pacc_{u}, axis=0))")
             else:
                 lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
-            if combined_in_kernel(o):
+            if combined_in_kernel(o, self.spec.family):
                 tile = _TritonTile()
                 lines += self._combine_scalar(o, tile.lane(), "0", "0", "tl.num_programs(0)",
                                               tile.barrier(), indent)
@@ -303,7 +301,7 @@ class _Epilogue:
             lines += self._reduce(o, env, sub, indent, first, last)
         if last:
             for o in reduce_outputs(self.dag):
-                if combined_in_kernel(o) and not self.program_reduced(o):
+                if combined_in_kernel(o, self.spec.family) and not self.program_reduced(o):
                     lines += self._combine(o, sub, indent)
         return lines
 

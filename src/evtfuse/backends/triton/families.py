@@ -18,7 +18,7 @@ from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES, OPS
 from ..triton.codegen import (TMA_FAMILIES, KernelSpec, check_emittable, combined_in_kernel,
-                              full_outputs, reduce_outputs, staged_vector, tile_combines,
+                              full_outputs, reduce_outputs, staged_vector,
                               vector_outputs)
 
 INTERPRETER = "interpreter"
@@ -347,7 +347,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         if per_program:
             shape = (programs,)
         ws = torch.empty(shape, device=dev, dtype=torch.float32)
-        if combined_in_kernel(o):  # the kernel combines: ticket counters, the output
+        if combined_in_kernel(o, family):  # the kernel combines: ticket counters, the output
             groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
             cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
             strides = _strides_lmn(args.epilogue.values[o.name])
@@ -493,10 +493,9 @@ class HopperFamily(KernelFamily):
         return Status.success()
 
     def configs(self, args, target):
-        unflattened = tile_combines(args.optimized_dag)  # see codegen.combined_in_kernel
         if target.kind == INTERPRETER:
-            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True, flatten=not unflattened),
-                    TileConfig(16, 32, 16, 2, 4, 2, epi_split=1, flatten=not unflattened)]
+            return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True),
+                    TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
         elt = args.A.element_size()
         out_bytes = sum(args.epilogue.values[o.name].element_size()
                         for o in full_outputs(args.optimized_dag))
@@ -517,8 +516,6 @@ class HopperFamily(KernelFamily):
             TileConfig(64, 128, bk, 8, 4, 5, epi_split=1),
             TileConfig(64, 64, bk, 8, 4, 6, epi_split=1),
         ]
-        if unflattened:
-            cands = [replace(c, flatten=False) for c in cands]
         fits = []
         for c in cands:
             # wide or many outputs: split the epilogue further rather than overflow shared
