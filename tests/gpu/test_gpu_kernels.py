@@ -206,18 +206,25 @@ def test_int8(family, mnk):
     assert torch.equal(Y.long().cpu(), A.long().cpu() @ B.long().cpu())
 
 
+def _unit_accum(family):
+    """(M, N, A, B) of a 1024x512x16 bf16 problem whose accumulator is 1 everywhere, for
+    checking an epilogue op on values the test chooses (skips gluon off Hopper)."""
+    if family == "gluon" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the gluon family runs on Hopper (sm_90)")
+    M, N, K = 1024, 512, 16
+    A = torch.zeros(M, K, device=DEV, dtype=torch.bfloat16)
+    B = torch.zeros(K, N, device=DEV, dtype=torch.bfloat16)
+    A[:, 0], B[0, :] = 1.0, 1.0
+    return M, N, A, B
+
+
 @pytest.mark.parametrize("family", ["gluon", "hopper"])
 @pytest.mark.parametrize("op", ["sigmoid", "log_sigmoid"])
 def test_fast_sigmoid_and_log_sigmoid_accuracy(family, op):
     """On a GPU ``sigmoid`` and ``log_sigmoid`` use MUFU.EX2/RCP/LG2 without subnormal
     handling: check them against float64 over -120..120 and the special values (results
     below 2^-126 flush to zero by design)."""
-    if family == "gluon" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the gluon family runs on Hopper (sm_90)")
-    M, N, K = 1024, 512, 16
-    A = torch.zeros(M, K, device=DEV, dtype=torch.bfloat16)
-    B = torch.zeros(K, N, device=DEV, dtype=torch.bfloat16)
-    A[:, 0], B[0, :] = 1.0, 1.0  # accum == 1 exactly
+    M, N, A, B = _unit_accum(family)
     r = torch.linspace(-120, 120, M, device=DEV).reshape(M, 1)
     c = torch.arange(N, device=DEV, dtype=torch.float32) * (240.0 / M / N)
     D = torch.empty(M, N, device=DEV)
@@ -244,12 +251,7 @@ def test_fast_log_accuracy(family):
     """On a GPU ``log`` is the hardware log2 with a series near 1: check it against float64
     over magnitudes from 1e-30 to 1e30 and around 1 (where an absolute error would be a
     large relative one)."""
-    if family == "gluon" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the gluon family runs on Hopper (sm_90)")
-    M, N, K = 1024, 512, 16
-    A = torch.zeros(M, K, device=DEV, dtype=torch.bfloat16)
-    B = torch.zeros(K, N, device=DEV, dtype=torch.bfloat16)
-    A[:, 0], B[0, :] = 1.0, 1.0  # accum == 1 exactly
+    M, N, A, B = _unit_accum(family)
     # x = r_i + c_j: rows 1e-30..1e30 and 1 +- 0.2, columns add up to 5e-5
     r = torch.cat([torch.logspace(-30, 30, M // 2, device=DEV),
                    1.0 + torch.linspace(-0.2, 0.2, M // 2, device=DEV)]).reshape(M, 1)
