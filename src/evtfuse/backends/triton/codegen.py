@@ -58,7 +58,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "16"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "17"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _COMBINE_LOADS = 8  # partials loaded per step of an in-kernel per-row/per-column combine
@@ -168,6 +168,13 @@ class _Epilogue:
         self.spec = spec
         self.dag = spec.dag
         self.hoisted: dict[int, str] = {}
+
+    @property
+    def _lse_part(self) -> str:
+        """logsumexp's per-tile (max, sum of exp) helper: on a GPU its exp is MUFU.EX2
+        without subnormal handling (the terms are exp(x - max) <= 1; one below 2^-126 adds
+        nothing to a sum >= 1)."""
+        return "_ef_lse_part_cuda" if self.spec.cuda else "_ef_lse_part"
 
     def program_reduced(self, o) -> bool:
         """A whole-output reduction kept in registers across all tiles of a persistent
@@ -399,7 +406,7 @@ class _Epilogue:
         ws_one = f"(bid64 * num_pid_m + {sub.pid_m}) * num_pid_n + {sub.pid_n}"
         if o.kind is OutputKind.COL:  # each sub-tile holds its own columns: store now
             if lse:
-                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 0)")
+                lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 0)")
                 lines.append(f"{indent}tl.store({u}_ws + {ws_col}, pm_{u}, mask={sub.rn} < N)")
                 lines.append(f"{indent}tl.store({u}_ws2 + {ws_col}, ps_{u}, mask={sub.rn} < N)")
             else:
@@ -408,7 +415,7 @@ class _Epilogue:
             return lines
         if self.program_reduced(o):
             if lse:
-                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+                lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 1)")
                 lines.append(f"{indent}pacc_{u}, pacc_{u}_s = _ef_lse_combine(pacc_{u}, "
                              f"pacc_{u}_s, pm_{u}, ps_{u})")
             else:
@@ -416,7 +423,7 @@ class _Epilogue:
             return lines
         # per-row and whole-output partials combine across the tile's sub-tiles first
         if lse:
-            lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_part({rv}, 1)")
+            lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 1)")
             if o.kind is OutputKind.SCALAR:
                 lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pm_{u}, ps_{u})")
             if first:

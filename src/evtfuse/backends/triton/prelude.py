@@ -122,6 +122,17 @@ def _ef_lse_part(x, AXIS: tl.constexpr):
     safe = tl.where(m == float('-inf'), 0.0, m)
     return m, tl.sum(tl.exp(x - tl.expand_dims(safe, AXIS)), axis=AXIS)
 ''',
+    "_ef_lse_part_cuda": '''
+@triton.jit
+def _ef_lse_part_cuda(x, AXIS: tl.constexpr):
+    # as _ef_lse_part, exp(x - max) on MUFU.EX2 without subnormal handling (terms <= 1)
+    m = tl.reduce(x, AXIS, _ef_maximum)
+    safe = tl.where(m == float('-inf'), 0.0, m)
+    d = (x - tl.expand_dims(safe, AXIS)) * 1.4426950408889634
+    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [d],
+                                  dtype=tl.float32, is_pure=True, pack=1)
+    return m, tl.sum(e, axis=AXIS)
+''',
     "_ef_lse_combine": '''
 @triton.jit
 def _ef_lse_combine(m1, s1, m2, s2):
