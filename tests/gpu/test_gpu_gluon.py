@@ -155,6 +155,24 @@ def test_epilogues(name, mnk):  # the same kernel at both sizes: compiled once
     check(args, "gluon", n_configs=1)
 
 
+@pytest.mark.parametrize("name", ["bce", "all_ops", "row_amax", "silu_mul", "lse_target"])
+def test_other_piece_count(name):
+    """The family offers its epilogue in 2 and in 4 column pieces (the tuner keeps the
+    faster): the configs after the first two use the other count."""
+    M, N, K = 1000, 776, 264
+    src, kinds = EPILOGUES[name]
+    ops = _operands(kinds, M, N)
+    if "D" not in kinds:
+        ops["D"] = torch.empty(M, N, device=DEV, dtype=BF)
+    A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF) * 0.25
+    args = GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(src, **ops))
+    ks = family_kernels(args, "gluon")
+    others = [k for k in ks if k.config.epi_split != ks[0].config.epi_split]
+    assert others, [k.name for k in ks]
+    result = others[0].verify(args)
+    assert result, result.report()
+
+
 def test_three_aux_tiles_refused_with_reason():
     M, N, K = 512, 512, 128
     A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF)

@@ -58,7 +58,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "17"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "18"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _COMBINE_LOADS = 8  # partials loaded per step of an in-kernel per-row/per-column combine

@@ -733,8 +733,16 @@ class GluonFamily(KernelFamily):
             return []
         # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
         # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
-        return [TileConfig(bm, bn, bk, 8, 4, stages, epi_split=split),
-                TileConfig(bm, bn, bk, 4, 4, stages, epi_split=split)]
+        out = [TileConfig(bm, bn, bk, 8, 4, stages, epi_split=split),
+               TileConfig(bm, bn, bk, 4, 4, stages, epi_split=split)]
+        # the other piece count too, for the tuner: which wins depends on the epilogue
+        # (the BCE loss: halves 0.263 ms, quarters 0.274 at 8192x8192x1024, perf_probe)
+        other = 2 if split == 4 else 4
+        alt = self._stages(dag, other, args.A.element_size())
+        if not os.environ.get("EVTFUSE_GLUON_SPLIT") and alt >= GLUON_MIN_STAGES:
+            out += [TileConfig(bm, bn, bk, 8, 4, alt, epi_split=other),
+                    TileConfig(bm, bn, bk, 4, 4, alt, epi_split=other)]
+        return out
 
     def spec(self, args, config, target):
         return KernelSpec("gluon", args.optimized_dag, bool(args.A.stride(-1) != 1),
