@@ -142,30 +142,27 @@ def _operands(kinds, M, N):
     return ops
 
 
-@pytest.mark.parametrize("name", list(EPILOGUES))
-@pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 1536, 1024)])
-def test_epilogues(name, mnk):  # the same kernel at both sizes: compiled once
-    M, N, K = mnk
+def _epilogue_args(name, M, N, K):
+    """The arguments of EPILOGUES[name] on fresh random data (a bf16 D unless it names one)."""
     src, kinds = EPILOGUES[name]
     ops = _operands(kinds, M, N)
     if "D" not in kinds:
         ops["D"] = torch.empty(M, N, device=DEV, dtype=BF)
     A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF) * 0.25
-    args = GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(src, **ops))
-    check(args, "gluon", n_configs=1)
+    return GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(src, **ops))
+
+
+@pytest.mark.parametrize("name", list(EPILOGUES))
+@pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 1536, 1024)])
+def test_epilogues(name, mnk):  # the same kernel at both sizes: compiled once
+    check(_epilogue_args(name, *mnk), "gluon", n_configs=1)
 
 
 @pytest.mark.parametrize("name", ["bce", "all_ops", "row_amax", "silu_mul", "lse_target"])
 def test_other_piece_count(name):
     """The family offers its epilogue in 2 and in 4 column pieces (the tuner keeps the
     faster): the configs after the first two use the other count."""
-    M, N, K = 1000, 776, 264
-    src, kinds = EPILOGUES[name]
-    ops = _operands(kinds, M, N)
-    if "D" not in kinds:
-        ops["D"] = torch.empty(M, N, device=DEV, dtype=BF)
-    A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF) * 0.25
-    args = GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(src, **ops))
+    args = _epilogue_args(name, 1000, 776, 264)
     ks = family_kernels(args, "gluon")
     others = [k for k in ks if k.config.epi_split != ks[0].config.epi_split]
     assert others, [k.name for k in ks]
