@@ -140,6 +140,19 @@ def test_sum_against_float64():
     assert ((s.double() - ref).abs() <= 1e-6 * scale + 1e-6).all()
 
 
+@pytest.mark.parametrize("out", ["fp16", "strided"])
+def test_post_kernel_combine_into_any_output(out):
+    """The hopper family's per-row combine after the kernel writes fp32 contiguous outputs
+    in one reduction (``out=``); other outputs through a copy."""
+    M, N, K = 40, 72, 16
+    r = torch.empty(M, 1, dtype=torch.float16) if out == "fp16" else torch.empty(M, 2)[:, :1]
+    src = "def epi(accum): D = accum; r = max(accum); return D, r"
+    args = GemmArguments(rand(M, K), rand(K, N), None,
+                         epilogue=EpilogueArguments(src, D=None, r=r))
+    k = check(args, "hopper")
+    assert len(k.plan(args).post) == 1
+
+
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op,where", [("sum", "row"), ("max", "col"), ("min", "row_b")])
 def test_combine_of_many_tiles(family, op, where):

@@ -371,9 +371,14 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, di
     """A combine step after the kernel (fixed order): logsumexp's (max, sum of exp)
     partials, or the hopper family's per-row/per-column partials."""
     reduce = OPS[op].torch_fn
+    direct = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}.get(op)
+    shape = tuple(1 if d in dims else n for d, n in enumerate(ws.shape))
 
     def combine(values) -> None:
         out = values[name]
+        if direct is not None and out.dtype == torch.float32 and out.is_contiguous():
+            direct(ws, dim=dims, keepdim=True, out=out.view(shape))  # one launch, no copy
+            return
         if op == "logsumexp":
             m = ws.amax(dim=dims, keepdim=True)
             safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
