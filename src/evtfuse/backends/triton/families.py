@@ -650,9 +650,11 @@ def _vector_refusal(args: GemmArguments) -> str | None:
 
 
 def _gluon_split(dag: Dag) -> int:
-    """Column pieces of the gluon epilogue: a 128x128 fp32 tile is 128 registers per thread
-    of a consumer's 232; heavier epilogues work on narrower pieces (offline sm_90 compiles:
-    the BCE loss spills ~500 accesses in halves, none in quarters)."""
+    """Column pieces of the gluon epilogue's first configs: a 128x128 fp32 tile is 128
+    registers per thread of a consumer's 232; heavier epilogues start on narrower pieces
+    (offline sm_90 compiles: the BCE loss as written spilled ~500 accesses in halves, none
+    in quarters; after ``passes.stable_forms`` neither spills). ``GluonFamily.configs``
+    offers the other count too and the tuner keeps the faster (BCE: halves)."""
     work = sum(1 for n in dag.nodes if n.kind is NodeKind.COMPUTE and n.space is Space.FULL)
     return 4 if reduce_outputs(dag) or work >= 4 else 2
 
