@@ -153,7 +153,10 @@ def combined_in_kernel(o, family: str) -> bool:
     on an H100 (BENCHMARKS.md, 2026-11-22): in-kernel per-row combines made row amax at
     8192x8192x1024 (64 tiles per row) 0.21 -> 0.71 ms in the gluon family and 0.24 -> 0.30
     ms in the hopper one (whose combine inside its tile loop also needs an unflattened
-    loop in Triton 3.6), while helping small problems (2048^3: 0.089 -> 0.039 ms)."""
+    loop in Triton 3.6), while helping small problems (2048^3: 0.089 -> 0.039 ms).
+    Unconfirmed suspect: the ticket's release is a MEMBAR.ALL.GPU (offline SASS) issued
+    right after the tile's TMA stores of D; the whole-output BCE sum, whose D is not
+    stored, pays nothing measurable for its per-tile ticket in the gluon family."""
     if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp":
         return False
     if family in TMA_FAMILIES:
