@@ -142,8 +142,8 @@ def test_sum_against_float64():
 
 @pytest.mark.parametrize("out", ["fp16", "strided"])
 def test_post_kernel_combine_into_any_output(out):
-    """The hopper family's per-row combine after the kernel writes fp32 contiguous outputs
-    in one reduction (``out=``); other outputs through a copy."""
+    """The hopper family's per-row combine after the kernel writes outputs of any float
+    dtype and layout (through a copy)."""
     M, N, K = 40, 72, 16
     r = torch.empty(M, 1, dtype=torch.float16) if out == "fp16" else torch.empty(M, 2)[:, :1]
     src = "def epi(accum): D = accum; r = max(accum); return D, r"

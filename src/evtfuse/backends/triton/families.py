@@ -371,14 +371,9 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, di
     """A combine step after the kernel (fixed order): logsumexp's (max, sum of exp)
     partials, or the hopper family's per-row/per-column partials."""
     reduce = OPS[op].torch_fn
-    direct = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}.get(op)
-    shape = tuple(1 if d in dims else n for d, n in enumerate(ws.shape))
 
     def combine(values) -> None:
         out = values[name]
-        if direct is not None and out.dtype == torch.float32 and out.is_contiguous():
-            direct(ws, dim=dims, keepdim=True, out=out.view(shape))  # one launch, no copy
-            return
         if op == "logsumexp":
             m = ws.amax(dim=dims, keepdim=True)
             safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
@@ -711,8 +706,13 @@ class GluonFamily(KernelFamily):
 
     BM, BN, BK = 128, 128, 64  # per consumer warpgroup: 128 fp32 accumulator registers
 
+    @staticmethod
+    def _forced_split() -> int:
+        """The piece count ``EVTFUSE_GLUON_SPLIT`` forces (0: none)."""
+        return int(os.environ.get("EVTFUSE_GLUON_SPLIT", "0"))
+
     def _split(self, dag: Dag, elt: int) -> int:
-        forced = int(os.environ.get("EVTFUSE_GLUON_SPLIT", "0"))
+        forced = self._forced_split()
         if forced:
             return forced
         split = _gluon_split(dag)
@@ -746,7 +746,7 @@ class GluonFamily(KernelFamily):
         # (the BCE loss: halves 0.263 ms, quarters 0.274 at 8192x8192x1024, perf_probe)
         other = 2 if split == 4 else 4
         alt = self._stages(dag, other, args.A.element_size())
-        if not os.environ.get("EVTFUSE_GLUON_SPLIT") and alt >= GLUON_MIN_STAGES:
+        if not self._forced_split() and alt >= GLUON_MIN_STAGES:
             out += [TileConfig(bm, bn, bk, 8, 4, alt, epi_split=other),
                     TileConfig(bm, bn, bk, 4, 4, alt, epi_split=other)]
         return out
