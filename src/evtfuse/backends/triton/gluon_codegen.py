@@ -129,10 +129,9 @@ class _GluonTile:
         return f"lb_{u}_c.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
 
     def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
-        row = kind is OperandKind.PER_ROW
         if not any(uname(n) == u for n, _, _ in self.bufs.vectors):
             return vector_load(u, kind, bofs, self.rm, self.rn)
-        if row:
+        if kind is OperandKind.PER_ROW:
             return f"vb_{u}_c.load(gl.SliceLayout(1, {self.layout})).to(tl.float32)[:, None]"
         return (f"vb_{u}_c.slice({self.k} * SUB_N, SUB_N).load(gl.SliceLayout(0, {self.layout}))"
                 f".to(tl.float32)[None, :]")
