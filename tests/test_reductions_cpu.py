@@ -142,11 +142,11 @@ def test_sum_against_float64():
 
 @pytest.mark.parametrize("out", ["fp16", "strided"])
 def test_post_kernel_combine_into_any_output(out):
-    """The hopper family's per-row combine after the kernel writes outputs of any float
-    dtype and layout (through a copy)."""
+    """The hopper family's per-row sum, combined after the kernel, writes outputs of any
+    float dtype and layout (through a copy)."""
     M, N, K = 40, 72, 16
     r = torch.empty(M, 1, dtype=torch.float16) if out == "fp16" else torch.empty(M, 2)[:, :1]
-    src = "def epi(accum): D = accum; r = max(accum); return D, r"
+    src = "def epi(accum): D = accum; r = sum(accum); return D, r"
     args = GemmArguments(rand(M, K), rand(K, N), None,
                          epilogue=EpilogueArguments(src, D=None, r=r))
     k = check(args, "hopper")
@@ -170,9 +170,11 @@ def test_combine_of_many_tiles(family, op, where):
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("where", ["row_b", "col", "all"])
 def test_in_kernel_combine_runs_again_and_again(family, where):
-    """The tile that completes a group combines it (ticket counters reset by that tile):
-    three launches of one kernel on new data each give the reference's result, and the
-    plan has no step after the kernel."""
+    """In-kernel max: whole-output partials combined by the tile that completes them
+    (ticket counter reset by that tile), per-row/per-column ones folded by atomics into a
+    workspace that the last program copies out and resets: three launches of one kernel
+    on new data each give the reference's result, and the plan has no step after the
+    kernel."""
     L, M, N, K = 2, 37, 48, 16
     bias = rand(N)
     D = torch.empty(L, M, N, dtype=torch.float16)
@@ -182,10 +184,45 @@ def test_in_kernel_combine_runs_again_and_again(family, where):
     epi = EpilogueArguments(src, bias=bias, D=D, r=r)
     args = GemmArguments(A, B, D, epilogue=epi)
     k = check(args, family)
-    # the hopper family combines per-row/per-column partials after the kernel
-    assert (k.plan(args).post == ()) == (family == "portable" or where == "all")
+    assert k.plan(args).post == ()
     for _ in range(3):
         A.copy_(rand(L, M, K, dtype=torch.float16))
         r.fill_(float("nan"))
         k.run(args)
         torch.testing.assert_close(r, evaluate(args, cast=False)["r"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("where", ["row", "col_b"])
+def test_atomic_fold_of_specials(family, op, where):
+    """Per-row/per-column max and min fold through integer atomics on float bits: rows and
+    columns holding NaN (either sign), +-inf, only negative values, signed zeros and
+    values of mixed sign all give torch's result (NaN wins, as in torch.amax), into fp16
+    outputs too; the workspace rests at the identity between launches."""
+    L, M, N, K = 2, 36, 40, 8
+    C = rand(L, M, N)
+    C[:, 3] = -C[:, 3].abs() - 1.0  # a row of negatives only
+    C[:, :, 5] = -C[:, :, 5].abs() - 1.0  # a column of negatives only
+    C[0, 7, 9] = float("nan")
+    C[1, 8, 11] = -float("nan")
+    C[0, 10, 13] = float("inf")
+    C[1, 12, 17] = -float("inf")
+    C[:, 14] = -0.0
+    C[:, 15] = 0.0
+    C[0, 15, 2] = -0.0
+    r = torch.empty(SHAPES[where](L, M, N), dtype=torch.float16)
+    src = f"def epi(accum, C): D = accum; r = {op}(C); return D, r"
+    A, B = rand(L, M, K), rand(L, K, N)
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, C=C, D=None, r=r))
+    k = check(args, family)
+    assert k.plan(args).post == ()
+    want = (C.amax if op == "max" else C.amin)(dim=2 if where == "row" else 1, keepdim=True)
+    if where == "row":
+        want = want.amax(0) if op == "max" else want.amin(0)  # no L: over the batches too
+    torch.testing.assert_close(r.float(), want.reshape(r.shape).half().float(), equal_nan=True,
+                               rtol=0, atol=0)
+    C.neg_()  # another launch: the maxima become minima
+    k.run(args)
+    torch.testing.assert_close(r.float(), evaluate(args, cast=False)["r"].reshape(r.shape).half().float(),
+                               equal_nan=True, rtol=0, atol=0)

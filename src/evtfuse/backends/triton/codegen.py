@@ -58,9 +58,12 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "18"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "19"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
+_FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
+# a fold workspace's resting value: the float32 bits of the reduction's identity, as int32
+FOLD_IDENTITY_BITS = {"max": -8388608, "min": 0x7F800000}  # -inf (0xFF800000), +inf
 _COMBINE_LOADS = 8  # partials loaded per step of an in-kernel per-row/per-column combine
 
 
@@ -125,7 +128,7 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in reduce_outputs(dag):
         u = uname(o.name)
-        if combined_in_kernel(o, family):
+        if combined_in_kernel(o, family) or atomic_folded(o):
             params += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"]
             params += [] if o.kind is OutputKind.SCALAR else [f"{u}_os"]
         else:
@@ -142,22 +145,36 @@ def reduce_outputs(dag: Dag):
     return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
 
 
-def combined_in_kernel(o, family: str) -> bool:
-    """sum/max/min outputs: the tile that completes a group of partials (a row block, a
-    column block, the whole output; per batch or over all batches) combines them in a
-    fixed order and stores the output, so no launch follows the kernel. A per-group
-    ticket counter (int32 workspace, reset by that tile) tells it that it is the last.
+def atomic_folded(o) -> bool:
+    """Per-row and per-column max/min (every family): each tile folds its partial results
+    into a float32 workspace (one value per row or column, per batch when the output keeps
+    L) with integer atomics on the floats' bits (``_ef_fold_max``/``_ef_fold_min``). The
+    result does not depend on the order (the bits give a total order, NaN included), so it
+    is deterministic. The last program of the launch to finish (one ticket per program,
+    not per tile) copies the workspace into the output and resets it to the identity for
+    the next launch, so no launch follows the kernel.
 
-    The TMA families do it only for whole-output reductions (hopper: per program, after
-    its tile loop); their per-row/per-column ones are combined after the kernel. Measured
-    on an H100 (BENCHMARKS.md, 2026-11-22): in-kernel per-row combines made row amax at
-    8192x8192x1024 (64 tiles per row) 0.21 -> 0.71 ms in the gluon family and 0.24 -> 0.30
-    ms in the hopper one (whose combine inside its tile loop also needs an unflattened
-    loop in Triton 3.6), while helping small problems (2048^3: 0.089 -> 0.039 ms).
-    Unconfirmed suspect: the ticket's release is a MEMBAR.ALL.GPU (offline SASS) issued
-    right after the tile's TMA stores of D; the whole-output BCE sum, whose D is not
-    stored, pays nothing measurable for its per-tile ticket in the gluon family."""
-    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp":
+    This replaced per-group tickets (the tile that completes a row block combined the
+    block's partials): measured on an H100 (BENCHMARKS.md, fifth session), that design
+    made gluon row amax at 8192x8192x1024 0.21 -> 0.71 ms although the tickets alone cost
+    nothing and the combines alone ~20 us; the combine ran on whichever tile came last,
+    so a late SM took every combine of its row blocks and fell further behind."""
+    return (o.node.kind is NodeKind.REDUCE and o.node.op in FOLD_IDENTITY_BITS
+            and o.kind in (OutputKind.ROW, OutputKind.COL))
+
+
+def combined_in_kernel(o, family: str) -> bool:
+    """Whole-output reductions, and the portable family's per-row/per-column sums: the
+    tile that completes a group of partials (a row block, a column block, the whole
+    output; per batch or over all batches) combines them in a fixed order and stores the
+    output, so no launch follows the kernel. A per-group ticket counter (int32 workspace,
+    reset by that tile) tells it that it is the last. The hopper family keeps whole-output
+    partials per program and combines them after its tile loop.
+
+    The TMA families' per-row/per-column sums (and every logsumexp) are combined after the
+    kernel: per-group tickets are slow at many tiles per group there (see
+    ``atomic_folded``; max and min avoid them with atomic folds)."""
+    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp" or atomic_folded(o):
         return False
     if family in TMA_FAMILIES:
         return o.kind is OutputKind.SCALAR and not o.batched
@@ -214,6 +231,33 @@ class _Epilogue:
                 tile = _TritonTile()
                 lines += self._combine_scalar(o, tile.lane(), "0", "0", "tl.num_programs(0)",
                                               tile.barrier(), indent)
+        return lines
+
+    def fold_finish(self, count: str, lane: str, barrier: str, indent: str) -> list[str]:
+        """After a program's last tile (``atomic_folded`` outputs): a ticket per program;
+        the last of ``count`` copies each workspace into its output (``lane``: an index
+        vector of ``_FOLD_FINISH`` elements) and resets it to the identity."""
+        lines: list[str] = []
+        for o in reduce_outputs(self.dag):
+            if not atomic_folded(o):
+                continue
+            u = uname(o.name)
+            ext = "M" if o.kind is OutputKind.ROW else "N"
+            total = f"L * {ext}" if o.batched else ext
+            inner, body = indent + "    ", indent + "        "
+            lines += [
+                f"{indent}{barrier}",
+                f"{indent}tk_{u} = tl.atomic_add({u}_cnt, 1, sem=\"acq_rel\", scope=\"gpu\")",
+                f"{indent}if tk_{u} == {count} - 1:",
+                f"{inner}tl.atomic_xchg({u}_cnt, 0)",
+                f"{inner}for f0 in range(0, {total}, {_FOLD_FINISH}):",
+                f"{body}fo_{u} = f0 + {lane}",
+                f"{body}fm_{u} = fo_{u} < {total}",
+                f"{body}fb_{u} = tl.load({u}_ws + fo_{u}, mask=fm_{u}, {_LD_L2})",
+                f"{body}tl.store({u}_out + (fo_{u} // {ext}) * {u}_osl + (fo_{u} % {ext}) * {u}_os, "
+                f"fb_{u}.to(tl.float32, bitcast=True).to({u}_out.dtype.element_ty), mask=fm_{u})",
+                f"{body}tl.store({u}_ws + fo_{u}, {FOLD_IDENTITY_BITS[o.node.op]}, mask=fm_{u})",
+            ]
         return lines
 
     @staticmethod
@@ -412,6 +456,10 @@ class _Epilogue:
                 lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 0)")
                 lines.append(f"{indent}tl.store({u}_ws + {ws_col}, pm_{u}, mask={sub.rn} < N)")
                 lines.append(f"{indent}tl.store({u}_ws2 + {ws_col}, ps_{u}, mask={sub.rn} < N)")
+            elif atomic_folded(o):
+                b = "bid64 * N + " if o.batched else ""
+                lines.append(f"{indent}_ef_fold_{n.op}({u}_ws + {b}{sub.rn}, {part(0, rv)}, "
+                             f"{sub.rn} < N)")
             else:
                 lines.append(f"{indent}tl.store({u}_ws + {ws_col}, {part(0, rv)}, "
                              f"mask={sub.rn} < N)")
@@ -440,7 +488,11 @@ class _Epilogue:
                 p = part(0, p)
             lines.append(f"{indent}{acc_name} = {p if first else combine(acc_name, p)}")
         if last:
-            if o.kind is OutputKind.ROW:
+            if atomic_folded(o):
+                b = "bid64 * M + " if o.batched else ""
+                lines.append(f"{indent}_ef_fold_{n.op}({u}_ws + {b}{sub.rm}, {acc_name}, "
+                             f"{sub.rm} < M)")
+            elif o.kind is OutputKind.ROW:
                 lines.append(f"{indent}tl.store({u}_ws + {ws_row}, {acc_name}, mask={sub.rm} < M)")
                 if lse:
                     lines.append(f"{indent}tl.store({u}_ws2 + {ws_row}, {acc_name}_s, "
@@ -596,6 +648,8 @@ def _portable_source(spec: KernelSpec) -> str:
     ]
     lines += epi.prologue(I1)
     lines += epi.body(_PortableTile(), I1)
+    lines += epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)",
+                             f"tl.arange(0, {_FOLD_FINISH})", "tl.debug_barrier()", I1)
     return "\n".join(lines) + "\n"
 
 
@@ -719,6 +773,8 @@ def _hopper_source(spec: KernelSpec) -> str:
             lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         lines += epi.body(sub, I2, first=s == 0, last=s == len(pieces) - 1)
     lines += epi.program_finish(I1)
+    lines += epi.fold_finish("tl.num_programs(0)", f"tl.arange(0, {_FOLD_FINISH})",
+                             "tl.debug_barrier()", I1)
     return "\n".join(lines) + "\n"
 
 

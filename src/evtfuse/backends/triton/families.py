@@ -17,7 +17,8 @@ from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES, OPS
-from ..triton.codegen import (TMA_FAMILIES, KernelSpec, check_emittable, combined_in_kernel,
+from ..triton.codegen import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded,
+                              check_emittable, combined_in_kernel,
                               full_outputs, reduce_outputs, staged_vector,
                               vector_outputs)
 
@@ -341,6 +342,15 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
     nt = triton_cdiv(args.N, config.block_n)
     dev = args.A.device
     for o in reduce_outputs(dag):
+        if atomic_folded(o):  # a float32 value per row/column (per batch), kept as int32 bits
+            extent = args.M if o.kind is OutputKind.ROW else args.N
+            ws = torch.full(((args.L if o.batched else 1) * extent,), FOLD_IDENTITY_BITS[o.node.op],
+                            device=dev, dtype=torch.int32)
+            strides = _strides_lmn(args.epilogue.values[o.name])
+            items += [ws, torch.zeros(1, device=dev, dtype=torch.int32), _value_getter(o.name),
+                      strides[0] if o.batched else 0,
+                      strides[1] if o.kind is OutputKind.ROW else strides[2]]
+            continue
         shape = {OutputKind.ROW: (args.L, nt, args.M), OutputKind.COL: (args.L, mt, args.N),
                  OutputKind.SCALAR: (args.L, mt, nt)}[o.kind]
         per_program = programs > 0 and o.kind is OutputKind.SCALAR and not o.batched

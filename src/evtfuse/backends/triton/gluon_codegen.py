@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import Dag, OperandKind
-from .codegen import (_Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
+from .codegen import (_FOLD_FINISH, _Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
                       reduce_outputs, staged_vector, uname, vector_load)
 from .prelude import helpers_for
 
@@ -346,6 +346,8 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     if piece_bufs:
         L.append(f"{I1}tma.store_wait(pendings=0)")
+    L += epi.fold_finish("2 * nprog", f"gl.arange(0, {_FOLD_FINISH}, layout=gl.BlockedLayout("
+                         f"[{_FOLD_FINISH // 128}], [32], [4], [0]))", "gl.thread_barrier()", I1)
     L += ["", ""]
     call = f"{cons_args}, {sizes}"
     for which in (0, 1):
