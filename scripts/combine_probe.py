@@ -87,7 +87,8 @@ def _set(variant: str) -> None:
     cg.GENERATOR_VERSION = f"{_VERSION}-{variant}"  # its own cache key
 
 
-def kernel_and_args(shape, variant: str, store_d: bool = True):
+def kernel_and_args(shape, variant: str, store_d: bool = True, family: str = "gluon",
+                    config: str = ""):
     _set(variant)
     M, N, K = shape
     A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -95,7 +96,9 @@ def kernel_and_args(shape, variant: str, store_d: bool = True):
     D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16) if store_d else None
     src = "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax"
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, amax=torch.empty(M, 1, device="cuda")))
-    k = [k for k in get_kernels(args) if k.family.name == "gluon"][0]
+    ks = [k for k in get_kernels(args) if k.family.name == family and config in k.name]
+    assert ks, f"no {family} kernel named *{config}*"
+    k = ks[0]
     return k, args
 
 
@@ -103,18 +106,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x8192x1024")
     p.add_argument("--variants", default="fold,post,acq_rel")
+    p.add_argument("--family", default="gluon", help="gluon or hopper (in-kernel variants: gluon)")
+    p.add_argument("--config", default="", help="the first kernel whose name contains this")
     p.add_argument("--no-d", action="store_true", help="D=None (D computed, not stored)")
     p.add_argument("--once", default="", help="run this variant 3 times (for ncu)")
     a = p.parse_args()
     shape = tuple(int(x) for x in a.shape.split("x"))
     if a.once:
-        k, args = kernel_and_args(shape, a.once, not a.no_d)
+        k, args = kernel_and_args(shape, a.once, not a.no_d, a.family, a.config)
         for _ in range(3):
             k.run(args)
         torch.cuda.synchronize()
         return
     for variant in a.variants.split(","):
-        k, args = kernel_and_args(shape, variant, not a.no_d)
+        k, args = kernel_and_args(shape, variant, not a.no_d, a.family, a.config)
         ok = bool(k.verify(args)) if variant in ("fold", "post", "acq_rel") else "n/a"
         ms = triton.testing.do_bench(lambda: k.run(args), warmup=30, rep=200, return_mode="median")
         print(f"{a.shape} D={'none' if a.no_d else 'stored'} {variant:9s} {k.name} {ms:.4f} ms "
