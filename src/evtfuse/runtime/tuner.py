@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 
 import torch
@@ -41,7 +42,7 @@ def tuning_key(args: GemmArguments, tune: str, cc) -> str:
                           device_name(args.A.device), cc, tune)
 
 
-def _time_kernel(kernel, args: GemmArguments) -> float:
+def _time_kernel(kernel, args: GemmArguments, rep_ms: float = 40) -> float:
     """Median ms of ``kernel.run(args)``, measured as the benchmark suite measures
     (``triton.testing.do_bench``: L2 flushed before each call, CUDA events around it).
 
@@ -50,14 +51,13 @@ def _time_kernel(kernel, args: GemmArguments) -> float:
     also time the host's launch work (20-40 us on the H100 machine), which differs between
     families; with them the tuner took gluon for row amax at 4096^3 (0.207 ms) over the
     hopper kernel (0.196 ms; BENCHMARKS.md, fifth session)."""
-    kernel.run(args)  # compile + warm up
     if args.A.device.type != "cuda":
         t0 = time.perf_counter()
         kernel.run(args)
         return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
 
-    return float(do_bench(lambda: kernel.run(args), warmup=10, rep=40, return_mode="median"))
+    return float(do_bench(lambda: kernel.run(args), warmup=5, rep=rep_ms, return_mode="median"))
 
 
 def _scratch(args: GemmArguments) -> GemmArguments:
@@ -100,31 +100,43 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
     return chosen
 
 
+ROUNDS = 3  # timing rounds over all candidates, interleaved
+
+
 def _search(args: GemmArguments, kernels, tune: str):
+    """Compile and time each candidate (first round, within the budget), then time the
+    ones that ran in ``ROUNDS - 1`` more rounds in turn; the lowest median wins. Rounds
+    interleave the candidates because a large GEMM heats the GPU and lowers its clock
+    during tuning: timed one after the other, the first candidates would be favoured."""
     from tqdm.auto import tqdm
 
     budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "30"))
     cands = kernels if tune == "exhaustive" else kernels[:FAST_CANDIDATES]
     args = _scratch(args)
-    best, best_ms = None, float("inf")
+    times: dict[str, list[float]] = {}
+    ran = []
     t_start = time.perf_counter()
     show = log.isEnabledFor(logging.INFO) or os.environ.get("EVTFUSE_PROGRESS", "1") != "0"
     bar = tqdm(cands, desc=f"evtfuse tuning {args.M}x{args.N}x{args.K}", leave=False,
                disable=not show)
     for k in bar:
-        if tune != "exhaustive" and best is not None and time.perf_counter() - t_start > budget:
-            log.info("tuning budget of %.0f s spent; keeping %s", budget, best.name)
+        if tune != "exhaustive" and ran and time.perf_counter() - t_start > budget:
+            log.info("tuning budget of %.0f s spent after %d candidates", budget, len(ran))
             break
         try:
-            ms = _time_kernel(k, args)
+            k.run(args)  # compile, warm up
+            times[k.name] = [_time_kernel(k, args, rep_ms=15)]
         except Exception as exc:  # a config the compiler rejects (resources) is skipped
             log.info("candidate %s failed: %s", k.name, str(exc).splitlines()[0][:200])
             continue
-        log.debug("candidate %s: %.4f ms", k.name, ms)
-        if ms < best_ms:
-            best, best_ms = k, ms
+        ran.append(k)
     bar.close()
-    if best is None:
+    if not ran:
         raise UnsupportedError("every candidate kernel failed to compile or run; see the log "
                                "(EVTFUSE_LOG=debug)")
-    return best
+    for _ in range(ROUNDS - 1):
+        for k in ran:
+            times[k.name].append(_time_kernel(k, args, rep_ms=15))
+    for k in ran:
+        log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
+    return min(ran, key=lambda k: statistics.median(times[k.name]))

@@ -1,0 +1,43 @@
+"""The tuner's search (``runtime.tuner._search``) with stand-in kernels on the CPU: the
+lowest median over the interleaved rounds wins, a candidate that fails is skipped, and
+every candidate that ran is timed in every round."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.errors import UnsupportedError
+from evtfuse.runtime import tuner
+
+
+class _Stand:
+    def __init__(self, name: str, seconds: float, fails: bool = False):
+        self.name, self.seconds, self.fails, self.calls = name, seconds, fails, 0
+
+    def run(self, args) -> None:
+        if self.fails:
+            raise RuntimeError("out of resources: shared memory")
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def _args() -> GemmArguments:
+    A, B, D = torch.randn(8, 4), torch.randn(4, 8), torch.empty(8, 8)
+    return GemmArguments(A, B, D, epilogue=EpilogueArguments("def epi(accum): D = accum; return D", D=D))
+
+
+def test_search_takes_the_fastest_and_skips_failures():
+    slow, fast, broken = _Stand("slow", 0.004), _Stand("fast", 0.001), _Stand("broken", 0, True)
+    best = tuner._search(_args(), [slow, broken, fast], "fast")
+    assert best is fast
+    # a first run (compile), then one timed call per round
+    assert slow.calls == fast.calls == 1 + tuner.ROUNDS
+
+
+def test_search_with_nothing_that_runs_says_so():
+    with pytest.raises(UnsupportedError, match="every candidate kernel failed"):
+        tuner._search(_args(), [_Stand("a", 0, True), _Stand("b", 0, True)], "fast")
