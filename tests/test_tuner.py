@@ -1,5 +1,5 @@
 """The tuner's search (``runtime.tuner._search``) with stand-in kernels on the CPU: the
-lowest median over the interleaved rounds wins, a candidate that fails is skipped, and
+lowest time over the interleaved rounds wins, a candidate that fails is skipped, and
 every candidate that ran is timed in every round."""
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import time
 
 import torch
@@ -105,9 +104,13 @@ ROUNDS = 3  # timing rounds over all candidates, interleaved
 
 def _search(args: GemmArguments, kernels, tune: str):
     """Compile and time each candidate (first round, within the budget), then time the
-    ones that ran in ``ROUNDS - 1`` more rounds in turn; the lowest median wins. Rounds
-    interleave the candidates because a large GEMM heats the GPU and lowers its clock
-    during tuning: timed one after the other, the first candidates would be favoured."""
+    ones that ran in ``ROUNDS - 1`` more rounds in turn; the lowest time of any round
+    wins. Rounds interleave the candidates so that each is seen in several power states
+    of the GPU; the minimum, not the median, because that noise only adds time: measured
+    on an H100 at 8192^3 (BENCHMARKS.md, fifth session), each candidate's first time
+    (after seconds of idle compiling) was 1.46-1.62 ms and ranked the families as a
+    sustained alternating duel did, while back-to-back rounds scattered every candidate
+    over 1.53-1.95 ms."""
     from tqdm.auto import tqdm
 
     budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "30"))
@@ -139,4 +142,4 @@ def _search(args: GemmArguments, kernels, tune: str):
             times[k.name].append(_time_kernel(k, args, rep_ms=15))
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
-    return min(ran, key=lambda k: statistics.median(times[k.name]))
+    return min(ran, key=lambda k: min(times[k.name]))

@@ -1,0 +1,72 @@
+"""``evtfuse.gemm`` against ``Kernel.run`` of the same kernel on the same input sets,
+timed alternately (several rounds, cuBLAS ``A @ B`` between them), as the benchmark
+suite times them (``triton.testing.do_bench``, inputs rotated when one set fits in L2).
+A development probe: the suite measures gemm and Kernel.run minutes apart, and some of
+its cells show gemm 3-40% above Kernel.run (BENCHMARKS.md, fifth session).
+
+    PYTHONPATH=src python3 scripts/gemm_vs_run.py alpha_beta@2048 row_logsumexp@8192 [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton.testing
+
+import evtfuse
+from evtfuse.bench import workloads as W
+from evtfuse.runtime.tuner import choose_kernel
+
+
+def bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def cycle(call, items):
+    state = {"i": 0}
+
+    def step():
+        item = items[state["i"] % len(items)]
+        state["i"] += 1
+        return call(item)
+    return step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("cells", nargs="+", help="workload@shape, e.g. alpha_beta@2048")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    for cell in a.cells:
+        name, shape_s = cell.split("@")
+        w, shape = W.BY_NAME[name], W.parse_shape(shape_s)
+        first = W.make_inputs(w, shape, torch.bfloat16, "cuda", 0)
+        outs0 = W.make_outputs(w, shape, torch.bfloat16, "cuda", poison=False)
+        n = W.rotation_count(W.set_bytes(first, outs0))
+        sets = [(first, outs0)] + [(W.make_inputs(w, shape, torch.bfloat16, "cuda", k),
+                                    W.make_outputs(w, shape, torch.bfloat16, "cuda", poison=False))
+                                   for k in range(1, n)]
+
+        def gemm(s):
+            v, o = s
+            return evtfuse.gemm(v["A"], v["B"], epilogue=w.epilogue, **w.epilogue_operands(v), **o)
+
+        def make_args(s):
+            v, o = s
+            epi = evtfuse.EpilogueArguments(w.epilogue, **w.epilogue_operands(v), **o)
+            return evtfuse.GemmArguments(v["A"], v["B"], o.get("D"), torch.float32, epi)
+
+        gemm(sets[0])
+        argsets = [make_args(s) for s in sets]
+        kernel = choose_kernel(argsets[0])
+        for r in range(a.rounds):
+            g = bench(cycle(gemm, sets))
+            k = bench(cycle(kernel.run, argsets))
+            mm = bench(cycle(lambda s: s[0]["A"] @ s[0]["B"], sets))
+            print(f"{cell} round {r}: gemm {g:.4f} ms, Kernel.run {k:.4f} ms, mm {mm:.4f} ms, "
+                  f"{kernel.name}, {n} set(s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
