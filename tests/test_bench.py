@@ -390,7 +390,35 @@ def test_runner_cell_cpu(cpu_bench):
         assert cell["rotation_sets"] == 8
         assert not cell.get("incomplete")
         assert "runner" in runner.one_line(cell) or name in runner.one_line(cell)
-    assert len(r.mm_cache) == 2  # fp32 and fp8 at one shape
+        # every timed system once per round, its time the rounds' median
+        for k in ("eager", "mm", "evtfuse", "compiled"):
+            assert cell["systems"][k]["ms_rounds"] == [1.0] * r.cfg.rounds, k
+        assert r.timers == []
+
+
+def test_timing_rounds_interleave_and_take_the_median(monkeypatch):
+    """Rounds visit every registered timing in turn; a value is the median of its rounds;
+    a timing that raises is recorded on its system and the others go on."""
+    r = _runner()
+    order, clock = [], iter([5.0, 1.0, 4.0, 2.0, 3.0, 9.0])
+
+    def fake(fn, *a, **k):
+        order.append(fn())
+        return next(clock)
+
+    def broken():
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(runner, "bench_ms", fake)
+    a, b, c = {}, {}, {"status": "ok"}
+    r._bench(a, "ms", lambda: "a")
+    r._bench(b, "kernel_ms", lambda: "b")
+    r._bench(c, "ms", broken)
+    r._time_rounds()
+    assert order == ["a", "b", "a", "b", "a", "b"]
+    assert a["ms_rounds"] == [5.0, 4.0, 3.0] and a["ms"] == 4.0
+    assert b["kernel_ms_rounds"] == [1.0, 2.0, 9.0] and b["kernel_ms"] == 2.0
+    assert c["status"] != "ok" and "out of memory" in c["ms_error"] and c.get("ms") is None
 
 
 def test_runner_failures_are_recorded(cpu_bench):

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 2e-2 for bf16/fp16, 1e-2 for fp32, 7e-2 for fp8 outputs)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timing rounds per cell, every system timed once per round in turn; "
+                        "a time is the median of its rounds")
     p.add_argument("--max-sets", type=int, default=8,
                    help="most input sets to rotate among when one set fits in L2")
     p.add_argument("--seed", type=int, default=0)
@@ -198,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     dtype = W.DTYPES[args.dtype]
     cfg = Config(dtype=dtype, tune=args.tune, compile=not args.no_compile,
-                 warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, tol=args.tol,
+                 warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, rounds=args.rounds, tol=args.tol,
                  max_sets=args.max_sets, seed=args.seed, device=args.device,
                  systems=systems)
     budget = Budget(args.budget_s, start)
@@ -207,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": ("python " + shlex.join(sys.argv)) if argv is None
             else shlex.join(["evtfuse", "bench", *argv]),
             "dtype": args.dtype, "tune": args.tune, "budget_s": args.budget_s,
+            "rounds": args.rounds,
             "compile": not args.no_compile, "systems": sorted(systems), "host": platform.node(), "caches": caches,
             **_versions()}
 

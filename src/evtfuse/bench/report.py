@@ -318,8 +318,9 @@ def markdown_report(result: Mapping[str, Any]) -> str:
         f"{meta.get('tune', '?')}; evtfuse/Triton caches: {meta.get('caches', '?')}",
         f"- copy bandwidth: {fmt_num(bw / 1e12 if bw else None, 2)} TB/s (read + write, "
         f"device-to-device copy)",
-        "- times: median ms of triton.testing.do_bench (L2 flushed before each call, inputs "
-        "rotated among several sets when one set is under 50 MiB); (Nx) = time / floor; "
+        f"- times: median over {meta.get('rounds', 1)} round(s) (every system timed once per "
+        "round, in turn) of triton.testing.do_bench's median ms (L2 flushed before each call, "
+        "inputs rotated among several sets when one set is under 50 MiB); (Nx) = time / floor; "
         "floor = max(2MNK at cuBLAS's measured rate on that shape, bytes / copy bandwidth), "
         "C/M = compute/memory bound",
         f"- complete: {'yes' if result.get('complete') else 'no: ' + str(result.get('left', '?')) + ' cell(s) not run; rerun the same command with --resume'}",
