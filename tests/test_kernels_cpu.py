@@ -347,7 +347,7 @@ def test_evtfuse_log_environment_reaches_library_users():
 def test_direct_launcher_steps_aside_for_launch_hooks():
     """Launch plans call Triton's compiled launcher directly only while no launch hook
     (a profiler's) is installed; an empty hook chain, Triton 3.6's default, is no hook."""
-    from evtfuse.runtime.kernel import _hooked
+    from evtfuse.backends.triton.launch import _hooked
 
     class Chain:
         def __init__(self, calls):

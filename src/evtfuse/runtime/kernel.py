@@ -16,6 +16,7 @@ import torch
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
 from ..backends.triton.families import KernelFamily, Target, TileConfig
+from ..backends.triton.launch import direct_launcher
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import cache
@@ -116,7 +117,7 @@ class LaunchPlan:
 
     The first call launches through Triton's ``fn[grid](...)``, which binds and specialises
     the arguments and compiles; later calls launch the compiled kernel directly (see
-    ``_direct_launcher``): the plan's key fixes everything Triton specialises on (sizes,
+    ``backends.triton.launch.direct_launcher``): the plan's key fixes everything Triton specialises on (sizes,
     strides, dtypes, 16-byte alignment), so the compiled kernel is the same for every call.
     """
 
@@ -138,8 +139,8 @@ class LaunchPlan:
         if self.launch is None or not self.launch(pos):
             compiled = self.fn(*pos, **self.consts)
             if self.launch is None:
-                self.launch = _direct_launcher(compiled, self.jit, self.grid, len(pos),
-                                               self.consts)
+                self.launch = direct_launcher(compiled, self.jit, self.grid, len(pos),
+                                              self.consts)
         for step in self.post:
             step(values)
 
@@ -148,43 +149,6 @@ class LaunchPlan:
         for k, get in self.slots:
             pos[k] = get(A, B, values)
         return pos
-
-
-def _direct_launcher(compiled, jit_fn, grid: tuple, n_positional: int, consts: dict):
-    """``launch(positional) -> bool`` calling Triton's compiled launcher without the JIT's
-    per-call binding, specialisation and cache lookup (~20 us of host time per launch), as
-    ``fn[grid]`` itself ends up calling it. Returns False (the caller then takes the JIT
-    path) while a Triton launch hook is installed (profilers need the JIT's metadata).
-    Under the CPU interpreter there is no compiled kernel: every launch goes through the
-    JIT (returns a launcher that always says False)."""
-    try:
-        from triton import knobs
-        from triton.runtime.driver import driver
-
-        run = compiled.run  # loads the module and sets compiled.function
-        function, metadata = compiled.function, compiled.packed_metadata
-        names = list(jit_fn.arg_names)
-        tail = [consts[name] for name in names[n_positional:]]  # the constexprs, in order
-    except (AttributeError, KeyError, TypeError):
-        return lambda pos: False
-    g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
-    runtime = knobs.runtime
-    get_device, get_stream = driver.active.get_current_device, driver.active.get_current_stream
-
-    def launch(pos) -> bool:
-        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-            return False
-        run(g0, g1, g2, get_stream(get_device()), function, metadata, None, None, None,
-            *pos, *tail)
-        return True
-
-    return launch
-
-
-def _hooked(hook) -> bool:
-    """Whether a Triton launch hook is installed (Triton 3.6 keeps an always-present chain
-    of hooks, empty by default; older versions use None)."""
-    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def tensor_key(t) -> tuple:

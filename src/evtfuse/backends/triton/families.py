@@ -16,7 +16,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
-from ...optable import FP8_DTYPES, OPS
+from ...optable import FP8_DTYPES
 from ..triton.codegen import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded,
                               check_emittable, combined_in_kernel,
                               full_outputs, reduce_outputs, staged_vector,
@@ -368,29 +368,36 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         lse = o.node.op == "logsumexp"
         ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
         items += [ws, ws2] if lse else [ws]
-        dims = [1, 2] if o.kind is OutputKind.SCALAR else [1]
-        if not o.batched:
-            dims = [0] + dims
-        if per_program:
-            dims = [0]
-        post.append(_combiner(o.name, o.node.op, ws, ws2, dims))
+        post.append(_combiner(o.name, o.node.op, ws, ws2, o.kind, o.batched and not per_program))
     return items, post
 
 
-def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, dims: list[int]):
-    """A combine step after the kernel (fixed order): logsumexp's (max, sum of exp)
-    partials, or the hopper family's per-row/per-column partials."""
-    reduce = OPS[op].torch_fn
+def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, kind,
+              batched: bool):
+    """The combine step after the kernel (``combine.combine_partials``, one launch, a fixed
+    order): logsumexp's (max, sum of exp) partials, the TMA families' per-row/per-column
+    sums and batched whole-output reductions. The workspace is viewed as (batches kept,
+    partials per result, results)."""
+    from .combine import BLOCK, PARTS, combine_partials
+    from .launch import direct_launcher
+
+    ext = ws.shape[-1] if kind in (OutputKind.ROW, OutputKind.COL) else 1
+    b = ws.shape[0] if batched else 1
+    t = ws.numel() // (b * ext)
+    consts = {"OP": op, "BLOCK": BLOCK, "PARTS": PARTS}
+    grid = (triton_cdiv(ext, BLOCK), b)
+    state: dict[str, Any] = {}
 
     def combine(values) -> None:
         out = values[name]
-        if op == "logsumexp":
-            m = ws.amax(dim=dims, keepdim=True)
-            safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-            r = safe + torch.log((ws2 * torch.exp(ws - safe)).sum(dim=dims, keepdim=True))
-        else:
-            r = reduce(ws, dims)
-        out.copy_(r.reshape(out.shape))
+        sl, sm, sn = _strides_lmn(out)
+        pos = [ws, ws if ws2 is None else ws2, out, t, ext, sl if batched else 0,
+               {OutputKind.ROW: sm, OutputKind.COL: sn}.get(kind, 0)]
+        launch = state.get("launch")
+        if launch is None or not launch(pos):
+            compiled = combine_partials[grid](*pos, **consts)
+            state.setdefault("launch", direct_launcher(compiled, combine_partials, grid,
+                                                       len(pos), consts))
 
     return combine
 
