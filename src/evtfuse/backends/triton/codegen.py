@@ -148,7 +148,7 @@ def reduce_outputs(dag: Dag):
 def atomic_folded(o) -> bool:
     """Per-row and per-column max/min (every family): each tile folds its partial results
     into a float32 workspace (one value per row or column, per batch when the output keeps
-    L) with integer atomics on the floats' bits (``_ef_fold_max``/``_ef_fold_min``). The
+    L) with integer atomics on the floats' bits (prelude's ``_ef_fold``). The
     result does not depend on the order (the bits give a total order, NaN included), so it
     is deterministic. The last program of the launch to finish (one ticket per program,
     not per tile) copies the workspace into the output and resets it to the identity for
@@ -458,8 +458,8 @@ class _Epilogue:
                 lines.append(f"{indent}tl.store({u}_ws2 + {ws_col}, ps_{u}, mask={sub.rn} < N)")
             elif atomic_folded(o):
                 b = "bid64 * N + " if o.batched else ""
-                lines.append(f"{indent}_ef_fold_{n.op}({u}_ws + {b}{sub.rn}, {part(0, rv)}, "
-                             f"{sub.rn} < N)")
+                lines.append(f"{indent}_ef_fold({u}_ws + {b}{sub.rn}, {part(0, rv)}, "
+                             f"{sub.rn} < N, {n.op == 'max'})")
             else:
                 lines.append(f"{indent}tl.store({u}_ws + {ws_col}, {part(0, rv)}, "
                              f"mask={sub.rn} < N)")
@@ -490,8 +490,8 @@ class _Epilogue:
         if last:
             if atomic_folded(o):
                 b = "bid64 * M + " if o.batched else ""
-                lines.append(f"{indent}_ef_fold_{n.op}({u}_ws + {b}{sub.rm}, {acc_name}, "
-                             f"{sub.rm} < M)")
+                lines.append(f"{indent}_ef_fold({u}_ws + {b}{sub.rm}, {acc_name}, "
+                             f"{sub.rm} < M, {n.op == 'max'})")
             elif o.kind is OutputKind.ROW:
                 lines.append(f"{indent}tl.store({u}_ws + {ws_row}, {acc_name}, mask={sub.rm} < M)")
                 if lse:

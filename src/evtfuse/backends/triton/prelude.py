@@ -109,29 +109,24 @@ def _ef_maximum(a, b):
 def _ef_minimum(a, b):
     return tl.where((a != a) | (a < b), a, b)
 ''',
-    "_ef_fold_max": '''
+    "_ef_fold": '''
 @triton.jit
-def _ef_fold_max(ws, x, mask):
-    # ws (int32) holds float32 bits: ws = max(ws, x) by integer atomics, exact and in any
-    # order the same result: bit patterns with the sign clear order as int32 (atomic max),
-    # those with it set in reverse as uint32 (atomic min); NaN spelled 0x7FFFFFFF (above
-    # +inf) so that it wins, as torch.amax's NaN does
-    b = tl.where(x != x, 0x7FFFFFFF, x.to(tl.int32, bitcast=True))
-    pos = b >= 0
-    tl.atomic_max(ws, b, mask=mask & pos, sem="relaxed", scope="gpu")
-    tl.atomic_min(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
-                  mask=mask & (b < 0), sem="relaxed", scope="gpu")
-''',
-    "_ef_fold_min": '''
-@triton.jit
-def _ef_fold_min(ws, x, mask):
-    # as _ef_fold_max, mirrored; NaN spelled 0xFFFFFFFF (below every float as int32 and
-    # above -inf as uint32)
-    b = tl.where(x != x, -1, x.to(tl.int32, bitcast=True))
-    pos = b >= 0
-    tl.atomic_min(ws, b, mask=mask & pos, sem="relaxed", scope="gpu")
-    tl.atomic_max(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
-                  mask=mask & (b < 0), sem="relaxed", scope="gpu")
+def _ef_fold(ws, x, mask, MAX: tl.constexpr):
+    # ws (int32) holds float32 bits: ws = max(ws, x) (MAX) or min(ws, x) by integer
+    # atomics, exact and in any order the same result: bit patterns with the sign clear
+    # order as int32, those with it set in reverse as uint32. NaN wins, as in torch.amax:
+    # spelled 0x7FFFFFFF for max (above +inf as int32), 0xFFFFFFFF for min (below every
+    # float as int32, above -inf as uint32)
+    if MAX:
+        b = tl.where(x != x, 0x7FFFFFFF, x.to(tl.int32, bitcast=True))
+        tl.atomic_max(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
+        tl.atomic_min(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
+                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
+    else:
+        b = tl.where(x != x, -1, x.to(tl.int32, bitcast=True))
+        tl.atomic_min(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
+        tl.atomic_max(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
+                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
 ''',
     "_ef_add": '''
 @triton.jit
