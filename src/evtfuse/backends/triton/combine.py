@@ -30,6 +30,14 @@ def _nan_min(a, b):
 
 
 @triton.jit
+def _parts(ptr, base, t0, T, EXT, idx, lanes, parts, other):
+    """Partials t0 .. t0 + PARTS - 1 of this program's results, ``other`` past the end."""
+    mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
+    return tl.load(ptr + base + (t0 + parts)[:, None] * EXT + idx[None, :], mask=mask,
+                   other=other)
+
+
+@triton.jit
 def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.constexpr,
                      PARTS: tl.constexpr):
     """``OP``: "sum", "max", "min" or "logsumexp" (``ws2``: the sums of exp)."""
@@ -42,13 +50,11 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
         # the largest per-tile max (NaN wins), then the sum of the tiles' sums rescaled to it
         m = tl.full((BLOCK,), float("-inf"), tl.float32)
         for t0 in range(0, T, PARTS):
-            mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
-            x = tl.load(ws + base + (t0 + parts)[:, None] * EXT + idx[None, :], mask=mask,
-                        other=float("-inf"))
+            x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("-inf"))
             m = _nan_max(m, tl.reduce(x, 0, _nan_max))
         safe = tl.where(m == float("-inf"), 0.0, m)
         s = tl.zeros((BLOCK,), tl.float32)
-        for t0 in range(0, T, PARTS):
+        for t0 in range(0, T, PARTS):  # ws and ws2 at the same offsets, computed once
             mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
             offs = base + (t0 + parts)[:, None] * EXT + idx[None, :]
             x = tl.load(ws + offs, mask=mask, other=float("-inf"))
@@ -58,22 +64,15 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
     elif OP == "sum":
         r = tl.full((BLOCK,), -0.0, tl.float32)  # x + -0.0 is x, signed zeros included
         for t0 in range(0, T, PARTS):
-            mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
-            x = tl.load(ws + base + (t0 + parts)[:, None] * EXT + idx[None, :], mask=mask,
-                        other=-0.0)
-            r += tl.sum(x, axis=0)
+            r += tl.sum(_parts(ws, base, t0, T, EXT, idx, lanes, parts, -0.0), axis=0)
     elif OP == "max":
         r = tl.full((BLOCK,), float("-inf"), tl.float32)
         for t0 in range(0, T, PARTS):
-            mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
-            x = tl.load(ws + base + (t0 + parts)[:, None] * EXT + idx[None, :], mask=mask,
-                        other=float("-inf"))
+            x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("-inf"))
             r = _nan_max(r, tl.reduce(x, 0, _nan_max))
     else:
         r = tl.full((BLOCK,), float("inf"), tl.float32)
         for t0 in range(0, T, PARTS):
-            mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
-            x = tl.load(ws + base + (t0 + parts)[:, None] * EXT + idx[None, :], mask=mask,
-                        other=float("inf"))
+            x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("inf"))
             r = _nan_min(r, tl.reduce(x, 0, _nan_min))
     tl.store(out + b * osl + idx * os, r.to(out.dtype.element_ty), mask=lanes)
