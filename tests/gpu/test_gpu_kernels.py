@@ -159,6 +159,39 @@ def test_reductions(family, op, where):
     check(args, family, n_configs=1)
 
 
+@pytest.mark.parametrize("family", ["gluon", "hopper", "portable"])
+def test_atomic_fold_of_specials(family):
+    """Per-row max and per-column min fold by integer atomics on the float bits (every
+    family): rows/columns holding NaN of either sign, +-inf, only negative values and
+    signed zeros give torch's amax/amin exactly, in two launches on new data (the
+    workspace rests at the identity between them)."""
+    from gpu_helpers import family_kernels
+
+    M, N, K = 384, 640, 128
+    A, B = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16)
+    C = _rand(M, N, dtype=torch.bfloat16)
+    C[3] = -C[3].abs() - 1.0  # a row of negatives only
+    C[:, 5] = -C[:, 5].abs() - 1.0  # a column of negatives only
+    C[7, 9], C[8, 11] = float("nan"), -float("nan")
+    C[10, 13], C[12, 17] = float("inf"), -float("inf")
+    C[14], C[15] = -0.0, 0.0
+    rmax, cmin = torch.empty(M, 1, device=DEV), torch.empty(N, device=DEV, dtype=torch.bfloat16)
+    src = "def epi(accum, C): D = accum; rmax = max(C); cmin = min(C); return D, rmax, cmin"
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, C=C, D=None, rmax=rmax,
+                                                                cmin=cmin))
+    k = family_kernels(args, family)[0]
+    assert k.plan(args).post == ()
+    for _ in range(2):
+        rmax.fill_(float("nan"))
+        cmin.fill_(float("nan"))
+        k.run(args)
+        torch.cuda.synchronize()
+        Cf = C.float()
+        torch.testing.assert_close(rmax, Cf.amax(dim=1, keepdim=True), equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(cmin.float(), Cf.amin(dim=0), equal_nan=True, rtol=0, atol=0)
+        C.neg_()
+
+
 @pytest.mark.parametrize("family", ["hopper", "portable"])
 def test_lm_head_cross_entropy(family):
     M, N, K = 512, 5000, 256
