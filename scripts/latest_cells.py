@@ -3,6 +3,7 @@ the issue targets' aggregates over them (geomean evtfuse/compiled, geomean time/
 worst cells). A reporting aid for BENCHMARKS.md: each ratio stays within its own run.
 
     python3 scripts/latest_cells.py RUN_LABEL=FILE.json ... [--drop RUN:workload@shape ...]
+                                    [--chart latest_chart.png]
 
 Files are given oldest first; a later run's cell replaces an earlier one. ``--drop``
 removes a cell of one run (e.g. measured with code since reverted).
@@ -19,6 +20,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("runs", nargs="+", help="LABEL=path.json, oldest first")
     p.add_argument("--drop", nargs="*", default=[], help="LABEL:workload@shape")
+    p.add_argument("--chart", help="draw the latest cells' time over floor (the suite's chart)")
     a = p.parse_args()
     latest: dict[tuple, tuple[str, dict]] = {}
     for item in a.runs:
@@ -48,6 +50,13 @@ def main() -> None:
     print(f"\ngeomean evtfuse/compiled over {len(vs_compiled)} non-identity cells: {gm(vs_compiled):.3f}")
     print(f"geomean evtfuse/floor over {len(vs_floor)} cells: {gm(vs_floor):.3f}")
     print("worst x floor:", ", ".join(f"{w}@{s} {v:.2f} ({lb})" for v, w, s, lb in sorted(vs_floor)[-5:]))
+    if a.chart:
+        from evtfuse.bench.report import write_chart
+
+        gpu = next((c.get("meta", {}).get("gpu") for _, c in latest.values() if c.get("meta")), None)
+        write_chart({"cells": [c for _, c in sorted(latest.values(), key=lambda lc: lc[1]["workload"])],
+                     "meta": {"dtype": "bf16", "gpu": gpu or "H100, latest run of each cell"}}, a.chart)
+        print("chart:", a.chart)
     print("slower than compiled:", ", ".join(f"{w}@{s} {v:.2f} ({lb})" for v, w, s, lb in
                                              sorted(vs_compiled) if v > 1.0))
 
