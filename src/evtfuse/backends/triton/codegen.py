@@ -152,7 +152,9 @@ def atomic_folded(o) -> bool:
     result does not depend on the order (the bits give a total order, NaN included), so it
     is deterministic. The last program of the launch to finish (one ticket per program,
     not per tile) copies the workspace into the output and resets it to the identity for
-    the next launch, so no launch follows the kernel.
+    the next launch, so no launch follows the kernel. Like the ticket counters, the
+    workspace belongs to the launch plan: one launch of a plan runs at a time (launches on
+    one stream; concurrent streams need their own plans).
 
     This replaced per-group tickets (the tile that completes a row block combined the
     block's partials): measured on an H100 (BENCHMARKS.md, fifth session), that design
