@@ -153,8 +153,8 @@ def atomic_folded(o) -> bool:
     is deterministic. The last program of the launch to finish (one ticket per program,
     not per tile) copies the workspace into the output and resets it to the identity for
     the next launch, so no launch follows the kernel. Like the ticket counters, the
-    workspace belongs to the launch plan: one launch of a plan runs at a time (launches on
-    one stream; concurrent streams need their own plans).
+    workspace belongs to the launch plan: launches of one plan must not overlap (one
+    stream; the same structure launched on concurrent streams is not supported).
 
     This replaced per-group tickets (the tile that completes a row block combined the
     block's partials): measured on an H100 (BENCHMARKS.md, fifth session), that design
