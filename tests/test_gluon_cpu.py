@@ -99,6 +99,7 @@ CASES = {
     "aux_device_scalar": ("def epi(accum, C, s): D = accum * s + C; return D",
                           dict(C="full", s="dev")),
     "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", dict(amax="row")),
+    "col_min_fold": ("def epi(accum): D = accum; cm = min(accum); return D, cm", dict(cm="colout")),
     "lse_target": ("def epi(accum, y): lse = logsumexp(accum); "
                    "tgt = sum(where(col_index() == y, accum, 0.0)); D = accum; return D, lse, tgt",
                    dict(y="yrow", lse="row", tgt="row", D=None)),
@@ -119,6 +120,7 @@ _MAKERS = {
     "yrow": lambda: torch.randint(0, N, (M, 1)),
     "one": lambda: torch.empty(1),
     "outbf": lambda: torch.empty(M, N, dtype=BF),
+    "colout": lambda: torch.empty(N, dtype=BF),
     "f32": lambda: torch.empty(M, N),
     "dev": lambda: torch.randn(()),
     None: lambda: None,
