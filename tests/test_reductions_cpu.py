@@ -226,3 +226,20 @@ def test_atomic_fold_of_specials(family, op, where):
     k.run(args)
     torch.testing.assert_close(r.float(), evaluate(args, cast=False)["r"].reshape(r.shape).half().float(),
                                equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+def test_atomic_fold_into_strided_outputs(family):
+    """The last program's copy writes folds through the output's strides: a per-row max
+    into every other element of an fp16 buffer, a per-column min into a (1, N) view of a
+    transposed fp32 buffer."""
+    M, N, K = 40, 72, 16
+    rbuf = torch.full((M, 2), 7.0, dtype=torch.float16)
+    cbuf = torch.full((N, 3), 7.0)
+    r, c = rbuf[:, :1], cbuf[:, 1:2].T
+    src = "def epi(accum): D = accum; r = max(accum); c = min(accum); return D, r, c"
+    args = GemmArguments(rand(M, K), rand(K, N), None,
+                         epilogue=EpilogueArguments(src, D=None, r=r, c=c))
+    k = check(args, family)
+    assert k.plan(args).post == ()
+    assert (rbuf[:, 1] == 7.0).all() and (cbuf[:, 0] == 7.0).all() and (cbuf[:, 2] == 7.0).all()
