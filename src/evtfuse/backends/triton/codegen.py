@@ -247,11 +247,8 @@ class _Epilogue:
             ext = "M" if o.kind is OutputKind.ROW else "N"
             total = f"L * {ext}" if o.batched else ext
             inner, body = indent + "    ", indent + "        "
+            lines += self._ticket(o, "0", count, barrier, indent)  # one counter per output
             lines += [
-                f"{indent}{barrier}",
-                f"{indent}tk_{u} = tl.atomic_add({u}_cnt, 1, sem=\"acq_rel\", scope=\"gpu\")",
-                f"{indent}if tk_{u} == {count} - 1:",
-                f"{inner}tl.atomic_xchg({u}_cnt, 0)",
                 f"{inner}for f0 in range(0, {total}, {_FOLD_FINISH}):",
                 f"{body}fo_{u} = f0 + {lane}",
                 f"{body}fm_{u} = fo_{u} < {total}",
