@@ -331,6 +331,16 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
     return out
 
 
+def _output_items(args: GemmArguments, o) -> list[Any]:
+    """A reduction output the kernel writes itself (``{u}_out, {u}_osl[, {u}_os]`` of
+    ``codegen.epilogue_params``): its getter, batch stride, and row/column stride."""
+    strides = _strides_lmn(args.epilogue.values[o.name])
+    items = [_value_getter(o.name), strides[0] if o.batched else 0]
+    if o.kind is not OutputKind.SCALAR:
+        items.append(strides[1] if o.kind is OutputKind.ROW else strides[2])
+    return items
+
+
 def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: str,
                      programs: int = 0):
     """Workspaces for reduction partials (allocated once per plan) and the steps that
@@ -346,10 +356,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
             extent = args.M if o.kind is OutputKind.ROW else args.N
             ws = torch.full(((args.L if o.batched else 1) * extent,), FOLD_IDENTITY_BITS[o.node.op],
                             device=dev, dtype=torch.int32)
-            strides = _strides_lmn(args.epilogue.values[o.name])
-            items += [ws, torch.zeros(1, device=dev, dtype=torch.int32), _value_getter(o.name),
-                      strides[0] if o.batched else 0,
-                      strides[1] if o.kind is OutputKind.ROW else strides[2]]
+            items += [ws, torch.zeros(1, device=dev, dtype=torch.int32), *_output_items(args, o)]
             continue
         shape = {OutputKind.ROW: (args.L, nt, args.M), OutputKind.COL: (args.L, mt, args.N),
                  OutputKind.SCALAR: (args.L, mt, nt)}[o.kind]
@@ -360,10 +367,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         if combined_in_kernel(o, family):  # the kernel combines: ticket counters, the output
             groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
             cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
-            strides = _strides_lmn(args.epilogue.values[o.name])
-            items += [ws, cnt, _value_getter(o.name), strides[0] if o.batched else 0]
-            if o.kind is not OutputKind.SCALAR:
-                items.append(strides[1] if o.kind is OutputKind.ROW else strides[2])
+            items += [ws, cnt, *_output_items(args, o)]
             continue
         lse = o.node.op == "logsumexp"
         ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
