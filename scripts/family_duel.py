@@ -14,7 +14,6 @@ import time
 import torch
 import triton.testing
 
-import evtfuse
 from evtfuse import get_kernels
 from evtfuse.bench import workloads as W
 
@@ -32,8 +31,7 @@ def main() -> None:
         w, shape = W.BY_NAME[name], W.parse_shape(shape_s)
         v = W.make_inputs(w, shape, torch.bfloat16, "cuda", 0)
         o = W.make_outputs(w, shape, torch.bfloat16, "cuda", poison=False)
-        epi = evtfuse.EpilogueArguments(w.epilogue, **w.epilogue_operands(v), **o)
-        args = evtfuse.GemmArguments(v["A"], v["B"], o.get("D"), torch.float32, epi)
+        args = w.gemm_arguments(v["A"], v["B"], v, o)
         ks = get_kernels(args)
         pick = [next(k for k in ks if key in k.name) for key in (a.a, a.b)]
         for k in pick:

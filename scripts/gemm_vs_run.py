@@ -16,21 +16,12 @@ import triton.testing
 
 import evtfuse
 from evtfuse.bench import workloads as W
+from evtfuse.bench.timing import rotating
 from evtfuse.runtime.tuner import choose_kernel
 
 
 def bench(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def cycle(call, items):
-    state = {"i": 0}
-
-    def step():
-        item = items[state["i"] % len(items)]
-        state["i"] += 1
-        return call(item)
-    return step
 
 
 def main() -> None:
@@ -52,18 +43,13 @@ def main() -> None:
             v, o = s
             return evtfuse.gemm(v["A"], v["B"], epilogue=w.epilogue, **w.epilogue_operands(v), **o)
 
-        def make_args(s):
-            v, o = s
-            epi = evtfuse.EpilogueArguments(w.epilogue, **w.epilogue_operands(v), **o)
-            return evtfuse.GemmArguments(v["A"], v["B"], o.get("D"), torch.float32, epi)
-
         gemm(sets[0])
-        argsets = [make_args(s) for s in sets]
+        argsets = [w.gemm_arguments(v["A"], v["B"], v, o) for v, o in sets]
         kernel = choose_kernel(argsets[0])
         for r in range(a.rounds):
-            g = bench(cycle(gemm, sets))
-            k = bench(cycle(kernel.run, argsets))
-            mm = bench(cycle(lambda s: s[0]["A"] @ s[0]["B"], sets))
+            g = bench(rotating(gemm, sets))
+            k = bench(rotating(kernel.run, argsets))
+            mm = bench(rotating(lambda s: s[0]["A"] @ s[0]["B"], sets))
             print(f"{cell} round {r}: gemm {g:.4f} ms, Kernel.run {k:.4f} ms, mm {mm:.4f} ms, "
                   f"{kernel.name}, {n} set(s)", flush=True)
 

@@ -410,20 +410,15 @@ class Runner:
         except Exception as exc:  # noqa: BLE001
             self._fail(rec, exc)
             return
-        self._evtfuse_kernel_alone(rec, evtfuse, w, sets)
+        self._evtfuse_kernel_alone(rec, w, sets)
 
-    def _evtfuse_kernel_alone(self, rec, evtfuse, w, sets) -> None:
+    def _evtfuse_kernel_alone(self, rec, w, sets) -> None:
         """The chosen kernel's name and ``kernel.run(args)`` time with the arguments built
         once: what evtfuse.gemm's host work adds shows as ms - kernel_ms (diagnostic)."""
         try:
             from evtfuse.runtime.tuner import choose_kernel
 
-            def make_args(s: InputSet):
-                epi = evtfuse.EpilogueArguments(w.epilogue, **w.epilogue_operands(s.ops),
-                                                **s.outs)
-                return evtfuse.GemmArguments(s.A, s.B, s.outs.get("D"), torch.float32, epi)
-
-            argsets = [make_args(s) for s in sets]
+            argsets = [w.gemm_arguments(s.A, s.B, s.ops, s.outs) for s in sets]
             kernel = choose_kernel(argsets[0], tune=self.cfg.tune)
             rec["kernel"] = getattr(kernel, "name", repr(kernel))
             self._bench(rec, "kernel_ms", rotating(kernel.run, argsets))

@@ -171,6 +171,15 @@ class Workload:
     def epilogue_operands(self, ops: Mapping[str, Any]) -> dict[str, Any]:
         return {o.name: ops[o.name] for o in self.operands if not o.peer_only}
 
+    def gemm_arguments(self, A: torch.Tensor, B: torch.Tensor, ops: Mapping[str, Any],
+                       outs: Mapping[str, Any]):
+        """evtfuse's arguments for one input set (fp32 accumulation): what ``Kernel.run``
+        takes, built once instead of per ``evtfuse.gemm`` call."""
+        import evtfuse
+
+        epi = evtfuse.EpilogueArguments(self.epilogue, **self.epilogue_operands(ops), **outs)
+        return evtfuse.GemmArguments(A, B, outs.get("D"), torch.float32, epi)
+
 
 def _as_tuple(x) -> tuple:
     return x if isinstance(x, tuple) else (x,)
