@@ -91,6 +91,11 @@ def _is(n: Node, value: float) -> bool:
     return v is not None and v == value and (value != 0 or str(v) == str(value))
 
 
+def _compute(n: Node, op: str) -> bool:
+    """Whether ``n`` computes the op-table row ``op``."""
+    return n.kind is NodeKind.COMPUTE and n.op == op
+
+
 def simplify_algebra(dag: Dag) -> Dag:
     """Identities that hold bit-for-bit in IEEE fp32, NaN, infinities and signed zeros included:
     x*1, 1*x, x/1, x-0, x+(-0), x**1 -> x; x*-1 -> -x; -(-x) -> x; identity(x) -> x;
@@ -123,11 +128,11 @@ def simplify_algebra(dag: Dag) -> Dag:
             return b
         if op == "pow" and n.param_dict.get("exponent") == 1.0:
             return a
-        if op == "neg" and a.kind is NodeKind.COMPUTE and a.op == "neg":
+        if op == "neg" and _compute(a, "neg"):
             return a.inputs[0]
-        if op in ("relu", "abs") and a.kind is NodeKind.COMPUTE and a.op == op:
+        if op in ("relu", "abs") and _compute(a, op):
             return a
-        if op == "abs" and a.kind is NodeKind.COMPUTE and a.op == "neg":
+        if op == "abs" and _compute(a, "neg"):
             return ir.compute_node("abs", (a.inputs[0],), var=n.var, line=n.line)
         return _same_or_new(n, inputs)
 
@@ -135,10 +140,6 @@ def simplify_algebra(dag: Dag) -> Dag:
 
 
 # ------------------------------------------------------------------ stable forms
-
-def _compute(n: Node, op: str) -> bool:
-    return n.kind is NodeKind.COMPUTE and n.op == op
-
 
 def stable_forms(dag: Dag) -> Dag:
     """The cross-entropy pattern ``log(clamp(s, lo, hi))`` of ``s = sigmoid(x)`` or
