@@ -41,7 +41,7 @@ def tuning_key(args: GemmArguments, tune: str, cc) -> str:
                           device_name(args.A.device), cc, tune)
 
 
-def _time_kernel(kernel, args: GemmArguments, rep_ms: float = 40) -> float:
+def _time_kernel(kernel, args: GemmArguments) -> float:
     """Median ms of ``kernel.run(args)``, measured as the benchmark suite measures
     (``triton.testing.do_bench``: L2 flushed before each call, CUDA events around it).
 
@@ -56,7 +56,7 @@ def _time_kernel(kernel, args: GemmArguments, rep_ms: float = 40) -> float:
         return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
 
-    return float(do_bench(lambda: kernel.run(args), warmup=5, rep=rep_ms, return_mode="median"))
+    return float(do_bench(lambda: kernel.run(args), warmup=5, rep=REP_MS, return_mode="median"))
 
 
 def _scratch(args: GemmArguments) -> GemmArguments:
@@ -100,6 +100,7 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
 
 
 ROUNDS = 3  # timing rounds over all candidates, interleaved
+REP_MS = 15  # do_bench time per candidate and round
 
 
 def _search(args: GemmArguments, kernels, tune: str):
@@ -128,7 +129,7 @@ def _search(args: GemmArguments, kernels, tune: str):
             break
         try:
             k.run(args)  # compile, warm up
-            times[k.name] = [_time_kernel(k, args, rep_ms=15)]
+            times[k.name] = [_time_kernel(k, args)]
         except Exception as exc:  # a config the compiler rejects (resources) is skipped
             log.info("candidate %s failed: %s", k.name, str(exc).splitlines()[0][:200])
             continue
@@ -139,7 +140,7 @@ def _search(args: GemmArguments, kernels, tune: str):
                                "(EVTFUSE_LOG=debug)")
     for _ in range(ROUNDS - 1):
         for k in ran:
-            times[k.name].append(_time_kernel(k, args, rep_ms=15))
+            times[k.name].append(_time_kernel(k, args))
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
     return min(ran, key=lambda k: min(times[k.name]))
