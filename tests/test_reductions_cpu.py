@@ -243,3 +243,26 @@ def test_atomic_fold_into_strided_outputs(family):
     k = check(args, family)
     assert k.plan(args).post == ()
     assert (rbuf[:, 1] == 7.0).all() and (cbuf[:, 0] == 7.0).all() and (cbuf[:, 2] == 7.0).all()
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper", "gluon"])
+def test_fold_reset_waits_for_every_threads_copy(family):
+    """The last program's reset of a fold workspace comes after a CTA barrier that follows
+    the copy: Triton may lay the reset store out differently from the load (on sm_90 it
+    did for 16-bit outputs, and the GPU tier's fold test read the identity back), so
+    without the barrier one thread could reset an element another has not read yet."""
+    from evtfuse.backends.triton import codegen, families
+
+    fam = {"portable": families.PortableFamily, "hopper": families.HopperFamily,
+           "gluon": families.GluonFamily}[family]()
+    M, N, K = 384, 640, 128
+    c = torch.empty(N, dtype=torch.bfloat16)
+    src = "def epi(accum): D = accum; c = min(accum); return D, c"
+    args = GemmArguments(rand(M, K, dtype=torch.bfloat16), rand(K, N, dtype=torch.bfloat16),
+                         None, epilogue=EpilogueArguments(src, D=None, c=c))
+    target = families.Target("cuda", 90, args.A.device, 132)
+    lines = codegen.generate(fam.spec(args, fam.configs(args, target)[0], target)).splitlines()
+    load = next(i for i, ln in enumerate(lines) if "= tl.load(u_c_ws + fo_u_c" in ln)
+    reset = next(i for i, ln in enumerate(lines) if ln.strip().startswith("tl.store(u_c_ws + fo_u_c"))
+    assert load < reset
+    assert any("barrier()" in ln for ln in lines[load + 1:reset]), "\n".join(lines[load:reset + 1])

@@ -58,7 +58,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "19"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "20"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -255,6 +255,10 @@ class _Epilogue:
                 f"{body}fb_{u} = tl.load({u}_ws + fo_{u}, mask=fm_{u}, {_LD_L2})",
                 f"{body}tl.store({u}_out + (fo_{u} // {ext}) * {u}_osl + (fo_{u} % {ext}) * {u}_os, "
                 f"fb_{u}.to(tl.float32, bitcast=True).to({u}_out.dtype.element_ty), mask=fm_{u})",
+                # Triton may give the reset another layout than the load (it did for 16-bit
+                # outputs on sm_90: a thread reset elements before the thread that loads
+                # them had read them), so every thread's loads come before any reset
+                f"{body}{barrier}",
                 f"{body}tl.store({u}_ws + fo_{u}, {FOLD_IDENTITY_BITS[o.node.op]}, mask=fm_{u})",
             ]
         return lines
