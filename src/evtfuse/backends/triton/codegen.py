@@ -263,6 +263,15 @@ class _Epilogue:
             ]
         return lines
 
+    def fold_names(self) -> list[str]:
+        """The kernel parameters ``fold_finish`` reads (see ``epilogue_params``)."""
+        names: list[str] = []
+        for o in reduce_outputs(self.dag):
+            if atomic_folded(o):
+                u = uname(o.name)
+                names += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl", f"{u}_os"]
+        return names
+
     @staticmethod
     def _program_level(n: Node) -> bool:
         return n.space is Space.SCALAR and not n.batched and n.kind is not NodeKind.INDEX \
@@ -651,9 +660,14 @@ def _portable_source(spec: KernelSpec) -> str:
     ]
     lines += epi.prologue(I1)
     lines += epi.body(_PortableTile(), I1)
-    lines += epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)",
+    finish = epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)",
                              f"tl.arange(0, {_FOLD_FINISH})", "tl.debug_barrier()", I1)
-    return "\n".join(lines) + "\n"
+    helper: list[str] = []
+    if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
+        names = ", ".join(epi.fold_names() + ["M", "N", "L"])
+        helper = ["@triton.jit(noinline=True)", f"def _ef_fold_finish({names}):", *finish, "", ""]
+        lines.append(f"{I1}_ef_fold_finish({names})")
+    return "\n".join(helper + lines) + "\n"
 
 
 def _split_lines(split: int, indent: str) -> tuple[list[str], list[str]]:
