@@ -44,13 +44,16 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="time a wide grid of hopper configs")
     p.add_argument("--gluon", action="store_true",
                    help="time gluon variants (epilogue split x GROUP_M) and the best hopper config")
+    p.add_argument("--block-n", default="128", help="gluon variants' tile widths, e.g. 128,64")
+    p.add_argument("--shape", default="", help="MxNxK instead of the cases' shapes")
     a = p.parse_args()
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
     for name, (src, ins) in CASES.items():
         if name not in only:
             continue
-        for (M, N, K) in SHAPES[name]:
+        shapes = [tuple(int(x) for x in a.shape.split("x"))] if a.shape else SHAPES[name]
+        for (M, N, K) in shapes:
             A = torch.randn(M, K, device="cuda", dtype=dt)
             B = torch.randn(K, N, device="cuda", dtype=dt)
             vals = {}
@@ -81,8 +84,9 @@ def main() -> None:
             if a.sweep:
                 kernels = _sweep(kernels[0], name)
             if a.gluon:
-                kernels = _gluon_variants(kernels[0], args) + [k for k in kernels
-                                                               if k.family.name == "hopper"][:2]
+                widths = [int(w) for w in a.block_n.split(",")]
+                kernels = _gluon_variants(kernels[0], args, widths) + [
+                    k for k in kernels if k.family.name == "hopper"][:2]
             for k in kernels:
                 t0 = time.time()
                 try:
@@ -127,20 +131,25 @@ def _sweep(base, name):
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
 
 
-def _gluon_variants(base, args):
-    """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8
-    (each with as many A/B stages as shared memory leaves, at least 4)."""
-    from evtfuse.backends.triton.families import GluonFamily, TileConfig
+def _gluon_variants(base, args, widths=(128,)):
+    """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8, tiles
+    128 x each of ``widths`` (each with as many A/B stages as shared memory leaves, at
+    least 4, at most 5 (6 for narrower tiles))."""
+    from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, TileConfig
+    from evtfuse.backends.triton.gluon_codegen import buffers
     from evtfuse.runtime.kernel import Kernel
 
     fam = GluonFamily()
+    dag = args.optimized_dag
     out = []
-    for sp in (1, 2, 4):
-        for g in (8, 4):
-            stages = fam._stages(args.optimized_dag, sp, args.A.element_size())
-            if stages >= 4:
-                out.append(Kernel(fam, TileConfig(128, 128, 64, g, 4, stages, epi_split=sp),
-                                  base.target))
+    for bn in widths:
+        for sp in (1, 2, 4):
+            epi = buffers(dag).smem_bytes(128, bn, bn // sp)
+            stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
+            for g in (8, 4):
+                if stages >= 4:
+                    out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, stages, epi_split=sp),
+                                      base.target))
     return out
 
 

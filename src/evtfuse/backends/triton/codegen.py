@@ -58,7 +58,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "20"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "21"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -200,21 +200,31 @@ class _Epilogue:
 
     def program_reduced(self, o) -> bool:
         """A whole-output reduction kept in registers across all tiles of a persistent
-        program (one partial per program, not per tile): the cross-warp step runs once."""
-        return self.spec.family == "hopper" and o.kind is OutputKind.SCALAR and not o.batched
+        program (one partial per program, per consumer warpgroup in the gluon family,
+        not per tile): the cross-warp step and the ticket run once, after the last tile."""
+        return self.spec.family in TMA_FAMILIES and o.kind is OutputKind.SCALAR and not o.batched
 
-    def program_accumulators(self, indent: str) -> list[str]:
+    def program_accumulators(self, indent: str, like: str | None = None) -> list[str]:
+        """The accumulators ``program_reduced`` outputs carry across tiles: one value per
+        tile row. ``like``: a sub-tile whose row sums have the layout they must have (a
+        Gluon consumer's column pieces)."""
         lines = []
         for o in reduce_outputs(self.dag):
             if self.program_reduced(o):
                 u = uname(o.name)
                 ident = _lit(OPS[o.node.op].reduce_identity)
-                lines.append(f"{indent}pacc_{u} = tl.full((BLOCK_M,), {ident}, tl.float32)")
+                zeros = f"tl.sum({like}, axis=1)" if like else "tl.zeros((BLOCK_M,), tl.float32)"
+                full = f"{zeros} + {ident}" if like else f"tl.full((BLOCK_M,), {ident}, tl.float32)"
+                lines.append(f"{indent}pacc_{u} = {full}")
                 if o.node.op == "logsumexp":
-                    lines.append(f"{indent}pacc_{u}_s = tl.zeros((BLOCK_M,), tl.float32)")
+                    lines.append(f"{indent}pacc_{u}_s = {zeros}")
         return lines
 
-    def program_finish(self, indent: str) -> list[str]:
+    def program_finish(self, indent: str, slot: str = "start", count: str = "tl.num_programs(0)",
+                       lane: str = "tl.arange(0, BLOCK_M)", barrier: str = "tl.debug_barrier()"
+                       ) -> list[str]:
+        """After a program's (a consumer's) last tile: its partial goes to workspace entry
+        ``slot`` of ``count``; the last to arrive combines them (``lane``-wide reads)."""
         lines = []
         for o in reduce_outputs(self.dag):
             if not self.program_reduced(o):
@@ -223,16 +233,14 @@ class _Epilogue:
             row = OPS[o.node.op]
             if o.node.op == "logsumexp":
                 lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pacc_{u}, pacc_{u}_s)")
-                lines.append(f"{indent}tl.store({u}_ws + start, pm_{u})")
-                lines.append(f"{indent}tl.store({u}_ws2 + start, ps_{u})")
+                lines.append(f"{indent}tl.store({u}_ws + {slot}, pm_{u})")
+                lines.append(f"{indent}tl.store({u}_ws2 + {slot}, ps_{u})")
             elif o.node.op == "sum":
-                lines.append(f"{indent}tl.store({u}_ws + start, tl.sum(pacc_{u}, axis=0))")
+                lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.sum(pacc_{u}, axis=0))")
             else:
-                lines.append(f"{indent}tl.store({u}_ws + start, tl.reduce(pacc_{u}, 0, {row.triton}))")
+                lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.reduce(pacc_{u}, 0, {row.triton}))")
             if combined_in_kernel(o, self.spec.family):
-                tile = _TritonTile()
-                lines += self._combine_scalar(o, tile.lane(), "0", "0", "tl.num_programs(0)",
-                                              tile.barrier(), indent)
+                lines += self._combine_scalar(o, lane, "0", "0", count, barrier, indent)
         return lines
 
     def fold_finish(self, count: str, lane: str, barrier: str, indent: str) -> list[str]:
@@ -670,12 +678,12 @@ def _portable_source(spec: KernelSpec) -> str:
     return "\n".join(helper + lines) + "\n"
 
 
-def _split_lines(split: int, indent: str) -> tuple[list[str], list[str]]:
-    """Code splitting ``acc`` into ``split`` column pieces (left to right) and their names."""
+def _split_lines(split: int, indent: str, root: str = "acc") -> tuple[list[str], list[str]]:
+    """Code splitting ``root`` into ``split`` column pieces (left to right) and their names."""
     if split == 1:
-        return [], ["acc"]
+        return [], [root]
     lines: list[str] = []
-    pieces = ["acc"]
+    pieces = [root]
     width = "BLOCK_N"
     level = 0
     while len(pieces) < split:

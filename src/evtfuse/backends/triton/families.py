@@ -782,9 +782,11 @@ class GluonFamily(KernelFamily):
         items: list[Any] = [*_operand_getters(spec, config, _gluon_descriptor), args.M, args.N,
                             args.K, args.L]
         items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter(dag))
-        red_items, post = _reduction_items(args, dag, config, "gluon")
-        items += red_items
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn)
+        # one whole-output partial per consumer warpgroup, two per program
+        red_items, post = _reduction_items(args, dag, config, "gluon",
+                                           programs=2 * min(_sms(target), tiles))
+        items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       NUM_STAGES=config.num_stages, CONSUMER_REGS=232, PRODUCER_REGS=40,
                       num_warps=4)

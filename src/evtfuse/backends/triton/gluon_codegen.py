@@ -303,6 +303,12 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     L += [f"{I1}{name}_c = {name}.index(WHICH)" for name in tile_bufs]
     L += epi.prologue(I1)
+    if any(epi.program_reduced(o) for o in reduce_outputs(dag)):
+        # whole-output reductions accumulate row sums across this consumer's tiles in the
+        # layout of a column piece's row sums (a zero tile split as the tiles are)
+        zero_lines, zero_pieces = _split_lines(spec.epi_split, I1, root="pz")
+        L += [f"{I1}pz = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout={LAYOUT})", *zero_lines]
+        L += epi.program_accumulators(I1, like=zero_pieces[0])
     L += [
         f"{I1}for r in range((my_tiles - WHICH + 1) // 2):",
         f"{I2}t = 2 * r + WHICH",
@@ -346,6 +352,9 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     if piece_bufs:
         L.append(f"{I1}tma.store_wait(pendings=0)")
+    L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
+                            lane="gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))",
+                            barrier="gl.thread_barrier()")
     L += epi.fold_finish("2 * nprog", f"gl.arange(0, {_FOLD_FINISH}, layout=gl.BlockedLayout("
                          f"[{_FOLD_FINISH // 128}], [32], [4], [0]))", "gl.thread_barrier()", I1)
     L += ["", ""]
