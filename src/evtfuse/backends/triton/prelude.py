@@ -11,6 +11,19 @@ from __future__ import annotations
 import re
 
 HELPERS: dict[str, str] = {
+    "_ef_ex2_ftz": '''
+@triton.jit
+def _ef_ex2_ftz(x):
+    # 2^x on MUFU.EX2 without its subnormal handling: results below 2^-126 flush to 0
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+''',
+    "_ef_log1p_series": '''
+@triton.jit
+def _ef_log1p_series(t):
+    # log(1 + t) by its series up to t^6: relative error < 1e-8 for |t| < 1/16
+    return t * (1.0 - t * (0.5 - t * (0.3333333333333333 - t * (0.25 - t * (0.2 - t * 0.16666666666666666)))))
+''',
     "_ef_sigmoid": '''
 @triton.jit
 def _ef_sigmoid(x):
@@ -21,8 +34,7 @@ def _ef_sigmoid(x):
 def _ef_sigmoid_cuda(x):
     # MUFU.EX2 and MUFU.RCP without their subnormal handling (5 instructions instead of 10):
     # results below 2^-126 (x < -87.3) flush to 0; inf, -inf and NaN as torch
-    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * -1.4426950408889634],
-                                  dtype=tl.float32, is_pure=True, pack=1)
+    e = _ef_ex2_ftz(x * -1.4426950408889634)
     return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e],
                                      dtype=tl.float32, is_pure=True, pack=1)
 ''',
@@ -32,7 +44,7 @@ def _ef_log_sigmoid(x):
     # min(x, 0) - log1p(exp(-|x|)); log1p by its series below 1/16 (relative error < 1e-8),
     # where log(1 + e) would lose e's low bits
     e = tl.exp(-tl.abs(x))
-    p = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (0.2 - e * 0.16666666666666666)))))
+    p = _ef_log1p_series(e)
     l1p = tl.where(e < 0.0625, p, tl.log(1.0 + e))
     return tl.where(x < 0.0, x, 0.0) - l1p
 ''',
@@ -40,11 +52,10 @@ def _ef_log_sigmoid(x):
 @triton.jit
 def _ef_log_sigmoid_cuda(x):
     # as _ef_log_sigmoid with MUFU.EX2/MUFU.LG2 (1 + e is in [1, 2]: no subnormal handling)
-    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [tl.abs(x) * -1.4426950408889634],
-                                  dtype=tl.float32, is_pure=True, pack=1)
+    e = _ef_ex2_ftz(tl.abs(x) * -1.4426950408889634)
     l2 = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e],
                                    dtype=tl.float32, is_pure=True, pack=1)
-    p = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (0.2 - e * 0.16666666666666666)))))
+    p = _ef_log1p_series(e)
     l1p = tl.where(e < 0.0625, p, l2 * 0.6931471805599453)
     return tl.where(x < 0.0, x, 0.0) - l1p
 ''',
@@ -72,7 +83,7 @@ def _ef_log_cuda(x):
     l2 = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x],
                                    dtype=tl.float32, is_pure=True, pack=1)
     t = x - 1.0
-    p = t * (1.0 - t * (0.5 - t * (0.3333333333333333 - t * (0.25 - t * (0.2 - t * 0.16666666666666666)))))
+    p = _ef_log1p_series(t)
     return tl.where(tl.abs(t) < 0.0625, p, l2 * 0.6931471805599453)
 ''',
     "_ef_gelu": '''
@@ -148,8 +159,7 @@ def _ef_lse_part_cuda(x, AXIS: tl.constexpr):
     m = tl.reduce(x, AXIS, _ef_maximum)
     safe = tl.where(m == float('-inf'), 0.0, m)
     d = (x - tl.expand_dims(safe, AXIS)) * 1.4426950408889634
-    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [d],
-                                  dtype=tl.float32, is_pure=True, pack=1)
+    e = _ef_ex2_ftz(d)
     return m, tl.sum(e, axis=AXIS)
 ''',
     "_ef_lse_combine": '''
