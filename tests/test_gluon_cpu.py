@@ -82,7 +82,12 @@ def test_configs_fit_shared_memory_or_refuse():
     cfgs = fam.configs(ab, H100)
     assert cfgs and all(c.num_stages == 5 for c in cfgs)
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
-    assert [c.num_stages for c in fam.configs(two, H100)] == [4, 4]  # C/D tiles + F pieces
+    # D staged in C's tiles; F's pieces would leave 4 stages, so F is stored from registers
+    cfgs = fam.configs(two, H100)
+    assert [c.num_stages for c in cfgs] == [5, 5, 5, 5]
+    assert {fam.spec(two, c, H100).direct for c in cfgs} == {("F",)}
+    assert fam._ring(two.optimized_dag, 4, 2, ()) == 4  # with F's pieces in shared memory
+    assert fam.spec(ab, cfgs[0], H100).direct == ()  # alpha-beta stages D in C's tiles
     many = _args("def epi(accum, C, X, Y): D = accum + C + X + Y; return D",
                  C=torch.randn(M, N).to(BF), X=torch.randn(M, N).to(BF), Y=torch.randn(M, N).to(BF))
     assert fam.configs(many, H100) == []  # three aux tiles: 192 KB

@@ -49,16 +49,18 @@ class KernelSpec:
     cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
     prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
     int_acc: bool = False  # int8/uint8 inputs accumulated in int32
+    direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
-                         str(int(self.prefetch)), str(int(self.int_acc)), GENERATOR_VERSION])
+                         str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
+                         GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "21"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "22"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -101,8 +103,9 @@ def staged_vector(spec, family: str) -> bool:
         and spec.dtype in STAGED_VECTOR_DTYPES
 
 
-def epilogue_params(dag: Dag, family: str) -> list[str]:
-    """Kernel parameters for the epilogue's operands and outputs, in a fixed order."""
+def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = ()) -> list[str]:
+    """Kernel parameters for the epilogue's operands and outputs, in a fixed order
+    (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``)."""
     params: list[str] = []
     for spec in dag.used_operands:
         u = uname(spec.name)
@@ -122,7 +125,8 @@ def epilogue_params(dag: Dag, family: str) -> list[str]:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in full_outputs(dag):
         u = uname(o.name)
-        params += [f"{u}_desc"] if family in TMA_FAMILIES else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+        tma = family in TMA_FAMILIES and o.name not in direct
+        params += [f"{u}_desc"] if tma else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in vector_outputs(dag):
         u = uname(o.name)
         params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]

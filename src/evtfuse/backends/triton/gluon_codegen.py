@@ -57,12 +57,16 @@ class Buffers:
     in two buffers per consumer and TMA-stored by the consumer itself, so they cost
     ``2 * BLOCK_M * SUB_N`` elements per consumer instead of a whole tile. ``vectors``
     (operand name, dtype, per-row?): per-row/per-column operands TMA-loaded with the aux
-    tiles, ``BLOCK_M`` or ``BLOCK_N`` elements per consumer (``codegen.staged_vector``)."""
+    tiles, ``BLOCK_M`` or ``BLOCK_N`` elements per consumer (``codegen.staged_vector``).
+    ``direct_stores``: outputs the consumer stores from registers with masked global
+    stores (``KernelSpec.direct``, chosen by ``GluonFamily`` where the shared memory their
+    pieces would take costs A/B stages): no buffer."""
 
     loads: tuple[tuple[str, torch.dtype], ...]
     tile_stores: tuple[tuple[str, str], ...]
     piece_stores: tuple[tuple[str, torch.dtype], ...]
     vectors: tuple[tuple[str, torch.dtype, bool], ...] = ()
+    direct_stores: tuple[str, ...] = ()
 
     @property
     def own(self) -> list[tuple[str, str]]:
@@ -80,20 +84,23 @@ class Buffers:
         return tiles + pieces + vectors
 
 
-def buffers(dag: Dag) -> Buffers:
+def buffers(dag: Dag, direct: tuple[str, ...] = ()) -> Buffers:
     vectors = tuple((s.name, s.dtype, s.kind is OperandKind.PER_ROW) for s in dag.used_operands
                     if staged_vector(s, "gluon"))
     loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
     free = list(loads)
     tile, piece = [], []
     for o in full_outputs(dag):
+        if o.name in direct:
+            continue
         match = next((ld for ld in free if ld[1] == o.dtype), None)
         if match is not None:
             free.remove(match)
             tile.append((o.name, f"lb_{uname(match[0])}"))
         else:
             piece.append((o.name, o.dtype))
-    return Buffers(loads, tuple(tile), tuple(piece), vectors)
+    return Buffers(loads, tuple(tile), tuple(piece), vectors,
+                   tuple(o.name for o in full_outputs(dag) if o.name in direct))
 
 
 @dataclass
@@ -137,6 +144,10 @@ class _GluonTile:
                 f".to(tl.float32)[None, :]")
 
     def store_full(self, u: str, value: str, batched: bool) -> str:
+        if any(uname(n) == u for n in self.bufs.direct_stores):  # from registers
+            return (f"tl.store({u}_ptr + {self.rm}[:, None].to(tl.int64) * {u}_sm + "
+                    f"{self.rn}[None, :].to(tl.int64) * {u}_sn, ({value}).to({u}_ptr.dtype.element_ty), "
+                    f"mask=({self.rm}[:, None] < M) & ({self.rn}[None, :] < N))")
         tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
         if u in tile:  # the epilogue-memory warp stores the whole tile later
             buf = f"{tile[u]}_c"
@@ -171,9 +182,9 @@ def _coords(trans: bool, row: str, k: str) -> str:
 
 def _kernel_source(spec: KernelSpec) -> str:
     dag = spec.dag
-    bufs = buffers(dag)
+    bufs = buffers(dag, spec.direct)
     epi = _Epilogue(spec)
-    params = epilogue_params(dag, "gluon")
+    params = epilogue_params(dag, "gluon", spec.direct)
     # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
     # rest (piece-staged outputs' descriptors included) to the consumers
     piece_descs = {f"{uname(n)}_desc" for n, _ in bufs.piece_stores}
