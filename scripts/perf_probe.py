@@ -46,6 +46,8 @@ def main() -> None:
                    help="time gluon variants (epilogue split x GROUP_M) and the best hopper config")
     p.add_argument("--block-n", default="128", help="gluon variants' tile widths, e.g. 128,64")
     p.add_argument("--shape", default="", help="MxNxK instead of the cases' shapes")
+    p.add_argument("--stages", default="", help="gluon variants at these A/B stage counts "
+                   "(e.g. 3,4,5) instead of as many as shared memory leaves")
     a = p.parse_args()
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
@@ -85,7 +87,8 @@ def main() -> None:
                 kernels = _sweep(kernels[0], name)
             if a.gluon:
                 widths = [int(w) for w in a.block_n.split(",")]
-                kernels = _gluon_variants(kernels[0], args, widths) + [
+                stages = [int(x) for x in a.stages.split(",")] if a.stages else None
+                kernels = _gluon_variants(kernels[0], args, widths, stages) + [
                     k for k in kernels if k.family.name == "hopper"][:2]
             for k in kernels:
                 t0 = time.time()
@@ -131,10 +134,10 @@ def _sweep(base, name):
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
 
 
-def _gluon_variants(base, args, widths=(128,)):
+def _gluon_variants(base, args, widths=(128,), stage_counts=None):
     """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8, tiles
     128 x each of ``widths`` (each with as many A/B stages as shared memory leaves, at
-    least 4, at most 5 (6 for narrower tiles))."""
+    least 4, at most 5 (6 for narrower tiles)), or at each of ``stage_counts``."""
     from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, TileConfig
     from evtfuse.backends.triton.gluon_codegen import buffers
     from evtfuse.runtime.kernel import Kernel
@@ -147,8 +150,8 @@ def _gluon_variants(base, args, widths=(128,)):
             epi = buffers(dag).smem_bytes(128, bn, bn // sp)
             stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
             for g in (8, 4):
-                if stages >= 4:
-                    out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, stages, epi_split=sp),
+                for st in stage_counts or ([stages] if stages >= 4 else []):
+                    out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, st, epi_split=sp),
                                       base.target))
     return out
 
