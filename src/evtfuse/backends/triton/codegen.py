@@ -133,11 +133,18 @@ def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = ()) -> list
     for o in reduce_outputs(dag):
         u = uname(o.name)
         if combined_in_kernel(o, family) or atomic_folded(o):
-            params += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"]
-            params += [] if o.kind is OutputKind.SCALAR else [f"{u}_os"]
+            params += _written_params(o)
         else:
             params += [f"{u}_ws", f"{u}_ws2"] if o.node.op == "logsumexp" else [f"{u}_ws"]
     return params
+
+
+def _written_params(o) -> list[str]:
+    """The parameters of a reduction output the kernel writes itself: workspace, ticket
+    counter, output pointer, batch stride and (per row/column) element stride."""
+    u = uname(o.name)
+    return [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"] + (
+        [] if o.kind is OutputKind.SCALAR else [f"{u}_os"])
 
 
 def reduce_outputs(dag: Dag):
@@ -247,7 +254,8 @@ class _Epilogue:
                 lines += self._combine_scalar(o, lane, "0", "0", count, barrier, indent)
         return lines
 
-    def fold_finish(self, count: str, lane: str, barrier: str, indent: str) -> list[str]:
+    def fold_finish(self, count: str, indent: str, lane: str = f"tl.arange(0, {_FOLD_FINISH})",
+                    barrier: str = "tl.debug_barrier()") -> list[str]:
         """After a program's last tile (``atomic_folded`` outputs): a ticket per program;
         the last of ``count`` copies each workspace into its output (``lane``: an index
         vector of ``_FOLD_FINISH`` elements) and resets it to the identity."""
@@ -277,12 +285,7 @@ class _Epilogue:
 
     def fold_names(self) -> list[str]:
         """The kernel parameters ``fold_finish`` reads (see ``epilogue_params``)."""
-        names: list[str] = []
-        for o in reduce_outputs(self.dag):
-            if atomic_folded(o):
-                u = uname(o.name)
-                names += [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl", f"{u}_os"]
-        return names
+        return [p for o in reduce_outputs(self.dag) if atomic_folded(o) for p in _written_params(o)]
 
     @staticmethod
     def _program_level(n: Node) -> bool:
@@ -672,8 +675,7 @@ def _portable_source(spec: KernelSpec) -> str:
     ]
     lines += epi.prologue(I1)
     lines += epi.body(_PortableTile(), I1)
-    finish = epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)",
-                             f"tl.arange(0, {_FOLD_FINISH})", "tl.debug_barrier()", I1)
+    finish = epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)", I1)
     helper: list[str] = []
     if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
         names = ", ".join(epi.fold_names() + ["M", "N", "L"])
@@ -802,8 +804,7 @@ def _hopper_source(spec: KernelSpec) -> str:
             lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         lines += epi.body(sub, I2, first=s == 0, last=s == len(pieces) - 1)
     lines += epi.program_finish(I1)
-    lines += epi.fold_finish("tl.num_programs(0)", f"tl.arange(0, {_FOLD_FINISH})",
-                             "tl.debug_barrier()", I1)
+    lines += epi.fold_finish("tl.num_programs(0)", I1)
     return "\n".join(lines) + "\n"
 
 

@@ -166,6 +166,11 @@ class _GluonTile:
         ])
 
 
+def _lane(n: int) -> str:
+    """An index vector of ``n`` elements spread over a consumer warpgroup's 128 threads."""
+    return f"gl.arange(0, {n}, layout=gl.BlockedLayout([{n // 128}], [32], [4], [0]))"
+
+
 # every partition's view of the persistent schedule: program p takes tiles p, p + nprog, ...
 _PROGRAM = [
     f"{I1}start = gl.program_id(0)",
@@ -363,11 +368,9 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     if piece_bufs:
         L.append(f"{I1}tma.store_wait(pendings=0)")
-    L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
-                            lane="gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))",
+    L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog", lane=_lane(128),
                             barrier="gl.thread_barrier()")
-    L += epi.fold_finish("2 * nprog", f"gl.arange(0, {_FOLD_FINISH}, layout=gl.BlockedLayout("
-                         f"[{_FOLD_FINISH // 128}], [32], [4], [0]))", "gl.thread_barrier()", I1)
+    L += epi.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH), barrier="gl.thread_barrier()")
     L += ["", ""]
     call = f"{cons_args}, {sizes}"
     for which in (0, 1):
