@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
 import triton.testing
 
 from evtfuse import get_kernels
@@ -27,10 +26,8 @@ def main() -> None:
     p.add_argument("--heat-s", type=float, default=5.0)
     a = p.parse_args()
     for cell in a.cells:
-        name, shape_s = cell.split("@")
-        w, shape = W.BY_NAME[name], W.parse_shape(shape_s)
-        v = W.make_inputs(w, shape, torch.bfloat16, "cuda", 0)
-        o = W.make_outputs(w, shape, torch.bfloat16, "cuda", poison=False)
+        w, shape = W.parse_cell(cell)
+        v, o = W.probe_set(w, shape)
         args = w.gemm_arguments(v["A"], v["B"], v, o)
         ks = get_kernels(args)
         pick = [next(k for k in ks if key in k.name) for key in (a.a, a.b)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 import triton.testing
 
 import evtfuse
@@ -30,14 +29,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     for cell in a.cells:
-        name, shape_s = cell.split("@")
-        w, shape = W.BY_NAME[name], W.parse_shape(shape_s)
-        first = W.make_inputs(w, shape, torch.bfloat16, "cuda", 0)
-        outs0 = W.make_outputs(w, shape, torch.bfloat16, "cuda", poison=False)
-        n = W.rotation_count(W.set_bytes(first, outs0))
-        sets = [(first, outs0)] + [(W.make_inputs(w, shape, torch.bfloat16, "cuda", k),
-                                    W.make_outputs(w, shape, torch.bfloat16, "cuda", poison=False))
-                                   for k in range(1, n)]
+        w, shape = W.parse_cell(cell)
+        first = W.probe_set(w, shape)
+        n = W.rotation_count(W.set_bytes(*first))
+        sets = [first] + [W.probe_set(w, shape, k) for k in range(1, n)]
 
         def gemm(s):
             v, o = s

@@ -39,6 +39,18 @@ def test_parse_shape_and_str():
                      "64x8192x8192"}
 
 
+def test_parse_cell_and_probe_set():
+    w, shape = W.parse_cell("alpha_beta@8192x8192x1024")
+    assert w is W.BY_NAME["alpha_beta"] and shape == (8192, 8192, 1024)
+    for bad in ("alpha_beta", "no_such@2048", "alpha_beta@8192x1024"):
+        with pytest.raises(ValueError):
+            W.parse_cell(bad)
+    v, o = W.probe_set(w, (24, 40, 16), seed=3, device="cpu")
+    assert v["A"].shape == (24, 16) and v["B"].shape == (16, 40) and v["A"].dtype == torch.bfloat16
+    assert torch.equal(v["A"], W.make_inputs(w, (24, 40, 16), torch.bfloat16, "cpu", 3)["A"])
+    assert o["D"].shape == (24, 40)
+
+
 def test_argparse_defaults_and_plan():
     args = build_parser().parse_args([])
     assert args.dtype == "bf16" and args.budget_s == 540 and not args.no_compile

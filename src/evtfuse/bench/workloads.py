@@ -435,7 +435,23 @@ def rotation_count(one_set_bytes: int, l2_bytes: int = 50 * 2**20, max_sets: int
     return max(2, min(max_sets, math.ceil(2 * l2_bytes / one_set_bytes)))
 
 
+def parse_cell(text: str) -> tuple[Workload, Shape]:
+    """``"alpha_beta@2048"`` (a cell as the probe scripts name it) -> workload and shape."""
+    name, sep, shape = text.partition("@")
+    if not sep:
+        raise ValueError(f"cell {text!r}: write workload@shape, e.g. alpha_beta@2048")
+    return select_workloads([name])[0], parse_shape(shape)
+
+
+def probe_set(w: Workload, shape: Shape, seed: int = 0, run_dtype: torch.dtype = torch.bfloat16,
+              device: Any = "cuda") -> tuple[dict[str, Any], dict[str, torch.Tensor | None]]:
+    """One input set and its outputs, not poisoned (for timing probes, not checks)."""
+    return (make_inputs(w, shape, run_dtype, device, seed),
+            make_outputs(w, shape, run_dtype, device, poison=False))
+
+
 __all__ = ["Workload", "Operand", "OutputSpec", "WORKLOADS", "BY_NAME", "DEFAULT_SHAPES",
            "QUICK_SHAPES", "QUICK_WORKLOADS", "LMHEAD_SHAPE", "parse_shape", "shape_str",
            "select_workloads", "cells_for", "flops", "count_bytes", "make_inputs",
-           "make_outputs", "rotation_count", "set_bytes", "DTYPES", "dtype_name"]
+           "make_outputs", "rotation_count", "set_bytes", "DTYPES", "dtype_name", "parse_cell",
+           "probe_set"]
