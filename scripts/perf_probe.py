@@ -48,6 +48,9 @@ def main() -> None:
     p.add_argument("--shape", default="", help="MxNxK instead of the cases' shapes")
     p.add_argument("--stages", default="", help="gluon variants at these A/B stage counts "
                    "(e.g. 3,4,5) instead of as many as shared memory leaves")
+    p.add_argument("--direct", choices=("auto", "all"), default="auto",
+                   help="gluon variants' outputs stored from registers: the family's choice, "
+                   "or every full output")
     a = p.parse_args()
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
@@ -88,7 +91,7 @@ def main() -> None:
             if a.gluon:
                 widths = [int(w) for w in a.block_n.split(",")]
                 stages = [int(x) for x in a.stages.split(",")] if a.stages else None
-                kernels = _gluon_variants(kernels[0], args, widths, stages) + [
+                kernels = _gluon_variants(kernels[0], args, widths, stages, a.direct) + [
                     k for k in kernels if k.family.name == "hopper"][:2]
             for k in kernels:
                 t0 = time.time()
@@ -134,20 +137,31 @@ def _sweep(base, name):
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
 
 
-def _gluon_variants(base, args, widths=(128,), stage_counts=None):
+def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto"):
     """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8, tiles
     128 x each of ``widths`` (each with as many A/B stages as shared memory leaves, at
-    least 4, at most 5 (6 for narrower tiles)), or at each of ``stage_counts``."""
+    least 4, at most 5 (6 for narrower tiles)), or at each of ``stage_counts``; ``direct``
+    "all": every full output stored from registers (``KernelSpec.direct``)."""
+    from evtfuse.backends.triton.codegen import full_outputs
     from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, TileConfig
     from evtfuse.backends.triton.gluon_codegen import buffers
     from evtfuse.runtime.kernel import Kernel
 
-    fam = GluonFamily()
     dag = args.optimized_dag
+    fam = GluonFamily()
+    stored = ()
+    if direct == "all":
+        stored = tuple(o.name for o in full_outputs(dag))
+
+        class AllDirect(GluonFamily):
+            def _direct(self, dag, split, elt):
+                return stored
+
+        fam = AllDirect()
     out = []
     for bn in widths:
         for sp in (1, 2, 4):
-            epi = buffers(dag).smem_bytes(128, bn, bn // sp)
+            epi = buffers(dag, stored).smem_bytes(128, bn, bn // sp)
             stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
             for g in (8, 4):
                 for st in stage_counts or ([stages] if stages >= 4 else []):

@@ -2,6 +2,7 @@
 of an epilogue costs the time (a development tool; the benchmark suite is ``evtfuse bench``).
 
     PYTHONPATH=src python3 scripts/variant_probe.py [--shape 8192x8192x1024] [--only a,b] [--once NAME]
+        [--family gluon] [--mem-first eager]
 
 Each variant is an epilogue source with its operands; ``--once NAME`` runs the first gluon
 kernel of one variant a few times and exits (for ``ncu``).
@@ -10,6 +11,7 @@ kernel of one variant a few times and exits (for ``ncu``).
 from __future__ import annotations
 
 import argparse
+import ast
 
 import torch
 import triton.testing
@@ -28,6 +30,11 @@ VARIANTS = {
     "exp_only": "def epi(accum, bias, C): f = accum + bias; "
                 "t = (1.0 - C) * (-f) + exp(f); loss = sum(t); D = f; return D, loss",
     "row_sum": f"def epi(accum, bias, C): f = accum + bias; {BCE}; loss = sum(t); D = f; return D, loss",
+    # the parts of "sum_only": the vector, the C tile, the whole-output sum, each alone
+    "bias_only": "def epi(accum, bias): D = accum + bias; return D",
+    "c_only": "def epi(accum, bias, C): f = accum + bias; D = (1.0 - C) * (-f); return D",
+    "sum_acc": "def epi(accum): loss = sum(accum); D = accum; return D, loss",
+    "identity": "def epi(accum): D = accum; return D",
 }
 ROW_OUT = {"row_sum"}
 
@@ -36,8 +43,10 @@ def make_args(name: str, M: int, N: int, K: int) -> GemmArguments:
     dt = torch.bfloat16
     A = torch.randn(M, K, device="cuda", dtype=dt)
     B = torch.randn(K, N, device="cuda", dtype=dt)
+    params = [x.arg for x in ast.parse(VARIANTS[name]).body[0].args.args]
     ops = {"bias": torch.randn(N, device="cuda", dtype=dt),
            "C": (torch.rand(M, N, device="cuda") > 0.5).to(dt)}
+    ops = {k: v for k, v in ops.items() if k in params}
     if "loss" in VARIANTS[name]:  # D computed, not stored
         ops["loss"] = torch.empty(M, 1, device="cuda") if name in ROW_OUT \
             else torch.empty(1, device="cuda")
@@ -52,7 +61,14 @@ def main() -> None:
     p.add_argument("--shape", default="8192x8192x1024")
     p.add_argument("--only", default="")
     p.add_argument("--once", default="")
+    p.add_argument("--family", default="", help="time only this family's first kernel")
+    p.add_argument("--mem-first", default="", choices=("", "eager", "second", "stagger"),
+                   help="when the gluon family loads its first two tiles' aux tiles")
     a = p.parse_args()
+    if a.mem_first:
+        from evtfuse.backends.triton import gluon_codegen
+
+        gluon_codegen.MEM_FIRST = a.mem_first
     M, N, K = (int(x) for x in a.shape.split("x"))
     if a.once:
         args = make_args(a.once, M, N, K)
@@ -66,7 +82,8 @@ def main() -> None:
         args = make_args(name, M, N, K)
         seen = set()
         for k in get_kernels(args):
-            if k.family.name in seen or k.family.name == "portable":
+            if k.family.name in seen or k.family.name == "portable" or (
+                    a.family and k.family.name != a.family):
                 continue
             seen.add(k.family.name)
             ok = k.verify(args)

@@ -94,6 +94,37 @@ def test_configs_fit_shared_memory_or_refuse():
     assert fam._epilogue_smem(many.optimized_dag, fam._split(many.optimized_dag, 2)) == 192 * 1024
 
 
+def _kernel_source(args):
+    from evtfuse.backends.triton.codegen import generate
+
+    fam = GluonFamily()
+    return generate(fam.spec(args, fam.configs(args, H100)[0], H100))
+
+
+def _function(source, name):
+    """The text of generated function ``name`` (to the next blank line pair)."""
+    start = source.index(f"def {name}(")
+    return source[start:source.index("\n\n\n", start)]
+
+
+def test_second_tiles_aux_loads_wait_for_the_first_mainloop():
+    """The memory warp loads the first tile's aux tiles at once and the second tile's only
+    after consumer 0 has issued its first mainloop (a one-shot barrier), so that the second
+    does not compete with the ring's first fill; a kernel with no aux loads has no barrier."""
+    src = _kernel_source(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0))
+    mem = _function(src, "_ef_mem")
+    first, wait, second = (mem.index(x) for x in ("_ef_mem_issue(0,", "mbarrier.wait(c_go.index(0), 0)",
+                                                  "_ef_mem_issue(1,"))
+    assert first < wait < second
+    consumer = _function(src, "_ef_consumer")
+    # consumer 0 arrives once, after its first tile's mainloop is issued
+    arrive = consumer.index("mbarrier.arrive(c_go.index(0), pred=r == 0)")
+    assert consumer.index("if WHICH == 0:") < arrive
+    assert consumer.index("mbarrier.arrive(order.index(1 - WHICH))") < arrive
+    assert src.count("mbarrier.init(c_go.index(0), count=1)") == 1
+    assert "c_go" not in _kernel_source(_args("def epi(accum): D = accum; return D"))
+
+
 CASES = {
     "alpha_beta": (ALPHA_BETA, dict(C="full", alpha=1.0, beta=0.5)),
     "relu_aux_two_outputs": (RELU_AUX, dict(C="full", alpha=0.5, F="outbf")),
