@@ -2,7 +2,7 @@
 of an epilogue costs the time (a development tool; the benchmark suite is ``evtfuse bench``).
 
     PYTHONPATH=src python3 scripts/variant_probe.py [--shape 8192x8192x1024] [--only a,b] [--once NAME]
-        [--family gluon] [--mem-first eager]
+        [--family gluon] [--mem-first eager] [--no-piece-loop]
 
 Each variant is an epilogue source with its operands; ``--once NAME`` runs the first gluon
 kernel of one variant a few times and exits (for ``ncu``).
@@ -64,7 +64,13 @@ def main() -> None:
     p.add_argument("--family", default="", help="time only this family's first kernel")
     p.add_argument("--mem-first", default="", choices=("", "eager", "second", "stagger"),
                    help="when the gluon family loads its first two tiles' aux tiles")
+    p.add_argument("--no-piece-loop", action="store_true",
+                   help="the gluon family's epilogue pieces unrolled (no runtime loop)")
     a = p.parse_args()
+    if a.no_piece_loop:
+        from evtfuse.backends.triton import gluon_codegen
+
+        gluon_codegen.PIECE_LOOP = False
     if a.mem_first:
         from evtfuse.backends.triton import gluon_codegen
 

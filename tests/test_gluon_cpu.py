@@ -125,6 +125,36 @@ def test_second_tiles_aux_loads_wait_for_the_first_mainloop():
     assert "c_go" not in _kernel_source(_args("def epi(accum): D = accum; return D"))
 
 
+def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
+    """One copy of the epilogue body for the four column pieces (a loop with the piece's
+    slices selected at its top), where no per-tile reduction needs the piece's place and
+    no output is stored from registers; halves and the rest stay unrolled."""
+    from evtfuse.backends.triton.codegen import generate
+    from evtfuse.backends.triton.families import TileConfig
+
+    fam = GluonFamily()
+
+    def source(args, split):
+        return generate(fam.spec(args, TileConfig(128, 128, 64, 8, 4, 4, epi_split=split), H100))
+
+    bce = _args(CASES["bce"][0], bias=torch.randn(N), C=torch.randn(M, N).to(BF),
+                loss=torch.empty(1), D=None)
+    consumer = _function(source(bce, 4), "_ef_consumer")
+    assert "for k in range(4):" in consumer and consumer.count("_ef_log_sigmoid_cuda(") == 1
+    for j in range(4):  # each piece's C slice, once
+        assert consumer.count(f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).load(PL)") == 1
+    halves = _function(source(bce, 2), "_ef_consumer")
+    assert "for k in range(" not in halves and halves.count("_ef_log_sigmoid_cuda(") == 2
+    ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
+    consumer = _function(source(ab, 4), "_ef_consumer")
+    for j in range(4):  # D, staged in C's buffer, goes into its slice after the body
+        assert f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_u_D)" in consumer
+    amax = _args(CASES["row_amax"][0], amax=torch.empty(M, 1))  # per-row partials: unrolled
+    assert "for k in range(" not in _function(source(amax, 4), "_ef_consumer")
+    aux = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
+    assert "for k in range(" not in _function(source(aux, 4), "_ef_consumer")  # F direct
+
+
 CASES = {
     "alpha_beta": (ALPHA_BETA, dict(C="full", alpha=1.0, beta=0.5)),
     "relu_aux_two_outputs": (RELU_AUX, dict(C="full", alpha=0.5, F="outbf")),

@@ -109,7 +109,7 @@ class _GluonTile:
     layout ``layout`` (the wgmma layout, or the one ``split`` gives its pieces)."""
 
     bufs: Buffers
-    k: int
+    k: int | str  # a piece number, or the name of the piece loop's index (``loop``)
     acc: str
     layout: str
     rn: str
@@ -122,6 +122,7 @@ class _GluonTile:
     pid_n: str = "pid_n_c"
     mask: str = ""
     all_rn: tuple = ()
+    loop: bool = False  # in the runtime piece loop: slices were taken by ``_piece_select``
 
     def zeros(self) -> str:
         return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
@@ -133,6 +134,8 @@ class _GluonTile:
         return f"({self.rm} - pid_m_c * BLOCK_M)"
 
     def load_full(self, u: str, batched: bool) -> str:
+        if self.loop:
+            return f"ld_{u}.to(tl.float32)"
         return f"lb_{u}_c.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
 
     def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
@@ -140,6 +143,8 @@ class _GluonTile:
             return vector_load(u, kind, bofs, self.rm, self.rn)
         if kind is OperandKind.PER_ROW:
             return f"vb_{u}_c.load(gl.SliceLayout(1, {self.layout})).to(tl.float32)[:, None]"
+        if self.loop:
+            return f"lv_{u}.to(tl.float32)[None, :]"
         return (f"vb_{u}_c.slice({self.k} * SUB_N, SUB_N).load(gl.SliceLayout(0, {self.layout}))"
                 f".to(tl.float32)[None, :]")
 
@@ -151,12 +156,15 @@ class _GluonTile:
         tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
         if u in tile:  # the epilogue-memory warp stores the whole tile later
             buf = f"{tile[u]}_c"
+            if self.loop:  # stored into its slice after the body (``_piece_stores``)
+                return f"st_{u} = ({value}).to({buf}.dtype)"
             return f"{buf}.slice({self.k} * SUB_N, SUB_N, dim=1).store(({value}).to({buf}.dtype))"
         # staged in one of this consumer's two piece buffers, stored by TMA from here: the
         # buffer's previous store (two pieces ago) is done once at most 2n - 1 of the n
         # piece outputs' later stores are pending (bulk groups complete in order)
         n = len(self.bufs.piece_stores)
-        buf = f"ob_{u}.index(WHICH * 2 + {self.k % 2})"
+        parity = f"{self.k} % 2" if self.loop else self.k % 2
+        buf = f"ob_{u}.index(WHICH * 2 + {parity})"
         return "; ".join([
             f"tma.store_wait(pendings={2 * n - 1})",
             f"{buf}.store(({value}).to(ob_{u}.dtype))",
@@ -164,6 +172,51 @@ class _GluonTile:
             f"tma.async_copy_shared_to_global({u}_desc, [pid_m_c * BLOCK_M, pid_n_c * BLOCK_N "
             f"+ {self.k} * SUB_N], {buf})",
         ])
+
+
+# the epilogue's quarters in a runtime loop (one copy of the body, not four) where the
+# body does not depend on the piece's place (no per-tile reductions): the exposed last
+# epilogue of a small problem stalls on instruction fetch (H100, BCE loss, quarters: 8,600
+# -> 4,024 SASS instructions; 2048^3 0.0395 -> 0.038 ms, 8192x8192x1024 0.263 -> 0.258).
+# Not for halves or outputs stored from registers: every piece stays live through the
+# loop, and there ptxas spilled (offline sm_90: BCE halves 161, relu with an aux output 198
+# local accesses)
+PIECE_LOOP = True
+
+
+def _piece_loop(epi: _Epilogue, spec: KernelSpec) -> bool:
+    return PIECE_LOOP and spec.epi_split == 4 and not spec.direct and all(
+        epi.program_reduced(o) for o in reduce_outputs(spec.dag))
+
+
+def _piece_select(bufs: Buffers, pieces: list[str], indent: str) -> list[str]:
+    """At the top of the piece loop: piece ``k`` of the accumulator and the slices of the
+    aux tiles and column vectors it needs (shared-memory slices take constant offsets)."""
+    inner = indent + "    "
+    lines = []
+    for j, piece in enumerate(pieces):
+        head = "if k == 0:" if j == 0 else ("else:" if j == len(pieces) - 1 else f"elif k == {j}:")
+        lines += [f"{indent}{head}", f"{inner}pc = {piece}"]
+        lines += [f"{inner}ld_{uname(n)} = lb_{uname(n)}_c.slice({j} * SUB_N, SUB_N, dim=1).load(PL)"
+                  for n, _ in bufs.loads]
+        lines += [f"{inner}lv_{uname(n)} = vb_{uname(n)}_c.slice({j} * SUB_N, SUB_N)"
+                  f".load(gl.SliceLayout(0, PL))" for n, _, row in bufs.vectors if not row]
+    return lines
+
+
+def _piece_stores(bufs: Buffers, count: int, indent: str) -> list[str]:
+    """At the bottom of the piece loop: the values of outputs staged in a load's tile
+    buffer go into their slice."""
+    if not bufs.tile_stores:
+        return []
+    inner = indent + "    "
+    lines = []
+    for j in range(count):
+        head = "if k == 0:" if j == 0 else ("else:" if j == count - 1 else f"elif k == {j}:")
+        lines.append(f"{indent}{head}")
+        lines += [f"{inner}{buf}_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_{uname(n)})"
+                  for n, buf in bufs.tile_stores]
+    return lines
 
 
 def _lane(n: int) -> str:
@@ -370,6 +423,22 @@ def _kernel_source(spec: KernelSpec) -> str:
     # transcendental-heavy epilogues (ptxas spills)
     split_lines, pieces = _split_lines(spec.epi_split, I2)
     L += split_lines
+    if _piece_loop(epi, spec):
+        L += [
+            f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
+            f"{I2}rm = pid_m_c * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, PL))",
+            f"{I2}for k in range({len(pieces)}):",
+            *_piece_select(bufs, pieces, I3),
+            f"{I3}rn = pid_n_c * BLOCK_N + k * SUB_N + gl.arange(0, SUB_N, "
+            "layout=gl.SliceLayout(0, PL))",
+        ]
+        if reduce_outputs(dag):
+            L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
+        sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", suffix="", first_sub="k == 0",
+                         mask="mask", loop=True)
+        L += epi.body(sub, I3)
+        L += _piece_stores(bufs, len(pieces), I3)
+        pieces = []
     for k, piece in enumerate(pieces):
         layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
         rn = f"rn{k}"
