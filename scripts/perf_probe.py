@@ -48,9 +48,9 @@ def main() -> None:
     p.add_argument("--shape", default="", help="MxNxK instead of the cases' shapes")
     p.add_argument("--stages", default="", help="gluon variants at these A/B stage counts "
                    "(e.g. 3,4,5) instead of as many as shared memory leaves")
-    p.add_argument("--direct", choices=("auto", "all"), default="auto",
+    p.add_argument("--direct", choices=("auto", "all", "none"), default="auto",
                    help="gluon variants' outputs stored from registers: the family's choice, "
-                   "or every full output")
+                   "every full output, or none")
     a = p.parse_args()
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
@@ -141,7 +141,7 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto")
     """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8, tiles
     128 x each of ``widths`` (each with as many A/B stages as shared memory leaves, at
     least 4, at most 5 (6 for narrower tiles)), or at each of ``stage_counts``; ``direct``
-    "all": every full output stored from registers (``KernelSpec.direct``)."""
+    "all"/"none": every/no full output stored from registers (``KernelSpec.direct``)."""
     from evtfuse.backends.triton.codegen import full_outputs
     from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, TileConfig
     from evtfuse.backends.triton.gluon_codegen import buffers
@@ -150,18 +150,19 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto")
     dag = args.optimized_dag
     fam = GluonFamily()
     stored = ()
-    if direct == "all":
-        stored = tuple(o.name for o in full_outputs(dag))
+    if direct != "auto":
+        stored = tuple(o.name for o in full_outputs(dag)) if direct == "all" else ()
 
-        class AllDirect(GluonFamily):
+        class Direct(GluonFamily):
             def _direct(self, dag, split, elt):
                 return stored
 
-        fam = AllDirect()
+        fam = Direct()
     out = []
     for bn in widths:
         for sp in (1, 2, 4):
-            epi = buffers(dag, stored).smem_bytes(128, bn, bn // sp)
+            out_direct = stored if direct != "auto" else fam._direct(dag, sp, args.A.element_size())
+            epi = buffers(dag, out_direct).smem_bytes(128, bn, bn // sp)
             stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
             for g in (8, 4):
                 for st in stage_counts or ([stages] if stages >= 4 else []):

@@ -84,8 +84,9 @@ def test_configs_fit_shared_memory_or_refuse():
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
     # D staged in C's tiles; F's pieces would leave 4 stages, so F is stored from registers
     cfgs = fam.configs(two, H100)
-    assert [c.num_stages for c in cfgs] == [5, 5, 5, 5]
-    assert {fam.spec(two, c, H100).direct for c in cfgs} == {("F",)}
+    assert [c.num_stages for c in cfgs] == [5, 5, 5, 5, 4]
+    assert [fam.spec(two, c, H100).direct for c in cfgs] == [("F",)] * 4 + [()]
+    assert cfgs[-1].epi_split == 4  # every output staged: quarters, 4 stages
     assert fam._ring(two.optimized_dag, 4, 2, ()) == 4  # with F's pieces in shared memory
     assert fam.spec(ab, cfgs[0], H100).direct == ()  # alpha-beta stages D in C's tiles
     many = _args("def epi(accum, C, X, Y): D = accum + C + X + Y; return D",
@@ -134,8 +135,9 @@ def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
 
     fam = GluonFamily()
 
-    def source(args, split):
-        return generate(fam.spec(args, TileConfig(128, 128, 64, 8, 4, 4, epi_split=split), H100))
+    def source(args, split, stages=4):
+        return generate(fam.spec(args, TileConfig(128, 128, 64, 8, 4, stages, epi_split=split),
+                                 H100))
 
     bce = _args(CASES["bce"][0], bias=torch.randn(N), C=torch.randn(M, N).to(BF),
                 loss=torch.empty(1), D=None)
@@ -152,7 +154,8 @@ def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
     amax = _args(CASES["row_amax"][0], amax=torch.empty(M, 1))  # per-row partials: unrolled
     assert "for k in range(" not in _function(source(amax, 4), "_ef_consumer")
     aux = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
-    assert "for k in range(" not in _function(source(aux, 4), "_ef_consumer")  # F direct
+    assert "for k in range(" not in _function(source(aux, 4, stages=5), "_ef_consumer")  # F direct
+    assert "for k in range(4):" in _function(source(aux, 4), "_ef_consumer")  # F staged
 
 
 CASES = {
