@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--only", default="")
     p.add_argument("--once", default="")
     p.add_argument("--family", default="", help="time only this family's first kernel")
-    p.add_argument("--mem-first", default="", choices=("", "eager", "second", "stagger"),
+    p.add_argument("--mem-first", default="", choices=("", "eager", "second"),
                    help="when the gluon family loads its first two tiles' aux tiles")
     p.add_argument("--no-piece-loop", action="store_true",
                    help="the gluon family's epilogue pieces unrolled (no runtime loop)")

@@ -238,21 +238,16 @@ _PROGRAM = [
 # both at the start; "second" the second tile's once the first consumer's first mainloop
 # is issued (a one-shot barrier, ``c_go``), so that it does not compete with the A/B ring's
 # first fill and the first tile's aux loads (H100, 2048^3, C tile loaded: 0.0362 ->
-# 0.0339 ms); "stagger" (a probe) also waits for the ring's first fill before the first
-# tile's (a parity wait on a reused barrier: not safe to ship)
+# 0.0339 ms; also waiting for the ring's first fill before the first tile's was no better)
 MEM_FIRST = "second"
 
 
-def _first_loads(loads: bool, tail: str) -> list[str]:
-    """The memory warp's aux loads for tiles 0 and 1 (``MEM_FIRST``)."""
+def _first_loads(staged: bool, tail: str) -> list[str]:
+    """The memory warp's aux loads for tiles 0 and 1 (``staged``: the second waits)."""
     issue = f"_ef_mem_issue({{t}}, start, nprog, num_pid_m, num_pid_n, c_ready, {tail})"
-    first = [f"{I1}{issue.format(t=0)}", f"{I1}if my_tiles > 1:"]
-    if loads and MEM_FIRST == "stagger":
-        first.insert(0, f"{I1}mbarrier.wait(ready.index(gl.minimum(NUM_STAGES, "
-                        "gl.cdiv(K, BLOCK_K)) - 1), 0)")
-    if loads and MEM_FIRST != "eager":
-        first.append(f"{I2}mbarrier.wait(c_go.index(0), 0)  # consumer 0's first mainloop issued")
-    return first + [f"{I2}{issue.format(t=1)}"]
+    wait = [f"{I2}mbarrier.wait(c_go.index(0), 0)  # consumer 0's first mainloop issued"]
+    return [f"{I1}{issue.format(t=0)}", f"{I1}if my_tiles > 1:", *(wait if staged else []),
+            f"{I2}{issue.format(t=1)}"]
 
 
 def _coords(trans: bool, row: str, k: str) -> str:
@@ -318,9 +313,9 @@ def _kernel_source(spec: KernelSpec) -> str:
     load_bytes = " + ".join(f"{u}_desc.block_type.nbytes"
                             for u in load_names + [v for v, _ in vec_names]) or "0"
     mem = "".join(f"{a}, " for a in descs + tile_bufs)  # the memory warp's own arguments
-    # the one-shot barrier of MEM_FIRST (and the ring's, for its "stagger" probe)
-    staged = bool(load_names or vec_names) and MEM_FIRST != "eager"
-    go = ("ready, c_go, " if MEM_FIRST == "stagger" else "c_go, ") if staged else ""
+    # the one-shot barrier of MEM_FIRST
+    staged = bool(load_names or vec_names) and MEM_FIRST == "second"
+    go = "c_go, " if staged else ""
     L += [
         "@gluon.jit",
         f"def _ef_mem_issue(t, start, nprog, num_pid_m, num_pid_n, c_ready, "
@@ -347,7 +342,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         "@gluon.jit",
         f"def _ef_mem(c_ready, d_ready, {go}{mem}{sizes}, {consts_sig}):",
         *_PROGRAM,
-        *_first_loads(bool(load_names or vec_names), f"{mem}{consts}"),
+        *_first_loads(staged, f"{mem}{consts}"),
         f"{I1}for t in range(my_tiles):",
         f"{I2}b = t % 2",
         f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
