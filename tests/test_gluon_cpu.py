@@ -158,6 +158,17 @@ def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
     assert "for k in range(4):" in _function(source(aux, 4), "_ef_consumer")  # F staged
 
 
+def test_offline_compiles_specialize_as_the_jit_does():
+    """An integer 1 becomes a constant, integers and pointers divisible by 16 carry that
+    divisibility (wider loads and stores in the SASS), others neither: as Triton's JIT."""
+    from evtfuse.runtime.offline import _specialized
+
+    sig, consts, attrs = _specialized(["one", "n16", "odd", "ptr"], [1, 384, 7, torch.empty(4)])
+    assert sig == {"one": "constexpr", "n16": "i32", "odd": "i32", "ptr": "*fp32"}
+    assert consts == {(0,): 1}
+    assert attrs == {(1,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]]}
+
+
 CASES = {
     "alpha_beta": (ALPHA_BETA, dict(C="full", alpha=1.0, beta=0.5)),
     "relu_aux_two_outputs": (RELU_AUX, dict(C="full", alpha=0.5, F="outbf")),

@@ -65,11 +65,28 @@ def _compiled_kernel_fn(source: str, folder: str):
     return import_path(f"evtfuse_offline_{abs(hash(source))}", path).evtfuse_kernel
 
 
+def _specialized(names: list[str], values: list) -> tuple[dict, dict, dict]:
+    """Signature, constants and attributes as Triton's JIT derives them from the launch
+    values: an integer equal to 1 becomes a constant, integers and data pointers divisible
+    by 16 carry that divisibility (which widens loads and stores), as on the GPU."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, v) in enumerate(zip(names, values)):
+        kind, attr = native_specialize_impl(BaseBackend, v, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constexprs[(i,)] = v
+        elif isinstance(attr, str) and attr:
+            attrs[(i,)] = BaseBackend.parse_attr(attr)
+    return signature, constexprs, attrs
+
+
 def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
 
     items, consts, _, _ = family.plan(args, args.optimized_dag, config, target)
     values = args.epilogue.values
@@ -79,16 +96,16 @@ def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
     options = {k: consts.pop(k) for k in ("num_warps", "num_stages") if k in consts}
     if spec.family == "gluon":  # Gluon pipelines explicitly; num_stages is a kernel constexpr
         options.pop("num_stages", None)
-    signature = {name: mangle_type(v) for name, v in zip(names, pos)}
+    signature, constexprs, attrs = _specialized(names, pos)
     for name in names[len(pos):]:
         signature[name] = "constexpr"
-    constexprs = {(names.index(k),): v for k, v in consts.items()}
+    constexprs.update({(names.index(k),): v for k, v in consts.items()})
     if spec.family == "gluon":
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     else:
-        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     registers, spills, sass = -1, 0, ""
     tool = _cuobjdump()

@@ -178,9 +178,9 @@ class _GluonTile:
 # body does not depend on the piece's place (no per-tile reductions): the exposed last
 # epilogue of a small problem stalls on instruction fetch (H100, BCE loss, quarters: 8,600
 # -> 4,024 SASS instructions; 2048^3 0.0395 -> 0.038 ms, 8192x8192x1024 0.263 -> 0.258).
-# Not for halves or outputs stored from registers: every piece stays live through the
-# loop, and there ptxas spilled (offline sm_90: BCE halves 161, relu with an aux output 198
-# local accesses)
+# Not for halves (every piece stays live through the loop: offline sm_90, BCE halves spill
+# 197 local accesses) nor outputs stored from registers (relu with an aux output: quarters
+# compile without spills, halves spill 17; not timed on a GPU yet)
 PIECE_LOOP = True
 
 
