@@ -51,7 +51,12 @@ def main() -> None:
     p.add_argument("--direct", choices=("auto", "all", "none"), default="auto",
                    help="gluon variants' outputs stored from registers: the family's choice, "
                    "every full output, or none")
+    p.add_argument("--loop-direct", action="store_true",
+                   help="gluon quarters in the runtime piece loop with register-stored outputs too "
+                   "(the generator keeps those unrolled)")
     a = p.parse_args()
+    if a.loop_direct:
+        _loop_direct()
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
     for name, (src, ins) in CASES.items():
@@ -169,6 +174,16 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto")
                     out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, st, epi_split=sp),
                                       base.target))
     return out
+
+
+def _loop_direct():
+    """Let the gluon generator loop over quarters whatever their outputs' stores (offline
+    sm_90 with the JIT's specialisation: relu with an aux output compiles without spills)."""
+    from evtfuse.backends.triton import gluon_codegen as g
+    from evtfuse.backends.triton.codegen import reduce_outputs
+
+    g._piece_loop = lambda epi, spec: spec.epi_split == 4 and all(
+        epi.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
 def _eager(name, vals):
