@@ -170,6 +170,20 @@ def test_other_piece_count(name):
     assert result, result.report()
 
 
+@pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 2048, 512)])
+def test_staged_quarters_of_register_stored_outputs(mnk):
+    """Where an output goes from registers for a fifth A/B stage, the family's last config
+    stages every output at four stages (TMA stores, the runtime piece loop): it verifies
+    too, ragged and with one tile per consumer."""
+    args = _epilogue_args("relu_aux_two_outputs", *mnk)
+    ks = family_kernels(args, "gluon")
+    fam, last = ks[-1].family, ks[-1].config
+    assert fam.spec(args, ks[0].config, ks[0].target).direct == ("F",)
+    assert (last.epi_split, last.num_stages, fam.spec(args, last, ks[-1].target).direct) == (4, 4, ())
+    result = ks[-1].verify(args)
+    assert result, result.report()
+
+
 def test_three_aux_tiles_refused_with_reason():
     M, N, K = 512, 512, 128
     A, B = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF)
