@@ -189,19 +189,27 @@ def _piece_loop(epi: _Epilogue, spec: KernelSpec) -> bool:
         epi.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
+def _by_piece(count: int, indent: str, body) -> list[str]:
+    """An if/elif/else chain on the piece loop's index ``k``: the lines ``body(j)`` for
+    piece ``j`` (shared-memory slices take constant offsets)."""
+    lines = []
+    for j in range(count):
+        head = "if k == 0:" if j == 0 else ("else:" if j == count - 1 else f"elif k == {j}:")
+        lines += [f"{indent}{head}", *(f"{indent}    {line}" for line in body(j))]
+    return lines
+
+
 def _piece_select(bufs: Buffers, pieces: list[str], indent: str) -> list[str]:
     """At the top of the piece loop: piece ``k`` of the accumulator and the slices of the
-    aux tiles and column vectors it needs (shared-memory slices take constant offsets)."""
-    inner = indent + "    "
-    lines = []
-    for j, piece in enumerate(pieces):
-        head = "if k == 0:" if j == 0 else ("else:" if j == len(pieces) - 1 else f"elif k == {j}:")
-        lines += [f"{indent}{head}", f"{inner}pc = {piece}"]
-        lines += [f"{inner}ld_{uname(n)} = lb_{uname(n)}_c.slice({j} * SUB_N, SUB_N, dim=1).load(PL)"
-                  for n, _ in bufs.loads]
-        lines += [f"{inner}lv_{uname(n)} = vb_{uname(n)}_c.slice({j} * SUB_N, SUB_N)"
-                  f".load(gl.SliceLayout(0, PL))" for n, _, row in bufs.vectors if not row]
-    return lines
+    aux tiles and column vectors it needs."""
+    def select(j: int) -> list[str]:
+        return [f"pc = {pieces[j]}",
+                *(f"ld_{uname(n)} = lb_{uname(n)}_c.slice({j} * SUB_N, SUB_N, dim=1).load(PL)"
+                  for n, _ in bufs.loads),
+                *(f"lv_{uname(n)} = vb_{uname(n)}_c.slice({j} * SUB_N, SUB_N)"
+                  f".load(gl.SliceLayout(0, PL))" for n, _, row in bufs.vectors if not row)]
+
+    return _by_piece(len(pieces), indent, select)
 
 
 def _piece_stores(bufs: Buffers, count: int, indent: str) -> list[str]:
@@ -209,14 +217,9 @@ def _piece_stores(bufs: Buffers, count: int, indent: str) -> list[str]:
     buffer go into their slice."""
     if not bufs.tile_stores:
         return []
-    inner = indent + "    "
-    lines = []
-    for j in range(count):
-        head = "if k == 0:" if j == 0 else ("else:" if j == count - 1 else f"elif k == {j}:")
-        lines.append(f"{indent}{head}")
-        lines += [f"{inner}{buf}_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_{uname(n)})"
-                  for n, buf in bufs.tile_stores]
-    return lines
+    return _by_piece(count, indent, lambda j: [
+        f"{buf}_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_{uname(n)})"
+        for n, buf in bufs.tile_stores])
 
 
 def _lane(n: int) -> str:
