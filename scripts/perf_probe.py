@@ -56,7 +56,9 @@ def main() -> None:
                    "(the generator keeps those unrolled)")
     a = p.parse_args()
     if a.loop_direct:
-        _loop_direct()
+        from evtfuse.backends.triton import gluon_codegen
+
+        gluon_codegen.LOOP_DIRECT = True
     dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
     for name, (src, ins) in CASES.items():
@@ -154,19 +156,18 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto")
 
     dag = args.optimized_dag
     fam = GluonFamily()
-    stored = ()
     if direct != "auto":
         stored = tuple(o.name for o in full_outputs(dag)) if direct == "all" else ()
 
         class Direct(GluonFamily):
-            def _direct(self, dag, split, elt):
+            def _direct(self, dag, split, elt, stages=None):
                 return stored
 
         fam = Direct()
     out = []
     for bn in widths:
         for sp in (1, 2, 4):
-            out_direct = stored if direct != "auto" else fam._direct(dag, sp, args.A.element_size())
+            out_direct = fam._direct(dag, sp, args.A.element_size())
             epi = buffers(dag, out_direct).smem_bytes(128, bn, bn // sp)
             stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
             for g in (8, 4):
@@ -174,16 +175,6 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto")
                     out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, st, epi_split=sp),
                                       base.target))
     return out
-
-
-def _loop_direct():
-    """Let the gluon generator loop over quarters whatever their outputs' stores (offline
-    sm_90 with the JIT's specialisation: relu with an aux output compiles without spills)."""
-    from evtfuse.backends.triton import gluon_codegen as g
-    from evtfuse.backends.triton.codegen import reduce_outputs
-
-    g._piece_loop = lambda epi, spec: spec.epi_split == 4 and all(
-        epi.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
 def _eager(name, vals):

@@ -67,14 +67,10 @@ def main() -> None:
     p.add_argument("--no-piece-loop", action="store_true",
                    help="the gluon family's epilogue pieces unrolled (no runtime loop)")
     a = p.parse_args()
-    if a.no_piece_loop:
-        from evtfuse.backends.triton import gluon_codegen
+    from evtfuse.backends.triton import gluon_codegen
 
-        gluon_codegen.PIECE_LOOP = False
-    if a.mem_first:
-        from evtfuse.backends.triton import gluon_codegen
-
-        gluon_codegen.MEM_FIRST = a.mem_first
+    gluon_codegen.PIECE_LOOP = not a.no_piece_loop
+    gluon_codegen.MEM_FIRST = a.mem_first or gluon_codegen.MEM_FIRST
     M, N, K = (int(x) for x in a.shape.split("x"))
     if a.once:
         args = make_args(a.once, M, N, K)

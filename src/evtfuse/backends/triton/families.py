@@ -777,8 +777,9 @@ class GluonFamily(KernelFamily):
     def configs(self, args, target):
         bm, bn, bk = self.BM, self.BN, self.BK
         dag = args.optimized_dag
-        split = self._split(dag, args.A.element_size())
-        stages = self._stages(dag, split, args.A.element_size())
+        elt = args.A.element_size()
+        split = self._split(dag, elt)
+        stages = self._stages(dag, split, elt)
         if stages < GLUON_MIN_STAGES:
             return []
         # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
@@ -788,7 +789,7 @@ class GluonFamily(KernelFamily):
         # the other piece count too, for the tuner: which wins depends on the epilogue
         # (the BCE loss: halves 0.263 ms, quarters 0.274 at 8192x8192x1024, perf_probe)
         other = 2 if split == 4 else 4
-        alt = self._stages(dag, other, args.A.element_size())
+        alt = self._stages(dag, other, elt)
         if not self._forced_split() and alt >= GLUON_MIN_STAGES:
             out += [TileConfig(bm, bn, bk, 8, 4, alt, epi_split=other),
                     TileConfig(bm, bn, bk, 4, 4, alt, epi_split=other)]
@@ -796,7 +797,6 @@ class GluonFamily(KernelFamily):
         # output staged (four stages): TMA stores and the epilogue's runtime piece loop
         # (relu with an aux output, H100: 2048^3 0.0396 -> 0.0377 ms; 8192x8192x1024
         # 0.277 -> 0.285, where the tuner keeps the fifth stage)
-        elt = args.A.element_size()
         four = self._ring(dag, 4, elt, ())
         if self._direct(dag, 4, elt) and four >= GLUON_MIN_STAGES and self._forced_split() in (0, 4):
             out.append(TileConfig(bm, bn, bk, 8, 4, four, epi_split=4))

@@ -180,12 +180,13 @@ class _GluonTile:
 # -> 4,024 SASS instructions; 2048^3 0.0395 -> 0.038 ms, 8192x8192x1024 0.263 -> 0.258).
 # Not for halves (every piece stays live through the loop: offline sm_90, BCE halves spill
 # 197 local accesses) nor outputs stored from registers (relu with an aux output: quarters
-# compile without spills, halves spill 17; not timed on a GPU yet)
+# compile without spills, halves spill 17; not timed on a GPU yet: ``LOOP_DIRECT``, a probe)
 PIECE_LOOP = True
+LOOP_DIRECT = False
 
 
 def _piece_loop(epi: _Epilogue, spec: KernelSpec) -> bool:
-    return PIECE_LOOP and spec.epi_split == 4 and not spec.direct and all(
+    return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and all(
         epi.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
