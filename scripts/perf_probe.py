@@ -51,6 +51,9 @@ def main() -> None:
     p.add_argument("--direct", choices=("auto", "all", "none"), default="auto",
                    help="gluon variants' outputs stored from registers: the family's choice, "
                    "every full output, or none")
+    p.add_argument("--portable", action="store_true",
+                   help="also time the portable (non-persistent, plain tl.dot) family at tile "
+                   "sizes that fit two CTAs per SM, as torch.compile's mm template does")
     p.add_argument("--loop-direct", action="store_true",
                    help="gluon quarters in the runtime piece loop with register-stored outputs too "
                    "(the generator keeps those unrolled)")
@@ -98,8 +101,13 @@ def main() -> None:
             if a.gluon:
                 widths = [int(w) for w in a.block_n.split(",")]
                 stages = [int(x) for x in a.stages.split(",")] if a.stages else None
-                kernels = _gluon_variants(kernels[0], args, widths, stages, a.direct) + [
+                variants = _gluon_variants(kernels[0], args, widths, stages, a.direct)
+                names = {k.name for k in variants}
+                kernels = variants + [k for k in kernels if k.family.name == "gluon"
+                                      and k.name not in names] + [
                     k for k in kernels if k.family.name == "hopper"][:2]
+            if a.portable:
+                kernels = kernels + _portable(kernels[0])
             for k in kernels:
                 t0 = time.time()
                 try:
@@ -142,6 +150,17 @@ def _sweep(base, name):
     configs.append(TileConfig(128, 128, 64, 8, 8, 2, epi_split=2, ctas_per_sm=2))
     configs.append(TileConfig(128, 256, 64, 8, 8, 2, epi_split=4, ctas_per_sm=2))
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
+
+
+def _portable(base):
+    """Portable-family kernels (one CTA per tile, no TMA, no warp specialisation)."""
+    from evtfuse.backends.triton.families import PortableFamily, TileConfig
+    from evtfuse.runtime.kernel import Kernel
+
+    configs = [TileConfig(128, 128, 64, 8, 4, 3), TileConfig(128, 128, 64, 8, 4, 4),
+               TileConfig(128, 128, 64, 8, 8, 3), TileConfig(128, 128, 64, 8, 8, 4),
+               TileConfig(128, 256, 64, 8, 8, 3), TileConfig(128, 64, 64, 8, 4, 4)]
+    return [Kernel(PortableFamily(), c, base.target) for c in configs]
 
 
 def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto"):

@@ -355,3 +355,24 @@ def test_direct_launcher_steps_aside_for_launch_hooks():
 
     assert not _hooked(None) and not _hooked(Chain([]))
     assert _hooked(Chain([print])) and _hooked(print)
+
+
+def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D"):
+    from evtfuse.backends.triton.families import HopperFamily, Target
+
+    A, B = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
+    C, D = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, D=D))
+    return [c.name for c in HopperFamily().configs(args, Target("cuda", 90, None, 132))]
+
+
+def test_hopper_configs_for_small_problems_fill_the_gpu():
+    # 2048^3 on 132 SMs: 128 tiles of 128x256 fill 97% of the SMs and lead; one wave of
+    # 128x128 tiles at two programs per SM is offered next
+    small = _hopper_configs(2048, 2048, 2048)
+    assert small[:2] == ["128x256x64_w8_s3_g8_e2", "128x128x64_w4_s3_g8_e2_nf_o2"]
+    # large problems: the measured order, no two-per-SM config
+    large = _hopper_configs(4096, 4096, 4096)
+    assert large[0] == "128x256x64_w8_s3_g8_e2" and not any("_o2" in n for n in large)
+    # a problem too small for 128x256 tiles to fill the SMs leads with smaller tiles
+    assert _hopper_configs(1024, 1024, 1024)[0] == "128x64x64_w4_s5_g8"  # 128 tiles

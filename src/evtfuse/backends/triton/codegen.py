@@ -60,7 +60,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "24"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "25"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -647,7 +647,8 @@ def _portable_source(spec: KernelSpec) -> str:
         "@triton.jit",
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
-        "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):",
+        "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
+        "                   EVEN_K: tl.constexpr):",
         f"{I1}pid = tl.program_id(0)",
         f"{I1}bid = tl.program_id(1)",
         f"{I1}bid64 = bid.to(tl.int64)",
@@ -661,13 +662,20 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I1}rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         f"{I1}rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         f"{I1}rk = tl.arange(0, BLOCK_K)",
-        f"{I1}a_ptrs = A + bid64 * sa_l + rm[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
-        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + rn[None, :].to(tl.int64) * sb_n",
+        # rows and columns past the edge load wrapped ones (row m % M) instead of masking:
+        # the mainloop's loads stay unmasked wherever K is a multiple of BLOCK_K, and the
+        # store mask drops those rows and columns
+        f"{I1}a_ptrs = A + bid64 * sa_l + (rm % M)[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
+        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + (rn % N)[None, :].to(tl.int64) * sb_n",
         f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
         f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
-        f"{I2}k_left = K - k * BLOCK_K",
-        f"{I2}a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < k_left), other=0.0)",
-        f"{I2}b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < N), other=0.0)",
+        f"{I2}if EVEN_K:",
+        f"{I2}    a = tl.load(a_ptrs)",
+        f"{I2}    b = tl.load(b_ptrs)",
+        f"{I2}else:",
+        f"{I2}    k_left = K - k * BLOCK_K",
+        f"{I2}    a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)",
+        f"{I2}    b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)",
         f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype={_acc_type(spec)})",
         f"{I2}a_ptrs += BLOCK_K * sa_k",
         f"{I2}b_ptrs += BLOCK_K * sb_k",
