@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--gluon", action="store_true",
                    help="time gluon variants (epilogue split x GROUP_M) and the best hopper config")
     p.add_argument("--block-n", default="128", help="gluon variants' tile widths, e.g. 128,64")
+    p.add_argument("--groups", default="8,4", help="gluon variants' GROUP_M values")
     p.add_argument("--shape", default="", help="MxNxK instead of the cases' shapes")
     p.add_argument("--stages", default="", help="gluon variants at these A/B stage counts "
                    "(e.g. 3,4,5) instead of as many as shared memory leaves")
@@ -95,19 +96,21 @@ def main() -> None:
             print(f"== {name} {M}x{N}x{K}: cuBLAS mm {mm:.4f} ms ({flops / mm / 1e9:.0f} TFLOP/s)",
                   flush=True)
             results = []
-            kernels = get_kernels(args)[: a.max_configs]
+            every = get_kernels(args)
+            kernels = every[: a.max_configs]
             if a.sweep:
-                kernels = _sweep(kernels[0], name)
+                kernels = _sweep(every[0], name)
             if a.gluon:
                 widths = [int(w) for w in a.block_n.split(",")]
                 stages = [int(x) for x in a.stages.split(",")] if a.stages else None
-                variants = _gluon_variants(kernels[0], args, widths, stages, a.direct)
+                variants = _gluon_variants(every[0], args, widths, stages, a.direct,
+                                           [int(g) for g in a.groups.split(",")])
                 names = {k.name for k in variants}
                 kernels = variants + [k for k in kernels if k.family.name == "gluon"
                                       and k.name not in names] + [
                     k for k in kernels if k.family.name == "hopper"][:2]
             if a.portable:
-                kernels = kernels + _portable(kernels[0])
+                kernels = kernels + _portable(every[0])
             for k in kernels:
                 t0 = time.time()
                 try:
@@ -147,6 +150,11 @@ def _sweep(base, name):
         configs.append(TileConfig(128, 128, 64, g, 4, 3, epi_split=2, flatten=fl, ctas_per_sm=2))
         configs.append(TileConfig(128, 128, 64, g, 4, 3, epi_split=1, flatten=fl, ctas_per_sm=2))
         configs.append(TileConfig(64, 256, 64, g, 4, 3, epi_split=2, flatten=fl, ctas_per_sm=2))
+    # aux tiles loaded before the mainloop (one tile per SM at 2048^3 hides their load)
+    configs.append(TileConfig(128, 256, 64, 8, 8, 3, epi_split=2, prefetch=True))
+    configs.append(TileConfig(128, 256, 64, 8, 8, 3, epi_split=4, prefetch=True))
+    configs.append(TileConfig(128, 128, 64, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
+                              prefetch=True))
     configs.append(TileConfig(128, 128, 64, 8, 8, 2, epi_split=2, ctas_per_sm=2))
     configs.append(TileConfig(128, 256, 64, 8, 8, 2, epi_split=4, ctas_per_sm=2))
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
@@ -163,7 +171,7 @@ def _portable(base):
     return [Kernel(PortableFamily(), c, base.target) for c in configs]
 
 
-def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto"):
+def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto", groups=(8, 4)):
     """The gluon family with its epilogue in 1, 2 or 4 column pieces, GROUP_M 4 and 8, tiles
     128 x each of ``widths`` (each with as many A/B stages as shared memory leaves, at
     least 4, at most 5 (6 for narrower tiles)), or at each of ``stage_counts``; ``direct``
@@ -189,7 +197,7 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto")
             out_direct = fam._direct(dag, sp, args.A.element_size())
             epi = buffers(dag, out_direct).smem_bytes(128, bn, bn // sp)
             stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
-            for g in (8, 4):
+            for g in groups:
                 for st in stage_counts or ([stages] if stages >= 4 else []):
                     out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, st, epi_split=sp),
                                       base.target))

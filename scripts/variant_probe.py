@@ -35,6 +35,11 @@ VARIANTS = {
     "c_only": "def epi(accum, bias, C): f = accum + bias; D = (1.0 - C) * (-f); return D",
     "sum_acc": "def epi(accum): loss = sum(accum); D = accum; return D, loss",
     "identity": "def epi(accum): D = accum; return D",
+    # the relu-aux epilogue and its parts: the C tile with both stores, the two stores
+    # alone, the C tile with one store
+    "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+    "two_stores": "def epi(accum, alpha): F = alpha * accum; D = relu(F); return D, F",
+    "c_one_store": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D",
 }
 ROW_OUT = {"row_sum"}
 
@@ -47,6 +52,10 @@ def make_args(name: str, M: int, N: int, K: int) -> GemmArguments:
     ops = {"bias": torch.randn(N, device="cuda", dtype=dt),
            "C": (torch.rand(M, N, device="cuda") > 0.5).to(dt)}
     ops = {k: v for k, v in ops.items() if k in params}
+    if "alpha" in params:
+        ops["alpha"] = 1.5
+    if "return D, F" in VARIANTS[name]:
+        ops["F"] = torch.empty(M, N, device="cuda", dtype=dt)
     if "loss" in VARIANTS[name]:  # D computed, not stored
         ops["loss"] = torch.empty(M, 1, device="cuda") if name in ROW_OUT \
             else torch.empty(1, device="cuda")

@@ -40,6 +40,20 @@ def test_alpha_beta(family, dtype, mnk):
     check(args, family)
 
 
+def test_two_programs_per_sm_config_of_small_problems():
+    # 2048x2048 outputs: one wave of 128x128 tiles at two programs per SM is a candidate
+    # (ragged in N so the last column of tiles is partial)
+    M, N, K = 2048, 2000, 256
+    A, B, C = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16), _rand(M, N)
+    D = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    F = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(RELU_AUX, C=C, alpha=1.5, D=D, F=F))
+    two = [k for k in get_kernels(args) if k.family.name == "hopper" and k.config.ctas_per_sm == 2]
+    assert len(two) == 1
+    result = two[0].verify(args)
+    assert result, result.report()
+
+
 @pytest.mark.parametrize("mnk", [(1, 1, 1), (7, 7, 7), (129, 1000, 33), (1000, 129, 7)])
 def test_odd_sizes_portable(mnk):
     M, N, K = mnk
