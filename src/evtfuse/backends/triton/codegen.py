@@ -10,8 +10,10 @@ mainloop and in how full tiles move:
 * ``hopper``: persistent grid over tiles (grouped order), tensor descriptors (TMA) for
   A, B and every full aux load/store, the epilogue applied per sub-tile of the
   accumulator (``EPI_SPLIT`` pieces along N) to keep register pressure low;
-* ``portable``: one program per tile, pointer loads with masks (any strides, any
-  alignment), runs on any Triton GPU target and under the CPU interpreter.
+* ``portable``: one program per tile, pointer loads (any strides, any alignment): the
+  mainloop reads rows/columns past the edge as wrapped ones and masks K only where it is
+  not a multiple of BLOCK_K (``EVEN_K``), the epilogue masks its loads and stores; runs
+  on any Triton GPU target and under the CPU interpreter.
 """
 
 from __future__ import annotations
