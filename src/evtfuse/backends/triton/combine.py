@@ -6,8 +6,10 @@ Layer: backends/triton. The kernel writes one partial per tile into a float32 wo
 ``(B, T, EXT)`` (B: batches the output keeps, T: partials per result, EXT: results per
 batch), ``combine_partials`` reads ``PARTS`` partials of ``BLOCK`` results per step (loads in
 flight together) and combines them in a fixed order, so results are deterministic run to
-run. It replaced a
+run; logsumexp in one pass (the running sum rescaled to each step's new max). It replaced a
 chain of torch operations (about nine launches for logsumexp) after the kernel.
+``launch_shape`` sizes the steps: each one is an L2 round trip, so few results (64 rows
+of an M=64 problem, one program) take many partials per step.
 """
 
 from __future__ import annotations
@@ -15,8 +17,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-BLOCK = 64  # results per program (8192 rows: 128 programs)
-PARTS = 16  # partials loaded per step (in flight together)
+BLOCK = 64  # results per program at most (8192 rows: 128 programs)
+STEP_ELEMENTS = 4096  # partials x results loaded per step (in flight together)
+
+
+def launch_shape(T: int, EXT: int) -> tuple[int, int]:
+    """(BLOCK, PARTS) for ``T`` partials of ``EXT`` results: 16 to ``BLOCK`` results per
+    program, as many partials per step as keep a step within ``STEP_ELEMENTS`` loads (16 at
+    least, fewer only where ``T`` is smaller)."""
+    block = min(BLOCK, max(16, triton.next_power_of_2(EXT)))
+    parts = min(triton.next_power_of_2(max(T, 2)), max(16, STEP_ELEMENTS // block))
+    return block, parts
 
 
 @triton.jit
@@ -47,20 +58,20 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
     parts = tl.arange(0, PARTS)
     base = b * T * EXT
     if OP == "logsumexp":
-        # the largest per-tile max (NaN wins), then the sum of the tiles' sums rescaled to it
+        # one pass: the running max (NaN wins) and the tiles' sums of exp rescaled to it,
+        # the running sum rescaled whenever the max grows
         m = tl.full((BLOCK,), float("-inf"), tl.float32)
-        for t0 in range(0, T, PARTS):
-            x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("-inf"))
-            m = _nan_max(m, tl.reduce(x, 0, _nan_max))
-        safe = tl.where(m == float("-inf"), 0.0, m)
         s = tl.zeros((BLOCK,), tl.float32)
         for t0 in range(0, T, PARTS):  # ws and ws2 at the same offsets, computed once
             mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
             offs = base + (t0 + parts)[:, None] * EXT + idx[None, :]
             x = tl.load(ws + offs, mask=mask, other=float("-inf"))
-            s += tl.sum(tl.load(ws2 + offs, mask=mask, other=0.0) * tl.exp(x - safe[None, :]),
-                        axis=0)
-        r = safe + tl.log(s)
+            w = tl.load(ws2 + offs, mask=mask, other=0.0)
+            mx = _nan_max(m, tl.reduce(x, 0, _nan_max))
+            safe = tl.where(mx == float("-inf"), 0.0, mx)
+            s = s * tl.exp(m - safe) + tl.sum(w * tl.exp(x - safe[None, :]), axis=0)
+            m = mx
+        r = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
     elif OP == "sum":
         r = tl.full((BLOCK,), -0.0, tl.float32)  # x + -0.0 is x, signed zeros included
         for t0 in range(0, T, PARTS):

@@ -384,14 +384,15 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
     order): logsumexp's (max, sum of exp) partials, the TMA families' per-row/per-column
     sums and batched whole-output reductions. The workspace is viewed as (batches kept,
     partials per result, results)."""
-    from .combine import BLOCK, PARTS, combine_partials
+    from .combine import combine_partials, launch_shape
     from .launch import direct_launcher
 
     ext = ws.shape[-1] if kind in (OutputKind.ROW, OutputKind.COL) else 1
     b = ws.shape[0] if batched else 1
     t = ws.numel() // (b * ext)
-    consts = {"OP": op, "BLOCK": BLOCK, "PARTS": PARTS}
-    grid = (triton_cdiv(ext, BLOCK), b)
+    block, parts = launch_shape(t, ext)
+    consts = {"OP": op, "BLOCK": block, "PARTS": parts}
+    grid = (triton_cdiv(ext, block), b)
     state: dict[str, Any] = {}
 
     def combine(values) -> None:
