@@ -64,7 +64,7 @@ def test_emitter_saturates_fp8_stores(family, out_dtype, fmax):
     args = _args(torch.float16, out_dtype, "def e(accum, s): D = accum * s; return D", s=2.0)
     spec = codegen.KernelSpec(family, args.optimized_dag, False, True, False, False, 2, True)
     src = codegen.generate(spec)
-    assert f"_ef_sat(" in src and f", {fmax})" in src
+    assert "_ef_sat(" in src and f", {fmax})" in src
     assert "def _ef_sat(" in src  # the helper travels with the kernel
 
 

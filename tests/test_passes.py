@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 
 from evtfuse import EpilogueArguments
 from evtfuse import passes
-from evtfuse.ir import (Dag, IRError, Node, NodeKind, OperandKind, Output, OutputKind, Space,
-                        format_dag, verify)
+from evtfuse.ir import Dag, IRError, Node, NodeKind, Output, OutputKind, format_dag, verify
 from evtfuse.passes import (PIPELINE, eliminate_common_subexpressions, eliminate_dead_code,
-                            eliminate_reductions, fold_constants, optimize, simplify_algebra)
+                            fold_constants, optimize)
 from evtfuse.reference import evaluate
 
 L, M, N = 2, 5, 7
