@@ -1,12 +1,16 @@
 """The latest measurement of every benchmark cell across several runs' JSON files, and
 the issue targets' aggregates over them (geomean evtfuse/compiled, geomean time/floor,
-worst cells). A reporting aid for BENCHMARKS.md: each ratio stays within its own run.
+worst cells, cells slower than torch.compile, the worst ratio to cuBLASLt where it fuses
+the whole epilogue). A reporting
+aid for BENCHMARKS.md: each ratio stays within its own run.
 
     python3 scripts/latest_cells.py RUN_LABEL=FILE.json ... [--drop RUN:workload@shape ...]
-                                    [--chart latest_chart.png]
+                                    [--runs-file RUNS.txt] [--chart latest_chart.png]
 
 Files are given oldest first; a later run's cell replaces an earlier one. ``--drop``
-removes a cell of one run (e.g. measured with code since reverted).
+removes a cell of one run (e.g. measured with code since reverted). ``--runs-file`` reads
+the same arguments (``LABEL=FILE`` items and a ``--drop`` line) from a file, with paths
+relative to that file's folder (``benchmarks/results/<date>/RUNS.txt``).
 """
 
 from __future__ import annotations
@@ -14,42 +18,98 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shlex
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("runs", nargs="+", help="LABEL=path.json, oldest first")
-    p.add_argument("--drop", nargs="*", default=[], help="LABEL:workload@shape")
-    p.add_argument("--chart", help="draw the latest cells' time over floor (the suite's chart)")
-    a = p.parse_args()
+def collect(runs: list[tuple[str, str]], drop: list[str]) -> dict[tuple, tuple[str, dict]]:
+    """(workload, shape, dtype) -> (run label, cell) of the latest run that timed evtfuse."""
     latest: dict[tuple, tuple[str, dict]] = {}
-    for item in a.runs:
-        label, path = item.split("=", 1)
-        for c in json.load(open(path))["cells"]:
-            if f"{label}:{c['workload']}@{c['shape_str']}" in a.drop:
+    for label, path in runs:
+        with open(path) as f:
+            cells = json.load(f)["cells"]
+        for c in cells:
+            if f"{label}:{c['workload']}@{c['shape_str']}" in drop:
                 continue
             if c["systems"].get("evtfuse", {}).get("ms") is None:
                 continue
             latest[(c["workload"], c["shape_str"], c["dtype"])] = (label, c)
-    rows, vs_compiled, vs_floor = [], [], []
-    for (w, shape, dt), (label, c) in sorted(latest.items()):
+    return latest
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summary(latest: dict[tuple, tuple[str, dict]]) -> dict:
+    """The targets' aggregates over the latest cells: each entry of the lists is
+    (ratio, workload, shape, run), sorted by ratio."""
+    vs_compiled, vs_floor, vs_lt = [], [], []
+    for (w, shape, _dt), (label, c) in sorted(latest.items()):
         r = c["ratios"]
-        evt = c["systems"]["evtfuse"]["ms"]
-        rows.append((w, shape, dt, label, evt, r.get("evtfuse/floor"), r.get("evtfuse/compiled"),
-                     r.get("evtfuse/lt")))
         if r.get("evtfuse/floor"):
             vs_floor.append((r["evtfuse/floor"], w, shape, label))
         if w != "identity" and r.get("evtfuse/compiled"):
             vs_compiled.append((r["evtfuse/compiled"], w, shape, label))
+        if r.get("evtfuse/lt") and not c.get("lt_partial"):  # Lt does the whole epilogue
+            vs_lt.append((r["evtfuse/lt"], w, shape, label))
+    vs_compiled.sort()
+    vs_floor.sort()
+    vs_lt.sort()
+    return {"cells": len(latest), "vs_compiled": vs_compiled, "vs_floor": vs_floor,
+            "vs_lt": vs_lt,
+            "geomean_compiled": _geomean([v[0] for v in vs_compiled]),
+            "geomean_floor": _geomean([v[0] for v in vs_floor]),
+            "slower_than_compiled": [v for v in vs_compiled if v[0] > 1.0]}
+
+
+def _read_runs_file(path: str) -> tuple[list[str], list[str]]:
+    """(LABEL=FILE items with paths made relative to the file's folder, --drop items)."""
+    with open(path) as f:
+        words = shlex.split(f.read())
+    folder = os.path.dirname(os.path.abspath(path))
+    runs, drop = [], []
+    target = runs
+    for w in words:
+        if w == "--drop":
+            target = drop
+            continue
+        if target is runs:
+            label, file = w.split("=", 1)
+            w = f"{label}={os.path.join(folder, file)}"
+        target.append(w)
+    return runs, drop
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("runs", nargs="*", help="LABEL=path.json, oldest first")
+    p.add_argument("--drop", nargs="*", default=[], help="LABEL:workload@shape")
+    p.add_argument("--runs-file", help="a file of LABEL=path.json items and a --drop line")
+    p.add_argument("--chart", help="draw the latest cells' time over floor (the suite's chart)")
+    a = p.parse_args(argv)
+    items, drop = list(a.runs), list(a.drop)
+    if a.runs_file:
+        more, more_drop = _read_runs_file(a.runs_file)
+        items, drop = more + items, more_drop + drop
+    if not items:
+        p.error("no runs: give LABEL=path.json items or --runs-file")
+    latest = collect([tuple(i.split("=", 1)) for i in items], drop)
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print("| workload | shape | dtype | run | evtfuse ms | x floor | evt/compiled | evt/lt |")
     print("|---|---|---|---|---|---|---|---|")
-    for w, shape, dt, label, evt, fl, comp, lt in rows:
-        print(f"| {w} | {shape} | {dt} | {label} | {evt:.3f} | {fmt(fl)} | {fmt(comp)} | {fmt(lt)} |")
-    gm = lambda xs: math.exp(sum(math.log(x[0]) for x in xs) / len(xs))  # noqa: E731
-    print(f"\ngeomean evtfuse/compiled over {len(vs_compiled)} non-identity cells: {gm(vs_compiled):.3f}")
-    print(f"geomean evtfuse/floor over {len(vs_floor)} cells: {gm(vs_floor):.3f}")
-    print("worst x floor:", ", ".join(f"{w}@{s} {v:.2f} ({lb})" for v, w, s, lb in sorted(vs_floor)[-5:]))
+    for (w, shape, dt), (label, c) in sorted(latest.items()):
+        r = c["ratios"]
+        print(f"| {w} | {shape} | {dt} | {label} | {c['systems']['evtfuse']['ms']:.3f} | "
+              f"{fmt(r.get('evtfuse/floor'))} | {fmt(r.get('evtfuse/compiled'))} | "
+              f"{fmt(r.get('evtfuse/lt'))} |")
+    s = summary(latest)
+    cells = lambda xs: ", ".join(f"{w}@{sh} {v:.2f} ({lb})" for v, w, sh, lb in xs)  # noqa: E731
+    print(f"\ngeomean evtfuse/compiled over {len(s['vs_compiled'])} non-identity cells: "
+          f"{fmt(s['geomean_compiled'])}")
+    print(f"geomean evtfuse/floor over {len(s['vs_floor'])} cells: {fmt(s['geomean_floor'])}")
+    print("worst x floor:", cells(s["vs_floor"][-5:]))
+    print("worst evtfuse/cuBLASLt (fused epilogue):", cells(s["vs_lt"][-3:]))
     if a.chart:
         from evtfuse.bench.report import write_chart
 
@@ -57,8 +117,7 @@ def main() -> None:
         write_chart({"cells": [c for _, c in sorted(latest.values(), key=lambda lc: lc[1]["workload"])],
                      "meta": {"dtype": "bf16", "gpu": gpu or "H100, latest run of each cell"}}, a.chart)
         print("chart:", a.chart)
-    print("slower than compiled:", ", ".join(f"{w}@{s} {v:.2f} ({lb})" for v, w, s, lb in
-                                             sorted(vs_compiled) if v > 1.0))
+    print("slower than compiled:", cells(s["slower_than_compiled"]))
 
 
 if __name__ == "__main__":

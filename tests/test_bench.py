@@ -558,3 +558,52 @@ def test_runner_with_the_real_runtime_on_the_interpreter(cpu_bench):
         assert evt["status"] in ("ok", "unsupported"), evt
         if evt["status"] == "ok":
             assert evt["rel_err"] < 1e-2 and evt.get("kernel"), evt
+
+
+def _latest_cells_module():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "latest_cells.py"
+    spec = importlib.util.spec_from_file_location("latest_cells", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run_cell(workload, shape, evt, floor, compiled=None, lt=None, lt_partial=False):
+    ratios = {"evtfuse/floor": floor}
+    if compiled is not None:
+        ratios["evtfuse/compiled"] = compiled
+    if lt is not None:
+        ratios["evtfuse/lt"] = lt
+    return {"workload": workload, "shape_str": shape, "dtype": "bf16", "lt_partial": lt_partial,
+            "systems": {"evtfuse": {"ms": evt}}, "ratios": ratios}
+
+
+def test_latest_cells_aggregates(tmp_path, capsys):
+    lc = _latest_cells_module()
+    (tmp_path / "a.json").write_text(json.dumps({"cells": [
+        _run_cell("alpha_beta", "2048^3", 0.04, 1.5, compiled=1.2),
+        _run_cell("identity", "2048^3", 0.03, 1.0, compiled=0.5),
+        _run_cell("relu_aux", "4096^3", 0.2, 1.1, compiled=0.9)]}))
+    (tmp_path / "b.json").write_text(json.dumps({"cells": [
+        _run_cell("alpha_beta", "2048^3", 0.03, 1.2, compiled=0.8, lt=1.01),  # replaces run A's
+        _run_cell("relu_aux", "4096^3", 0.3, 2.0, compiled=2.0),  # dropped below
+        _run_cell("fp8_scale_amax", "8192^3", 0.8, 1.0, compiled=0.9, lt=1.2, lt_partial=True),
+        _run_cell("silu_mul", "2048^3", None, None)]}))  # evtfuse not timed: ignored
+    (tmp_path / "RUNS.txt").write_text("A=a.json B=b.json\n--drop B:relu_aux@4096^3\n")
+    latest = lc.collect([("A", str(tmp_path / "a.json")), ("B", str(tmp_path / "b.json"))],
+                        ["B:relu_aux@4096^3"])
+    assert {k[0]: v[0] for k, v in latest.items()} == {
+        "alpha_beta": "B", "identity": "A", "relu_aux": "A", "fp8_scale_amax": "B"}
+    s = lc.summary(latest)
+    assert s["cells"] == 4
+    assert s["geomean_compiled"] == pytest.approx((0.8 * 0.9 * 0.9) ** (1 / 3))  # no identity
+    assert s["geomean_floor"] == pytest.approx((1.2 * 1.0 * 1.1 * 1.0) ** 0.25)
+    assert s["slower_than_compiled"] == []
+    assert [v[1] for v in s["vs_lt"]] == ["alpha_beta"]  # a partial Lt is not the fused peer
+    lc.main(["--runs-file", str(tmp_path / "RUNS.txt")])
+    out = capsys.readouterr().out
+    assert "| alpha_beta | 2048^3 | bf16 | B | 0.030 | 1.200 | 0.800 | 1.010 |" in out
+    assert "geomean evtfuse/compiled over 3 non-identity cells: 0.865" in out
