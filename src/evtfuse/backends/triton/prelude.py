@@ -100,8 +100,11 @@ def _ef_gelu_tanh(x):
     "_ef_gelu_tanh_cuda": '''
 @triton.jit
 def _ef_gelu_tanh_cuda(x):
-    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    return 0.5 * x * (1.0 + _ef_tanh_cuda(inner))
+    # sqrt(2/pi) * (x + 0.044715 x^3) as x * (c0 + c1 x^2), and 0.5 x (1 + t) as h + h t:
+    # 5 instructions and MUFU.TANH instead of 8
+    inner = x * (0.7978845608028654 + 0.035677408136300125 * (x * x))
+    h = 0.5 * x
+    return h + h * _ef_tanh_cuda(inner)
 ''',
     "_ef_softplus": '''
 @triton.jit
