@@ -14,7 +14,9 @@ first="identity or bias_gelu or silu_mul or aux_device or row_vec or all_ops or 
 kfirst="alpha_beta or odd_sizes or all_ops or batched"
 # shard name -> "files|-k expression" (empty expression: every GPU test of the files)
 declare -A shards=(
-  [gluon_a]="$G|not epilogues"
+  [gluon_a]="$G|not epilogues and not cooperative"
+  [gluon_co_a]="$G|cooperative and ($first)"
+  [gluon_co_b]="$G|cooperative and not ($first)"
   [gluon_b]="$G|epilogues and ($first)"
   [gluon_c]="$G|epilogues and not ($first)"
   [kernels_a]="$K|$kfirst"

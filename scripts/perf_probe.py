@@ -55,6 +55,9 @@ def main() -> None:
     p.add_argument("--portable", action="store_true",
                    help="also time the portable (non-persistent, plain tl.dot) family at tile "
                    "sizes that fit two CTAs per SM, as torch.compile's mm template does")
+    p.add_argument("--coop-stages", default="",
+                   help="also time the gluon family's cooperative 128x256 tiles at these A/B "
+                   "stage counts (e.g. 3,4), in 4 and 2 column pieces")
     p.add_argument("--loop-direct", action="store_true",
                    help="gluon quarters in the runtime piece loop with register-stored outputs too "
                    "(the generator keeps those unrolled)")
@@ -111,6 +114,8 @@ def main() -> None:
                     k for k in kernels if k.family.name == "hopper"][:2]
             if a.portable:
                 kernels = kernels + _portable(every[0])
+            if a.coop_stages:
+                kernels = kernels + _coop(every[0], [int(x) for x in a.coop_stages.split(",")])
             for k in kernels:
                 t0 = time.time()
                 try:
@@ -158,6 +163,16 @@ def _sweep(base, name):
     configs.append(TileConfig(128, 128, 64, 8, 8, 2, epi_split=2, ctas_per_sm=2))
     configs.append(TileConfig(128, 256, 64, 8, 8, 2, epi_split=4, ctas_per_sm=2))
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
+
+
+def _coop(base, stage_counts):
+    """Gluon cooperative 128x256 kernels at the given A/B stage counts (a count whose
+    buffers do not fit shared memory fails to compile and is reported)."""
+    from evtfuse.backends.triton.families import GluonFamily, TileConfig
+    from evtfuse.runtime.kernel import Kernel
+
+    return [Kernel(GluonFamily(), TileConfig(128, 256, 64, 8, 4, st, epi_split=sp, cooperative=True),
+                   base.target) for st in stage_counts for sp in (4, 2)]
 
 
 def _portable(base):

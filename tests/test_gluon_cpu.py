@@ -80,10 +80,13 @@ def test_configs_fit_shared_memory_or_refuse():
     fam = GluonFamily()
     ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
     cfgs = fam.configs(ab, H100)
-    assert cfgs and all(c.num_stages == 5 for c in cfgs)
+    assert cfgs and all(c.num_stages == 5 for c in cfgs if not c.cooperative)
+    # 128x256 cooperative tiles: C's 64 KB leave three 48 KB stages
+    assert [(c.block_n, c.epi_split, c.num_stages) for c in cfgs if c.cooperative] == [
+        (256, 4, 3), (256, 2, 3)]
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
     # D staged in C's tiles; F's pieces would leave 4 stages, so F is stored from registers
-    cfgs = fam.configs(two, H100)
+    cfgs = [c for c in fam.configs(two, H100) if not c.cooperative]
     assert [c.num_stages for c in cfgs] == [5, 5, 5, 5, 4]
     assert [fam.spec(two, c, H100).direct for c in cfgs] == [("F",)] * 4 + [()]
     assert cfgs[-1].epi_split == 4  # every output staged: quarters, 4 stages
@@ -124,6 +127,39 @@ def test_second_tiles_aux_loads_wait_for_the_first_mainloop():
     assert consumer.index("mbarrier.arrive(order.index(1 - WHICH))") < arrive
     assert src.count("mbarrier.init(c_go.index(0), count=1)") == 1
     assert "c_go" not in _kernel_source(_args("def epi(accum): D = accum; return D"))
+
+
+def test_cooperative_tiles_share_the_ring():
+    """Cooperative configs (128x256, both consumers on every tile): each consumer takes its
+    64 rows of A's stage, every stage waits for both consumers' release, the mainloops do
+    not alternate, and the memory warp moves the aux tiles in halves (units); offered
+    only where a consumer's half of the tile is well defined for every output."""
+    from evtfuse.backends.triton.codegen import generate
+
+    fam = GluonFamily()
+    args = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
+    coop = [c for c in fam.configs(args, H100) if c.cooperative]
+    assert coop and all(c.name.endswith("_co") for c in coop)
+    src = generate(fam.spec(args, coop[0], H100))
+    assert "a_bufs.index(s).slice(WHICH * EPI_M, EPI_M, dim=0)" in src
+    assert "mbarrier.init(empty.index(i), count=2)" in src
+    consumer = _function(src, "_ef_consumer")
+    assert "order.index" not in consumer and "EPI_M: gl.constexpr = BLOCK_M // 2" in consumer
+    assert "row0 = pid_m_c * BLOCK_M + WHICH * EPI_M" in consumer
+    assert "my_units = 2 * my_tiles" in _function(src, "_ef_mem")
+    assert "(u % 2) * (BLOCK_M // 2)" in _function(src, "_ef_unit_origin")
+    assert "c_go" not in src  # both halves of the first tile load at once
+    # the ping-pong source is unchanged in these respects
+    pp = generate(fam.spec(args, fam.configs(args, H100)[0], H100))
+    assert "count=2" not in pp and "my_units = my_tiles" in pp and "order.index" in pp
+    # refusals: a column-major A (its stage is sliced by rows), a per-column sum
+    a_col = GemmArguments(torch.randn(K, M).to(BF).T, args.B, args.out, epilogue=args.epilogue)
+    assert "column-major" in fam._coop_refusal(a_col)
+    assert not any(c.cooperative for c in fam.configs(a_col, H100))
+    col = _args("def epi(accum): D = accum; cs = sum(accum); return D, cs", cs=torch.empty(N))
+    assert "per-column sum" in fam._coop_refusal(col)
+    folded = _args("def epi(accum): D = accum; cm = max(accum); return D, cm", cm=torch.empty(N))
+    assert fam._coop_refusal(folded) is None  # atomic folds do not care whose rows
 
 
 def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
@@ -224,9 +260,13 @@ def compile_case(name):
     if b_col:
         args = GemmArguments(args.A, torch.randn(N, K).to(BF).T, args.out, epilogue=args.epilogue)
     fam = GluonFamily()
-    out = compile_for(fam, fam.configs(args, H100)[0], args)
-    return {"shared": out.shared_bytes, "spills": out.spills,
-            "wgmma": "wgmma.mma_async" in out.ptx, "setmaxnreg": "setmaxnreg" in out.ptx}
+    result = {}
+    for key, cfg in [("pingpong", fam.configs(args, H100)[0]),
+                     *(("coop", c) for c in fam.configs(args, H100) if c.cooperative)][:2]:
+        out = compile_for(fam, cfg, args)
+        result[key] = {"shared": out.shared_bytes, "spills": out.spills,
+                       "wgmma": "wgmma.mma_async" in out.ptx, "setmaxnreg": "setmaxnreg" in out.ptx}
+    return result
 
 
 SCRIPT = """
@@ -256,9 +296,13 @@ def compiled():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_offline_compile_for_sm90(compiled, name):
-    out = compiled[name]
-    assert "error" not in out, out.get("error")
+@pytest.mark.parametrize("kind", ["pingpong", "coop"])
+def test_offline_compile_for_sm90(compiled, name, kind):
+    """The first ping-pong config and the first cooperative one of each case (every case
+    has row-major A and no per-column sum, so the family offers both)."""
+    assert "error" not in compiled[name], compiled[name].get("error")
+    assert kind in compiled[name], f"{name}: no {kind} config"
+    out = compiled[name][kind]
     assert out["shared"] <= SMEM_LIMIT
     assert out["wgmma"] and out["setmaxnreg"]
     # a few spilled scalars are tolerated; a spilled tile (hundreds of accesses) is not

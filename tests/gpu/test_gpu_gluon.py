@@ -161,13 +161,36 @@ def test_epilogues(name, mnk):  # the same kernel at both sizes: compiled once
 @pytest.mark.parametrize("name", ["bce", "all_ops", "row_amax", "silu_mul", "lse_target"])
 def test_other_piece_count(name):
     """The family offers its epilogue in 2 and in 4 column pieces (the tuner keeps the
-    faster): the configs after the first two use the other count."""
+    faster): the ping-pong configs after the first two use the other count."""
     args = _epilogue_args(name, 1000, 776, 264)
-    ks = family_kernels(args, "gluon")
+    ks = [k for k in family_kernels(args, "gluon") if not k.config.cooperative]
     others = [k for k in ks if k.config.epi_split != ks[0].config.epi_split]
     assert others, [k.name for k in ks]
     result = others[0].verify(args)
     assert result, result.report()
+
+
+# cooperative tiles (128x256, each consumer 64 rows): one tile per program, ragged, and
+# two to three tiles per program with K not a multiple of BLOCK_K (the aux buffers' reuse,
+# the ring shared by both consumers)
+@pytest.mark.parametrize("name", [n for n in EPILOGUES if n != "col_sum"])
+@pytest.mark.parametrize("mnk", [(1000, 776, 264), (4000, 2600, 136)])
+def test_cooperative_tiles(name, mnk):
+    args = _epilogue_args(name, *mnk)
+    ks = [k for k in family_kernels(args, "gluon") if k.config.cooperative]
+    assert {k.config.epi_split for k in ks} == {2, 4}, [k.name for k in ks]
+    for k in ks:
+        result = k.verify(args)
+        assert result, f"{k.name}: {result.report()}"
+
+
+def test_cooperative_tiles_refused_for_per_column_sums():
+    """Both consumers of a cooperative tile hold half its rows: a per-column sum's one
+    partial per tile and column does not fit, so the family offers ping-pong tiles only."""
+    args = _epilogue_args("col_sum", 1000, 776, 264)
+    ks = family_kernels(args, "gluon")
+    assert ks and not any(k.config.cooperative for k in ks)
+    assert "per-column sum" in ks[0].family._coop_refusal(args)
 
 
 @pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 2048, 512)])

@@ -27,7 +27,7 @@ from .kernel import tensor_key
 
 log = logging.getLogger("evtfuse")
 
-FAST_CANDIDATES = 8  # the gluon family's 4-5 (2 piece counts x 2 GROUP_M, + staged quarters), then the hopper family's
+FAST_CANDIDATES = 10  # the gluon family's 6-7 (2 piece counts x 2 GROUP_M, 2 cooperative, + staged quarters), then the hopper family's
 _memory: dict[str, object] = {}
 
 

@@ -52,13 +52,14 @@ class KernelSpec:
     prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
     int_acc: bool = False  # int8/uint8 inputs accumulated in int32
     direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
+    coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
-                         GENERATOR_VERSION])
+                         str(int(self.coop)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -694,8 +695,10 @@ def _portable_source(spec: KernelSpec) -> str:
     return "\n".join(helper + lines) + "\n"
 
 
-def _split_lines(split: int, indent: str, root: str = "acc") -> tuple[list[str], list[str]]:
-    """Code splitting ``root`` into ``split`` column pieces (left to right) and their names."""
+def _split_lines(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_M"
+                 ) -> tuple[list[str], list[str]]:
+    """Code splitting ``root`` (``rows`` high) into ``split`` column pieces (left to
+    right) and their names."""
     if split == 1:
         return [], [root]
     lines: list[str] = []
@@ -708,7 +711,7 @@ def _split_lines(split: int, indent: str, root: str = "acc") -> tuple[list[str],
         for p in pieces:
             a, b = f"{p}_l{level}", f"{p}_r{level}"
             lines.append(f"{indent}{a}, {b} = tl.split(tl.permute(tl.reshape({p}, "
-                         f"(BLOCK_M, 2, {half})), (0, 2, 1)))")
+                         f"({rows}, 2, {half})), (0, 2, 1)))")
             nxt += [a, b]
         pieces = nxt
         width = half

@@ -44,6 +44,8 @@ class TileConfig:
     prefetch: bool = False  # hopper: load full aux tiles before the mainloop
     ctas_per_sm: int = 1  # hopper: persistent programs per SM (2: one's epilogue overlaps
     #                       the other's mainloop)
+    cooperative: bool = False  # gluon: both consumer warpgroups on one tile (half the rows
+    #                            each) instead of alternate tiles (ping-pong)
 
     @property
     def name(self) -> str:
@@ -52,6 +54,7 @@ class TileConfig:
         extra += "_ws" if self.warp_specialize else ""
         extra += "_pf" if self.prefetch else ""
         extra += f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
+        extra += "_co" if self.cooperative else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}"
                 f"_s{self.num_stages}_g{self.group_m}{extra}")
 
@@ -633,7 +636,7 @@ def _gluon_full_getter(dag: Dag):
     def descriptor(name: str, batched: bool, config: TileConfig):
         width = config.block_n // config.epi_split if name in pieces else config.block_n
         make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
-                                                    [config.block_m, width]))
+                                                    [_epi_rows(config), width]))
 
         def get(A, B, values):
             return make(values[name])
@@ -649,9 +652,14 @@ def _vector_view(t: torch.Tensor, kind: OperandKind) -> torch.Tensor:
     return t.as_strided((shape[axis],), (strides[axis] if shape[axis] > 1 else 1,))
 
 
+def _epi_rows(config: TileConfig) -> int:
+    """Rows of a gluon consumer's epilogue block (its aux tiles' TMA box)."""
+    return config.block_m // 2 if config.cooperative else config.block_m
+
+
 def _gluon_vector_getter(name: str, kind: OperandKind, config: TileConfig):
     """The getter of a staged vector's 1-D TMA descriptor (one tile's slice per load)."""
-    block = [config.block_m if kind is OperandKind.PER_ROW else config.block_n]
+    block = [_epi_rows(config) if kind is OperandKind.PER_ROW else config.block_n]
     make = _rebased(lambda t: _gluon_descriptor(_vector_view(t, kind), block))
 
     def get(A, B, values):
@@ -687,6 +695,8 @@ def _gluon_split(dag: Dag) -> int:
 GLUON_TILE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 GLUON_MIN_STAGES = 4  # a shallower A/B ring starves the tensor cores (3 stages: -25%)
 GLUON_MAX_STAGES = 5
+COOP_MIN_STAGES = 3  # 128x256x64 stages (48 KB) hold twice the MMA work of 128x128x64 ones
+COOP_MAX_STAGES = 4
 
 
 class GluonFamily(KernelFamily):
@@ -754,18 +764,24 @@ class GluonFamily(KernelFamily):
             split = 4
         return split
 
-    def _epilogue_smem(self, dag: Dag, split: int, direct: tuple[str, ...] = ()) -> int:
+    CO_BN = 256  # cooperative tiles: 128x256, 64 rows per consumer
+
+    def _epilogue_smem(self, dag: Dag, split: int, direct: tuple[str, ...] = (),
+                       coop: bool = False) -> int:
         from .gluon_codegen import buffers
 
-        return buffers(dag, direct).smem_bytes(self.BM, self.BN, self.BN // split)
+        bm, bn = (self.BM // 2, self.CO_BN) if coop else (self.BM, self.BN)
+        return buffers(dag, direct).smem_bytes(bm, bn, bn // split)
 
-    def _ring(self, dag: Dag, split: int, elt: int, direct: tuple[str, ...]) -> int:
-        stage = (self.BM + self.BN) * self.BK * elt
-        return min(GLUON_MAX_STAGES,
-                   (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split, direct)) // stage)
+    def _ring(self, dag: Dag, split: int, elt: int, direct: tuple[str, ...],
+              coop: bool = False) -> int:
+        stage = (self.BM + (self.CO_BN if coop else self.BN)) * self.BK * elt
+        most = COOP_MAX_STAGES if coop else GLUON_MAX_STAGES
+        return min(most, (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split, direct, coop))
+                   // stage)
 
-    def _direct(self, dag: Dag, split: int, elt: int, stages: int | None = None
-                ) -> tuple[str, ...]:
+    def _direct(self, dag: Dag, split: int, elt: int, stages: int | None = None,
+                coop: bool = False) -> tuple[str, ...]:
         """Outputs to store from registers instead of staging their pieces in shared
         memory: all piece-staged ones, where that buys A/B stages (measured on H100, alpha-
         beta 8192x8192x1024: 3, 4, 5 stages 0.301, 0.253, 0.237 ms; relu with an aux output
@@ -773,14 +789,42 @@ class GluonFamily(KernelFamily):
         from .gluon_codegen import buffers
 
         pieces = tuple(n for n, _ in buffers(dag).piece_stores)
-        staged = self._ring(dag, split, elt, ())
-        if pieces and self._ring(dag, split, elt, pieces) > staged and (
+        staged = self._ring(dag, split, elt, (), coop)
+        if pieces and self._ring(dag, split, elt, pieces, coop) > staged and (
                 stages is None or stages > staged):
             return pieces
         return ()
 
-    def _stages(self, dag: Dag, split: int, elt: int) -> int:
-        return self._ring(dag, split, elt, self._direct(dag, split, elt))
+    def _stages(self, dag: Dag, split: int, elt: int, coop: bool = False) -> int:
+        return self._ring(dag, split, elt, self._direct(dag, split, elt, coop=coop), coop)
+
+    @staticmethod
+    def _coop_refusal(args: GemmArguments) -> str | None:
+        """Why the cooperative tiles do not fit ``args`` (None: they do)."""
+        if args.A.stride(-1) != 1:
+            return "A is column-major (a consumer takes its rows of the stage by slicing A's)"
+        for o in reduce_outputs(args.optimized_dag):
+            if o.kind is OutputKind.COL and not atomic_folded(o):
+                return (f"{o.name} is a per-column {o.node.op}: one partial per tile and column, "
+                        "and a cooperative tile's two consumers each hold half the rows")
+        return None
+
+    def _coop_configs(self, args: GemmArguments) -> list[TileConfig]:
+        """128x256 tiles, both consumers on each (CUTLASS's cooperative kernel): the
+        mainloop reads A and B as the hopper family's 128x256 tiles do (a third less L2
+        traffic than 128x128 per consumer), and the aux tiles still arrive by TMA during
+        it, which the hopper family cannot do; no epilogue overlaps a mainloop, but a
+        problem of about one wave of tiles has no next mainloop to overlap anyway."""
+        if self._coop_refusal(args):
+            return []
+        dag, elt = args.optimized_dag, args.A.element_size()
+        out = []
+        for split in (4, 2):
+            stages = self._stages(dag, split, elt, coop=True)
+            if stages >= COOP_MIN_STAGES:
+                out.append(TileConfig(self.BM, self.CO_BN, self.BK, 8, 4, stages,
+                                      epi_split=split, cooperative=True))
+        return out
 
     def configs(self, args, target):
         bm, bn, bk = self.BM, self.BN, self.BK
@@ -808,14 +852,15 @@ class GluonFamily(KernelFamily):
         four = self._ring(dag, 4, elt, ())
         if self._direct(dag, 4, elt) and four >= GLUON_MIN_STAGES and self._forced_split() in (0, 4):
             out.append(TileConfig(bm, bn, bk, 8, 4, four, epi_split=4))
-        return out
+        return out[:2] + self._coop_configs(args) + out[2:]
 
     def spec(self, args, config, target):
         dag = args.optimized_dag
         return KernelSpec("gluon", dag, bool(args.A.stride(-1) != 1),
                           bool(args.B.stride(-1) != 1), False, False, config.epi_split, True,
                           direct=self._direct(dag, config.epi_split, args.A.element_size(),
-                                              config.num_stages))
+                                              config.num_stages, config.cooperative),
+                          coop=config.cooperative)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

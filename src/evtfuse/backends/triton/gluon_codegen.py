@@ -116,7 +116,7 @@ class _GluonTile:
     suffix: str
     first_sub: str
     rm: str = "rm"
-    bm: str = "BLOCK_M"
+    bm: str = "EPI_M"  # the consumer's rows of the tile (``row0`` the first)
     bn: str = "SUB_N"
     pid_m: str = "pid_m_c"
     pid_n: str = "pid_n_c"
@@ -131,7 +131,7 @@ class _GluonTile:
         return "gl.thread_barrier()"  # the consumer warpgroup's own barrier
 
     def lane(self) -> str:
-        return f"({self.rm} - pid_m_c * BLOCK_M)"
+        return f"({self.rm} - row0)"
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.loop:
@@ -169,7 +169,7 @@ class _GluonTile:
             f"tma.store_wait(pendings={2 * n - 1})",
             f"{buf}.store(({value}).to(ob_{u}.dtype))",
             "fence_async_shared()",
-            f"tma.async_copy_shared_to_global({u}_desc, [pid_m_c * BLOCK_M, pid_n_c * BLOCK_N "
+            f"tma.async_copy_shared_to_global({u}_desc, [row0, pid_n_c * BLOCK_N "
             f"+ {self.k} * SUB_N], {buf})",
         ])
 
@@ -247,11 +247,30 @@ MEM_FIRST = "second"
 
 
 def _first_loads(staged: bool, tail: str) -> list[str]:
-    """The memory warp's aux loads for tiles 0 and 1 (``staged``: the second waits)."""
+    """The memory warp's aux loads for units 0 and 1 (``staged``: the second waits)."""
     issue = f"_ef_mem_issue({{t}}, start, nprog, num_pid_m, num_pid_n, c_ready, {tail})"
     wait = [f"{I2}mbarrier.wait(c_go.index(0), 0)  # consumer 0's first mainloop issued"]
-    return [f"{I1}{issue.format(t=0)}", f"{I1}if my_tiles > 1:", *(wait if staged else []),
+    return [f"{I1}{issue.format(t=0)}", f"{I1}if my_units > 1:", *(wait if staged else []),
             f"{I2}{issue.format(t=1)}"]
+
+
+def _unit_origin(coop: bool) -> list[str]:
+    """``_ef_unit_origin``: the first row and column of an epilogue unit's block. A unit
+    is what one consumer's aux and output buffers hold at a time: ping-pong, tile ``u``
+    of the program (consumer ``u % 2`` takes it whole); cooperative, half ``u % 2`` (the
+    rows of consumer ``u % 2``) of the program's tile ``u // 2``. Either way buffer set
+    ``u % 2`` serves unit ``u`` and is reused by unit ``u + 2``."""
+    tile, rows = ("start + (u // 2) * nprog", " + (u % 2) * (BLOCK_M // 2)") if coop \
+        else ("start + u * nprog", "")
+    return [
+        "@gluon.jit",
+        "def _ef_unit_origin(u, start, nprog, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, "
+        "BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):",
+        f"{I1}pid_m, pid_n = _ef_tile_coords({tile}, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I1}return pid_m * BLOCK_M{rows}, pid_n * BLOCK_N",
+        "",
+        "",
+    ]
 
 
 def _coords(trans: bool, row: str, k: str) -> str:
@@ -260,6 +279,7 @@ def _coords(trans: bool, row: str, k: str) -> str:
 
 def _kernel_source(spec: KernelSpec) -> str:
     dag = spec.dag
+    coop = spec.coop
     bufs = buffers(dag, spec.direct)
     epi = _Epilogue(spec)
     params = epilogue_params(dag, "gluon", spec.direct)
@@ -279,6 +299,8 @@ def _kernel_source(spec: KernelSpec) -> str:
     a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K")
     b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K")
     a_smem = "a_bufs.index(s).permute((1, 0))" if spec.a_trans else "a_bufs.index(s)"
+    if coop:  # the consumer's rows of the stage (the family refuses a column-major A)
+        a_smem = "a_bufs.index(s).slice(WHICH * EPI_M, EPI_M, dim=0)"
     b_smem = "b_bufs.index(s).permute((1, 0))" if spec.b_trans else "b_bufs.index(s)"
     L: list[str] = []
     L += [
@@ -292,6 +314,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I1}return pid_m, pid_n",
         "",
         "",
+        *_unit_origin(coop),
         "@gluon.jit",
         f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts_sig}):",
         *_PROGRAM,
@@ -318,7 +341,7 @@ def _kernel_source(spec: KernelSpec) -> str:
                             for u in load_names + [v for v, _ in vec_names]) or "0"
     mem = "".join(f"{a}, " for a in descs + tile_bufs)  # the memory warp's own arguments
     # the one-shot barrier of MEM_FIRST
-    staged = bool(load_names or vec_names) and MEM_FIRST == "second"
+    staged = bool(load_names or vec_names) and MEM_FIRST == "second" and not coop
     go = "c_go, " if staged else ""
     L += [
         "@gluon.jit",
@@ -328,14 +351,15 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     if load_names or vec_names:
         L += [
-            f"{I1}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+            f"{I1}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
+            "BLOCK_N, GROUP_M)",
             f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
         ]
         for u in load_names:
-            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [pid_m * BLOCK_M, "
-                     f"pid_n * BLOCK_N], c_ready.index(b), lb_{u}.index(b))")
+            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [row0, col0], "
+                     f"c_ready.index(b), lb_{u}.index(b))")
         for u, row in vec_names:
-            at = "pid_m * BLOCK_M" if row else "pid_n * BLOCK_N"
+            at = "row0" if row else "col0"
             L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [{at}], c_ready.index(b), "
                      f"vb_{u}.index(b))")
     else:
@@ -346,18 +370,19 @@ def _kernel_source(spec: KernelSpec) -> str:
         "@gluon.jit",
         f"def _ef_mem(c_ready, d_ready, {go}{mem}{sizes}, {consts_sig}):",
         *_PROGRAM,
+        f"{I1}my_units = {'2 * ' if coop else ''}my_tiles",
         *_first_loads(staged, f"{mem}{consts}"),
-        f"{I1}for t in range(my_tiles):",
+        f"{I1}for t in range(my_units):",
         f"{I2}b = t % 2",
-        f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
+        "BLOCK_N, GROUP_M)",
         f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
     ]
     for name, buf in bufs.tile_stores:
         u = uname(name)
-        L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, [pid_m * BLOCK_M, "
-                 f"pid_n * BLOCK_N], {buf}.index(b))")
+        L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, [row0, col0], {buf}.index(b))")
     L += [
-        f"{I2}if t + 2 < my_tiles:",
+        f"{I2}if t + 2 < my_units:",
         f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
         f"{I3}_ef_mem_issue(t + 2, start, nprog, num_pid_m, num_pid_n, c_ready, "
         f"{mem}{consts})",
@@ -371,7 +396,8 @@ def _kernel_source(spec: KernelSpec) -> str:
                           + consumer_params)
     L += [
         "@gluon.jit",
-        "def _ef_mma_step(i, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES: gl.constexpr):",
+        "def _ef_mma_step(i, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES: gl.constexpr, "
+        "WHICH: gl.constexpr, EPI_M: gl.constexpr):",
         f"{I1}s = i % NUM_STAGES",
         f"{I1}mbarrier.wait(ready.index(s), (i // NUM_STAGES) & 1)",
         f"{I1}acc = warpgroup_mma({a_smem}, {b_smem}, acc, use_acc=kk > 0, is_async=True)",
@@ -388,6 +414,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         *_PROGRAM,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
+        f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if coop else ''}  # this consumer's rows of a tile",
         f"{I1}bid64 = 0",
     ]
     L += [f"{I1}{name}_c = {name}.index(WHICH)" for name in tile_bufs]
@@ -395,37 +422,48 @@ def _kernel_source(spec: KernelSpec) -> str:
     if any(epi.program_reduced(o) for o in reduce_outputs(dag)):
         # whole-output reductions accumulate row sums across this consumer's tiles in the
         # layout of a column piece's row sums (a zero tile split as the tiles are)
-        zero_lines, zero_pieces = _split_lines(spec.epi_split, I1, root="pz")
-        L += [f"{I1}pz = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout={LAYOUT})", *zero_lines]
+        zero_lines, zero_pieces = _split_lines(spec.epi_split, I1, root="pz", rows="EPI_M")
+        L += [f"{I1}pz = gl.zeros((EPI_M, BLOCK_N), gl.float32, layout={LAYOUT})", *zero_lines]
         L += epi.program_accumulators(I1, like=zero_pieces[0])
+    if coop:  # both consumers on every tile: each stage is released by both (``empty``
+        # counts two arrivals), so neither can run a ring phase ahead of the other
+        L += [f"{I1}for r in range(my_tiles):", f"{I2}t = r"]
+    else:
+        L += [f"{I1}for r in range((my_tiles - WHICH + 1) // 2):", f"{I2}t = 2 * r + WHICH"]
     L += [
-        f"{I1}for r in range((my_tiles - WHICH + 1) // 2):",
-        f"{I2}t = 2 * r + WHICH",
         # a fresh accumulator per tile: the last tile's dies with its epilogue instead of
         # staying live (as the first wgmma's input) through it
-        f"{I2}acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout={LAYOUT})",
+        f"{I2}acc = gl.zeros((EPI_M, BLOCK_N), gl.float32, layout={LAYOUT})",
         f"{I2}i0 = t * k_tiles  # ring index of this tile's first k-step",
+    ]
+    if not coop:
         # wait for the other consumer to have issued its previous mainloop: the ring's
         # barriers are waited on by parity, so a consumer must never run two phases ahead
-        f"{I2}mbarrier.wait(order.index(WHICH), (r & 1) ^ (1 - WHICH))",
+        L.append(f"{I2}mbarrier.wait(order.index(WHICH), (r & 1) ^ (1 - WHICH))")
+    L += [
         f"{I2}for kk in range(k_tiles):",
-        f"{I3}acc = _ef_mma_step(i0 + kk, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES)",
-        f"{I2}mbarrier.arrive(order.index(1 - WHICH))  # every wgmma issued: the other's turn",
+        f"{I3}acc = _ef_mma_step(i0 + kk, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES, "
+        "WHICH, EPI_M)",
+    ]
+    if not coop:
+        L.append(f"{I2}mbarrier.arrive(order.index(1 - WHICH))  # every wgmma issued: the other's turn")
+    L += [
         *([f"{I2}if WHICH == 0:", f"{I3}mbarrier.arrive(c_go.index(0), pred=r == 0)"] if staged else []),
         f"{I2}acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
         f"{I2}mbarrier.arrive(empty.index((i0 + k_tiles - 1) % NUM_STAGES))",
         f"{I2}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}row0 = pid_m_c * BLOCK_M{' + WHICH * EPI_M' if coop else ''}  # this consumer's first row",
         f"{I2}mbarrier.wait(c_ready.index(WHICH), r & 1)  # aux tiles in, old outputs out",
     ]
     # the epilogue runs on column pieces of the tile (as the hopper family's sub-tiles):
     # a 128x128 fp32 tile is 128 registers per thread, which leaves too few for
     # transcendental-heavy epilogues (ptxas spills)
-    split_lines, pieces = _split_lines(spec.epi_split, I2)
+    split_lines, pieces = _split_lines(spec.epi_split, I2, rows="EPI_M")
     L += split_lines
     if _piece_loop(epi, spec):
         L += [
             f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
-            f"{I2}rm = pid_m_c * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, PL))",
+            f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, PL))",
             f"{I2}for k in range({len(pieces)}):",
             *_piece_select(bufs, pieces, I3),
             f"{I3}rn = pid_n_c * BLOCK_N + k * SUB_N + gl.arange(0, SUB_N, "
@@ -442,7 +480,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
         rn = f"rn{k}"
         L += [
-            f"{I2}rm = pid_m_c * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, {layout}))",
+            f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, {layout}))",
             f"{I2}{rn} = pid_n_c * BLOCK_N + {k} * SUB_N + gl.arange(0, SUB_N, "
             f"layout=gl.SliceLayout(0, {layout}))",
         ]
@@ -498,7 +536,7 @@ def _kernel_source(spec: KernelSpec) -> str:
            f"{I1}mbarrier.init(c_go.index(0), count=1)"] if staged else []),
         f"{I1}for i in gl.static_range(NUM_STAGES):",
         f"{I2}mbarrier.init(ready.index(i), count=1)",
-        f"{I2}mbarrier.init(empty.index(i), count=1)",
+        f"{I2}mbarrier.init(empty.index(i), count={2 if coop else 1})",
         f"{I1}for i in gl.static_range(2):",
         f"{I2}mbarrier.init(c_ready.index(i), count=1)",
         f"{I2}mbarrier.init(d_ready.index(i), count=1)",
