@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU test tier in parallel shards on one GPU (compiles are CPU-bound: one process
 # takes ~20 min cold, more than a 10-minute device call). Usage, on the GPU machine from
-# the repository root:  scripts/gpu_tier.sh LOGDIR [TIMEOUT_S]
+# the repository root:  scripts/gpu_tier.sh LOGDIR [TIMEOUT_S] [SHARD ...]
 # Each shard gets its own evtfuse cache; logs go to LOGDIR/<shard>.log; prints one summary
 # line per shard and exits non-zero if any shard failed or timed out.
 set -u
 out=${1:?log folder}
 limit=${2:-540}
+shift $(( $# < 2 ? $# : 2 ))
+only=" $* "  # shard names to run (none: every shard)
 mkdir -p "$out"
 G=tests/gpu/test_gpu_gluon.py
 K=tests/gpu/test_gpu_kernels.py
@@ -26,6 +28,7 @@ declare -A shards=(
 )
 pids=()
 for name in "${!shards[@]}"; do
+  [[ $only == "  " || $only == *" $name "* ]] || { unset "shards[$name]"; continue; }
   files=${shards[$name]%%|*}
   sel=${shards[$name]#*|}
   read -r -a args <<< "$files"

@@ -58,10 +58,18 @@ def main() -> None:
     p.add_argument("--coop-stages", default="",
                    help="also time the gluon family's cooperative 128x256 tiles at these A/B "
                    "stage counts (e.g. 3,4), in 4 and 2 column pieces")
+    p.add_argument("--coop-eager", action="store_true",
+                   help="cooperative tiles load the first tile's aux halves at once instead of "
+                   "after the ring's first fill (``gluon_codegen.COOP_GO``); use its own "
+                   "EVTFUSE_CACHE_DIR")
     p.add_argument("--loop-direct", action="store_true",
                    help="gluon quarters in the runtime piece loop with register-stored outputs too "
                    "(the generator keeps those unrolled)")
     a = p.parse_args()
+    if a.coop_eager:
+        from evtfuse.backends.triton import gluon_codegen
+
+        gluon_codegen.COOP_GO = False
     if a.loop_direct:
         from evtfuse.backends.triton import gluon_codegen
 

@@ -148,10 +148,19 @@ def test_cooperative_tiles_share_the_ring():
     assert "row0 = pid_m_c * BLOCK_M + WHICH * EPI_M" in consumer
     assert "my_units = 2 * my_tiles" in _function(src, "_ef_mem")
     assert "(u % 2) * (BLOCK_M // 2)" in _function(src, "_ef_unit_origin")
-    assert "c_go" not in src  # both halves of the first tile load at once
+    # both halves of the first tile load once consumer 0 has seen the ring's first fill
+    mem = _function(src, "_ef_mem")
+    assert mem.index("mbarrier.wait(c_go.index(0), 0)") < mem.index("_ef_mem_issue(0,") \
+        < mem.index("_ef_mem_issue(1,")
+    assert "(kk == gl.minimum(k_tiles, NUM_STAGES) - 1)" in consumer
     # the ping-pong source is unchanged in these respects
     pp = generate(fam.spec(args, fam.configs(args, H100)[0], H100))
     assert "count=2" not in pp and "my_units = my_tiles" in pp and "order.index" in pp
+    # halves only for light epilogues (a heavy one in halves spills)
+    assert [c.epi_split for c in coop] == [4, 2]
+    heavy = _args("def epi(accum, C): D = silu(accum) * tanh(C) + sigmoid(accum * C); return D",
+                  C=torch.randn(M, N).to(BF))
+    assert [c.epi_split for c in fam.configs(heavy, H100) if c.cooperative] == [4]
     # refusals: a column-major A (its stage is sliced by rows), a per-column sum
     a_col = GemmArguments(torch.randn(K, M).to(BF).T, args.B, args.out, epilogue=args.epilogue)
     assert "column-major" in fam._coop_refusal(a_col)

@@ -809,6 +809,15 @@ class GluonFamily(KernelFamily):
                         "and a cooperative tile's two consumers each hold half the rows")
         return None
 
+    @staticmethod
+    def _coop_splits(dag: Dag) -> tuple[int, ...]:
+        """Column pieces of the cooperative configs: quarters (64x64 per consumer), and
+        halves too for light epilogues (``_gluon_split``), where they can win (alpha-beta
+        2048^3 on H100: 0.0335 ms against 0.0351); a heavy epilogue in halves spills and
+        compiles for minutes (the GPU tier's every-op epilogue: 38,485 local accesses,
+        124 s offline)."""
+        return (4, 2) if _gluon_split(dag) == 2 else (4,)
+
     def _coop_configs(self, args: GemmArguments) -> list[TileConfig]:
         """128x256 tiles, both consumers on each (CUTLASS's cooperative kernel): the
         mainloop reads A and B as the hopper family's 128x256 tiles do (a third less L2
@@ -819,7 +828,7 @@ class GluonFamily(KernelFamily):
             return []
         dag, elt = args.optimized_dag, args.A.element_size()
         out = []
-        for split in (4, 2):
+        for split in self._coop_splits(dag):
             stages = self._stages(dag, split, elt, coop=True)
             if stages >= COOP_MIN_STAGES:
                 out.append(TileConfig(self.BM, self.CO_BN, self.BK, 8, 4, stages,

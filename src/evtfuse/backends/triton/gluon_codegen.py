@@ -244,11 +244,19 @@ _PROGRAM = [
 # first fill and the first tile's aux loads (H100, 2048^3, C tile loaded: 0.0362 ->
 # 0.0339 ms; also waiting for the ring's first fill before the first tile's was no better)
 MEM_FIRST = "second"
+# cooperative tiles: the memory warp loads the first tile's aux halves once consumer 0 has
+# waited for the ring's first fill (its k-step min(k_tiles, NUM_STAGES) - 1), so that they
+# do not compete with it; False: at once (``scripts/perf_probe.py --coop-eager``)
+COOP_GO = True
 
 
-def _first_loads(staged: bool, tail: str) -> list[str]:
-    """The memory warp's aux loads for units 0 and 1 (``staged``: the second waits)."""
+def _first_loads(staged: bool, tail: str, coop: bool = False) -> list[str]:
+    """The memory warp's aux loads for units 0 and 1 (``staged``: the second waits; for
+    cooperative tiles, both: they are the halves of the first tile)."""
     issue = f"_ef_mem_issue({{t}}, start, nprog, num_pid_m, num_pid_n, c_ready, {tail})"
+    if coop:
+        wait = [f"{I1}mbarrier.wait(c_go.index(0), 0)  # the ring's first fill has landed"]
+        return [*(wait if staged else []), f"{I1}{issue.format(t=0)}", f"{I1}{issue.format(t=1)}"]
     wait = [f"{I2}mbarrier.wait(c_go.index(0), 0)  # consumer 0's first mainloop issued"]
     return [f"{I1}{issue.format(t=0)}", f"{I1}if my_units > 1:", *(wait if staged else []),
             f"{I2}{issue.format(t=1)}"]
@@ -341,7 +349,7 @@ def _kernel_source(spec: KernelSpec) -> str:
                             for u in load_names + [v for v, _ in vec_names]) or "0"
     mem = "".join(f"{a}, " for a in descs + tile_bufs)  # the memory warp's own arguments
     # the one-shot barrier of MEM_FIRST
-    staged = bool(load_names or vec_names) and MEM_FIRST == "second" and not coop
+    staged = bool(load_names or vec_names) and (COOP_GO if coop else MEM_FIRST == "second")
     go = "c_go, " if staged else ""
     L += [
         "@gluon.jit",
@@ -371,7 +379,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"def _ef_mem(c_ready, d_ready, {go}{mem}{sizes}, {consts_sig}):",
         *_PROGRAM,
         f"{I1}my_units = {'2 * ' if coop else ''}my_tiles",
-        *_first_loads(staged, f"{mem}{consts}"),
+        *_first_loads(staged, f"{mem}{consts}", coop),
         f"{I1}for t in range(my_units):",
         f"{I2}b = t % 2",
         f"{I2}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
@@ -445,10 +453,15 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I3}acc = _ef_mma_step(i0 + kk, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES, "
         "WHICH, EPI_M)",
     ]
+    if staged and coop:
+        L += [f"{I3}if WHICH == 0:",
+              f"{I3}    mbarrier.arrive(c_go.index(0), pred=(r == 0) & "
+              "(kk == gl.minimum(k_tiles, NUM_STAGES) - 1))"]
     if not coop:
         L.append(f"{I2}mbarrier.arrive(order.index(1 - WHICH))  # every wgmma issued: the other's turn")
     L += [
-        *([f"{I2}if WHICH == 0:", f"{I3}mbarrier.arrive(c_go.index(0), pred=r == 0)"] if staged else []),
+        *([f"{I2}if WHICH == 0:", f"{I3}mbarrier.arrive(c_go.index(0), pred=r == 0)"]
+          if staged and not coop else []),
         f"{I2}acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
         f"{I2}mbarrier.arrive(empty.index((i0 + k_tiles - 1) % NUM_STAGES))",
         f"{I2}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
