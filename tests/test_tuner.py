@@ -1,6 +1,6 @@
 """The tuner's search (``runtime.tuner._search``) with stand-in kernels on the CPU: the
-lowest time over the interleaved rounds wins, a candidate that fails is skipped, and
-every candidate that ran is timed in every round."""
+lowest sustained time (the median of the rounds after the first) wins, a candidate that
+fails is skipped, and every candidate that ran is timed in every round."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from evtfuse.runtime import tuner
 
 
 class _Stand:
-    def __init__(self, name: str, seconds: float, fails: bool = False):
+    def __init__(self, name: str, seconds: float, fails: bool = False, first: float | None = None):
         self.name, self.seconds, self.fails, self.calls = name, seconds, fails, 0
+        self.first = seconds if first is None else first  # its compile run and first round
 
     def run(self, args) -> None:
         if self.fails:
             raise RuntimeError("out of resources: shared memory")
         self.calls += 1
-        time.sleep(self.seconds)
+        time.sleep(self.first if self.calls <= 2 else self.seconds)
 
 
 def _args() -> GemmArguments:
@@ -36,6 +37,16 @@ def test_search_takes_the_fastest_and_skips_failures():
     assert best is fast
     # a first run (compile), then one timed call per round
     assert slow.calls == fast.calls == 1 + tuner.ROUNDS
+
+
+def test_search_judges_the_rounds_after_the_first():
+    """A candidate fast only in its first round (timed on a GPU cooled by its compile)
+    loses to one that is faster in the later, back-to-back rounds."""
+    cool = _Stand("cool", 0.006, first=0.0005)
+    steady = _Stand("steady", 0.003)
+    assert tuner._search(_args(), [cool, steady], "fast") is steady
+    assert tuner._sustained([1.0, 5.0, 3.0, 4.0, 9.0]) == 4.5  # median of 5, 3, 4, 9
+    assert tuner._sustained([2.0]) == 2.0
 
 
 def test_search_with_nothing_that_runs_says_so():
