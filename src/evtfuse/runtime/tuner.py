@@ -1,10 +1,10 @@
 """Autotuning: time candidate kernels once per problem, remember the winner on disk.
 
 Layer: runtime. The key holds everything that changes which kernel is best or whether
-it runs at all: the code generator's version (new kernel families re-tune), the
-epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides' order
-and TMA alignment), the GPU's name and capability, and the tuning mode. The in-memory
-table answers repeated calls without touching the disk. "fast" tuning times the
+it runs at all: the code generator's and the search's versions (new kernel families and
+a new search re-tune), the epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides'
+order and TMA alignment), the GPU's name and capability, and the tuning mode. The
+in-memory table answers repeated calls without touching the disk. "fast" tuning times the
 heuristic's first few candidates and stops at a time budget (30 s by default,
 ``EVTFUSE_TUNE_BUDGET_S``); "exhaustive" times all; "none" takes the first.
 """
@@ -28,6 +28,7 @@ from .kernel import tensor_key
 log = logging.getLogger("evtfuse")
 
 FAST_CANDIDATES = 10  # the gluon family's 6-7 (2 piece counts x 2 GROUP_M, 2 cooperative, + staged quarters), then the hopper family's
+TUNER_VERSION = "2"  # part of the key: a choice made by an older search is made again
 _memory: dict[str, object] = {}
 
 
@@ -36,7 +37,7 @@ def tuning_key(args: GemmArguments, tune: str, cc) -> str:
     # what a kernel's support and speed depend on in each tensor: the launch plans' key
     tensors = sorted((k, str(tensor_key(v))) for k, v in values.items()
                      if isinstance(v, torch.Tensor))
-    return cache.make_key(GENERATOR_VERSION, signature(args.dag), args.L, args.M, args.N, args.K,
+    return cache.make_key(GENERATOR_VERSION, TUNER_VERSION, signature(args.dag), args.L, args.M, args.N, args.K,
                           str(tensor_key(args.A)), str(tensor_key(args.B)), tensors, args.allow_tf32,
                           device_name(args.A.device), cc, tune)
 

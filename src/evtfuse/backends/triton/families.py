@@ -700,12 +700,15 @@ COOP_MAX_STAGES = 4
 
 
 class GluonFamily(KernelFamily):
-    """CUTLASS's ping-pong structure written in Gluon (see ``gluon_codegen``)."""
+    """CUTLASS's ping-pong and cooperative structures written in Gluon (see
+    ``gluon_codegen``): 128x128 tiles per consumer warpgroup, or 128x256 tiles shared by
+    both (``TileConfig.cooperative``)."""
 
     name = "gluon"
     description = ("warp-specialized ping-pong (Gluon, sm_90): a TMA producer warp, two MMA "
                    "warpgroups on alternate tiles (one's epilogue overlaps the other's "
-                   "mainloop), aux tiles TMA-loaded into shared memory ahead of the epilogue")
+                   "mainloop) or both on one 128x256 tile (cooperative, '_co'), aux tiles "
+                   "TMA-loaded into shared memory ahead of the epilogue")
 
     def supports(self, args, target):
         if target.kind != "cuda":

@@ -28,6 +28,16 @@ indices) need that layout here. Scope (``families.GluonFamily.supports``): Hoppe
 (sm_90), fp16/bf16 A and B, one batch, no per-row/per-column stored vectors; per-row/
 -column operands of fp16/bf16/fp32 contiguous and 16-byte aligned (they move by TMA).
 Design notes and measurements of the prototype: ``scripts/gluon_probe.py``.
+
+**Cooperative tiles** (``KernelSpec.coop``, CUTLASS's ``KernelTmaWarpSpecializedCooperative``):
+both consumers work on every tile of the program, consumer ``WHICH`` on rows
+``WHICH * EPI_M`` to ``(WHICH + 1) * EPI_M`` (``EPI_M = BLOCK_M // 2``), reading its rows of
+A's stage and all of B's; every stage is released by both (``empty`` counts two
+arrivals), so neither can run a ring phase ahead and no ``order`` barrier is needed. The
+epilogue-memory warp works on *units*: a unit is what one consumer's buffers hold at a
+time (ping-pong: tile ``u`` of the program; cooperative: half ``u % 2`` of tile ``u // 2``),
+so in both structures buffer set ``u % 2`` serves unit ``u`` and is reused by unit ``u + 2``
+(``_ef_unit_origin`` gives a unit's first row and column).
 """
 
 from __future__ import annotations
