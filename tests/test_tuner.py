@@ -49,6 +49,20 @@ def test_search_judges_the_rounds_after_the_first():
     assert tuner._sustained([2.0]) == 2.0
 
 
+def test_budget_keeps_room_for_the_later_rounds(monkeypatch):
+    """With 100 ms windows and four rounds, each candidate that ran costs ~0.33 s more
+    after the first round: a 0.5 s budget takes two candidates, not all four."""
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "0.5")
+    monkeypatch.setattr(tuner, "REP_MS", 100)
+    monkeypatch.setattr(tuner, "ROUNDS", 4)
+    cands = [_Stand(f"k{i}", 0.001) for i in range(4)]
+    tuner._search(_args(), cands, "fast")
+    assert [c.calls > 0 for c in cands] == [True, True, False, False]
+    every = [_Stand(f"e{i}", 0.001) for i in range(4)]
+    tuner._search(_args(), every, "exhaustive")  # times every candidate, budget or not
+    assert all(c.calls == 1 + tuner.ROUNDS for c in every)
+
+
 def test_search_with_nothing_that_runs_says_so():
     with pytest.raises(UnsupportedError, match="every candidate kernel failed"):
         tuner._search(_args(), [_Stand("a", 0, True), _Stand("b", 0, True)], "fast")

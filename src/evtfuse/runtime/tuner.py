@@ -129,9 +129,10 @@ def _sustained(times: list[float]) -> float:
 
 
 def _search(args: GemmArguments, kernels, tune: str):
-    """Compile and time each candidate (first round, within the budget), then time the
-    ones that ran in ``ROUNDS - 1`` more rounds in turn, interleaved; the lowest
-    ``_sustained`` time wins."""
+    """Compile and time each candidate (first round), then time the ones that ran in
+    ``ROUNDS - 1`` more rounds in turn, interleaved; the lowest ``_sustained`` time wins.
+    The first round stops taking candidates where the time spent plus what the later
+    rounds will take for those that ran would pass the budget."""
     from tqdm.auto import tqdm
 
     budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "30"))
@@ -144,7 +145,9 @@ def _search(args: GemmArguments, kernels, tune: str):
     bar = tqdm(cands, desc=f"evtfuse tuning {args.M}x{args.N}x{args.K}", leave=False,
                disable=not show)
     for k in bar:
-        if tune != "exhaustive" and ran and time.perf_counter() - t_start > budget:
+        # the later rounds time every candidate that ran: keep room for them in the budget
+        later = (ROUNDS - 1) * sum(REP_MS + 5 * times[r.name][0] + 10 for r in ran) / 1e3
+        if tune != "exhaustive" and ran and time.perf_counter() - t_start + later > budget:
             log.info("tuning budget of %.0f s spent after %d candidates", budget, len(ran))
             break
         try:
