@@ -179,8 +179,10 @@ def _coop(base, stage_counts):
     from evtfuse.backends.triton.families import GluonFamily, TileConfig
     from evtfuse.runtime.kernel import Kernel
 
-    return [Kernel(GluonFamily(), TileConfig(128, 256, 64, 8, 4, st, epi_split=sp, cooperative=True),
-                   base.target) for st in stage_counts for sp in (4, 2)]
+    fam = GluonFamily()
+    return [Kernel(fam, TileConfig(fam.BM, fam.CO_BN, fam.BK, 8, 4, st, epi_split=sp,
+                                   cooperative=True), base.target)
+            for st in stage_counts for sp in (4, 2)]
 
 
 def _portable(base):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 
 import torch
@@ -57,7 +58,8 @@ def _time_kernel(kernel, args: GemmArguments) -> float:
         return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
 
-    return float(do_bench(lambda: kernel.run(args), warmup=5, rep=REP_MS, return_mode="median"))
+    return float(do_bench(lambda: kernel.run(args), warmup=WARMUP_MS, rep=REP_MS,
+                          return_mode="median"))
 
 
 def _scratch(args: GemmArguments) -> GemmArguments:
@@ -108,6 +110,7 @@ ROUNDS = 4  # timing rounds over all candidates, interleaved
 # 200 ms windows cuBLAS read 0.814, the hopper kernel ranked first (0.837-0.851 against
 # 0.841-0.902) and the benchmark suite, which times as long, agreed (0.819 against 0.855)
 REP_MS = 100
+WARMUP_MS = 5  # do_bench's warm-up time before each window
 
 
 def _sustained(times: list[float]) -> float:
@@ -123,9 +126,7 @@ def _sustained(times: list[float]) -> float:
     0.74-0.77 ms against 0.80-0.88 for the others); 4096^3 likewise. An earlier tuner took
     the lowest time of any round (fifth session: at 8192^3 the first times ranked the
     families as a sustained duel did), which made the pick depend on compile times."""
-    later = sorted(times[1:] or times)
-    mid = len(later) // 2
-    return later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2
+    return statistics.median(times[1:] or times)
 
 
 def _search(args: GemmArguments, kernels, tune: str):
@@ -146,7 +147,10 @@ def _search(args: GemmArguments, kernels, tune: str):
                disable=not show)
     for k in bar:
         # the later rounds time every candidate that ran: keep room for them in the budget
-        later = (ROUNDS - 1) * sum(REP_MS + 5 * times[r.name][0] + 10 for r in ran) / 1e3
+        # (a do_bench window: 6 calls to estimate the run time, warm-up, the window itself,
+        # ~10 ms of host work)
+        later = (ROUNDS - 1) * sum(6 * times[r.name][0] + WARMUP_MS + REP_MS + 10
+                                   for r in ran) / 1e3
         if tune != "exhaustive" and ran and time.perf_counter() - t_start + later > budget:
             log.info("tuning budget of %.0f s spent after %d candidates", budget, len(ran))
             break
