@@ -22,6 +22,7 @@ CASES = {
     "relu_aux": ("def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
                  ["C"]),
     "gelu_bias": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", ["bias"]),
+    "bias_relu": ("def epi(accum, bias): D = relu(accum + bias); return D", ["bias"]),
     "silu_mul": ("def epi(accum, C): D = silu(accum) * C; return D", ["C"]),
     "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", []),
     "bce": ("def epi(accum, bias, C): f = accum + bias; "
@@ -52,6 +53,8 @@ def main() -> None:
     p.add_argument("--direct", choices=("auto", "all", "none"), default="auto",
                    help="gluon variants' outputs stored from registers: the family's choice, "
                    "every full output, or none")
+    p.add_argument("--small-m", action="store_true",
+                   help="time hopper variants for small M instead of the library's candidates")
     p.add_argument("--portable", action="store_true",
                    help="also time the portable (non-persistent, plain tl.dot) family at tile "
                    "sizes that fit two CTAs per SM, as torch.compile's mm template does")
@@ -122,6 +125,8 @@ def main() -> None:
                     k for k in kernels if k.family.name == "hopper"][:2]
             if a.portable:
                 kernels = kernels + _portable(every[0])
+            if a.small_m:
+                kernels = _small_m(every[0])
             if a.coop_stages:
                 kernels = kernels + _coop(every[0], [int(x) for x in a.coop_stages.split(",")])
             for k in kernels:
@@ -170,6 +175,21 @@ def _sweep(base, name):
                               prefetch=True))
     configs.append(TileConfig(128, 128, 64, 8, 8, 2, epi_split=2, ctas_per_sm=2))
     configs.append(TileConfig(128, 256, 64, 8, 8, 2, epi_split=4, ctas_per_sm=2))
+    return [Kernel(HopperFamily(), c, base.target) for c in configs]
+
+
+def _small_m(base):
+    """Hopper variants for small M (64x8192x8192: B's read is the cost): 64-row tiles with
+    128-deep k-steps at several stage counts, the aux tiles loaded before the mainloop or
+    after it, and narrower tiles at two programs per SM."""
+    from evtfuse.backends.triton.families import HopperFamily, TileConfig
+    from evtfuse.runtime.kernel import Kernel
+
+    configs = [TileConfig(64, 64, 128, 8, 4, st, epi_split=1, prefetch=pf)
+               for st in (4, 5, 6) for pf in (False, True)]
+    configs += [TileConfig(64, 128, 128, 8, 4, 4, epi_split=1),
+                TileConfig(64, 64, 256, 8, 4, 3, epi_split=1),
+                TileConfig(64, 32, 128, 8, 4, 4, epi_split=1, ctas_per_sm=2)]
     return [Kernel(HopperFamily(), c, base.target) for c in configs]
 
 

@@ -85,12 +85,21 @@ def test_configs_fit_shared_memory_or_refuse():
     assert [(c.block_n, c.epi_split, c.num_stages) for c in cfgs if c.cooperative] == [
         (256, 4, 3), (256, 2, 3)]
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
-    # D staged in C's tiles; F's pieces would leave 4 stages, so F is stored from registers
+    # D staged in C's tiles; F's pieces would leave 4 stages, so F goes into C's chunks
+    # after D (slots) at five stages, in quarters (two per chunk) and halves (one)
     cfgs = [c for c in fam.configs(two, H100) if not c.cooperative]
-    assert [c.num_stages for c in cfgs] == [5, 5, 5, 5, 4]
-    assert [fam.spec(two, c, H100).direct for c in cfgs] == [("F",)] * 4 + [()]
-    assert cfgs[-1].epi_split == 4  # every output staged: quarters, 4 stages
+    assert [(c.num_stages, c.epi_split, c.slots) for c in cfgs] == [
+        (5, 4, True), (5, 4, True), (5, 2, True), (5, 2, True)]
+    assert [(fam.spec(two, c, H100).direct, fam.spec(two, c, H100).slots) for c in cfgs] == [
+        ((), 2), ((), 2), ((), 1), ((), 1)]
     assert fam._ring(two.optimized_dag, 4, 2, ()) == 4  # with F's pieces in shared memory
+    # an fp16 F has no bf16 buffer to share: stored from registers at five stages, and
+    # every output staged at four
+    f16 = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=torch.half))
+    cfgs = [c for c in fam.configs(f16, H100) if not c.cooperative]
+    assert [c.num_stages for c in cfgs] == [5, 5, 5, 5, 4] and not any(c.slots for c in cfgs)
+    assert [fam.spec(f16, c, H100).direct for c in cfgs] == [("F",)] * 4 + [()]
+    assert cfgs[-1].epi_split == 4  # every output staged: quarters, 4 stages
     assert fam.spec(ab, cfgs[0], H100).direct == ()  # alpha-beta stages D in C's tiles
     many = _args("def epi(accum, C, X, Y): D = accum + C + X + Y; return D",
                  C=torch.randn(M, N).to(BF), X=torch.randn(M, N).to(BF), Y=torch.randn(M, N).to(BF))
@@ -198,9 +207,49 @@ def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
         assert f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_u_D)" in consumer
     amax = _args(CASES["row_amax"][0], amax=torch.empty(M, 1))  # per-row partials: unrolled
     assert "for k in range(" not in _function(source(amax, 4), "_ef_consumer")
-    aux = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
+    aux = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=torch.half))
     assert "for k in range(" not in _function(source(aux, 4, stages=5), "_ef_consumer")  # F direct
     assert "for k in range(4):" in _function(source(aux, 4), "_ef_consumer")  # F staged
+
+
+def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
+    """relu with an aux output: D goes into C's buffer in place, F into the same chunk
+    once D's chunk has left; the consumer stores both by 128-byte chunk (64 bf16 columns)
+    and waits on the bulk groups in their issue order; the memory warp only loads."""
+    from evtfuse.backends.triton.codegen import generate
+    from evtfuse.backends.triton.gluon_codegen import slot_columns, slots_fit
+
+    two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
+    b = buffers(two.optimized_dag, slots=True)
+    assert b.slot_stores == (("F", "lb_u_C"),) and b.consumer_tiles == (("D", "lb_u_C"),)
+    assert not b.piece_stores and b.smem_bytes(128, 128, 32) == 2 * 128 * 128 * 2  # C's tiles only
+    assert slot_columns(BF) == 64 and slot_columns(torch.float32) == 32
+    assert slots_fit(b, 128, 32) and slots_fit(b, 128, 64) and not slots_fit(b, 128, 128)
+    assert buffers(two.optimized_dag).slot_stores == ()  # only when asked
+    fam = GluonFamily()
+    cfg = fam.configs(two, H100)[0]
+    assert cfg.slots and cfg.name.endswith("_sl")
+    src = generate(fam.spec(two, cfg, H100))
+    consumer, mem = _function(src, "_ef_consumer"), _function(src, "_ef_mem")
+    assert "u_D_desc" not in mem and "async_copy_shared_to_global" not in mem
+    lines = [ln.strip() for ln in consumer.splitlines()]
+    stores = [ln for ln in lines if ln.startswith(("tma.async_copy_shared_to_global", "tma.store_wait",
+                                                   "hold_u_F", "lb_u_C_c.slice"))
+              and ".load(" not in ln]
+    chunk = lambda d, c: (f"tma.async_copy_shared_to_global(u_{d}_desc, [row0, pid_n_c * BLOCK_N + "
+                          f"{c} * CH], lb_u_C_c.slice({c} * CH, CH, dim=1))")
+    d_piece = lambda j: f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store((v7_{j}).to(lb_u_C_c.dtype))"
+    f_piece = lambda j: f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store(hold_u_F_{j})"
+    assert [ln.split("  #")[0] for ln in stores] == [
+        d_piece(0), "hold_u_F_0 = (v6_0).to(lb_u_C_c.dtype)",
+        d_piece(1), "hold_u_F_1 = (v6_1).to(lb_u_C_c.dtype)", chunk("D", 0),
+        d_piece(2), "hold_u_F_2 = (v6_2).to(lb_u_C_c.dtype)",
+        d_piece(3), "hold_u_F_3 = (v6_3).to(lb_u_C_c.dtype)", chunk("D", 1),
+        "tma.store_wait(pendings=1)", f_piece(0), f_piece(1), chunk("F", 0),  # D0 done, D1 may run
+        "tma.store_wait(pendings=1)", f_piece(2), f_piece(3), chunk("F", 1),  # D1 done, F0 may run
+        "tma.store_wait(pendings=0)"]  # before the memory warp may reload C
+    assert lines.index("tma.store_wait(pendings=0)  # the buffers are free again") < \
+        lines.index("mbarrier.arrive(d_ready.index(WHICH))")
 
 
 def test_offline_compiles_specialize_as_the_jit_does():

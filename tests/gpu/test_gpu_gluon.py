@@ -198,12 +198,32 @@ def test_staged_quarters_of_register_stored_outputs(mnk):
     """Where an output goes from registers for a fifth A/B stage, the family's last config
     stages every output at four stages (TMA stores, the runtime piece loop): it verifies
     too, ragged and with one tile per consumer."""
-    args = _epilogue_args("relu_aux_two_outputs", *mnk)
+    M, N, K = mnk  # an fp16 F: no bf16 buffer to share with D (slots), so from registers
+    F = torch.empty(M, N, device=DEV, dtype=torch.float16)
+    D = torch.empty(M, N, device=DEV, dtype=BF)
+    args = GemmArguments(_rand(M, K, dtype=BF), _rand(K, N, dtype=BF) * 0.25, D,
+                         epilogue=EpilogueArguments(EPILOGUES["relu_aux_two_outputs"][0],
+                                                    C=_rand(M, N, dtype=BF), alpha=0.75, F=F, D=D))
     ks = family_kernels(args, "gluon")
     fam, last = ks[-1].family, ks[-1].config
     assert fam.spec(args, ks[0].config, ks[0].target).direct == ("F",)
     assert (last.epi_split, last.num_stages, fam.spec(args, last, ks[-1].target).direct) == (4, 4, ())
     result = ks[-1].verify(args)
+    assert result, result.report()
+
+
+@pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 2048, 512), (4000, 2600, 136)])
+def test_slot_stores(mnk):
+    """Where an output would go from registers for a fifth A/B stage, the family also
+    offers it staged in the C buffer's 128-byte chunks after D's (``_sl``: the consumer
+    TMA-stores D and F by chunk, the pieces of F wait in registers for D's chunk to have
+    left): it verifies ragged, with one tile per consumer and with several."""
+    args = _epilogue_args("relu_aux_two_outputs", *mnk)
+    ks = [k for k in family_kernels(args, "gluon") if k.config.slots]
+    assert ks, [k.name for k in family_kernels(args, "gluon")]
+    spec = ks[0].family.spec(args, ks[0].config, ks[0].target)
+    assert (spec.slots, spec.direct, ks[0].config.num_stages) == (2, (), 5)
+    result = ks[0].verify(args)
     assert result, result.report()
 
 

@@ -53,17 +53,18 @@ class KernelSpec:
     int_acc: bool = False  # int8/uint8 inputs accumulated in int32
     direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
+    slots: int = 0  # gluon: pieces per slot chunk (``gluon_codegen._SlotPlan``; 0: no slots)
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
-                         str(int(self.coop)), GENERATOR_VERSION])
+                         str(int(self.coop)), str(self.slots), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "26"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "27"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)

@@ -46,6 +46,8 @@ class TileConfig:
     #                       the other's mainloop)
     cooperative: bool = False  # gluon: both consumer warpgroups on one tile (half the rows
     #                            each) instead of alternate tiles (ping-pong)
+    slots: bool = False  # gluon: a second output staged in a load buffer's chunks
+    #                      (``gluon_codegen.Buffers.slot_stores``) instead of registers
 
     @property
     def name(self) -> str:
@@ -55,6 +57,7 @@ class TileConfig:
         extra += "_pf" if self.prefetch else ""
         extra += f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
         extra += "_co" if self.cooperative else ""
+        extra += "_sl" if self.slots else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}"
                 f"_s{self.num_stages}_g{self.group_m}{extra}")
 
@@ -542,6 +545,9 @@ class HopperFamily(KernelFamily):
             TileConfig(128, 64, bk, 8, 4, 5, epi_split=1),
             TileConfig(64, 128, bk, 8, 4, 5, epi_split=1),
             TileConfig(64, 64, bk, 8, 4, 6, epi_split=1),
+            # small M (64x8192x8192: B's read is the whole cost): twice the k-step per
+            # barrier wait (splitk_probe.py: 64x64x128 0.0584 ms, cuBLAS 0.0583)
+            TileConfig(64, 64, 2 * bk, 8, 4, 5, epi_split=1),
         ]
         fits = []
         for c in cands:
@@ -628,13 +634,17 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
 
 def _gluon_full_getter(dag: Dag):
     """``descriptor(name, batched, config)`` for ``_epilogue_items``: whole tiles, except
-    outputs staged per column piece (``gluon_codegen.Buffers``)."""
-    from .gluon_codegen import buffers
+    outputs staged per column piece and those stored by slot chunk (``gluon_codegen.Buffers``)."""
+    from .gluon_codegen import buffers, slot_columns
 
     pieces = {n for n, _ in buffers(dag).piece_stores}
 
     def descriptor(name: str, batched: bool, config: TileConfig):
         width = config.block_n // config.epi_split if name in pieces else config.block_n
+        if config.slots:
+            bufs = buffers(dag, slots=True)
+            if name in {n for n, _ in bufs.slot_stores + bufs.consumer_tiles}:
+                width = slot_columns(dag.output(name).dtype)
         make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
                                                     [_epi_rows(config), width]))
 
@@ -770,18 +780,28 @@ class GluonFamily(KernelFamily):
     CO_BN = 256  # cooperative tiles: 128x256, 64 rows per consumer
 
     def _epilogue_smem(self, dag: Dag, split: int, direct: tuple[str, ...] = (),
-                       coop: bool = False) -> int:
+                       coop: bool = False, slots: bool = False) -> int:
         from .gluon_codegen import buffers
 
         bm, bn = (self.BM // 2, self.CO_BN) if coop else (self.BM, self.BN)
-        return buffers(dag, direct).smem_bytes(bm, bn, bn // split)
+        return buffers(dag, direct, slots).smem_bytes(bm, bn, bn // split)
 
     def _ring(self, dag: Dag, split: int, elt: int, direct: tuple[str, ...],
-              coop: bool = False) -> int:
+              coop: bool = False, slots: bool = False) -> int:
         stage = (self.BM + (self.CO_BN if coop else self.BN)) * self.BK * elt
         most = COOP_MAX_STAGES if coop else GLUON_MAX_STAGES
-        return min(most, (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split, direct, coop))
+        return min(most, (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split, direct, coop, slots))
                    // stage)
+
+    def _slot_pieces(self, dag: Dag, split: int) -> int:
+        """Pieces per slot chunk where every output without a buffer of its own can be
+        staged in a load buffer's chunks (``gluon_codegen.slots_fit``), else 0."""
+        from .gluon_codegen import buffers, slot_columns, slots_fit
+
+        bufs = buffers(dag, slots=True)
+        if not slots_fit(bufs, self.BN, self.BN // split):
+            return 0
+        return slot_columns(dag.output(bufs.slot_stores[0][0]).dtype) // (self.BN // split)
 
     def _direct(self, dag: Dag, split: int, elt: int, stages: int | None = None,
                 coop: bool = False) -> tuple[str, ...]:
@@ -838,41 +858,59 @@ class GluonFamily(KernelFamily):
                                       epi_split=split, cooperative=True))
         return out
 
-    def configs(self, args, target):
-        bm, bn, bk = self.BM, self.BN, self.BK
-        dag = args.optimized_dag
-        elt = args.A.element_size()
-        split = self._split(dag, elt)
-        stages = self._stages(dag, split, elt)
+    def _slotted(self, dag: Dag, split: int, elt: int) -> bool:
+        """Whether ``split``'s ping-pong configs stage their register-stored outputs in a
+        load buffer's chunks instead (``TileConfig.slots``): wherever they fit, as fast or
+        faster (relu with an aux output on H100, perf_probe: 8192x8192x1024 0.2775 ->
+        0.2622 ms, 2048^3 0.0400 -> 0.0351, 64x8192x8192 0.0708 -> 0.0701)."""
+        return bool(self._direct(dag, split, elt)) and bool(self._slot_pieces(dag, split))
+
+    def _ping_pong(self, dag: Dag, split: int, elt: int) -> list[TileConfig]:
+        """The ping-pong configs of ``split`` column pieces (GROUP_M 8 and 4), none where
+        fewer than ``GLUON_MIN_STAGES`` A/B stages fit."""
+        slots = self._slotted(dag, split, elt)
+        stages = self._ring(dag, split, elt, (), slots=True) if slots else self._stages(dag, split, elt)
         if stages < GLUON_MIN_STAGES:
             return []
         # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
         # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
-        out = [TileConfig(bm, bn, bk, 8, 4, stages, epi_split=split),
-               TileConfig(bm, bn, bk, 4, 4, stages, epi_split=split)]
+        return [TileConfig(self.BM, self.BN, self.BK, g, 4, stages, epi_split=split, slots=slots)
+                for g in (8, 4)]
+
+    def configs(self, args, target):
+        dag = args.optimized_dag
+        elt = args.A.element_size()
+        split = self._split(dag, elt)
+        out = self._ping_pong(dag, split, elt)
+        if not out:
+            return []
         # the other piece count too, for the tuner: which wins depends on the epilogue
         # (the BCE loss: halves 0.263 ms, quarters 0.274 at 8192x8192x1024, perf_probe)
-        other = 2 if split == 4 else 4
-        alt = self._stages(dag, other, elt)
-        if not self._forced_split() and alt >= GLUON_MIN_STAGES:
-            out += [TileConfig(bm, bn, bk, 8, 4, alt, epi_split=other),
-                    TileConfig(bm, bn, bk, 4, 4, alt, epi_split=other)]
-        # where outputs go from registers for a fifth stage, also quarters with every
-        # output staged (four stages): TMA stores and the epilogue's runtime piece loop
-        # (relu with an aux output, H100: 2048^3 0.0396 -> 0.0377 ms; 8192x8192x1024
-        # 0.277 -> 0.285, where the tuner keeps the fifth stage)
+        if not self._forced_split():
+            out += self._ping_pong(dag, 2 if split == 4 else 4, elt)
+        # where outputs go from registers for a fifth stage (and do not fit slots), also
+        # quarters with every output staged (four stages): TMA stores and the epilogue's
+        # runtime piece loop (relu with an aux output, H100: 2048^3 0.0396 -> 0.0377 ms;
+        # 8192x8192x1024 0.277 -> 0.285, where the tuner keeps the fifth stage)
         four = self._ring(dag, 4, elt, ())
-        if self._direct(dag, 4, elt) and four >= GLUON_MIN_STAGES and self._forced_split() in (0, 4):
-            out.append(TileConfig(bm, bn, bk, 8, 4, four, epi_split=4))
+        if self._direct(dag, 4, elt) and not self._slotted(dag, 4, elt) \
+                and four >= GLUON_MIN_STAGES and self._forced_split() in (0, 4):
+            out.append(TileConfig(self.BM, self.BN, self.BK, 8, 4, four, epi_split=4))
         return out[:2] + self._coop_configs(args) + out[2:]
 
     def spec(self, args, config, target):
         dag = args.optimized_dag
+        if config.slots:
+            slots, direct = self._slot_pieces(dag, config.epi_split), ()
+            if not slots:
+                raise ValueError(f"config {config.name}: this epilogue's outputs do not fit slots")
+        else:
+            slots = 0
+            direct = self._direct(dag, config.epi_split, args.A.element_size(),
+                                  config.num_stages, config.cooperative)
         return KernelSpec("gluon", dag, bool(args.A.stride(-1) != 1),
                           bool(args.B.stride(-1) != 1), False, False, config.epi_split, True,
-                          direct=self._direct(dag, config.epi_split, args.A.element_size(),
-                                              config.num_stages, config.cooperative),
-                          coop=config.cooperative)
+                          direct=direct, coop=config.cooperative, slots=slots)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

@@ -70,13 +70,24 @@ class Buffers:
     tiles, ``BLOCK_M`` or ``BLOCK_N`` elements per consumer (``codegen.staged_vector``).
     ``direct_stores``: outputs the consumer stores from registers with masked global
     stores (``KernelSpec.direct``, chosen by ``GluonFamily`` where the shared memory their
-    pieces would take costs A/B stages): no buffer."""
+    pieces would take costs A/B stages): no buffer. ``slot_stores`` (output name, load
+    buffer; ``KernelSpec.slots``): a second output of a load buffer's dtype, staged in the
+    buffer's 128-byte column chunks once the chunk's in-place output has left; the
+    consumer TMA-stores both by chunk (``_SlotPlan``), so it costs no shared memory."""
 
     loads: tuple[tuple[str, torch.dtype], ...]
     tile_stores: tuple[tuple[str, str], ...]
     piece_stores: tuple[tuple[str, torch.dtype], ...]
     vectors: tuple[tuple[str, torch.dtype, bool], ...] = ()
     direct_stores: tuple[str, ...] = ()
+    slot_stores: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def consumer_tiles(self) -> tuple[tuple[str, str], ...]:
+        """Tile-staged outputs the consumer stores by chunk (their buffer hosts a slot
+        output) instead of the epilogue-memory warp's whole-tile store."""
+        slotted = {buf for _, buf in self.slot_stores}
+        return tuple((n, buf) for n, buf in self.tile_stores if buf in slotted)
 
     @property
     def own(self) -> list[tuple[str, str]]:
@@ -94,12 +105,14 @@ class Buffers:
         return tiles + pieces + vectors
 
 
-def buffers(dag: Dag, direct: tuple[str, ...] = ()) -> Buffers:
+def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False) -> Buffers:
+    """How ``dag``'s epilogue uses shared memory; ``slots``: outputs without a buffer of
+    their own go into the chunks of a load buffer that already hosts an output (one each)."""
     vectors = tuple((s.name, s.dtype, s.kind is OperandKind.PER_ROW) for s in dag.used_operands
                     if staged_vector(s, "gluon"))
     loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
     free = list(loads)
-    tile, piece = [], []
+    tile, piece, slot = [], [], []
     for o in full_outputs(dag):
         if o.name in direct:
             continue
@@ -107,10 +120,38 @@ def buffers(dag: Dag, direct: tuple[str, ...] = ()) -> Buffers:
         if match is not None:
             free.remove(match)
             tile.append((o.name, f"lb_{uname(match[0])}"))
+            continue
+        taken = {buf for _, buf in slot}
+        host = next((buf for n, buf in tile if buf not in taken
+                     and dict(loads)[_load_of(buf, loads)] == o.dtype), None) if slots else None
+        if host is not None:
+            slot.append((o.name, host))
         else:
             piece.append((o.name, o.dtype))
     return Buffers(loads, tuple(tile), tuple(piece), vectors,
-                   tuple(o.name for o in full_outputs(dag) if o.name in direct))
+                   tuple(o.name for o in full_outputs(dag) if o.name in direct), tuple(slot))
+
+
+def _load_of(buf: str, loads) -> str:
+    """The operand whose tile buffer ``buf`` is."""
+    return next(n for n, _ in loads if f"lb_{uname(n)}" == buf)
+
+
+def slot_columns(dtype: torch.dtype) -> int:
+    """Columns of one slot chunk: 128 bytes, the shared layout's swizzle width, so that a
+    chunk of a 128-byte-swizzled tile buffer is one TMA box of its own (a [rows, chunk]
+    block lies contiguous in the buffer)."""
+    return 128 // dtype.itemsize
+
+
+def slots_fit(bufs: Buffers, block_n: int, sub_n: int) -> bool:
+    """Whether the slot stores' chunks are whole pieces of the epilogue (and of the tile),
+    and no other output needs the TMA group counts (piece-staged outputs wait on them)."""
+    if not bufs.slot_stores or bufs.piece_stores or bufs.direct_stores:
+        return False
+    loads = dict(bufs.loads)
+    chunks = {slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.slot_stores}
+    return len(chunks) == 1 and all(c % sub_n == 0 and block_n % c == 0 for c in chunks)
 
 
 @dataclass
@@ -163,6 +204,9 @@ class _GluonTile:
             return (f"tl.store({u}_ptr + {self.rm}[:, None].to(tl.int64) * {u}_sm + "
                     f"{self.rn}[None, :].to(tl.int64) * {u}_sn, ({value}).to({u}_ptr.dtype.element_ty), "
                     f"mask=({self.rm}[:, None] < M) & ({self.rn}[None, :] < N))")
+        slot = {uname(n): buf for n, buf in self.bufs.slot_stores}
+        if u in slot:  # held until its chunk's in-place output has left (``_SlotPlan``)
+            return f"hold_{u}_{self.k} = ({value}).to({slot[u]}_c.dtype)"
         tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
         if u in tile:  # the epilogue-memory warp stores the whole tile later
             buf = f"{tile[u]}_c"
@@ -196,8 +240,56 @@ LOOP_DIRECT = False
 
 
 def _piece_loop(epi: _Epilogue, spec: KernelSpec) -> bool:
-    return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and all(
+    return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and \
+        not spec.slots and all(
         epi.program_reduced(o) for o in reduce_outputs(spec.dag))
+
+
+@dataclass(frozen=True)
+class _SlotPlan:
+    """The consumer's chunked TMA stores of slot outputs (``Buffers.slot_stores``) and of
+    the in-place outputs of their buffers. A chunk is ``per`` pieces (``CH`` columns, 128
+    bytes). Once a chunk's last piece has run, its in-place outputs (written there as the
+    pieces ran) leave by TMA; the slot outputs' pieces stay in registers (``hold_*``) until
+    the next chunk's in-place stores are issued, then wait for their chunk's in-place
+    stores to have read the buffer (bulk groups complete in order), take the chunk and
+    leave. Per chunk ``c``: in-place ``c`` (``S`` groups, one per slotted buffer), then
+    slots ``c - 1`` (``S``)."""
+
+    bufs: Buffers
+    per: int  # pieces per chunk
+    pieces: int
+
+    @property
+    def chunks(self) -> int:
+        return self.pieces // self.per
+
+    def _issue(self, pairs, c: int, indent: str) -> list[str]:
+        return [f"{indent}tma.async_copy_shared_to_global({uname(n)}_desc, [row0, pid_n_c * "
+                f"BLOCK_N + {c} * CH], {buf}_c.slice({c} * CH, CH, dim=1))" for n, buf in pairs]
+
+    def _flush(self, c: int, pendings: int, indent: str) -> list[str]:
+        lines = [f"{indent}tma.store_wait(pendings={pendings})  # chunk {c}'s in-place stores "
+                 "have read it"]
+        for n, buf in self.bufs.slot_stores:
+            for j in range(c * self.per, (c + 1) * self.per):
+                lines.append(f"{indent}{buf}_c.slice({j} * SUB_N, SUB_N, dim=1)"
+                             f".store(hold_{uname(n)}_{j})")
+        return [*lines, f"{indent}fence_async_shared()", *self._issue(self.bufs.slot_stores, c, indent)]
+
+    def after_piece(self, k: int, indent: str) -> list[str]:
+        """Lines after piece ``k``'s body."""
+        if (k + 1) % self.per:
+            return []
+        c = (k + 1) // self.per - 1
+        s = len(self.bufs.slot_stores)
+        lines = [f"{indent}fence_async_shared()", *self._issue(self.bufs.consumer_tiles, c, indent)]
+        if c >= 1:  # newer than chunk c - 1's in-place stores: slots c - 2, in-place c
+            lines += self._flush(c - 1, s * (2 if c >= 2 else 1), indent)
+        if c == self.chunks - 1:  # newer than the last in-place stores: slots c - 1
+            lines += self._flush(c, s if c >= 1 else 0, indent)
+            lines.append(f"{indent}tma.store_wait(pendings=0)  # the buffers are free again")
+        return lines
 
 
 def _by_piece(count: int, indent: str, body) -> list[str]:
@@ -298,12 +390,13 @@ def _coords(trans: bool, row: str, k: str) -> str:
 def _kernel_source(spec: KernelSpec) -> str:
     dag = spec.dag
     coop = spec.coop
-    bufs = buffers(dag, spec.direct)
+    bufs = buffers(dag, spec.direct, slots=bool(spec.slots))
     epi = _Epilogue(spec)
     params = epilogue_params(dag, "gluon", spec.direct)
     # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
     # rest (piece-staged outputs' descriptors included) to the consumers
-    piece_descs = {f"{uname(n)}_desc" for n, _ in bufs.piece_stores}
+    piece_descs = {f"{uname(n)}_desc" for n, _ in
+                   bufs.piece_stores + bufs.slot_stores + bufs.consumer_tiles}
     descs = [p for p in params if p.endswith("_desc") and p not in piece_descs]
     consumer_params = [p for p in params if not p.endswith("_desc") or p in piece_descs]
     tile_bufs = [f"lb_{uname(n)}" for n, _ in bufs.loads] + [f"vb_{uname(n)}" for n, _, _ in bufs.vectors]
@@ -397,6 +490,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
     ]
     for name, buf in bufs.tile_stores:
+        if (name, buf) in bufs.consumer_tiles:
+            continue  # the consumer stores it by chunk
         u = uname(name)
         L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, [row0, col0], {buf}.index(b))")
     L += [
@@ -432,6 +527,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         *_PROGRAM,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
+        *([f"{I1}CH: gl.constexpr = SUB_N * {spec.slots}  # columns of a slot chunk"]
+          if spec.slots else []),
         f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if coop else ''}  # this consumer's rows of a tile",
         f"{I1}bid64 = 0",
     ]
@@ -513,6 +610,8 @@ def _kernel_source(spec: KernelSpec) -> str:
                          first_sub="True" if k == 0 else "False", mask=f"mask{k}",
                          all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
+        if spec.slots:
+            L += _SlotPlan(bufs, spec.slots, len(pieces)).after_piece(k, I2)
     L += [
         f"{I2}fence_async_shared()",
         f"{I2}mbarrier.arrive(d_ready.index(WHICH))",
