@@ -46,8 +46,9 @@ class TileConfig:
     #                       the other's mainloop)
     cooperative: bool = False  # gluon: both consumer warpgroups on one tile (half the rows
     #                            each) instead of alternate tiles (ping-pong)
-    slots: bool = False  # gluon: a second output staged in a load buffer's chunks
-    #                      (``gluon_codegen.Buffers.slot_stores``) instead of registers
+    slots: bool = False  # gluon ping-pong: the consumer TMA-stores tile-staged outputs by
+    #                      128-byte chunk, and a second output of their dtype goes into each
+    #                      chunk once it has left (``gluon_codegen.Buffers.slot_stores``)
 
     @property
     def name(self) -> str:
@@ -796,12 +797,12 @@ class GluonFamily(KernelFamily):
     def _slot_pieces(self, dag: Dag, split: int) -> int:
         """Pieces per slot chunk where every output without a buffer of its own can be
         staged in a load buffer's chunks (``gluon_codegen.slots_fit``), else 0."""
-        from .gluon_codegen import buffers, slot_columns, slots_fit
+        from .gluon_codegen import buffers, chunk_columns, slots_fit
 
         bufs = buffers(dag, slots=True)
         if not slots_fit(bufs, self.BN, self.BN // split):
             return 0
-        return slot_columns(dag.output(bufs.slot_stores[0][0]).dtype) // (self.BN // split)
+        return chunk_columns(bufs) // (self.BN // split)
 
     def _direct(self, dag: Dag, split: int, elt: int, stages: int | None = None,
                 coop: bool = False) -> tuple[str, ...]:
@@ -859,11 +860,16 @@ class GluonFamily(KernelFamily):
         return out
 
     def _slotted(self, dag: Dag, split: int, elt: int) -> bool:
-        """Whether ``split``'s ping-pong configs stage their register-stored outputs in a
-        load buffer's chunks instead (``TileConfig.slots``): wherever they fit, as fast or
-        faster (relu with an aux output on H100, perf_probe: 8192x8192x1024 0.2775 ->
-        0.2622 ms, 2048^3 0.0400 -> 0.0351, 64x8192x8192 0.0708 -> 0.0701)."""
-        return bool(self._direct(dag, split, elt)) and bool(self._slot_pieces(dag, split))
+        """Whether ``split``'s ping-pong configs have the consumer store the tile-staged
+        outputs by chunk, with the register-stored outputs staged in their chunks after
+        them (``TileConfig.slots``): wherever they fit, except quarters without such outputs
+        (those run the epilogue's runtime piece loop instead). Measured on H100
+        (perf_probe): relu with an aux output 8192x8192x1024 0.2775 -> 0.2622 ms, 2048^3
+        0.0400 -> 0.0351, 64x8192x8192 0.0708 -> 0.0701; chunked stores alone, halves:
+        alpha-beta 8192x8192x1024 0.2436/0.2392 -> 0.2374/0.2363 (GROUP_M 8/4), 4096^3
+        0.2076 -> 0.2019, silu*X 8192x8192x1024 0.2361 -> 0.2313, 2048^3 0.0346 -> 0.0336."""
+        return bool(self._slot_pieces(dag, split)) and (
+            split == 2 or bool(self._direct(dag, split, elt)))
 
     def _ping_pong(self, dag: Dag, split: int, elt: int) -> list[TileConfig]:
         """The ping-pong configs of ``split`` column pieces (GROUP_M 8 and 4), none where

@@ -81,13 +81,13 @@ class Buffers:
     vectors: tuple[tuple[str, torch.dtype, bool], ...] = ()
     direct_stores: tuple[str, ...] = ()
     slot_stores: tuple[tuple[str, str], ...] = ()
+    chunked: bool = False  # the consumer stores the tile-staged outputs by chunk
 
     @property
     def consumer_tiles(self) -> tuple[tuple[str, str], ...]:
-        """Tile-staged outputs the consumer stores by chunk (their buffer hosts a slot
-        output) instead of the epilogue-memory warp's whole-tile store."""
-        slotted = {buf for _, buf in self.slot_stores}
-        return tuple((n, buf) for n, buf in self.tile_stores if buf in slotted)
+        """Tile-staged outputs the consumer stores by 128-byte chunk (``chunked``: with slot
+        outputs, or where asked) instead of the epilogue-memory warp's whole-tile store."""
+        return self.tile_stores if self.chunked else ()
 
     @property
     def own(self) -> list[tuple[str, str]]:
@@ -129,7 +129,8 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False) -> Buff
         else:
             piece.append((o.name, o.dtype))
     return Buffers(loads, tuple(tile), tuple(piece), vectors,
-                   tuple(o.name for o in full_outputs(dag) if o.name in direct), tuple(slot))
+                   tuple(o.name for o in full_outputs(dag) if o.name in direct), tuple(slot),
+                   chunked=slots and bool(tile))
 
 
 def _load_of(buf: str, loads) -> str:
@@ -144,13 +145,20 @@ def slot_columns(dtype: torch.dtype) -> int:
     return 128 // dtype.itemsize
 
 
+def chunk_columns(bufs: Buffers) -> int:
+    """Columns of the chunks of ``bufs``'s consumer-stored tiles (``slot_columns``)."""
+    loads = dict(bufs.loads)
+    return min(slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.consumer_tiles)
+
+
 def slots_fit(bufs: Buffers, block_n: int, sub_n: int) -> bool:
-    """Whether the slot stores' chunks are whole pieces of the epilogue (and of the tile),
+    """Whether the consumer can store ``bufs``'s tile-staged outputs (and slot outputs) by
+    chunk: the chunks are whole pieces of the epilogue and of the tile, one width for all,
     and no other output needs the TMA group counts (piece-staged outputs wait on them)."""
-    if not bufs.slot_stores or bufs.piece_stores or bufs.direct_stores:
+    if not bufs.consumer_tiles or bufs.piece_stores or bufs.direct_stores:
         return False
     loads = dict(bufs.loads)
-    chunks = {slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.slot_stores}
+    chunks = {slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.consumer_tiles}
     return len(chunks) == 1 and all(c % sub_n == 0 and block_n % c == 0 for c in chunks)
 
 
@@ -253,8 +261,8 @@ class _SlotPlan:
     pieces ran) leave by TMA; the slot outputs' pieces stay in registers (``hold_*``) until
     the next chunk's in-place stores are issued, then wait for their chunk's in-place
     stores to have read the buffer (bulk groups complete in order), take the chunk and
-    leave. Per chunk ``c``: in-place ``c`` (``S`` groups, one per slotted buffer), then
-    slots ``c - 1`` (``S``)."""
+    leave. Per chunk ``c``: in-place ``c`` (``T`` groups, one per consumer-stored tile),
+    then slots ``c - 1`` (``S``, one per slot output; none without slot outputs)."""
 
     bufs: Buffers
     per: int  # pieces per chunk
@@ -282,12 +290,13 @@ class _SlotPlan:
         if (k + 1) % self.per:
             return []
         c = (k + 1) // self.per - 1
-        s = len(self.bufs.slot_stores)
+        s, t = len(self.bufs.slot_stores), len(self.bufs.consumer_tiles)
         lines = [f"{indent}fence_async_shared()", *self._issue(self.bufs.consumer_tiles, c, indent)]
-        if c >= 1:  # newer than chunk c - 1's in-place stores: slots c - 2, in-place c
-            lines += self._flush(c - 1, s * (2 if c >= 2 else 1), indent)
-        if c == self.chunks - 1:  # newer than the last in-place stores: slots c - 1
-            lines += self._flush(c, s if c >= 1 else 0, indent)
+        if s and c >= 1:  # newer than chunk c - 1's in-place stores: slots c - 2, in-place c
+            lines += self._flush(c - 1, t + (s if c >= 2 else 0), indent)
+        if c == self.chunks - 1:
+            if s:  # newer than the last in-place stores: slots c - 1
+                lines += self._flush(c, s if c >= 1 else 0, indent)
             lines.append(f"{indent}tma.store_wait(pendings=0)  # the buffers are free again")
         return lines
 
