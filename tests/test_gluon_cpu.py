@@ -250,6 +250,19 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
         "tma.store_wait(pendings=0)"]  # before the memory warp may reload C
     assert lines.index("tma.store_wait(pendings=0)  # the buffers are free again") < \
         lines.index("mbarrier.arrive(d_ready.index(WHICH))")
+    # without a slot output: halves store D by chunk from the consumer, quarters keep the
+    # runtime piece loop and the memory warp's whole-tile store
+    ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
+    cfgs = [c for c in fam.configs(ab, H100) if not c.cooperative]
+    assert [(c.epi_split, c.slots) for c in cfgs] == [(2, True), (2, True), (4, False), (4, False)]
+    assert fam.spec(ab, cfgs[0], H100).slots == 1  # a 64-column half is one chunk
+    src = generate(fam.spec(ab, cfgs[0], H100))
+    consumer, mem = _function(src, "_ef_consumer"), _function(src, "_ef_mem")
+    assert consumer.count("tma.async_copy_shared_to_global(u_D_desc") == 2
+    assert consumer.count("tma.store_wait(") == 1 and "u_D_desc" not in mem
+    src = generate(fam.spec(ab, cfgs[2], H100))
+    assert "for k in range(4):" in _function(src, "_ef_consumer")
+    assert "tma.async_copy_shared_to_global(u_D_desc, [row0, col0]" in _function(src, "_ef_mem")
 
 
 def test_offline_compiles_specialize_as_the_jit_does():

@@ -19,7 +19,9 @@ cores work on the next tile:
   time (``c_ready``) and TMA-stores the outputs the
   consumer left in those buffers (``d_ready``), then reuses them two tiles on; outputs
   without a buffer of their dtype are staged per column piece and TMA-stored by the
-  consumer itself (``Buffers``).
+  consumer itself (``Buffers``). Slot configs (``KernelSpec.slots``) have the consumer
+  TMA-store the buffers' outputs by 128-byte column chunk as their pieces finish, and stage
+  a second output of the buffer's dtype in each chunk once it has left (``_SlotPlan``).
 
 The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op table's
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
