@@ -53,6 +53,9 @@ def main() -> None:
     p.add_argument("--direct", choices=("auto", "all", "none"), default="auto",
                    help="gluon variants' outputs stored from registers: the family's choice, "
                    "every full output, or none")
+    p.add_argument("--coop-chunks", action="store_true",
+                   help="gluon cooperative tiles store tile-staged outputs by chunk from the "
+                        "consumer too (families.COOP_CHUNKS)")
     p.add_argument("--small-m", action="store_true",
                    help="time hopper variants for small M instead of the library's candidates")
     p.add_argument("--portable", action="store_true",
@@ -73,6 +76,9 @@ def main() -> None:
         from evtfuse.backends.triton import gluon_codegen
 
         gluon_codegen.COOP_GO = False
+    if a.coop_chunks:
+        from evtfuse.backends.triton import families
+        families.COOP_CHUNKS = True
     if a.loop_direct:
         from evtfuse.backends.triton import gluon_codegen
 

@@ -90,8 +90,8 @@ def test_configs_fit_shared_memory_or_refuse():
     cfgs = [c for c in fam.configs(two, H100) if not c.cooperative]
     assert [(c.num_stages, c.epi_split, c.slots) for c in cfgs] == [
         (5, 4, True), (5, 4, True), (5, 2, True), (5, 2, True)]
-    assert [(fam.spec(two, c, H100).direct, fam.spec(two, c, H100).slots) for c in cfgs] == [
-        ((), 2), ((), 2), ((), 1), ((), 1)]
+    assert [(fam.spec(two, c, H100).direct, fam.spec(two, c, H100).chunk) for c in cfgs] == [
+        ((), 64)] * 4
     assert fam._ring(two.optimized_dag, 4, 2, ()) == 4  # with F's pieces in shared memory
     # an fp16 F has no bf16 buffer to share: stored from registers at five stages, and
     # every output staged at four
@@ -250,19 +250,30 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
         "tma.store_wait(pendings=0)"]  # before the memory warp may reload C
     assert lines.index("tma.store_wait(pendings=0)  # the buffers are free again") < \
         lines.index("mbarrier.arrive(d_ready.index(WHICH))")
-    # without a slot output: halves store D by chunk from the consumer, quarters keep the
-    # runtime piece loop and the memory warp's whole-tile store
+    # without a slot output: ping-pong halves store D by chunk from the consumer, and so do
+    # quarters from their runtime piece loop (every second piece completes a chunk);
+    # cooperative tiles keep the memory warp's whole-half store
     ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
-    cfgs = [c for c in fam.configs(ab, H100) if not c.cooperative]
-    assert [(c.epi_split, c.slots) for c in cfgs] == [(2, True), (2, True), (4, False), (4, False)]
-    assert fam.spec(ab, cfgs[0], H100).slots == 1  # a 64-column half is one chunk
+    cfgs = fam.configs(ab, H100)
+    assert [(c.epi_split, c.cooperative, c.slots) for c in cfgs] == [
+        (2, False, True), (2, False, True), (4, True, False), (2, True, False),
+        (4, False, True), (4, False, True)]
+    assert fam.spec(ab, cfgs[0], H100).chunk == 64  # a 64-column half is one chunk
     src = generate(fam.spec(ab, cfgs[0], H100))
     consumer, mem = _function(src, "_ef_consumer"), _function(src, "_ef_mem")
     assert consumer.count("tma.async_copy_shared_to_global(u_D_desc") == 2
     assert consumer.count("tma.store_wait(") == 1 and "u_D_desc" not in mem
-    src = generate(fam.spec(ab, cfgs[2], H100))
-    assert "for k in range(4):" in _function(src, "_ef_consumer")
-    assert "tma.async_copy_shared_to_global(u_D_desc, [row0, col0]" in _function(src, "_ef_mem")
+    loop = _function(generate(fam.spec(ab, cfgs[4], H100)), "_ef_consumer")
+    assert "for k in range(4):" in loop
+    branches = loop.split("lb_u_C_c.slice(")[1:]  # the loop's bottom: the slice stores, by piece
+    issued = [b.count("tma.async_copy_shared_to_global(u_D_desc") for b in branches
+              if b.startswith(tuple(f"{j} * SUB_N, SUB_N, dim=1).store(st_u_D)" for j in range(4)))]
+    assert issued == [0, 1, 0, 1]
+    assert "tma.async_copy_shared_to_global(u_D_desc, [row0, col0]" in _function(
+        generate(fam.spec(ab, cfgs[2], H100)), "_ef_mem")
+    # relu with an aux output: the cooperative tiles stage F in C's chunks too
+    coop = [c for c in fam.configs(two, H100) if c.cooperative]
+    assert coop and all(c.slots for c in coop) and fam.spec(two, coop[0], H100).chunk == 64
 
 
 def test_offline_compiles_specialize_as_the_jit_does():

@@ -222,7 +222,7 @@ def test_slot_stores(mnk):
     ks = [k for k in family_kernels(args, "gluon") if k.config.slots]
     assert ks, [k.name for k in family_kernels(args, "gluon")]
     spec = ks[0].family.spec(args, ks[0].config, ks[0].target)
-    assert (spec.slots, spec.direct, ks[0].config.num_stages) == (2, (), 5)
+    assert (spec.chunk, spec.direct, ks[0].config.num_stages) == (64, (), 5)
     result = ks[0].verify(args)
     assert result, result.report()
 

@@ -53,14 +53,15 @@ class KernelSpec:
     int_acc: bool = False  # int8/uint8 inputs accumulated in int32
     direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
-    slots: int = 0  # gluon: pieces per slot chunk (``gluon_codegen._SlotPlan``; 0: no slots)
+    chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_codegen._SlotPlan``; 0: none)
+    tile_n: int = 0  # gluon: BLOCK_N, where the store chunks need it
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
-                         str(int(self.coop)), str(self.slots), GENERATOR_VERSION])
+                         str(int(self.coop)), str(self.chunk), str(self.tile_n), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

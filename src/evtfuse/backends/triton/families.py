@@ -708,6 +708,10 @@ GLUON_MIN_STAGES = 4  # a shallower A/B ring starves the tensor cores (3 stages:
 GLUON_MAX_STAGES = 5
 COOP_MIN_STAGES = 3  # 128x256x64 stages (48 KB) hold twice the MMA work of 128x128x64 ones
 COOP_MAX_STAGES = 4
+# chunked consumer stores in cooperative tiles without a slot output too (perf_probe
+# --coop-chunks; H100: alpha-beta 4096^3 halves 0.1988 -> 0.2015 ms, silu*X 0.2049 ->
+# 0.2064, quarters within 1%: off)
+COOP_CHUNKS = False
 
 
 class GluonFamily(KernelFamily):
@@ -794,15 +798,14 @@ class GluonFamily(KernelFamily):
         return min(most, (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split, direct, coop, slots))
                    // stage)
 
-    def _slot_pieces(self, dag: Dag, split: int) -> int:
-        """Pieces per slot chunk where every output without a buffer of its own can be
-        staged in a load buffer's chunks (``gluon_codegen.slots_fit``), else 0."""
+    def _chunk(self, dag: Dag, split: int, coop: bool = False) -> int:
+        """Columns of the consumer's store chunks where the tile-staged outputs, and every
+        output without a buffer of its own, fit them (``gluon_codegen.slots_fit``), else 0."""
         from .gluon_codegen import buffers, chunk_columns, slots_fit
 
         bufs = buffers(dag, slots=True)
-        if not slots_fit(bufs, self.BN, self.BN // split):
-            return 0
-        return chunk_columns(bufs) // (self.BN // split)
+        bn = self.CO_BN if coop else self.BN
+        return chunk_columns(bufs) if slots_fit(bufs, bn, bn // split) else 0
 
     def _direct(self, dag: Dag, split: int, elt: int, stages: int | None = None,
                 coop: bool = False) -> tuple[str, ...]:
@@ -853,23 +856,28 @@ class GluonFamily(KernelFamily):
         dag, elt = args.optimized_dag, args.A.element_size()
         out = []
         for split in self._coop_splits(dag):
-            stages = self._stages(dag, split, elt, coop=True)
+            slots = self._slotted(dag, split, elt, coop=True)
+            stages = self._ring(dag, split, elt, (), coop=True, slots=True) if slots \
+                else self._stages(dag, split, elt, coop=True)
             if stages >= COOP_MIN_STAGES:
                 out.append(TileConfig(self.BM, self.CO_BN, self.BK, 8, 4, stages,
-                                      epi_split=split, cooperative=True))
+                                      epi_split=split, cooperative=True, slots=slots))
         return out
 
-    def _slotted(self, dag: Dag, split: int, elt: int) -> bool:
-        """Whether ``split``'s ping-pong configs have the consumer store the tile-staged
-        outputs by chunk, with the register-stored outputs staged in their chunks after
-        them (``TileConfig.slots``): wherever they fit, except quarters without such outputs
-        (those run the epilogue's runtime piece loop instead). Measured on H100
-        (perf_probe): relu with an aux output 8192x8192x1024 0.2775 -> 0.2622 ms, 2048^3
-        0.0400 -> 0.0351, 64x8192x8192 0.0708 -> 0.0701; chunked stores alone, halves:
-        alpha-beta 8192x8192x1024 0.2436/0.2392 -> 0.2374/0.2363 (GROUP_M 8/4), 4096^3
-        0.2076 -> 0.2019, silu*X 8192x8192x1024 0.2361 -> 0.2313, 2048^3 0.0346 -> 0.0336."""
-        return bool(self._slot_pieces(dag, split)) and (
-            split == 2 or bool(self._direct(dag, split, elt)))
+    def _slotted(self, dag: Dag, split: int, elt: int, coop: bool = False) -> bool:
+        """Whether ``split``'s configs have the consumer store the tile-staged outputs by
+        chunk, with the register-stored outputs staged in their chunks after them
+        (``TileConfig.slots``): ping-pong tiles wherever the chunks fit, cooperative ones
+        where an output would otherwise go from registers (``COOP_CHUNKS``). Measured on
+        H100 (perf_probe): relu with an aux output 8192x8192x1024 0.2775 -> 0.2622 ms,
+        2048^3 0.0400 -> 0.0351, 64x8192x8192 0.0708 -> 0.0701, cooperative 4096^3 0.207
+        (its best kernel now); chunked stores alone: alpha-beta 8192x8192x1024 halves
+        0.2436/0.2392 -> 0.2374/0.2363 (GROUP_M 8/4), quarters (in the runtime piece loop)
+        0.2358 -> 0.2314, 4096^3 halves 0.2076 -> 0.2019; silu*X 8192x8192x1024 halves
+        0.2361 -> 0.2313, quarters 0.2352 -> 0.2306."""
+        if not self._chunk(dag, split, coop):
+            return False
+        return bool(self._direct(dag, split, elt, coop=coop)) or not coop or COOP_CHUNKS
 
     def _ping_pong(self, dag: Dag, split: int, elt: int) -> list[TileConfig]:
         """The ping-pong configs of ``split`` column pieces (GROUP_M 8 and 4), none where
@@ -907,16 +915,18 @@ class GluonFamily(KernelFamily):
     def spec(self, args, config, target):
         dag = args.optimized_dag
         if config.slots:
-            slots, direct = self._slot_pieces(dag, config.epi_split), ()
-            if not slots:
-                raise ValueError(f"config {config.name}: this epilogue's outputs do not fit slots")
+            chunk, direct = self._chunk(dag, config.epi_split, config.cooperative), ()
+            if not chunk:
+                raise ValueError(f"config {config.name}: this epilogue's outputs do not fit "
+                                 "store chunks")
         else:
-            slots = 0
+            chunk = 0
             direct = self._direct(dag, config.epi_split, args.A.element_size(),
                                   config.num_stages, config.cooperative)
         return KernelSpec("gluon", dag, bool(args.A.stride(-1) != 1),
                           bool(args.B.stride(-1) != 1), False, False, config.epi_split, True,
-                          direct=direct, coop=config.cooperative, slots=slots)
+                          direct=direct, coop=config.cooperative, chunk=chunk,
+                          tile_n=config.block_n if chunk else 0)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

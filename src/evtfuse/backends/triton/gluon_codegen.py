@@ -19,7 +19,7 @@ cores work on the next tile:
   time (``c_ready``) and TMA-stores the outputs the
   consumer left in those buffers (``d_ready``), then reuses them two tiles on; outputs
   without a buffer of their dtype are staged per column piece and TMA-stored by the
-  consumer itself (``Buffers``). Slot configs (``KernelSpec.slots``) have the consumer
+  consumer itself (``Buffers``). Slot configs (``KernelSpec.chunk``) have the consumer
   TMA-store the buffers' outputs by 128-byte column chunk as their pieces finish, and stage
   a second output of the buffer's dtype in each chunk once it has left (``_SlotPlan``).
 
@@ -73,7 +73,7 @@ class Buffers:
     ``direct_stores``: outputs the consumer stores from registers with masked global
     stores (``KernelSpec.direct``, chosen by ``GluonFamily`` where the shared memory their
     pieces would take costs A/B stages): no buffer. ``slot_stores`` (output name, load
-    buffer; ``KernelSpec.slots``): a second output of a load buffer's dtype, staged in the
+    buffer; ``KernelSpec.chunk``): a second output of a load buffer's dtype, staged in the
     buffer's 128-byte column chunks once the chunk's in-place output has left; the
     consumer TMA-stores both by chunk (``_SlotPlan``), so it costs no shared memory."""
 
@@ -155,13 +155,18 @@ def chunk_columns(bufs: Buffers) -> int:
 
 def slots_fit(bufs: Buffers, block_n: int, sub_n: int) -> bool:
     """Whether the consumer can store ``bufs``'s tile-staged outputs (and slot outputs) by
-    chunk: the chunks are whole pieces of the epilogue and of the tile, one width for all,
-    and no other output needs the TMA group counts (piece-staged outputs wait on them)."""
+    chunk: one chunk width for all, the chunks tile the tile and line up with the
+    epilogue's pieces (whole pieces per chunk where slot outputs wait for a chunk, or
+    whole chunks per piece), and no other output needs the TMA group counts
+    (piece-staged outputs wait on them)."""
     if not bufs.consumer_tiles or bufs.piece_stores or bufs.direct_stores:
         return False
     loads = dict(bufs.loads)
     chunks = {slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.consumer_tiles}
-    return len(chunks) == 1 and all(c % sub_n == 0 and block_n % c == 0 for c in chunks)
+    if len(chunks) != 1:
+        return False
+    c = chunks.pop()
+    return block_n % c == 0 and (c % sub_n == 0 or (not bufs.slot_stores and sub_n % c == 0))
 
 
 @dataclass
@@ -250,9 +255,10 @@ LOOP_DIRECT = False
 
 
 def _piece_loop(epi: _Epilogue, spec: KernelSpec) -> bool:
+    # slot outputs wait in registers across pieces: unrolled
+    slotted = bool(spec.chunk) and bool(buffers(spec.dag, spec.direct, slots=True).slot_stores)
     return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and \
-        not spec.slots and all(
-        epi.program_reduced(o) for o in reduce_outputs(spec.dag))
+        not slotted and all(epi.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
 @dataclass(frozen=True)
@@ -264,15 +270,21 @@ class _SlotPlan:
     the next chunk's in-place stores are issued, then wait for their chunk's in-place
     stores to have read the buffer (bulk groups complete in order), take the chunk and
     leave. Per chunk ``c``: in-place ``c`` (``T`` groups, one per consumer-stored tile),
-    then slots ``c - 1`` (``S``, one per slot output; none without slot outputs)."""
+    then slots ``c - 1`` (``S``, one per slot output; none without slot outputs). Without
+    slot outputs a piece may span several chunks (``per`` < 1: each piece issues its own)."""
 
     bufs: Buffers
-    per: int  # pieces per chunk
     pieces: int
+    sub_n: int  # columns of a piece
+    chunk: int  # columns of a chunk
+
+    @property
+    def per(self) -> int:  # pieces per chunk (0: a piece holds several chunks)
+        return self.chunk // self.sub_n
 
     @property
     def chunks(self) -> int:
-        return self.pieces // self.per
+        return self.pieces * self.sub_n // self.chunk
 
     def _issue(self, pairs, c: int, indent: str) -> list[str]:
         return [f"{indent}tma.async_copy_shared_to_global({uname(n)}_desc, [row0, pid_n_c * "
@@ -288,7 +300,15 @@ class _SlotPlan:
         return [*lines, f"{indent}fence_async_shared()", *self._issue(self.bufs.slot_stores, c, indent)]
 
     def after_piece(self, k: int, indent: str) -> list[str]:
-        """Lines after piece ``k``'s body."""
+        """Lines after piece ``k``'s body (and its in-place stores)."""
+        if not self.per:  # a piece of several chunks (no slot outputs): each leaves now
+            every = self.sub_n // self.chunk
+            lines = [f"{indent}fence_async_shared()"]
+            for c in range(k * every, (k + 1) * every):
+                lines += self._issue(self.bufs.consumer_tiles, c, indent)
+            if k == self.pieces - 1:
+                lines.append(f"{indent}tma.store_wait(pendings=0)  # the buffers are free again")
+            return lines
         if (k + 1) % self.per:
             return []
         c = (k + 1) // self.per - 1
@@ -326,14 +346,15 @@ def _piece_select(bufs: Buffers, pieces: list[str], indent: str) -> list[str]:
     return _by_piece(len(pieces), indent, select)
 
 
-def _piece_stores(bufs: Buffers, count: int, indent: str) -> list[str]:
+def _piece_stores(bufs: Buffers, count: int, indent: str, plan: _SlotPlan | None = None) -> list[str]:
     """At the bottom of the piece loop: the values of outputs staged in a load's tile
-    buffer go into their slice."""
+    buffer go into their slice (and, chunked, leave as their chunk completes)."""
     if not bufs.tile_stores:
         return []
     return _by_piece(count, indent, lambda j: [
-        f"{buf}_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_{uname(n)})"
-        for n, buf in bufs.tile_stores])
+        *(f"{buf}_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_{uname(n)})"
+          for n, buf in bufs.tile_stores),
+        *(plan.after_piece(j, "") if plan else [])])
 
 
 def _lane(n: int) -> str:
@@ -401,7 +422,7 @@ def _coords(trans: bool, row: str, k: str) -> str:
 def _kernel_source(spec: KernelSpec) -> str:
     dag = spec.dag
     coop = spec.coop
-    bufs = buffers(dag, spec.direct, slots=bool(spec.slots))
+    bufs = buffers(dag, spec.direct, slots=bool(spec.chunk))
     epi = _Epilogue(spec)
     params = epilogue_params(dag, "gluon", spec.direct)
     # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
@@ -538,8 +559,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         *_PROGRAM,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
-        *([f"{I1}CH: gl.constexpr = SUB_N * {spec.slots}  # columns of a slot chunk"]
-          if spec.slots else []),
+        *([f"{I1}CH: gl.constexpr = {spec.chunk}  # columns of a store chunk (128 bytes)"]
+          if spec.chunk else []),
         f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if coop else ''}  # this consumer's rows of a tile",
         f"{I1}bid64 = 0",
     ]
@@ -590,6 +611,8 @@ def _kernel_source(spec: KernelSpec) -> str:
     # a 128x128 fp32 tile is 128 registers per thread, which leaves too few for
     # transcendental-heavy epilogues (ptxas spills)
     split_lines, pieces = _split_lines(spec.epi_split, I2, rows="EPI_M")
+    plan = _SlotPlan(bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk) \
+        if spec.chunk else None
     L += split_lines
     if _piece_loop(epi, spec):
         L += [
@@ -605,7 +628,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", suffix="", first_sub="k == 0",
                          mask="mask", loop=True)
         L += epi.body(sub, I3)
-        L += _piece_stores(bufs, len(pieces), I3)
+        L += _piece_stores(bufs, len(pieces), I3, plan)
         pieces = []
     for k, piece in enumerate(pieces):
         layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
@@ -621,8 +644,8 @@ def _kernel_source(spec: KernelSpec) -> str:
                          first_sub="True" if k == 0 else "False", mask=f"mask{k}",
                          all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
-        if spec.slots:
-            L += _SlotPlan(bufs, spec.slots, len(pieces)).after_piece(k, I2)
+        if plan:
+            L += plan.after_piece(k, I2)
     L += [
         f"{I2}fence_async_shared()",
         f"{I2}mbarrier.arrive(d_ready.index(WHICH))",
