@@ -46,9 +46,9 @@ class TileConfig:
     #                       the other's mainloop)
     cooperative: bool = False  # gluon: both consumer warpgroups on one tile (half the rows
     #                            each) instead of alternate tiles (ping-pong)
-    slots: bool = False  # gluon ping-pong: the consumer TMA-stores tile-staged outputs by
-    #                      128-byte chunk, and a second output of their dtype goes into each
-    #                      chunk once it has left (``gluon_codegen.Buffers.slot_stores``)
+    slots: bool = False  # gluon: the consumer TMA-stores tile-staged outputs by 128-byte
+    #                      chunk, and a second output of their dtype goes into each chunk
+    #                      once it has left (``gluon_codegen.Buffers.slot_stores``)
 
     @property
     def name(self) -> str:

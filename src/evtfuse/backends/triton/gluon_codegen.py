@@ -223,7 +223,7 @@ class _GluonTile:
         if u in slot:  # held until its chunk's in-place output has left (``_SlotPlan``)
             return f"hold_{u}_{self.k} = ({value}).to({slot[u]}_c.dtype)"
         tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
-        if u in tile:  # the epilogue-memory warp stores the whole tile later
+        if u in tile:  # stored later: whole by the epilogue-memory warp, or by chunk (``_SlotPlan``)
             buf = f"{tile[u]}_c"
             if self.loop:  # stored into its slice after the body (``_piece_stores``)
                 return f"st_{u} = ({value}).to({buf}.dtype)"
