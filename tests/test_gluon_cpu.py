@@ -276,6 +276,27 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
     assert coop and all(c.slots for c in coop) and fam.spec(two, coop[0], H100).chunk == 64
 
 
+def test_chunks_narrower_than_a_piece(monkeypatch):
+    """Cooperative halves are 128 columns a piece: asked for chunks (``COOP_CHUNKS``, a
+    probe), each piece issues its two 64-column chunks; slot outputs need whole pieces per
+    chunk, so they do not fit there."""
+    from evtfuse.backends.triton import families
+    from evtfuse.backends.triton.codegen import generate
+    from evtfuse.backends.triton.gluon_codegen import slots_fit
+
+    monkeypatch.setattr(families, "COOP_CHUNKS", True)
+    fam = GluonFamily()
+    ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
+    halves = next(c for c in fam.configs(ab, H100) if c.cooperative and c.epi_split == 2)
+    assert halves.slots
+    consumer = _function(generate(fam.spec(ab, halves, H100)), "_ef_consumer")
+    issues = [ln.strip() for ln in consumer.splitlines() if "async_copy_shared_to_global" in ln]
+    assert [ln.split("BLOCK_N + ")[1].split(" ")[0] for ln in issues] == ["0", "1", "2", "3"]
+    two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
+    assert not slots_fit(buffers(two.optimized_dag, slots=True), 256, 128)
+    assert slots_fit(buffers(ab.optimized_dag, slots=True), 256, 128)
+
+
 def test_offline_compiles_specialize_as_the_jit_does():
     """An integer 1 becomes a constant, integers and pointers divisible by 16 carry that
     divisibility (wider loads and stores in the SASS), others neither: as Triton's JIT."""
