@@ -639,13 +639,13 @@ def _gluon_full_getter(dag: Dag):
     from .gluon_codegen import buffers, slot_columns
 
     pieces = {n for n, _ in buffers(dag).piece_stores}
+    slotted = buffers(dag, slots=True)
+    chunked = {n for n, _ in slotted.slot_stores + slotted.consumer_tiles}
 
     def descriptor(name: str, batched: bool, config: TileConfig):
         width = config.block_n // config.epi_split if name in pieces else config.block_n
-        if config.slots:
-            bufs = buffers(dag, slots=True)
-            if name in {n for n, _ in bufs.slot_stores + bufs.consumer_tiles}:
-                width = slot_columns(dag.output(name).dtype)
+        if config.slots and name in chunked:  # a chunk of its buffer, of its own dtype
+            width = slot_columns(dag.output(name).dtype)
         make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
                                                     [_epi_rows(config), width]))
 
@@ -856,9 +856,7 @@ class GluonFamily(KernelFamily):
         dag, elt = args.optimized_dag, args.A.element_size()
         out = []
         for split in self._coop_splits(dag):
-            slots = self._slotted(dag, split, elt, coop=True)
-            stages = self._ring(dag, split, elt, (), coop=True, slots=True) if slots \
-                else self._stages(dag, split, elt, coop=True)
+            slots, stages = self._slots_and_stages(dag, split, elt, coop=True)
             if stages >= COOP_MIN_STAGES:
                 out.append(TileConfig(self.BM, self.CO_BN, self.BK, 8, 4, stages,
                                       epi_split=split, cooperative=True, slots=slots))
@@ -879,11 +877,18 @@ class GluonFamily(KernelFamily):
             return False
         return bool(self._direct(dag, split, elt, coop=coop)) or not coop or COOP_CHUNKS
 
+    def _slots_and_stages(self, dag: Dag, split: int, elt: int, coop: bool = False
+                          ) -> tuple[bool, int]:
+        """Whether ``split``'s configs use store chunks (``_slotted``), and the A/B stages
+        that leaves (slot outputs take no shared memory, register-stored ones neither)."""
+        if self._slotted(dag, split, elt, coop):
+            return True, self._ring(dag, split, elt, (), coop=coop, slots=True)
+        return False, self._stages(dag, split, elt, coop=coop)
+
     def _ping_pong(self, dag: Dag, split: int, elt: int) -> list[TileConfig]:
         """The ping-pong configs of ``split`` column pieces (GROUP_M 8 and 4), none where
         fewer than ``GLUON_MIN_STAGES`` A/B stages fit."""
-        slots = self._slotted(dag, split, elt)
-        stages = self._ring(dag, split, elt, (), slots=True) if slots else self._stages(dag, split, elt)
+        slots, stages = self._slots_and_stages(dag, split, elt)
         if stages < GLUON_MIN_STAGES:
             return []
         # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,

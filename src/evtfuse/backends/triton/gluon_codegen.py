@@ -85,6 +85,10 @@ class Buffers:
     slot_stores: tuple[tuple[str, str], ...] = ()
     chunked: bool = False  # the consumer stores the tile-staged outputs by chunk
 
+    def dtype_of(self, buf: str) -> torch.dtype:
+        """The dtype of load buffer ``buf`` (``lb_<operand>``)."""
+        return next(dt for n, dt in self.loads if f"lb_{uname(n)}" == buf)
+
     @property
     def consumer_tiles(self) -> tuple[tuple[str, str], ...]:
         """Tile-staged outputs the consumer stores by 128-byte chunk (``chunked``: with slot
@@ -115,6 +119,7 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False) -> Buff
     loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
     free = list(loads)
     tile, piece, slot = [], [], []
+    hosts = {}  # load buffers holding an output, by dtype, that can still take a slot output
     for o in full_outputs(dag):
         if o.name in direct:
             continue
@@ -122,22 +127,14 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False) -> Buff
         if match is not None:
             free.remove(match)
             tile.append((o.name, f"lb_{uname(match[0])}"))
-            continue
-        taken = {buf for _, buf in slot}
-        host = next((buf for n, buf in tile if buf not in taken
-                     and dict(loads)[_load_of(buf, loads)] == o.dtype), None) if slots else None
-        if host is not None:
-            slot.append((o.name, host))
+            hosts.setdefault(o.dtype, []).append(tile[-1][1])
+        elif slots and hosts.get(o.dtype):
+            slot.append((o.name, hosts[o.dtype].pop(0)))
         else:
             piece.append((o.name, o.dtype))
     return Buffers(loads, tuple(tile), tuple(piece), vectors,
                    tuple(o.name for o in full_outputs(dag) if o.name in direct), tuple(slot),
                    chunked=slots and bool(tile))
-
-
-def _load_of(buf: str, loads) -> str:
-    """The operand whose tile buffer ``buf`` is."""
-    return next(n for n, _ in loads if f"lb_{uname(n)}" == buf)
 
 
 def slot_columns(dtype: torch.dtype) -> int:
@@ -147,10 +144,14 @@ def slot_columns(dtype: torch.dtype) -> int:
     return 128 // dtype.itemsize
 
 
+def _chunk_widths(bufs: Buffers) -> set[int]:
+    """Columns of a chunk of each of ``bufs``'s consumer-stored tiles (``slot_columns``)."""
+    return {slot_columns(bufs.dtype_of(buf)) for _, buf in bufs.consumer_tiles}
+
+
 def chunk_columns(bufs: Buffers) -> int:
-    """Columns of the chunks of ``bufs``'s consumer-stored tiles (``slot_columns``)."""
-    loads = dict(bufs.loads)
-    return min(slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.consumer_tiles)
+    """Columns of the chunks of ``bufs``'s consumer-stored tiles (one width: ``slots_fit``)."""
+    return min(_chunk_widths(bufs))
 
 
 def slots_fit(bufs: Buffers, block_n: int, sub_n: int) -> bool:
@@ -161,8 +162,7 @@ def slots_fit(bufs: Buffers, block_n: int, sub_n: int) -> bool:
     (piece-staged outputs wait on them)."""
     if not bufs.consumer_tiles or bufs.piece_stores or bufs.direct_stores:
         return False
-    loads = dict(bufs.loads)
-    chunks = {slot_columns(loads[_load_of(buf, bufs.loads)]) for _, buf in bufs.consumer_tiles}
+    chunks = _chunk_widths(bufs)
     if len(chunks) != 1:
         return False
     c = chunks.pop()
@@ -254,11 +254,10 @@ PIECE_LOOP = True
 LOOP_DIRECT = False
 
 
-def _piece_loop(epi: _Epilogue, spec: KernelSpec) -> bool:
+def _piece_loop(epi: _Epilogue, spec: KernelSpec, bufs: Buffers) -> bool:
     # slot outputs wait in registers across pieces: unrolled
-    slotted = bool(spec.chunk) and bool(buffers(spec.dag, spec.direct, slots=True).slot_stores)
     return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and \
-        not slotted and all(epi.program_reduced(o) for o in reduce_outputs(spec.dag))
+        not bufs.slot_stores and all(epi.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
 @dataclass(frozen=True)
@@ -614,7 +613,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     plan = _SlotPlan(bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk) \
         if spec.chunk else None
     L += split_lines
-    if _piece_loop(epi, spec):
+    if _piece_loop(epi, spec, bufs):
         L += [
             f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
             f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, PL))",
