@@ -62,6 +62,26 @@ def _events_median_ms(fn, warmup_ms, rep_ms):  # pragma: no cover - GPU only
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def guarded_ms(fn: Callable[[], Any], reps: int = 200, sleep_cycles: int = 400_000) -> float:
+    """Median time of one call of ``fn`` in milliseconds, L2 flushed before each call, with
+    the GPU kept busy (``torch.cuda._sleep``) while the host enqueues the call, so that no
+    host-side cost can fall between the events: the kernels' own time, with a tighter spread
+    than ``bench_ms`` (a development probes' method; the suite keeps ``bench_ms``)."""
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    for _ in range(10):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        torch.cuda._sleep(sleep_cycles)
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
 def copy_bandwidth(nbytes: int = 2**30, device: str = "cuda") -> tuple[float, float]:
     """(bytes per second counting read + write, ms) of a device-to-device copy."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -109,5 +129,5 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den
 
 
-__all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "host_timed_s", "rel_err",
-           "rotating"]
+__all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "guarded_ms", "host_timed_s",
+           "rel_err", "rotating"]

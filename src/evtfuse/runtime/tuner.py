@@ -29,7 +29,8 @@ from .kernel import tensor_key
 log = logging.getLogger("evtfuse")
 
 FAST_CANDIDATES = 10  # the gluon family's 6-7 (2 piece counts x 2 GROUP_M, 2 cooperative, + staged quarters), then the hopper family's
-TUNER_VERSION = "3"  # part of the key: a choice made by an older search is made again
+TUNER_VERSION = "4"  # part of the key: a choice made by an older search is made again
+#                      (4: the cooperative configs moved to GROUP_M 4)
 _memory: dict[str, object] = {}
 
 

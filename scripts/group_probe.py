@@ -1,0 +1,101 @@
+"""Tile order (GROUP_M) of the library's gluon candidates, timed (GPU, development tool).
+
+How many row-tiles a band of the persistent tile order spans decides how much of A and B
+one wave of tiles touches, and so how often B's lines come back from DRAM instead of L2
+while the output's writes stream through it. This probe takes the first gluon candidates
+of each case, reorders each at several GROUP_M values, and times them against cuBLAS's
+``A @ B``: every system once per round, rounds interleaved, each time the median of
+``bench.timing.guarded_ms`` (L2 flushed, no host time between the events). Verifies every
+kernel first.
+
+    PYTHONPATH=src python3 scripts/group_probe.py [--shape 8192x8192x1024] [--groups 1,2,4,8,16]
+        [--only identity,row_amax] [--max-configs 4] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+import torch
+
+from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from evtfuse.bench.timing import guarded_ms
+from evtfuse.runtime.kernel import Kernel
+
+DEV = "cuda"
+
+CASES = {
+    "identity": "def epi(accum): D = accum; return D",
+    "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax",
+    "bce": ("def epi(accum, bias, C): f = accum + bias; "
+            "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
+            "return D, loss"),  # D not stored (passed as None), as in the suite
+    "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
+}
+
+
+def _args(name: str, M: int, N: int, K: int) -> GemmArguments:
+    dt = torch.bfloat16
+    src = CASES[name]
+    A = torch.randn(M, K, device=DEV, dtype=dt)
+    B = torch.randn(K, N, device=DEV, dtype=dt)
+    vals: dict = {}
+    if "C" in src:
+        vals["C"] = torch.randn(M, N, device=DEV, dtype=dt)
+        if name == "bce":  # labels in [0, 1]
+            vals["C"] = torch.rand(M, N, device=DEV).round().to(dt)
+    if "bias" in src:
+        vals["bias"] = torch.randn(N, device=DEV, dtype=dt)
+    if "alpha" in src:
+        vals.update(alpha=1.5, beta=0.5)
+    if "amax" in src:
+        vals["amax"] = torch.empty(M, 1, device=DEV)
+    if "loss" in src:
+        vals["loss"] = torch.empty(1, device=DEV)
+    vals["D"] = None if "loss" in src else torch.empty(M, N, device=DEV, dtype=dt)
+    return GemmArguments(A, B, vals["D"], epilogue=EpilogueArguments(src, **vals))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="8192x8192x1024")
+    p.add_argument("--only", default="identity,row_amax")
+    p.add_argument("--groups", default="1,2,4,8,16")
+    p.add_argument("--max-configs", type=int, default=4, help="gluon candidates per case")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    M, N, K = (int(x) for x in a.shape.split("x"))
+    groups = [int(g) for g in a.groups.split(",")]
+    for name in a.only.split(","):
+        args = _args(name, M, N, K)
+        bases, seen = [], set()
+        for k in get_kernels(args):
+            key = replace(k.config, group_m=0)
+            if k.family.name == "gluon" and key not in seen:
+                seen.add(key)
+                bases.append(k)
+        systems = {"mm": lambda: args.A @ args.B}
+        for base in bases[: a.max_configs]:
+            for g in groups:
+                k = Kernel(base.family, replace(base.config, group_m=g), base.target)
+                ok = k.verify(args)
+                if not ok:
+                    print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)
+                    continue
+                systems[k.name] = lambda k=k: k.run(args)
+        times: dict[str, list[float]] = {s: [] for s in systems}
+        for _ in range(a.rounds):
+            for s, fn in systems.items():
+                times[s].append(guarded_ms(fn))
+        mm = statistics.median(times["mm"])
+        print(f"== {name} {a.shape} ({a.rounds} rounds)", flush=True)
+        for s, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
+            med = statistics.median(ts)
+            print(f"   {s:40s} {med:.4f} ms  x{med / mm:.3f} of mm  [{min(ts):.4f}-{max(ts):.4f}]",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Run the identity GEMM's candidate kernels and cuBLAS's ``A @ B`` once each, for Nsight
+Compute to compare their mainloops (tensor-pipe activity, L2 traffic); a development
+probe. Each kernel runs once before the marked run (compilation, warm-up), then once more.
+
+    ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --kernel-name regex:'evtfuse|gemm|nvjet|sm90' \
+        python3 scripts/ncu_mainloop.py --shape 8192x8192x1024 [--max-configs 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="8192x8192x1024")
+    p.add_argument("--max-configs", type=int, default=6)
+    p.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
+    a = p.parse_args()
+    M, N, K = (int(x) for x in a.shape.split("x"))
+    A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments("def epi(accum): D = accum; return D", D=D))
+    kernels = get_kernels(args)
+    if a.only:
+        kernels = [k for k in kernels if k.name in a.only.split(",")]
+    for k in kernels[: a.max_configs]:
+        k.run(args)
+        torch.cuda.synchronize()
+        print(f"kernel {k.name}", flush=True)
+        k.run(args)
+        torch.cuda.synchronize()
+    A @ B
+    torch.cuda.synchronize()
+    print("kernel cuBLAS mm", flush=True)
+    A @ B
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Where does evtfuse lose its last microsecond at small M? (GPU, development tool.)
+
+Times hopper- and portable-family kernels against cuBLAS's ``A @ B`` (and, with
+``--compile``, torch.compile's max-autotune kernel), every system once per round, rounds
+interleaved, so that a difference of ~0.5 us on a 60 us kernel stands out of the GPU's
+drift. Variants: ``TileConfig.prefetch`` (full aux tiles requested before the mainloop),
+and ``--shape-constants``: the same kernel recompiled with M, N and/or K as constexprs (as
+torch.compile's templates are). ``--guarded`` keeps the GPU busy while each call is
+enqueued, so that no host time can fall between the events. Verifies every kernel first.
+
+    PYTHONPATH=src python3 scripts/prefetch_probe.py [--shape 64x8192x8192] [--rounds 5] \
+        [--guarded] [--compile] [--shape-constants K,NK,MNK] [--configs 64x64x128s5,p64x64x128s5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import triton.testing
+
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.backends.triton.families import HopperFamily, PortableFamily, TileConfig
+from evtfuse.bench.timing import guarded_ms
+from evtfuse.runtime.kernel import Kernel
+from evtfuse.runtime.tuner import choose_kernel
+
+CASES = {
+    "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
+    "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+    "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
+    "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
+    "row_scale": "def epi(accum, s, bias): D = accum * s + bias; return D",
+}
+
+
+def _args(name: str, M: int, N: int, K: int) -> GemmArguments:
+    dt = torch.bfloat16
+    src = CASES[name]
+    A = torch.randn(M, K, device="cuda", dtype=dt)
+    B = torch.randn(K, N, device="cuda", dtype=dt)
+    vals: dict = {}
+    if "C" in src:
+        vals["C"] = torch.randn(M, N, device="cuda", dtype=dt)
+    if "bias" in src:
+        vals["bias"] = torch.randn(N, device="cuda", dtype=dt)
+    if ", s," in src:
+        vals["s"] = torch.randn(M, 1, device="cuda")
+    if "alpha" in src:
+        vals["alpha"] = 1.5
+    if "beta" in src:
+        vals["beta"] = 0.5
+    if "return D, F" in src:
+        vals["F"] = torch.empty(M, N, device="cuda", dtype=dt)
+    D = torch.empty(M, N, device="cuda", dtype=dt)
+    return GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, **vals))
+
+
+def _eager(name: str, args: GemmArguments):
+    """The epilogue in PyTorch for ``torch.compile`` (fp32 math, as the suite's)."""
+    v = args.epilogue.values
+    A, B = args.A, args.B
+    if name == "bias_relu":
+        return lambda: torch.relu((A @ B).float() + v["bias"].float()).to(A.dtype)
+    if name == "relu_aux":
+        def f():
+            F = 1.5 * (A @ B).float() + v["C"].float() * 2.0
+            return torch.relu(F).to(A.dtype), F.to(A.dtype)
+        return f
+    if name == "alpha_beta":
+        return lambda: (1.5 * (A @ B).float() + 0.5 * v["C"].float()).to(A.dtype)
+    if name == "gelu_bias":
+        return lambda: torch.nn.functional.gelu((A @ B).float() + v["bias"].float(),
+                                                approximate="tanh").to(A.dtype)
+    return lambda: ((A @ B).float() * v["s"] + v["bias"].float()).to(A.dtype)
+
+
+def _shape_constants(kernel: Kernel, args: GemmArguments, which: str = "MNK"):
+    """``kernel`` recompiled with the sizes in ``which`` (of M, N, K) as compile-time
+    constants (torch.compile's templates have all three), launched through Triton's JIT;
+    None where the source does not match."""
+    import importlib.util
+    import re
+    import tempfile
+
+    src = kernel.source(args)
+    m = re.search(r"def evtfuse_kernel\((\w+), (\w+), M, N, K,", src)
+    if m is None:
+        return None
+    sig = ", ".join(f"{d}: tl.constexpr" if d in which else d for d in "MNK")
+    new = src[:m.start()] + f"def evtfuse_kernel({m.group(1)}, {m.group(2)}, {sig}," + src[m.end():]
+    path = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+    path.write(new)
+    path.close()
+    spec = importlib.util.spec_from_file_location(f"ef_const_{abs(hash(new))}", path.name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    plan = kernel.plan(args)
+    fn = mod.evtfuse_kernel[plan.grid]
+    return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="64x8192x8192")
+    p.add_argument("--only", default=",".join(CASES))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rep-ms", type=float, default=150)
+    p.add_argument("--guarded", action="store_true",
+                   help="time with the GPU kept busy while each call is enqueued (host cost "
+                        "cannot show) instead of triton.testing.do_bench")
+    p.add_argument("--shape-constants", default="",
+                   help="also each kernel recompiled with these sizes as constexprs, e.g. "
+                        "K,NK,MNK")
+    p.add_argument("--compile", action="store_true",
+                   help="also torch.compile(mode='max-autotune-no-cudagraphs') of the epilogue")
+    p.add_argument("--configs", default="64x64x128s5,64x64x64s6",
+                   help="hopper tiles MxNxK with stage count, each timed with and without "
+                        "prefetch; a leading 'p': the portable family's (one program per "
+                        "tile, pointer loads, as torch.compile's mm template)")
+    a = p.parse_args()
+    M, N, K = (int(x) for x in a.shape.split("x"))
+    for name in a.only.split(","):
+        args = _args(name, M, N, K)
+        target = choose_kernel(args).target
+        systems = {"mm": lambda: args.A @ args.B}
+        tuned = choose_kernel(args)
+        systems[f"tuned {tuned.name}"] = lambda k=tuned: k.run(args)
+        for which in a.shape_constants.split(",") if a.shape_constants else []:
+            const = _shape_constants(tuned, args, which)
+            if const is not None:
+                systems[f"tuned {which} const"] = const
+        for c in a.configs.split(","):
+            portable = c.startswith("p")
+            tile, st = c.lstrip("p").split("s")
+            bm, bn, bk = (int(x) for x in tile.split("x"))
+            for pf in ((False,) if portable else (False, True)):
+                fam = PortableFamily() if portable else HopperFamily()
+                k = Kernel(fam, TileConfig(bm, bn, bk, 8, 4, int(st), epi_split=1,
+                                           prefetch=pf), target)
+                ok = k.verify(args)
+                if not ok:
+                    print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)
+                    continue
+                systems[k.name] = lambda k=k: k.run(args)
+                for which in (a.shape_constants.split(",") if a.shape_constants and not pf
+                              else []):
+                    const = _shape_constants(k, args, which)
+                    if const is not None:
+                        systems[f"{k.name} {which} const"] = const
+        if a.compile:
+            comp = torch.compile(_eager(name, args), mode="max-autotune-no-cudagraphs")
+            comp()
+            systems["torch.compile"] = comp
+        times: dict[str, list[float]] = {s: [] for s in systems}
+        for _ in range(a.rounds):
+            for s, fn in systems.items():
+                times[s].append(guarded_ms(fn) if a.guarded else triton.testing.do_bench(
+                    fn, warmup=25, rep=a.rep_ms, return_mode="median"))
+        mm = statistics.median(times["mm"])
+        print(f"== {name} {a.shape} ({a.rounds} rounds, median of round medians)", flush=True)
+        for s, ts in times.items():
+            med = statistics.median(ts)
+            print(f"   {s:40s} {med:.4f} ms  x{med / mm:.3f} of mm  "
+                  f"[{min(ts):.4f}-{max(ts):.4f}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
