@@ -66,7 +66,10 @@ def guarded_ms(fn: Callable[[], Any], reps: int = 200, sleep_cycles: int = 400_0
     """Median time of one call of ``fn`` in milliseconds, L2 flushed before each call, with
     the GPU kept busy (``torch.cuda._sleep``) while the host enqueues the call, so that no
     host-side cost can fall between the events: the kernels' own time, with a tighter spread
-    than ``bench_ms`` (a development probes' method; the suite keeps ``bench_ms``)."""
+    than ``bench_ms``. The spin between calls lets the GPU run cooler than under the
+    suite's back-to-back calls, so kernels within ~2% of each other can rank differently
+    here than in the suite or the tuner (which time sustained load): a development probes'
+    method; the suite keeps ``bench_ms``."""
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     for _ in range(10):
         fn()
