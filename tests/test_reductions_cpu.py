@@ -266,3 +266,31 @@ def test_fold_reset_waits_for_every_threads_copy(family):
     reset = next(i for i, ln in enumerate(lines) if ln.strip().startswith("tl.store(u_c_ws + fo_u_c"))
     assert load < reset
     assert any("barrier()" in ln for ln in lines[load + 1:reset]), "\n".join(lines[load:reset + 1])
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper", "gluon"])
+def test_max_min_combine_on_a_gpu_is_one_instruction(family):
+    """On a GPU a max/min reduction combines partials with max.NaN.f32 / min.NaN.f32
+    (``_ef_maximum_nan``; NaN wins as in torch.amax, checked with NaNs, infinities and
+    signed zeros by the GPU tier's fold test), not the where-based helper's compare and
+    select; the interpreter keeps the where-based one, whose results the CPU tier checks."""
+    from evtfuse.backends.triton import codegen, families
+    from evtfuse.backends.triton.prelude import helpers_for
+
+    fam = {"portable": families.PortableFamily, "hopper": families.HopperFamily,
+           "gluon": families.GluonFamily}[family]()
+    M, N, K = 384, 640, 128
+    src = "def epi(accum): D = accum; r = max(abs(accum)); c = min(accum); return D, r, c"
+    args = GemmArguments(rand(M, K, dtype=torch.bfloat16), rand(K, N, dtype=torch.bfloat16),
+                         None, epilogue=EpilogueArguments(src, D=None, r=torch.empty(M, 1),
+                                                          c=torch.empty(N)))
+    kinds = [("cuda", ("_ef_maximum_nan", "_ef_minimum_nan"))]
+    if family != "gluon":  # Gluon kernels never run under the interpreter
+        kinds.append((families.INTERPRETER, ("_ef_maximum", "_ef_minimum")))
+    for kind, combiners in kinds:
+        target = families.Target(kind, 90, args.A.device, 132)
+        code = codegen.generate(fam.spec(args, fam.configs(args, target)[0], target))
+        reduced = [ln for ln in code.splitlines() if "tl.reduce(rv_" in ln]
+        assert reduced and all(any(f", {c})" in ln for c in combiners) for ln in reduced), reduced
+        if kind == "cuda":
+            assert "propagate_nan=tl.PropagateNan.ALL" in helpers_for("_ef_maximum_nan")

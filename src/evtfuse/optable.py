@@ -96,6 +96,11 @@ class OpDef:
             return f"{self.name}() needs its parameter '{param}': one of {names}"
         return f"{self.name}() parameter '{param}' must be one of {names} (got {got})"
 
+    def combiner(self, cuda: bool = False) -> str:
+        """REDUCE rows: the helper that combines two partial results (``triton_cuda``'s on
+        a GPU where the row has one)."""
+        return self.triton_cuda if (cuda and self.triton_cuda is not None) else self.triton
+
     def spell(self, args: list[str], params: Mapping[str, ParamValue], cuda: bool = False) -> str:
         """Triton expression of this op applied to argument expressions ``args``."""
         spelling = self.triton_cuda if (cuda and self.triton_cuda is not None) else self.triton
@@ -326,9 +331,11 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("sum", 1, lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), "_ef_add", Category.REDUCE,
           reduce_identity=0.0, doc="sum"),
     OpDef("max", 1, lambda x, dims: x.amax(dim=tuple(dims), keepdim=True), "_ef_maximum",
-          Category.REDUCE, reduce_identity=float("-inf"), doc="maximum (NaN-propagating)"),
+          Category.REDUCE, reduce_identity=float("-inf"), triton_cuda="_ef_maximum_nan",
+          doc="maximum (NaN-propagating)"),
     OpDef("min", 1, lambda x, dims: x.amin(dim=tuple(dims), keepdim=True), "_ef_minimum",
-          Category.REDUCE, reduce_identity=float("inf"), doc="minimum (NaN-propagating)"),
+          Category.REDUCE, reduce_identity=float("inf"), triton_cuda="_ef_minimum_nan",
+          doc="minimum (NaN-propagating)"),
     OpDef("logsumexp", 1, lambda x, dims: torch.logsumexp(x, dim=tuple(dims), keepdim=True),
           "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
           doc="log(sum(exp(x))), computed with a running max"),

@@ -65,7 +65,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "27"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "28"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -254,7 +254,8 @@ class _Epilogue:
             elif o.node.op == "sum":
                 lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.sum(pacc_{u}, axis=0))")
             else:
-                lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.reduce(pacc_{u}, 0, {row.triton}))")
+                comb = row.combiner(self.spec.cuda)
+                lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.reduce(pacc_{u}, 0, {comb}))")
             if combined_in_kernel(o, self.spec.family):
                 lines += self._combine_scalar(o, lane, "0", "0", count, barrier, indent)
         return lines
@@ -419,7 +420,7 @@ class _Epilogue:
             group = sub.pid_n
         count = tiles if o.batched else f"{tiles} * L"
         base = f"{b}{tiles} * {extent}"
-        comb = OPS[o.node.op].triton
+        comb = OPS[o.node.op].combiner(self.spec.cuda)
         # a partial past the end reads as the value that changes nothing (-0.0 for sums:
         # x + -0.0 is x for every x, signed zeros included)
         ident = "-0.0" if o.node.op == "sum" else _lit(OPS[o.node.op].reduce_identity)
@@ -447,13 +448,14 @@ class _Epilogue:
         row = OPS[o.node.op]
         ident = _lit(row.reduce_identity)
         inner = indent + "    "
-        total = f"tl.sum(cm_{u}, axis=0)" if o.node.op == "sum" else f"tl.reduce(cm_{u}, 0, {row.triton})"
+        comb = row.combiner(self.spec.cuda)
+        total = f"tl.sum(cm_{u}, axis=0)" if o.node.op == "sum" else f"tl.reduce(cm_{u}, 0, {comb})"
         lines = self._ticket(o, group, count, barrier, indent)
         lines += [f"{inner}ln_{u} = {lane}",
                   f"{inner}cm_{u} = tl.load({u}_ws + {base} + ln_{u}, mask=ln_{u} < {count}, "
                   f"other={ident}, {_LD_L2})",
                   f"{inner}for j0 in range(ln_{u}.shape[0], {count}, ln_{u}.shape[0]):",
-                  f"{inner}    cm_{u} = {row.triton}(cm_{u}, tl.load({u}_ws + {base} + j0 + ln_{u}, "
+                  f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j0 + ln_{u}, "
                   f"mask=j0 + ln_{u} < {count}, other={ident}, {_LD_L2}))",
                   f"{inner}tl.store({u}_out + {group} * {u}_osl, ({total}).to({u}_out.dtype.element_ty))"]
         return lines
@@ -475,10 +477,10 @@ class _Epilogue:
         def part(axis: int, x: str) -> str:
             if n.op == "sum":
                 return f"tl.sum({x}, axis={axis})"
-            return f"tl.reduce({x}, {axis}, {row.triton})"
+            return f"tl.reduce({x}, {axis}, {row.combiner(self.spec.cuda)})"
 
         def combine(a: str, b: str) -> str:
-            return f"{row.triton}({a}, {b})"
+            return f"{row.combiner(self.spec.cuda)}({a}, {b})"
 
         ws_row = f"(bid64 * num_pid_n + {sub.pid_n}) * M + {sub.rm}"
         ws_col = f"(bid64 * num_pid_m + {sub.pid_m}) * N + {sub.rn}"

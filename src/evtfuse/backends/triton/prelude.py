@@ -123,6 +123,18 @@ def _ef_maximum(a, b):
 def _ef_minimum(a, b):
     return tl.where((a != a) | (a < b), a, b)
 ''',
+    "_ef_maximum_nan": '''
+@triton.jit
+def _ef_maximum_nan(a, b):
+    # torch.maximum's NaN rule in one instruction on a GPU (max.NaN.f32, sm_80+; under the
+    # interpreter the where-based helper stays): NaN wins, max(-0, +0) is +0 either way
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+''',
+    "_ef_minimum_nan": '''
+@triton.jit
+def _ef_minimum_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+''',
     "_ef_fold": '''
 @triton.jit
 def _ef_fold(ws, x, mask, MAX: tl.constexpr):
@@ -158,8 +170,9 @@ def _ef_lse_part(x, AXIS: tl.constexpr):
     "_ef_lse_part_cuda": '''
 @triton.jit
 def _ef_lse_part_cuda(x, AXIS: tl.constexpr):
-    # as _ef_lse_part, exp(x - max) on MUFU.EX2 without subnormal handling (terms <= 1)
-    m = tl.reduce(x, AXIS, _ef_maximum)
+    # as _ef_lse_part, the max by max.NaN.f32 and exp(x - max) on MUFU.EX2 without
+    # subnormal handling (terms <= 1)
+    m = tl.reduce(x, AXIS, _ef_maximum_nan)
     safe = tl.where(m == float('-inf'), 0.0, m)
     d = (x - tl.expand_dims(safe, AXIS)) * 1.4426950408889634
     e = _ef_ex2_ftz(d)
