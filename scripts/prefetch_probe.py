@@ -116,9 +116,10 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="also torch.compile(mode='max-autotune-no-cudagraphs') of the epilogue")
     p.add_argument("--configs", default="64x64x128s5,64x64x64s6",
-                   help="hopper tiles MxNxK with stage count, each timed with and without "
-                        "prefetch; a leading 'p': the portable family's (one program per "
-                        "tile, pointer loads, as torch.compile's mm template)")
+                   help="hopper tiles MxNxK with stage count (and warps: 64x64x128s5w4), each "
+                        "timed with and without prefetch; a leading 'p': the portable "
+                        "family's (one program per tile, pointer loads, as torch.compile's mm "
+                        "template)")
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
     for name in a.only.split(","):
@@ -134,10 +135,11 @@ def main() -> None:
         for c in a.configs.split(","):
             portable = c.startswith("p")
             tile, st = c.lstrip("p").split("s")
+            st, warps = (st.split("w") + ["4"])[:2]
             bm, bn, bk = (int(x) for x in tile.split("x"))
             for pf in ((False,) if portable else (False, True)):
                 fam = PortableFamily() if portable else HopperFamily()
-                k = Kernel(fam, TileConfig(bm, bn, bk, 8, 4, int(st), epi_split=1,
+                k = Kernel(fam, TileConfig(bm, bn, bk, 8, int(warps), int(st), epi_split=1,
                                            prefetch=pf), target)
                 ok = k.verify(args)
                 if not ok:
