@@ -1,6 +1,7 @@
-"""Run the identity GEMM's candidate kernels and cuBLAS's ``A @ B`` once each, for Nsight
-Compute to compare their mainloops (tensor-pipe activity, L2 traffic); a development
-probe. Each kernel runs once before the marked run (compilation, warm-up), then once more.
+"""Run the identity GEMM's candidate kernels (or those of another epilogue, ``--epilogue``)
+and cuBLAS's ``A @ B`` once each, for Nsight Compute to compare their mainloops
+(tensor-pipe activity, L2 traffic) or stall reasons; a development probe. Each kernel
+runs once before the marked run (compilation, warm-up), then once more.
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --kernel-name regex:'evtfuse|gemm|nvjet|sm90' \
@@ -15,18 +16,23 @@ import torch
 
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
 
+EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
+             "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax"}
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x8192x1024")
     p.add_argument("--max-configs", type=int, default=6)
     p.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
+    p.add_argument("--epilogue", choices=sorted(EPILOGUES), default="identity")
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
     A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
     D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    args = GemmArguments(A, B, D, epilogue=EpilogueArguments("def epi(accum): D = accum; return D", D=D))
+    extra = {"amax": torch.empty(M, 1, device="cuda")} if a.epilogue == "row_amax" else {}
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(EPILOGUES[a.epilogue], D=D, **extra))
     kernels = get_kernels(args)
     if a.only:
         kernels = [k for k in kernels if k.name in a.only.split(",")]
