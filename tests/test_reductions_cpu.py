@@ -294,3 +294,19 @@ def test_max_min_combine_on_a_gpu_is_one_instruction(family):
         assert reduced and all(any(f", {c})" in ln for c in combiners) for ln in reduced), reduced
         if kind == "cuda":
             assert "propagate_nan=tl.PropagateNan.ALL" in helpers_for("_ef_maximum_nan")
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+def test_edges_past_the_problem_never_count(family):
+    """Ragged tiles at both edges with a value that is 1.0 wherever a tile reaches past the
+    problem (zero-filled or wrapped rows and columns plus 1): a per-row sum that counted a
+    column past N, a per-column sum a row past M, or the whole sum either, would be off by
+    whole units. (Per-row results mask only the columns before reducing, per-column ones
+    only the rows; the other edge is dropped where partials are stored or folded.)"""
+    M, N, K = 45, 56, 16  # 32-wide interpreter tiles: 13 rows and 8 columns past the edges
+    A, B = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
+    rs, cs, tot = torch.empty(M, 1), torch.empty(N), torch.empty(1)
+    src = ("def epi(accum): t = accum + 1.0; rs = sum(t); cs = sum(t); tot = sum(t); "
+           "D = accum; return D, rs, cs, tot")
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, rs=rs, cs=cs, tot=tot))
+    check(args, family)

@@ -65,7 +65,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "28"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "29"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -470,7 +470,17 @@ class _Epilogue:
         if n.inputs[0].space is not Space.FULL:
             v = f"({v} + {sub.zeros()})"
         ident = _lit(row.reduce_identity)
-        lines = [f"{indent}rv_{u}{sub.suffix} = tl.where({sub.mask}, {v}, {ident})"]
+        # only the edge the reduction runs across is masked before it: a per-row result's
+        # rows past M (a per-column one's columns past N) are dropped where the partials
+        # are stored or folded, so their values never count (one instruction less per
+        # element than the tile's mask)
+        if o.kind is OutputKind.ROW:
+            keep = f"({sub.rn}[None, :] < N)"
+        elif o.kind is OutputKind.COL:
+            keep = f"({sub.rm}[:, None] < M)"
+        else:
+            keep = sub.mask
+        lines = [f"{indent}rv_{u}{sub.suffix} = tl.where({keep}, {v}, {ident})"]
         rv = f"rv_{u}{sub.suffix}"
         lse = n.op == "logsumexp"
 
