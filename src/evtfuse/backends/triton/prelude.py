@@ -126,8 +126,8 @@ def _ef_minimum(a, b):
     "_ef_maximum_nan": '''
 @triton.jit
 def _ef_maximum_nan(a, b):
-    # torch.maximum's NaN rule in one instruction on a GPU (max.NaN.f32, sm_80+; under the
-    # interpreter the where-based helper stays): NaN wins, max(-0, +0) is +0 either way
+    # torch.maximum's NaN rule (NaN wins) in one instruction on a GPU (max.NaN.f32,
+    # sm_80+); under the interpreter the where-based helper stays
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 ''',
     "_ef_minimum_nan": '''
