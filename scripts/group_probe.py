@@ -15,16 +15,13 @@ kernel first.
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import replace
 
-import torch
+from probe_common import epilogue_args, print_rounds, time_rounds
 
-from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
 from evtfuse.runtime.kernel import Kernel
-
-DEV = "cuda"
 
 CASES = {
     "identity": "def epi(accum): D = accum; return D",
@@ -34,28 +31,6 @@ CASES = {
             "return D, loss"),  # D not stored (passed as None), as in the suite
     "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
 }
-
-
-def _args(name: str, M: int, N: int, K: int) -> GemmArguments:
-    dt = torch.bfloat16
-    src = CASES[name]
-    A = torch.randn(M, K, device=DEV, dtype=dt)
-    B = torch.randn(K, N, device=DEV, dtype=dt)
-    vals: dict = {}
-    if "C" in src:
-        vals["C"] = torch.randn(M, N, device=DEV, dtype=dt)
-        if name == "bce":  # labels in [0, 1]
-            vals["C"] = torch.rand(M, N, device=DEV).round().to(dt)
-    if "bias" in src:
-        vals["bias"] = torch.randn(N, device=DEV, dtype=dt)
-    if "alpha" in src:
-        vals.update(alpha=1.5, beta=0.5)
-    if "amax" in src:
-        vals["amax"] = torch.empty(M, 1, device=DEV)
-    if "loss" in src:
-        vals["loss"] = torch.empty(1, device=DEV)
-    vals["D"] = None if "loss" in src else torch.empty(M, N, device=DEV, dtype=dt)
-    return GemmArguments(A, B, vals["D"], epilogue=EpilogueArguments(src, **vals))
 
 
 def main() -> None:
@@ -69,7 +44,7 @@ def main() -> None:
     M, N, K = (int(x) for x in a.shape.split("x"))
     groups = [int(g) for g in a.groups.split(",")]
     for name in a.only.split(","):
-        args = _args(name, M, N, K)
+        args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")  # BCE: 0/1 labels
         bases, seen = [], set()
         for k in get_kernels(args):
             key = replace(k.config, group_m=0)
@@ -85,17 +60,8 @@ def main() -> None:
                     print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)
                     continue
                 systems[k.name] = lambda k=k: k.run(args)
-        times: dict[str, list[float]] = {s: [] for s in systems}
-        for _ in range(a.rounds):
-            for s, fn in systems.items():
-                times[s].append(guarded_ms(fn))
-        mm = statistics.median(times["mm"])
-        print(f"== {name} {a.shape} ({a.rounds} rounds)", flush=True)
-        for s, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
-            med = statistics.median(ts)
-            print(f"   {s:40s} {med:.4f} ms  x{med / mm:.3f} of mm  [{min(ts):.4f}-{max(ts):.4f}]",
-                  flush=True)
-
+        print_rounds(f"{name} {a.shape} ({a.rounds} rounds)",
+                     time_rounds(systems, a.rounds, guarded_ms), by_time=True)
 
 if __name__ == "__main__":
     main()

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+from probe_common import epilogue_args
 
-from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from evtfuse import get_kernels
 
 EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
              "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax"}
@@ -28,11 +29,8 @@ def main() -> None:
     p.add_argument("--epilogue", choices=sorted(EPILOGUES), default="identity")
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
-    A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-    D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    extra = {"amax": torch.empty(M, 1, device="cuda")} if a.epilogue == "row_amax" else {}
-    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(EPILOGUES[a.epilogue], D=D, **extra))
+    args = epilogue_args(EPILOGUES[a.epilogue], M, N, K)
+    A, B = args.A, args.B
     kernels = get_kernels(args)
     if a.only:
         kernels = [k for k in kernels if k.name in a.only.split(",")]

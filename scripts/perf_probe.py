@@ -12,22 +12,22 @@ import time
 
 import torch
 import triton.testing
+from probe_common import epilogue_args
 
 import evtfuse
-from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from evtfuse import get_kernels
 
 CASES = {
-    "identity": ("def epi(accum): D = accum; return D", []),
-    "alpha_beta": ("def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D", ["C"]),
-    "relu_aux": ("def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
-                 ["C"]),
-    "gelu_bias": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", ["bias"]),
-    "bias_relu": ("def epi(accum, bias): D = relu(accum + bias); return D", ["bias"]),
-    "silu_mul": ("def epi(accum, C): D = silu(accum) * C; return D", ["C"]),
-    "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", []),
+    "identity": "def epi(accum): D = accum; return D",
+    "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
+    "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+    "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
+    "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
+    "silu_mul": "def epi(accum, C): D = silu(accum) * C; return D",
+    "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax",
     "bce": ("def epi(accum, bias, C): f = accum + bias; "
             "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
-            "return D, loss", ["bias", "C"]),
+            "return D, loss"),
 }
 SHAPES = {"identity": [(4096, 4096, 4096), (8192, 8192, 8192)],
           "alpha_beta": [(8192, 8192, 1024), (4096, 4096, 4096)],
@@ -83,34 +83,14 @@ def main() -> None:
         from evtfuse.backends.triton import gluon_codegen
 
         gluon_codegen.LOOP_DIRECT = True
-    dt = torch.bfloat16
     only = set(a.only.split(",")) if a.only else set(CASES)
-    for name, (src, ins) in CASES.items():
+    for name, src in CASES.items():
         if name not in only:
             continue
         shapes = [tuple(int(x) for x in a.shape.split("x"))] if a.shape else SHAPES[name]
         for (M, N, K) in shapes:
-            A = torch.randn(M, K, device="cuda", dtype=dt)
-            B = torch.randn(K, N, device="cuda", dtype=dt)
-            vals = {}
-            if "C" in ins:
-                vals["C"] = torch.randn(M, N, device="cuda", dtype=dt)
-            if "bias" in ins:
-                vals["bias"] = torch.randn(N, device="cuda", dtype=dt)
-            if "alpha" in src:
-                vals["alpha"] = 1.5
-            if "beta" in src:
-                vals["beta"] = 0.5
-            D = torch.empty(M, N, device="cuda", dtype=dt)
-            outs = {"D": D}
-            if "amax" in src:
-                outs["amax"] = torch.empty(M, 1, device="cuda")
-            if "loss" in src:
-                outs["loss"] = torch.empty(1, device="cuda")
-                outs["D"] = D = None
-            if "return D, F" in src:
-                outs["F"] = torch.empty(M, N, device="cuda", dtype=dt)
-            args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, **vals, **outs))
+            args = epilogue_args(src, M, N, K)
+            A, B, vals = args.A, args.B, args.epilogue.values
             mm = triton.testing.do_bench(lambda: A @ B, warmup=50, rep=300, return_mode="median")
             flops = 2 * M * N * K
             print(f"== {name} {M}x{N}x{K}: cuBLAS mm {mm:.4f} ms ({flops / mm / 1e9:.0f} TFLOP/s)",

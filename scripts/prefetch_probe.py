@@ -15,12 +15,13 @@ enqueued, so that no host time can fall between the events. Verifies every kerne
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import triton.testing
 
-from evtfuse import EpilogueArguments, GemmArguments
+from probe_common import epilogue_args, print_rounds, time_rounds
+
+from evtfuse import GemmArguments
 from evtfuse.backends.triton.families import HopperFamily, PortableFamily, TileConfig
 from evtfuse.bench.timing import guarded_ms
 from evtfuse.runtime.kernel import Kernel
@@ -33,28 +34,6 @@ CASES = {
     "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
     "row_scale": "def epi(accum, s, bias): D = accum * s + bias; return D",
 }
-
-
-def _args(name: str, M: int, N: int, K: int) -> GemmArguments:
-    dt = torch.bfloat16
-    src = CASES[name]
-    A = torch.randn(M, K, device="cuda", dtype=dt)
-    B = torch.randn(K, N, device="cuda", dtype=dt)
-    vals: dict = {}
-    if "C" in src:
-        vals["C"] = torch.randn(M, N, device="cuda", dtype=dt)
-    if "bias" in src:
-        vals["bias"] = torch.randn(N, device="cuda", dtype=dt)
-    if ", s," in src:
-        vals["s"] = torch.randn(M, 1, device="cuda")
-    if "alpha" in src:
-        vals["alpha"] = 1.5
-    if "beta" in src:
-        vals["beta"] = 0.5
-    if "return D, F" in src:
-        vals["F"] = torch.empty(M, N, device="cuda", dtype=dt)
-    D = torch.empty(M, N, device="cuda", dtype=dt)
-    return GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, **vals))
 
 
 def _eager(name: str, args: GemmArguments):
@@ -123,7 +102,7 @@ def main() -> None:
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
     for name in a.only.split(","):
-        args = _args(name, M, N, K)
+        args = epilogue_args(CASES[name], M, N, K)
         target = choose_kernel(args).target
         systems = {"mm": lambda: args.A @ args.B}
         tuned = choose_kernel(args)
@@ -155,18 +134,10 @@ def main() -> None:
             comp = torch.compile(_eager(name, args), mode="max-autotune-no-cudagraphs")
             comp()
             systems["torch.compile"] = comp
-        times: dict[str, list[float]] = {s: [] for s in systems}
-        for _ in range(a.rounds):
-            for s, fn in systems.items():
-                times[s].append(guarded_ms(fn) if a.guarded else triton.testing.do_bench(
-                    fn, warmup=25, rep=a.rep_ms, return_mode="median"))
-        mm = statistics.median(times["mm"])
-        print(f"== {name} {a.shape} ({a.rounds} rounds, median of round medians)", flush=True)
-        for s, ts in times.items():
-            med = statistics.median(ts)
-            print(f"   {s:40s} {med:.4f} ms  x{med / mm:.3f} of mm  "
-                  f"[{min(ts):.4f}-{max(ts):.4f}]", flush=True)
-
+        timer = guarded_ms if a.guarded else (lambda fn: triton.testing.do_bench(
+            fn, warmup=25, rep=a.rep_ms, return_mode="median"))
+        print_rounds(f"{name} {a.shape} ({a.rounds} rounds, median of round medians)",
+                     time_rounds(systems, a.rounds, timer))
 
 if __name__ == "__main__":
     main()

@@ -483,14 +483,15 @@ class _Epilogue:
         lines = [f"{indent}rv_{u}{sub.suffix} = tl.where({keep}, {v}, {ident})"]
         rv = f"rv_{u}{sub.suffix}"
         lse = n.op == "logsumexp"
+        comb = row.combiner(self.spec.cuda)
 
         def part(axis: int, x: str) -> str:
             if n.op == "sum":
                 return f"tl.sum({x}, axis={axis})"
-            return f"tl.reduce({x}, {axis}, {row.combiner(self.spec.cuda)})"
+            return f"tl.reduce({x}, {axis}, {comb})"
 
         def combine(a: str, b: str) -> str:
-            return f"{row.combiner(self.spec.cuda)}({a}, {b})"
+            return f"{comb}({a}, {b})"
 
         ws_row = f"(bid64 * num_pid_n + {sub.pid_n}) * M + {sub.rm}"
         ws_col = f"(bid64 * num_pid_m + {sub.pid_m}) * N + {sub.rn}"
