@@ -376,3 +376,33 @@ def test_hopper_configs_for_small_problems_fill_the_gpu():
     assert large[0] == "128x256x64_w8_s3_g8_e2" and not any("_o2" in n for n in large)
     # a problem too small for 128x256 tiles to fill the SMs leads with smaller tiles
     assert _hopper_configs(1024, 1024, 1024)[0] == "128x64x64_w4_s5_g8"  # 128 tiles
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_row_of_tiles_and_one_wave_paths(family):
+    """Problems of one row of tiles (M <= BLOCK_M, one batch) take the tile's column from
+    the program id without the grouped order's divisions (``ONE_ROW``), and persistent
+    grids with a program per tile end their loop at a constant (``ONE_WAVE``). Every
+    config runs on shapes that take each path and the general one: 20 rows are one row of
+    32-row tiles but two of 16-row ones; up to 4 tiles fit the interpreter's 4 programs,
+    6 or 7 do not; two batches are never one row."""
+    seen = set()
+    for L, M, N in [(1, 20, 40), (1, 20, 72), (1, 20, 200), (2, 20, 72)]:
+        K = 40
+        A, B = rand(L, M, K, dtype=torch.float16), rand(L, K, N, dtype=torch.float16)
+        C, bias = rand(L, M, N), rand(N)
+        D = torch.empty(L, M, N, dtype=torch.float16)
+        rs, cm = torch.empty(L, M, 1), torch.empty(L, 1, N)
+        src = ("def epi(accum, C, bias): D = relu(accum + bias) + C; rs = sum(D); cm = max(D); "
+               "return D, rs, cm")
+        args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, bias=bias, D=D,
+                                                                 rs=rs, cm=cm))
+        for k in kernels_of(args, family, 90 if family == "hopper" else None):
+            result = k.verify(args)
+            assert result, f"{k.name} at {(L, M, N)}: {result.report()}"
+            consts = k.plan(args).consts
+            seen.add((consts["ONE_ROW"], consts.get("ONE_WAVE")))
+    if family == "hopper":
+        assert seen == {(True, True), (True, False), (False, True), (False, False)}
+    else:
+        assert seen == {(True, None), (False, None)}

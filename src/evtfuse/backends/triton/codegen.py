@@ -65,7 +65,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "29"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "30"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -666,17 +666,22 @@ def _portable_source(spec: KernelSpec) -> str:
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
-        "                   EVEN_K: tl.constexpr):",
+        "                   EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr):",
         f"{I1}pid = tl.program_id(0)",
         f"{I1}bid = tl.program_id(1)",
         f"{I1}bid64 = bid.to(tl.int64)",
         f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
         f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
-        f"{I1}group = GROUP_M * num_pid_n",
-        f"{I1}first_m = (pid // group) * GROUP_M",
-        f"{I1}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
-        f"{I1}pid_m = first_m + ((pid % group) % group_m)",
-        f"{I1}pid_n = (pid % group) // group_m",
+        # one row of tiles (M <= BLOCK_M): the program is its tile's column
+        f"{I1}if ONE_ROW:",
+        f"{I2}pid_m = pid * 0",
+        f"{I2}pid_n = pid",
+        f"{I1}else:",
+        f"{I2}group = GROUP_M * num_pid_n",
+        f"{I2}first_m = (pid // group) * GROUP_M",
+        f"{I2}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
+        f"{I2}pid_m = first_m + ((pid % group) % group_m)",
+        f"{I2}pid_n = (pid % group) // group_m",
         f"{I1}rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         f"{I1}rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         f"{I1}rk = tl.arange(0, BLOCK_K)",
@@ -756,7 +761,12 @@ def _hopper_source(spec: KernelSpec) -> str:
         b_load += ".T"
     lines = [
         "@triton.jit",
-        "def _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):",
+        "def _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M: tl.constexpr,",
+        "                    ONE_ROW: tl.constexpr):",
+        # one row of tiles and one batch (M <= BLOCK_M, L == 1): the tile is its column, no
+        # integer divisions ahead of the first load (small-M problems, where they show)
+        f"{I1}if ONE_ROW:",
+        f"{I2}return tile * 0, tile * 0, tile",
         f"{I1}bid = tile // tiles_per_batch",
         f"{I1}t = tile % tiles_per_batch",
         f"{I1}group = GROUP_M * num_pid_n",
@@ -771,7 +781,8 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
-        "                   NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):",
+        "                   NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,",
+        "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr):",
         f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
         f"{I1}start = tl.program_id(0)",
         f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
@@ -779,14 +790,17 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I1}k_tiles = tl.cdiv(K, BLOCK_K)",
         f"{I1}tiles_per_batch = num_pid_m * num_pid_n",
         f"{I1}num_tiles = tiles_per_batch * L",
+        # one wave (a program per tile): the loop's end is a constant, its trip count one
+        f"{I1}tiles_end = NUM_SMS if ONE_WAVE else num_tiles",
     ]
     lines += epi.prologue(I1)
     lines += epi.program_accumulators(I1)
     lines += [
         f"{I1}tile_c = start - NUM_SMS",
-        f"{I1}for tile in tl.range(start, num_tiles, NUM_SMS, flatten=FLATTEN, "
+        f"{I1}for tile in tl.range(start, tiles_end, NUM_SMS, flatten=FLATTEN, "
         "warp_specialize=WARP_SPECIALIZE):",
-        f"{I2}bid, pid_m, pid_n = _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}bid, pid_m, pid_n = _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, "
+        "GROUP_M, ONE_ROW)",
         f"{I2}off_m = pid_m * BLOCK_M",
         f"{I2}off_n = pid_n * BLOCK_N",
         f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
@@ -813,7 +827,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         # mainloop of the next tile may already have started
         f"{I2}tile_c += NUM_SMS",
         f"{I2}bid, pid_m_c, pid_n_c = _ef_tile_coords(tile_c, tiles_per_batch, num_pid_m, "
-        "num_pid_n, GROUP_M)",
+        "num_pid_n, GROUP_M, ONE_ROW)",
         f"{I2}bid64 = bid.to(tl.int64)",
         f"{I2}off_m_c = pid_m_c * BLOCK_M",
         f"{I2}off_n_c = pid_n_c * BLOCK_N",

@@ -228,7 +228,7 @@ class PortableFamily(KernelFamily):
         grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),
-                      EVEN_K=args.K % config.block_k == 0)
+                      EVEN_K=args.K % config.block_k == 0, ONE_ROW=args.M <= config.block_m)
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, grid, post
@@ -601,7 +601,8 @@ class HopperFamily(KernelFamily):
         items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
-                      FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize)
+                      FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize,
+                      ONE_ROW=args.M <= bm and args.L == 1, ONE_WAVE=num_sms == tiles)
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, (num_sms,), post
