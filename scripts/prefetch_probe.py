@@ -9,7 +9,8 @@ torch.compile's templates are). ``--guarded`` keeps the GPU busy while each call
 enqueued, so that no host time can fall between the events. Verifies every kernel first.
 
     PYTHONPATH=src python3 scripts/prefetch_probe.py [--shape 64x8192x8192] [--rounds 5] \
-        [--guarded] [--compile] [--shape-constants K,NK,MNK] [--configs 64x64x128s5,p64x64x128s5]
+        [--guarded] [--compile] [--general] [--shape-constants K,NK,MNK] \
+        [--configs 64x64x128s5,p64x64x128s5]
 """
 
 from __future__ import annotations
@@ -80,6 +81,16 @@ def _shape_constants(kernel: Kernel, args: GemmArguments, which: str = "MNK"):
     return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
 
 
+def _general(kernel: Kernel, args: GemmArguments):
+    """``kernel`` with its one-row / one-wave specializations off (the general path)."""
+    plan = kernel.plan(args)
+    fn = kernel.compile(args)[plan.grid]
+    consts = {**plan.consts, "ONE_ROW": False}
+    if "ONE_WAVE" in consts:
+        consts["ONE_WAVE"] = False
+    return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **consts)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="64x8192x8192")
@@ -92,6 +103,10 @@ def main() -> None:
     p.add_argument("--shape-constants", default="",
                    help="also each kernel recompiled with these sizes as constexprs, e.g. "
                         "K,NK,MNK")
+    p.add_argument("--general", action="store_true",
+                   help="also each kernel with the one-row / one-wave paths off (ONE_ROW, "
+                        "ONE_WAVE False: the grouped tile order's divisions and a runtime "
+                        "loop end), launched through Triton's JIT")
     p.add_argument("--compile", action="store_true",
                    help="also torch.compile(mode='max-autotune-no-cudagraphs') of the epilogue")
     p.add_argument("--configs", default="64x64x128s5,64x64x64s6",
@@ -107,6 +122,8 @@ def main() -> None:
         systems = {"mm": lambda: args.A @ args.B}
         tuned = choose_kernel(args)
         systems[f"tuned {tuned.name}"] = lambda k=tuned: k.run(args)
+        if a.general:
+            systems["tuned general"] = _general(tuned, args)
         for which in a.shape_constants.split(",") if a.shape_constants else []:
             const = _shape_constants(tuned, args, which)
             if const is not None:
@@ -125,6 +142,8 @@ def main() -> None:
                     print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)
                     continue
                 systems[k.name] = lambda k=k: k.run(args)
+                if a.general:
+                    systems[f"{k.name} general"] = _general(k, args)
                 for which in (a.shape_constants.split(",") if a.shape_constants and not pf
                               else []):
                     const = _shape_constants(k, args, which)
