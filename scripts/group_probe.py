@@ -4,12 +4,12 @@ How many row-tiles a band of the persistent tile order spans decides how much of
 one wave of tiles touches, and so how often B's lines come back from DRAM instead of L2
 while the output's writes stream through it. This probe takes the first gluon candidates
 of each case, reorders each at several GROUP_M values, and times them against cuBLAS's
-``A @ B``: every system once per round, rounds interleaved, each time the median of
+``A @ B`` (and cuBLASLt's fused epilogue where PyTorch reaches one): every system once per round, rounds interleaved, each time the median of
 ``bench.timing.guarded_ms`` (L2 flushed, no host time between the events). Verifies every
 kernel first.
 
     PYTHONPATH=src python3 scripts/group_probe.py [--shape 8192x8192x1024] [--groups 1,2,4,8,16]
-        [--only identity,row_amax] [--max-configs 4] [--rounds 3]
+        [--only identity,row_amax] [--max-configs 4] [--rounds 3] [--families gluon,hopper]
 """
 
 from __future__ import annotations
@@ -30,7 +30,23 @@ CASES = {
             "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
             "return D, loss"),  # D not stored (passed as None), as in the suite
     "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
+    "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
+    "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
 }
+
+
+def _lt(name: str, args):
+    """cuBLASLt's fused epilogue for ``name`` where PyTorch reaches one (as the suite's)."""
+    import torch
+
+    A, B, v = args.A, args.B, args.epilogue.values
+    if name == "bias_relu":
+        return lambda: torch._addmm_activation(v["bias"], A, B)
+    if name == "gelu_bias":
+        return lambda: torch._addmm_activation(v["bias"], A, B, use_gelu=True)
+    if name == "alpha_beta":
+        return lambda: torch.addmm(v["C"], A, B, beta=0.5, alpha=1.5)
+    return None
 
 
 def main() -> None:
@@ -40,6 +56,8 @@ def main() -> None:
     p.add_argument("--groups", default="1,2,4,8,16")
     p.add_argument("--max-configs", type=int, default=4, help="gluon candidates per case")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--families", default="gluon",
+                   help="families whose candidates are taken (e.g. gluon,hopper)")
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
     groups = [int(g) for g in a.groups.split(",")]
@@ -48,10 +66,12 @@ def main() -> None:
         bases, seen = [], set()
         for k in get_kernels(args):
             key = replace(k.config, group_m=0)
-            if k.family.name == "gluon" and key not in seen:
+            if k.family.name in a.families.split(",") and key not in seen:
                 seen.add(key)
                 bases.append(k)
         systems = {"mm": lambda: args.A @ args.B}
+        if _lt(name, args) is not None:
+            systems["cuBLASLt"] = _lt(name, args)
         for base in bases[: a.max_configs]:
             for g in groups:
                 k = Kernel(base.family, replace(base.config, group_m=g), base.target)

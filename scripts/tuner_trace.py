@@ -2,7 +2,8 @@
 tuning cache each time), so its pick can be set against perf_probe's one-process times.
 A development tool, not a test.
 
-    EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=src python3 scripts/tuner_trace.py [--shape 2048x2048x2048] [--repeat 3]
+    EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=src python3 scripts/tuner_trace.py [--shape 2048x2048x2048] [--repeat 3] \
+        [--workload bias_relu|gelu_bias|alpha_beta]
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-import torch
+from probe_common import epilogue_args
 
 import evtfuse
-from evtfuse import EpilogueArguments, GemmArguments
 from evtfuse.runtime import tuner
 
-SRC = {"bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D"}
+SRC = {"bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
+       "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
+       "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"}
 
 
 class _Trace(logging.Handler):
@@ -37,11 +39,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
-    A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
-    D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(SRC[a.workload], bias=bias, D=D))
+    args = epilogue_args(SRC[a.workload], M, N, K)
     log = logging.getLogger("evtfuse")
     log.setLevel(logging.DEBUG)
     for r in range(a.repeat):
