@@ -16,6 +16,7 @@ enqueued, so that no host time can fall between the events. Verifies every kerne
 from __future__ import annotations
 
 import argparse
+import re
 
 import torch
 import triton.testing
@@ -61,7 +62,6 @@ def _shape_constants(kernel: Kernel, args: GemmArguments, which: str = "MNK"):
     constants (torch.compile's templates have all three), launched through Triton's JIT;
     None where the source does not match."""
     import importlib.util
-    import re
     import tempfile
 
     src = kernel.source(args)
@@ -110,7 +110,8 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="also torch.compile(mode='max-autotune-no-cudagraphs') of the epilogue")
     p.add_argument("--configs", default="64x64x128s5,64x64x64s6",
-                   help="hopper tiles MxNxK with stage count (and warps: 64x64x128s5w4), each "
+                   help="hopper tiles MxNxK with stage count (and warps, epilogue pieces and "
+                        "two programs per SM: 64x64x128s5w4, 128x128x64s3w4e2o2), each "
                         "timed with and without prefetch; a leading 'p': the portable "
                         "family's (one program per tile, pointer loads, as torch.compile's mm "
                         "template)")
@@ -129,14 +130,17 @@ def main() -> None:
             if const is not None:
                 systems[f"tuned {which} const"] = const
         for c in a.configs.split(","):
-            portable = c.startswith("p")
-            tile, st = c.lstrip("p").split("s")
-            st, warps = (st.split("w") + ["4"])[:2]
-            bm, bn, bk = (int(x) for x in tile.split("x"))
+            m = re.fullmatch(r"(p?)(\d+)x(\d+)x(\d+)s(\d+)(?:w(\d+))?(?:e(\d+))?(o2)?", c)
+            if m is None:
+                raise SystemExit(f"config {c!r}: expected [p]MxNxKsS[wW][eE][o2]")
+            portable = bool(m.group(1))
+            bm, bn, bk, st = (int(m.group(i)) for i in range(2, 6))
+            warps, split = int(m.group(6) or 4), int(m.group(7) or 1)
+            two = dict(ctas_per_sm=2, flatten=False) if m.group(8) else {}
             for pf in ((False,) if portable else (False, True)):
                 fam = PortableFamily() if portable else HopperFamily()
-                k = Kernel(fam, TileConfig(bm, bn, bk, 8, int(warps), int(st), epi_split=1,
-                                           prefetch=pf), target)
+                k = Kernel(fam, TileConfig(bm, bn, bk, 8, warps, st, epi_split=split,
+                                           prefetch=pf, **two), target)
                 ok = k.verify(args)
                 if not ok:
                     print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)
