@@ -35,6 +35,9 @@ CASES = {
     "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
     "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
     "row_scale": "def epi(accum, s, bias): D = accum * s + bias; return D",
+    "bce": ("def epi(accum, bias, C): f = accum + bias; "
+            "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
+            "return D, loss"),  # D not stored, 0/1 labels, as in the suite (no --compile form)
 }
 
 
@@ -42,6 +45,8 @@ def _eager(name: str, args: GemmArguments):
     """The epilogue in PyTorch for ``torch.compile`` (fp32 math, as the suite's)."""
     v = args.epilogue.values
     A, B = args.A, args.B
+    if name == "bce":
+        raise SystemExit("bce: no torch.compile form in this probe (the suite has one)")
     if name == "bias_relu":
         return lambda: torch.relu((A @ B).float() + v["bias"].float()).to(A.dtype)
     if name == "relu_aux":
@@ -118,7 +123,7 @@ def main() -> None:
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
     for name in a.only.split(","):
-        args = epilogue_args(CASES[name], M, N, K)
+        args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
         target = choose_kernel(args).target
         systems = {"mm": lambda: args.A @ args.B}
         tuned = choose_kernel(args)
