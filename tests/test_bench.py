@@ -411,7 +411,7 @@ def test_runner_cell_cpu(cpu_bench):
 def test_timing_rounds_interleave_and_take_the_median(monkeypatch):
     """Rounds visit every registered timing in turn; a value is the median of its rounds;
     a timing that raises is recorded on its system and the others go on."""
-    r = _runner()
+    r = _runner(rounds=3)
     order, clock = [], iter([5.0, 1.0, 4.0, 2.0, 3.0, 9.0])
 
     def fake(fn, *a, **k):
@@ -607,3 +607,11 @@ def test_latest_cells_aggregates(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| alpha_beta | 2048^3 | bf16 | B | 0.030 | 1.200 | 0.800 | 1.010 |" in out
     assert "geomean evtfuse/compiled over 3 non-identity cells: 0.865" in out
+
+
+def test_cli_timing_defaults_are_the_runners():
+    """`evtfuse bench` without timing flags times as the runner's Config says (the parser
+    keeps its own literals so that --help needs no torch import)."""
+    args = build_parser().parse_args([])
+    cfg = runner.Config()
+    assert (args.rounds, args.warmup_ms, args.rep_ms) == (cfg.rounds, cfg.warmup_ms, cfg.rep_ms)

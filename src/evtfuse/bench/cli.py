@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 2e-2 for bf16/fp16, 1e-2 for fp32, 7e-2 for fp8 outputs)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=int, default=7,  # runner.Config.rounds says why seven
                    help="timing rounds per cell, every system timed once per round in turn; "
                         "a time is the median of its rounds")
     p.add_argument("--max-sets", type=int, default=8,
