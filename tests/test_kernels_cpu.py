@@ -406,3 +406,45 @@ def test_one_row_of_tiles_and_one_wave_paths(family):
         assert seen == {(True, True), (True, False), (False, True), (False, False)}
     else:
         assert seen == {(True, None), (False, None)}
+
+
+_DIVISIONS_SCRIPT = """
+import json, re, torch
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.backends.triton.families import HopperFamily, PortableFamily, TileConfig
+from evtfuse.runtime.offline import compile_for
+out = {}
+for M in (64, 256):
+    N = K = 8192
+    A, B = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
+    bias, D = torch.empty(N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, bias): D = relu(accum + bias); return D", bias=bias, D=D))
+    for fam, cfg in [(HopperFamily(), TileConfig(64, 64, 128, 8, 4, 5)),
+                     (PortableFamily(), TileConfig(64, 64, 64, 8, 4, 4))]:
+        ptx = compile_for(fam, cfg, args).ptx
+        out[f"{fam.name}{M}"] = len(re.findall(r"\\b(?:div|rem)\\.[su]32", ptx))
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_one_row_kernels_compile_without_the_tile_orders_divisions():
+    """sm_90 PTX (offline compile, no GPU) of bias+relu at 64x8192x8192 with 64-row tiles:
+    the hopper kernel has no integer division or remainder at all (the grouped tile order
+    and the persistent loop's trip count cost 21 at M=256), the portable one fewer than at
+    M=256. What the one-row path bought at M=64 (BENCHMARKS.md, twelfth session) is the
+    divisions ahead of the first load; this keeps them from coming back."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))), "src"), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", _DIVISIONS_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert lines, f"offline compile failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    n = json.loads(lines[-1][len("RESULT"):])
+    assert n["hopper64"] == 0 and n["hopper256"] > 0, n
+    assert n["portable64"] < n["portable256"], n
