@@ -6,11 +6,14 @@ aid for BENCHMARKS.md: each ratio stays within its own run.
 
     python3 scripts/latest_cells.py RUN_LABEL=FILE.json ... [--drop RUN:workload@shape ...]
                                     [--runs-file RUNS.txt] [--chart latest_chart.png]
+                                    [--spread [RUN]]
 
 Files are given oldest first; a later run's cell replaces an earlier one. ``--drop``
 removes a cell of one run (e.g. measured with code since reverted). ``--runs-file`` reads
 the same arguments (``LABEL=FILE`` items and a ``--drop`` line) from a file, with paths
-relative to that file's folder (``benchmarks/results/<date>/RUNS.txt``).
+relative to that file's folder (``benchmarks/results/<date>/RUNS.txt``). ``--spread``
+lists every draw of each cell's ratios to torch.compile and cuBLASLt (from run RUN on), to
+see which cells sit within their run-to-run noise of a target.
 """
 
 from __future__ import annotations
@@ -35,6 +38,37 @@ def collect(runs: list[tuple[str, str]], drop: list[str]) -> dict[tuple, tuple[s
                 continue
             latest[(c["workload"], c["shape_str"], c["dtype"])] = (label, c)
     return latest
+
+
+def draws(runs: list[tuple[str, str]], drop: list[str], since: str | None = None
+          ) -> dict[tuple, list[tuple[str, dict]]]:
+    """(workload, shape, dtype) -> every (run label, cell) that timed evtfuse, oldest
+    first, from run ``since`` on (all runs without it): how far one cell's ratios move
+    from draw to draw (torch.compile's pick and the GPU's clocks change between runs)."""
+    labels = [label for label, _ in runs]
+    if since is not None and since not in labels:
+        raise SystemExit(f"--since {since}: no such run")
+    first = labels.index(since) if since else 0
+    out: dict[tuple, list[tuple[str, dict]]] = {}
+    for label, path in runs[first:]:
+        one = collect([(label, path)], drop)
+        for key, cell in one.items():
+            out.setdefault(key, []).append(cell)
+    return out
+
+
+def spread(history: dict[tuple, list[tuple[str, dict]]], ratio: str = "evtfuse/compiled"
+           ) -> list[tuple[str, str, list[tuple[float, str]]]]:
+    """Cells with two or more draws of ``ratio``: (workload, shape, [(ratio, run), ...]
+    sorted by ratio), widest range first."""
+    rows = []
+    for (w, shape, _dt), cells in history.items():
+        vals = sorted((c["ratios"][ratio], label) for label, c in cells
+                      if c["ratios"].get(ratio) is not None)
+        if len(vals) >= 2 and w != "identity":
+            rows.append((w, shape, vals))
+    rows.sort(key=lambda r: r[2][0][0] / r[2][-1][0])
+    return rows
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -87,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drop", nargs="*", default=[], help="LABEL:workload@shape")
     p.add_argument("--runs-file", help="a file of LABEL=path.json items and a --drop line")
     p.add_argument("--chart", help="draw the latest cells' time over floor (the suite's chart)")
+    p.add_argument("--spread", metavar="RUN", nargs="?", const="",
+                   help="also every draw of each cell's evtfuse/compiled and evtfuse/cuBLASLt "
+                        "ratios (from run RUN on, all runs without it), widest range first")
     a = p.parse_args(argv)
     items, drop = list(a.runs), list(a.drop)
     if a.runs_file:
@@ -118,6 +155,13 @@ def main(argv: list[str] | None = None) -> None:
                      "meta": {"dtype": "bf16", "gpu": gpu or "H100, latest run of each cell"}}, a.chart)
         print("chart:", a.chart)
     print("slower than compiled:", cells(s["slower_than_compiled"]))
+    if a.spread is not None:
+        history = draws([tuple(i.split("=", 1)) for i in items], drop, a.spread or None)
+        for ratio in ("evtfuse/compiled", "evtfuse/lt"):
+            print(f"\n{ratio} draw to draw (low .. high, run):")
+            for w, shape, vals in spread(history, ratio):
+                shown = " ".join(f"{v:.3f} ({lb})" for v, lb in vals)
+                print(f"  {w}@{shape}: {shown}")
 
 
 if __name__ == "__main__":

@@ -609,6 +609,26 @@ def test_latest_cells_aggregates(tmp_path, capsys):
     assert "geomean evtfuse/compiled over 3 non-identity cells: 0.865" in out
 
 
+def test_latest_cells_spread_lists_every_draw(tmp_path, capsys):
+    lc = _latest_cells_module()
+    runs = []
+    for label, ratio in [("A", 0.9), ("B", 1.1), ("C", 1.0)]:
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps({"cells": [
+            _run_cell("alpha_beta", "2048^3", 0.03, 1.2, compiled=ratio),
+            _run_cell("identity", "2048^3", 0.03, 1.0, compiled=ratio),  # not a fusion cell
+            _run_cell("relu_aux", "4096^3", 0.2, 1.1, compiled=0.95)]}))
+        runs.append((label, str(path)))
+    history = lc.draws(runs, ["C:relu_aux@4096^3"], since="B")
+    rows = lc.spread(history)
+    assert rows[0] == ("alpha_beta", "2048^3", [(1.0, "C"), (1.1, "B")])  # widest first
+    assert [r[0] for r in rows] == ["alpha_beta"]  # relu aux: one draw from B on (C dropped)
+    lc.main([f"{lb}={p}" for lb, p in runs] + ["--spread"])
+    out = capsys.readouterr().out
+    assert "alpha_beta@2048^3: 0.900 (A) 1.000 (C) 1.100 (B)" in out
+    assert "relu_aux@4096^3: 0.950 (A) 0.950 (B) 0.950 (C)" in out
+
+
 def test_cli_timing_defaults_are_the_runners():
     """`evtfuse bench` without timing flags times as the runner's Config says (the parser
     keeps its own literals so that --help needs no torch import)."""
