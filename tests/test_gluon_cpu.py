@@ -6,10 +6,7 @@ GPU: tests/gpu/test_gpu_gluon.py.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +14,7 @@ import torch
 from evtfuse import EpilogueArguments, GemmArguments, explain
 from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target, _vector_refusal
 from evtfuse.backends.triton.gluon_codegen import buffers
+from offline_run import run_offline
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
@@ -390,12 +388,7 @@ print("RESULT" + json.dumps(out))
 def compiled():
     """Every case compiled for sm_90 in one subprocess: the CPU tier runs with Triton's
     interpreter on, under which Triton's library functions cannot be compiled."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=os.path.dirname(__file__))],
-                          env=env, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
-    assert lines, f"offline compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT"):])
+    return run_offline(SCRIPT.format(tests=os.path.dirname(__file__)))
 
 
 @pytest.mark.parametrize("name", list(CASES))

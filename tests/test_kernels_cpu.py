@@ -15,6 +15,7 @@ import torch
 import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, explain, get_kernels
 from evtfuse.runtime import cache
+from offline_run import run_offline
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="CPU-interpreter tier; the GPU tier covers kernels on a GPU")
@@ -434,17 +435,6 @@ def test_one_row_kernels_compile_without_the_tile_orders_divisions():
     and the persistent loop's trip count cost 21 at M=256), the portable one fewer than at
     M=256. What the one-row path bought at M=64 (BENCHMARKS.md, twelfth session) is the
     divisions ahead of the first load; this keeps them from coming back."""
-    import json
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))), "src"), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _DIVISIONS_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
-    assert lines, f"offline compile failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    n = json.loads(lines[-1][len("RESULT"):])
+    n = run_offline(_DIVISIONS_SCRIPT, timeout=600)
     assert n["hopper64"] == 0 and n["hopper256"] > 0, n
     assert n["portable64"] < n["portable256"], n
