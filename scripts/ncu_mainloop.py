@@ -18,7 +18,9 @@ from probe_common import epilogue_args
 from evtfuse import get_kernels
 
 EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
-             "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax"}
+             "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax",
+             "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
+             "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"}
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ CASES = {
     "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
     "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
     "row_scale": "def epi(accum, s, bias): D = accum * s + bias; return D",
+    "silu_mul": "def epi(accum, C): D = silu(accum) * C; return D",
     "bce": ("def epi(accum, bias, C): f = accum + bias; "
             "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
             "return D, loss"),  # D not stored, 0/1 labels, as in the suite (no --compile form)
@@ -59,6 +60,8 @@ def _eager(name: str, args: GemmArguments):
     if name == "gelu_bias":
         return lambda: torch.nn.functional.gelu((A @ B).float() + v["bias"].float(),
                                                 approximate="tanh").to(A.dtype)
+    if name == "silu_mul":
+        return lambda: (torch.nn.functional.silu((A @ B).float()) * v["C"].float()).to(A.dtype)
     return lambda: ((A @ B).float() * v["s"] + v["bias"].float()).to(A.dtype)
 
 
@@ -116,7 +119,8 @@ def main() -> None:
                    help="also torch.compile(mode='max-autotune-no-cudagraphs') of the epilogue")
     p.add_argument("--configs", default="64x64x128s5,64x64x64s6",
                    help="hopper tiles MxNxK with stage count (and warps, epilogue pieces and "
-                        "two programs per SM: 64x64x128s5w4, 128x128x64s3w4e2o2), each "
+                        "two programs per SM: 64x64x128s5w4, 128x128x64s3w4e2o2; 'l2': aux tiles "
+                        "asked into L2 over the mainloop, TileConfig.l2_spread), each "
                         "timed with and without prefetch; a leading 'p': the portable "
                         "family's (one program per tile, pointer loads, as torch.compile's mm "
                         "template)")
@@ -135,14 +139,16 @@ def main() -> None:
             if const is not None:
                 systems[f"tuned {which} const"] = const
         for c in a.configs.split(","):
-            m = re.fullmatch(r"(p?)(\d+)x(\d+)x(\d+)s(\d+)(?:w(\d+))?(?:e(\d+))?(o2)?", c)
+            m = re.fullmatch(r"(p?)(\d+)x(\d+)x(\d+)s(\d+)(?:w(\d+))?(?:e(\d+))?(o2)?(l2)?", c)
             if m is None:
-                raise SystemExit(f"config {c!r}: expected [p]MxNxKsS[wW][eE][o2]")
+                raise SystemExit(f"config {c!r}: expected [p]MxNxKsS[wW][eE][o2][l2]")
             portable = bool(m.group(1))
             bm, bn, bk, st = (int(m.group(i)) for i in range(2, 6))
             warps, split = int(m.group(6) or 4), int(m.group(7) or 1)
             two = dict(ctas_per_sm=2, flatten=False) if m.group(8) else {}
-            for pf in ((False,) if portable else (False, True)):
+            if m.group(9):
+                two["l2_spread"] = True
+            for pf in ((False,) if portable or m.group(9) else (False, True)):
                 fam = PortableFamily() if portable else HopperFamily()
                 k = Kernel(fam, TileConfig(bm, bn, bk, 8, warps, st, epi_split=split,
                                            prefetch=pf, **two), target)

@@ -3,7 +3,7 @@ tuning cache each time), so its pick can be set against perf_probe's one-process
 A development tool, not a test.
 
     EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=src python3 scripts/tuner_trace.py [--shape 2048x2048x2048] [--repeat 3] \
-        [--workload bias_relu|gelu_bias|alpha_beta|relu_aux]
+        [--workload identity|bias_relu|gelu_bias|alpha_beta|relu_aux]
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from probe_common import epilogue_args
 import evtfuse
 from evtfuse.runtime import tuner
 
-SRC = {"bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
+SRC = {"identity": "def epi(accum): D = accum; return D",
+       "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
        "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
        "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
        "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"}

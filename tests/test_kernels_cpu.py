@@ -363,7 +363,8 @@ def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D"):
 
     A, B = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
     C, D = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
-    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, D=D))
+    given = dict(C=C, D=D) if "C" in src else dict(D=D)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, **given))
     return [c.name for c in HopperFamily().configs(args, Target("cuda", 90, None, 132))]
 
 
@@ -371,7 +372,10 @@ def test_hopper_configs_for_small_problems_fill_the_gpu():
     # 2048^3 on 132 SMs: 128 tiles of 128x256 fill 97% of the SMs and lead; one wave of
     # 128x128 tiles at two programs per SM is offered next
     small = _hopper_configs(2048, 2048, 2048)
-    assert small[:2] == ["128x256x64_w8_s3_g8_e2", "128x128x64_w4_s3_g8_e2_nf_o2"]
+    assert small[:2] == ["128x256x64_w8_s3_g8_e2", "128x128x64_w4_s3_g8_e2_nf_o2_l2"]
+    # its aux tiles are asked into L2 over the mainloop only where there are full ones
+    bias = _hopper_configs(2048, 2048, 2048, "def epi(accum): D = relu(accum); return D")
+    assert bias[1] == "128x128x64_w4_s3_g8_e2_nf_o2"
     # large problems: the measured order, no two-per-SM config
     large = _hopper_configs(4096, 4096, 4096)
     assert large[0] == "128x256x64_w8_s3_g8_e2" and not any("_o2" in n for n in large)
@@ -427,6 +431,40 @@ for M in (64, 256):
         out[f"{fam.name}{M}"] = len(re.findall(r"\\b(?:div|rem)\\.[su]32", ptx))
 print("RESULT" + json.dumps(out))
 """
+
+
+_L2_SCRIPT = """
+import json, re, torch
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.backends.triton.families import HopperFamily, TileConfig
+from evtfuse.runtime.offline import compile_for
+out = {}
+for cdt in (torch.bfloat16, torch.float32):
+    n = 2048
+    A, B = torch.empty(n, n, dtype=torch.bfloat16), torch.empty(n, n, dtype=torch.bfloat16)
+    C, D = torch.empty(n, n, dtype=cdt), torch.empty(n, n, dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, C, alpha): D = alpha * accum + C; return D", C=C, alpha=0.5, D=D))
+    for l2 in (False, True):
+        cfg = TileConfig(128, 128, 64, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
+                         l2_spread=l2)
+        c = compile_for(HopperFamily(), cfg, args)
+        out[f"{str(cdt)[6:]}{int(l2)}"] = [len(re.findall(r"CCTL\\.E\\.PF2", c.sass)),
+                                          c.registers, c.spills]
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_one_wave_kernel_asks_its_aux_tiles_into_l2_during_the_mainloop():
+    """sm_90 SASS (offline compile, no GPU) of the one-wave hopper config at 2048^3 with
+    ``l2_spread``: one L2 prefetch (``CCTL.E.PF2``) per 128-byte line of a tile row in the
+    k-loop (2 for a bf16 C, 4 for fp32: the line follows the operand's dtype), none
+    without the flag; no spills and no more registers, so two programs still fit an SM."""
+    n = run_offline(_L2_SCRIPT, timeout=600)
+    assert n["bfloat160"][0] == 0 and n["float320"][0] == 0, n
+    assert n["bfloat161"][0] == 2 and n["float321"][0] == 4, n
+    for dt in ("bfloat16", "float32"):
+        assert n[f"{dt}1"][2] == 0 and n[f"{dt}1"][1] <= n[f"{dt}0"][1] + 8, n
 
 
 def test_one_row_kernels_compile_without_the_tile_orders_divisions():

@@ -40,16 +40,22 @@ def test_alpha_beta(family, dtype, mnk):
     check(args, family)
 
 
-def test_two_programs_per_sm_config_of_small_problems():
-    # 2048x2048 outputs: one wave of 128x128 tiles at two programs per SM is a candidate
-    # (ragged in N so the last column of tiles is partial)
-    M, N, K = 2048, 2000, 256
-    A, B, C = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16), _rand(M, N)
+@pytest.mark.parametrize("mnk, c_dtype", [((2048, 2000, 256), torch.float32),
+                                          ((2040, 2048, 2048), torch.bfloat16)])
+def test_two_programs_per_sm_config_of_small_problems(mnk, c_dtype):
+    # 2048x2048 outputs: one wave of 128x128 tiles at two programs per SM is a candidate,
+    # its C tiles asked into L2 over the mainloop (ragged in N, then in M, so the last
+    # column or row of tiles is partial and the requests past the edge are dropped; K=256
+    # spreads them over 3 k-steps, K=2048 over 31)
+    M, N, K = mnk
+    A, B = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16)
+    C = _rand(M, N, dtype=c_dtype)
     D = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
     F = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(RELU_AUX, C=C, alpha=1.5, D=D, F=F))
     two = [k for k in get_kernels(args) if k.family.name == "hopper" and k.config.ctas_per_sm == 2]
-    assert len(two) == 1
+    assert len(two) == 1 and two[0].config.l2_spread
+    assert two[0].family.spec(args, two[0].config, two[0].target).l2_spread
     result = two[0].verify(args)
     assert result, result.report()
 

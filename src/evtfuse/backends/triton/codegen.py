@@ -55,17 +55,20 @@ class KernelSpec:
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
     chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_codegen._SlotPlan``; 0: none)
     tile_n: int = 0  # gluon: BLOCK_N, where the store chunks need it
+    l2_spread: bool = False  # hopper: full aux tiles asked into L2 line by line over the
+    #                          mainloop's last k-steps (``_l2_spread_lines``)
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
                          str(int(self.b_trans)), str(int(self.a_batched)),
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
-                         str(int(self.coop)), str(self.chunk), str(self.tile_n), GENERATOR_VERSION])
+                         str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
+                         GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "30"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "31"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -108,9 +111,11 @@ def staged_vector(spec, family: str) -> bool:
         and spec.dtype in STAGED_VECTOR_DTYPES
 
 
-def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = ()) -> list[str]:
+def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = (), l2_spread: bool = False
+                    ) -> list[str]:
     """Kernel parameters for the epilogue's operands and outputs, in a fixed order
-    (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``)."""
+    (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``;
+    ``l2_spread``: full aux tiles also get their pointer and row stride, ``KernelSpec.l2_spread``)."""
     params: list[str] = []
     for spec in dag.used_operands:
         u = uname(spec.name)
@@ -125,7 +130,7 @@ def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = ()) -> list
         elif spec.kind is OperandKind.PER_COL:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sn"]
         elif family in TMA_FAMILIES:
-            params.append(f"{u}_desc")
+            params += [f"{u}_desc"] + ([f"{u}_ptr", f"{u}_sm"] if l2_spread else [])
         else:
             params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
     for o in full_outputs(dag):
@@ -739,9 +744,51 @@ def _split_lines(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_
     return lines, pieces
 
 
+# the last k-steps of a tile's mainloop over which its aux tiles are asked into L2
+L2_SPREAD_STEPS = 32
+_PREFETCH_L2 = ('"{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; '
+                'mov.u32 $0, 0; }"')
+
+
+def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], list[str]]:
+    """Lines before the k-loop and inside it that ask each full aux tile into L2, one
+    128-byte line at a time (``prefetch.global.L2``, no registers held, nothing waited
+    for), spread evenly over the mainloop's last ``min(k_tiles - 1, L2_SPREAD_STEPS)``
+    k-steps: the epilogue's TMA loads then hit L2 instead of every program reading its
+    tile from DRAM at the same moment after the last k-step, and the DRAM traffic trickles
+    beside the mainloop's instead of arriving in one burst (hopper family, one batch; rows
+    and columns past the edge are not asked for). H100, 2048^3, one wave of 128x128 tiles:
+    alpha-beta 0.0325 -> 0.0314 ms, BCE 0.0362 -> 0.0350, silu*X 0.0331 -> 0.0320; the
+    whole tile asked for at once, before or halfway through the mainloop, was slower than
+    nothing (BENCHMARKS.md, thirteenth session)."""
+    before = [f"{i2}pf_steps = tl.minimum(k_tiles - 1, {L2_SPREAD_STEPS})",
+              f"{i2}pf_first = k_tiles - pf_steps",
+              f"{i2}pf_r = tl.arange(0, BLOCK_M)"]
+    inside = [f"{i3}pf_j = ki - pf_first"]
+    for op in spec.dag.used_operands:
+        if op.kind is not OperandKind.FULL:
+            continue
+        u = uname(op.name)
+        elt = torch.empty((), dtype=op.dtype).element_size() if op.dtype is not None else 2
+        line = 128 // elt  # elements per 128-byte line
+        before.append(f"{i2}pf_{u} = {u}_ptr + (off_m + pf_r).to(tl.int64) * {u}_sm + off_n")
+        inside += [
+            f"{i3}for pf_c in tl.static_range(0, BLOCK_N, {line}):",
+            # line (row r, column piece c) is number (c / line) * BLOCK_M + r of the tile's
+            # BLOCK_M * BLOCK_N / line lines, asked for at k-step line * steps // lines
+            f"{i3}    pf_id = (pf_c // {line}) * BLOCK_M + pf_r",
+            f"{i3}    pf_sel = ((pf_id * pf_steps) // (BLOCK_M * (BLOCK_N // {line})) == pf_j) "
+            f"& (off_m + pf_r < M) & (off_n + pf_c < N)",
+            f"{i3}    tl.inline_asm_elementwise({_PREFETCH_L2}, \"=r,l,r\", "
+            f"[pf_{u} + pf_c, pf_sel.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)",
+        ]
+    return before, inside
+
+
 def _hopper_source(spec: KernelSpec) -> str:
     epi = _Epilogue(spec)
-    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + epilogue_params(spec.dag, "hopper"))
+    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + epilogue_params(spec.dag, "hopper",
+                                                                             l2_spread=spec.l2_spread))
     I1, I2, I3 = "    ", "        ", "            "
     a_idx = "[bid, off_m, off_k]" if spec.a_batched else "[off_m, off_k]"
     if spec.a_trans:
@@ -818,9 +865,12 @@ def _hopper_source(spec: KernelSpec) -> str:
                                  f".reshape(BLOCK_M, BLOCK_N // {spec.epi_split})")
                 else:
                     lines.append(f"{I2}pf_{u}_{s} = {u}_desc.load([off_m, {off}])")
+    spread = _l2_spread_lines(spec, I2, I3) if spec.l2_spread else ([], [])
+    lines += spread[0]
     lines += [
         f"{I2}for ki in range(k_tiles):",
         f"{I3}off_k = ki * BLOCK_K",
+        *spread[1],
         f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION, "
         f"out_dtype={_acc_type(spec)})",
         # the epilogue recomputes its tile's coordinates: with a flattened loop the

@@ -46,6 +46,7 @@ class TileConfig:
     #                       the other's mainloop)
     cooperative: bool = False  # gluon: both consumer warpgroups on one tile (half the rows
     #                            each) instead of alternate tiles (ping-pong)
+    l2_spread: bool = False  # hopper: aux tiles asked into L2 over the mainloop's last k-steps
     slots: bool = False  # gluon: the consumer TMA-stores tile-staged outputs by 128-byte
     #                      chunk, and a second output of their dtype goes into each chunk
     #                      once it has left (``gluon_codegen.Buffers.slot_stores``)
@@ -59,6 +60,7 @@ class TileConfig:
         extra += f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
         extra += "_co" if self.cooperative else ""
         extra += "_sl" if self.slots else ""
+        extra += "_l2" if self.l2_spread else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}"
                 f"_s{self.num_stages}_g{self.group_m}{extra}")
 
@@ -304,7 +306,8 @@ def _descriptor_getter(name: str, batched: bool, config: TileConfig):
 
 
 def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConfig,
-                    descriptor=None, direct: tuple[str, ...] = ()) -> list[Any]:
+                    descriptor=None, direct: tuple[str, ...] = (), l2_spread: bool = False
+                    ) -> list[Any]:
     """Items for ``codegen.epilogue_params`` in the same order (see ``KernelFamily.plan``);
     ``descriptor(name, batched, config)`` makes the getter of a full tile's descriptor;
     ``direct`` outputs get pointer and strides (``KernelSpec.direct``)."""
@@ -326,6 +329,8 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
             out.append(_gluon_vector_getter(spec.name, spec.kind, config))
         elif spec.kind is OperandKind.FULL:
             out += full(spec.name, v, spec.batched)
+            if l2_spread:  # pointer and row stride for the L2 requests (KernelSpec.l2_spread)
+                out += [_value_getter(spec.name), _strides_lmn(v)[1]]
         else:
             out.append(_value_getter(spec.name))
             out += _vec_strides(v, spec.kind, spec.batched)
@@ -564,7 +569,12 @@ class HopperFamily(KernelFamily):
         # small problems: prefer tiles that still fill the GPU (nine in ten SMs: 128 tiles
         # of 128x256 at 2048^3 on 132 SMs do; relu aux there 0.035 ms, 128x128 0.039)
         fits.sort(key=lambda c: 0 if tiles(c) >= 0.9 * sms else 1 + (sms - tiles(c)) / sms)
-        small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2)
+        # aux tiles asked into L2 over the mainloop (codegen._l2_spread_lines): in one wave
+        # every program reads its C tile at the same moment after the last k-step
+        fulls = [s for s in args.optimized_dag.used_operands if s.kind is OperandKind.FULL]
+        l2 = bool(fulls) and not any(s.batched for s in fulls)
+        small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
+                           l2_spread=l2)
         if sms <= tiles(small) <= 2 * sms and self._smem(small, elt, out_bytes) <= SMEM_BUDGET:
             # one wave at two programs per SM, tiles taken in launch order (no flattened
             # loop): relu aux at 2048^3 0.0344 ms against 0.0352 for 128x256 (perf_probe)
@@ -583,18 +593,20 @@ class HopperFamily(KernelFamily):
         b_trans = bool(B.stride(-1) != 1)
         a_batched = A.dim() == 3 and A.shape[0] > 1
         b_batched = B.dim() == 3 and B.shape[0] > 1
-        prefetch = config.prefetch and any(s.kind is OperandKind.FULL
-                                           for s in args.optimized_dag.used_operands)
+        fulls = [s for s in args.optimized_dag.used_operands if s.kind is OperandKind.FULL]
+        prefetch = config.prefetch and bool(fulls)
+        l2 = config.l2_spread and bool(fulls) and not any(s.batched for s in fulls) \
+            and target.kind != INTERPRETER
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
-                          int_acc=args.A.dtype in _INT_DTYPES)
+                          int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
         bm, bn, bk = config.block_m, config.block_n, config.block_k
         items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
                             args.K, args.L]
-        items += _epilogue_items(args, dag, "hopper", config)
+        items += _epilogue_items(args, dag, "hopper", config, l2_spread=spec.l2_spread)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
         red_items, post = _reduction_items(args, dag, config, "hopper", programs=num_sms)
