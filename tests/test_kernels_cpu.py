@@ -358,6 +358,62 @@ def test_direct_launcher_steps_aside_for_launch_hooks():
     assert _hooked(Chain([print])) and _hooked(print)
 
 
+def test_raw_launch_passes_what_tritons_descriptor_wrapper_passes(monkeypatch):
+    """The launch plans call Triton's C launcher below its tensor-descriptor wrapper
+    (``launch.raw_launcher``) and encode each TMA descriptor once per tensor address
+    (``DescriptorCache``). Checked against the installed Triton's own wrapper
+    (``wrap_handle_tensordesc``) around a recording stand-in for the C launcher, with a
+    counting stand-in for the encoder (the real one needs a GPU): the same arguments
+    reach the C launcher either way, and each tensor is encoded once however often it
+    comes back."""
+    import triton.backends.nvidia.driver as nv
+
+    from evtfuse.backends.triton import launch as L
+
+    encoded = []
+
+    def encode(desc, meta):
+        encoded.append(desc.base.data_ptr())
+        return [f"map{desc.base.data_ptr()}:{meta['swizzle']}", *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", encode)
+    seen = []
+
+    def c_launch(*args):
+        seen.append(list(args))
+
+    class Desc:
+        def __init__(self, t):
+            self.base, self.shape, self.strides, self.padding = t, [4, 8], [8, 1], "zero"
+
+    signature = {"a_desc": "tensordesc<bf16[64, 64]>", "M": "i32", "c_desc":
+                 "tensordesc<bf16[64, 32]>", "alpha": "fp32", "BLOCK": "constexpr"}
+    metas = [{"swizzle": 128}, {"swizzle": 64}]
+
+    class Run:  # the attributes of Triton 3.6's CudaLauncher that the raw path reads
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+        launch = nv.wrap_handle_tensordesc(c_launch, signature, metas)
+
+    c, where = L.raw_launcher(Run())
+    assert c is c_launch and where == {0: metas[0], 2: metas[1]}
+    expand = L.expander(where)
+    tensors = [torch.empty(32) for _ in range(3)]
+    head = (2, 1, 1, 0, "function", False, True, None, None, "meta", None, None, None)
+    for k in range(7):
+        args = [Desc(tensors[k % 3]), 128, Desc(tensors[(k + 1) % 3]), 0.5, 64]
+        Run.launch(*head, *args)  # Triton's own path
+        c(*head, *expand(args))  # the raw path
+        assert seen[-1] == seen[-2], k
+    # Triton's wrapper encoded on every call (14); the raw path once per tensor and slot
+    assert len(encoded) == 14 + 6
+    # launchers of another shape are called the way Triton calls them
+    Run.launch = lambda *a: None
+    assert L.raw_launcher(Run()) is None
+    Run.launch, Run.global_scratch_size = c_launch, 64
+    assert L.raw_launcher(Run()) is None
+
+
 def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D"):
     from evtfuse.backends.triton.families import HopperFamily, Target
 
