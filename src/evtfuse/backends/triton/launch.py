@@ -50,13 +50,15 @@ def direct_launcher(compiled, jit_fn, grid: tuple, n_positional: int, consts: di
         return launch
 
     c_launch, descriptors = raw
+    if any(i >= n_positional for i in descriptors):
+        return lambda pos: False  # a descriptor among the constexprs: not a plan's kernel
     expand = expander(descriptors)
     head = (run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None, None)
 
     def launch_raw(pos) -> bool:
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             return False
-        c_launch(g0, g1, g2, get_stream(get_device()), function, *head, *expand([*pos, *tail]))
+        c_launch(g0, g1, g2, get_stream(get_device()), function, *head, *expand(pos), *tail)
         return True
 
     return launch_raw
@@ -95,16 +97,18 @@ def expander(descriptors: dict[int, Any]) -> Callable[[list], list]:
     ``make_tensordesc_arg`` makes it."""
     if not descriptors:
         return lambda args: args
-    caches = {i: DescriptorCache(meta) for i, meta in descriptors.items()}
+    # (start of the plain run before the descriptor, its position, its cache), in order
+    steps, start = [], 0
+    for i in sorted(descriptors):
+        steps.append((start, i, DescriptorCache(descriptors[i])))
+        start = i + 1
 
     def expand(args: list) -> list:
         out: list = []
-        for i, a in enumerate(args):
-            cache = caches.get(i)
-            if cache is None:
-                out.append(a)
-            else:
-                out.extend(cache.get(a))
+        for begin, i, cache in steps:  # one step per descriptor, not per argument
+            out += args[begin:i]
+            out += cache.get(args[i])
+        out += args[start:]
         return out
 
     return expand
