@@ -1,5 +1,6 @@
 """Print the hottest SASS instructions of an Nsight Compute report's source page (CSV),
-by warp stall samples, with each one's leading stall reasons; a development probe.
+by warp stall samples, with each one's leading stall reasons and its index in the listing
+(to read its neighbours: the wait's branch follows its TRYWAIT); a development probe.
 
     ncu -i REPORT.ncu-rep --page source --print-source sass --csv > src.csv
     python3 scripts/ncu_hot.py src.csv [--top 40]
@@ -32,18 +33,15 @@ def main() -> None:
     col = {c: i for i, c in enumerate(head)}
     total_c = next(c for c in head if "Sampling (All Samples)" in c and "Not" not in c)
     src_c = next(c for c in head if c in ("Source", "# Source") or c.endswith("Source"))
-    addr_c = next((c for c in head if "Address" in c), None)
-    reason_cs = [c for c in head if c.startswith("stall_") or "Stall" in c and c != total_c
-                 and "Sampling" not in c]
+    reason_cs = [c for c in head if c.startswith("stall_") and "Not Issued" not in c]
     total = sum(_num(r[col[total_c]]) for r in body) or 1.0
     print(f"columns: {len(head)}; instructions: {len(body)}; samples: {total:.0f}")
-    ranked = sorted(body, key=lambda r: -_num(r[col[total_c]]))[: a.top]
-    for r in ranked:
+    ranked = sorted(enumerate(body), key=lambda ir: -_num(ir[1][col[total_c]]))[: a.top]
+    for i, r in ranked:
         s = _num(r[col[total_c]])
         reasons = sorted(((_num(r[col[c]]), c) for c in reason_cs), reverse=True)[:3]
         rs = ", ".join(f"{c.replace('stall_', '')}={v:.0f}" for v, c in reasons if v > 0)
-        at = r[col[addr_c]] if addr_c else ""
-        print(f"{100 * s / total:5.1f}% {at:>6} {r[col[src_c]][:70]:70} {rs}")
+        print(f"{100 * s / total:5.1f}% #{i:<5} {r[col[src_c]].strip()[:64]:64} {rs}")
 
 
 if __name__ == "__main__":
