@@ -414,11 +414,13 @@ def test_raw_launch_passes_what_tritons_descriptor_wrapper_passes(monkeypatch):
     assert L.raw_launcher(Run()) is None
 
 
-def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D"):
+def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D", c_major=False):
     from evtfuse.backends.triton.families import HopperFamily, Target
 
     A, B = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
     C, D = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+    if c_major:
+        C = torch.empty(N, M, dtype=torch.bfloat16).t()
     given = dict(C=C, D=D) if "C" in src else dict(D=D)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, **given))
     return [c.name for c in HopperFamily().configs(args, Target("cuda", 90, None, 132))]
@@ -432,6 +434,8 @@ def test_hopper_configs_for_small_problems_fill_the_gpu():
     # its aux tiles are asked into L2 over the mainloop only where there are full ones
     bias = _hopper_configs(2048, 2048, 2048, "def epi(accum): D = relu(accum); return D")
     assert bias[1] == "128x128x64_w4_s3_g8_e2_nf_o2"
+    # and whose rows they can walk: not a column-major C
+    assert _hopper_configs(2048, 2048, 2048, c_major=True)[1] == "128x128x64_w4_s3_g8_e2_nf_o2"
     # large problems: the measured order, no two-per-SM config
     large = _hopper_configs(4096, 4096, 4096)
     assert large[0] == "128x256x64_w8_s3_g8_e2" and not any("_o2" in n for n in large)

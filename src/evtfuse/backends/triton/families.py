@@ -571,10 +571,8 @@ class HopperFamily(KernelFamily):
         fits.sort(key=lambda c: 0 if tiles(c) >= 0.9 * sms else 1 + (sms - tiles(c)) / sms)
         # aux tiles asked into L2 over the mainloop (codegen._l2_spread_lines): in one wave
         # every program reads its C tile at the same moment after the last k-step
-        fulls = [s for s in args.optimized_dag.used_operands if s.kind is OperandKind.FULL]
-        l2 = bool(fulls) and not any(s.batched for s in fulls)
         small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
-                           l2_spread=l2)
+                           l2_spread=_l2_spread_ok(args))
         if sms <= tiles(small) <= 2 * sms and self._smem(small, elt, out_bytes) <= SMEM_BUDGET:
             # one wave at two programs per SM, tiles taken in launch order (no flattened
             # loop): relu aux at 2048^3 0.0344 ms against 0.0352 for 128x256 (perf_probe)
@@ -593,10 +591,9 @@ class HopperFamily(KernelFamily):
         b_trans = bool(B.stride(-1) != 1)
         a_batched = A.dim() == 3 and A.shape[0] > 1
         b_batched = B.dim() == 3 and B.shape[0] > 1
-        fulls = [s for s in args.optimized_dag.used_operands if s.kind is OperandKind.FULL]
-        prefetch = config.prefetch and bool(fulls)
-        l2 = config.l2_spread and bool(fulls) and not any(s.batched for s in fulls) \
-            and target.kind != INTERPRETER
+        prefetch = config.prefetch and any(s.kind is OperandKind.FULL
+                                           for s in args.optimized_dag.used_operands)
+        l2 = config.l2_spread and _l2_spread_ok(args) and target.kind != INTERPRETER
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2)
@@ -618,6 +615,14 @@ class HopperFamily(KernelFamily):
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, (num_sms,), post
+
+
+def _l2_spread_ok(args: GemmArguments) -> bool:
+    """Whether the epilogue reads full tiles whose rows the L2 requests can walk
+    (``KernelSpec.l2_spread``): one batch of each, rows contiguous (stride 1 along N)."""
+    fulls = [s for s in args.optimized_dag.used_operands if s.kind is OperandKind.FULL]
+    return bool(fulls) and all(not s.batched and args.epilogue.values[s.name].stride(-1) == 1
+                               for s in fulls)
 
 
 def _sms(target: Target) -> int:
