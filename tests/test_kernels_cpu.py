@@ -318,6 +318,35 @@ def test_gemm_repeat_call_takes_fast_path_with_new_data():
         evtfuse.gemm(A2, B, src, C=C, alpha=1.0, D=D2)
 
 
+def test_gemm_call_key_tells_apart_what_a_launch_plan_depends_on():
+    """``gemm``'s per-call key (``api._call_key``): equal for new tensors of the same
+    structure, different for another dtype, shape, stride, 16-byte alignment, device,
+    aliasing pattern, or a None / scalar / tensor in a slot."""
+    from evtfuse.runtime.api import _call_key
+
+    def key(A, B, **kw):
+        return _call_key(A, B, kw)
+
+    A, B, C, D = rand(8, 4), rand(4, 16), rand(8, 16), torch.empty(8, 16)
+    base = key(A, B, C=C, alpha=1.0, D=D)
+    assert key(rand(8, 4), rand(4, 16), C=rand(8, 16), alpha=-2.0, D=torch.empty(8, 16)) == base
+    buf = torch.empty(8 * 16 + 1)
+    different = [
+        key(A.half(), B, C=C, alpha=1.0, D=D),                      # dtype
+        key(rand(9, 4), B, C=C, alpha=1.0, D=D),                    # shape
+        key(A, B, C=rand(16, 8).t(), alpha=1.0, D=D),               # strides
+        key(A, B, C=buf[1:].view(8, 16), alpha=1.0, D=D),           # 16-byte alignment
+        key(A, B, C=C, alpha=1.0, D=C),                             # D aliases C
+        key(A, B, C=C, alpha=1.0, D=None),                          # D not stored
+        key(A, B, C=C, alpha=torch.ones(()), D=D),                  # a tensor for a scalar
+        key(A, B, C=C, alpha=None, D=D),                            # None for a scalar
+        key(A, rand(16, 4).t(), C=C, alpha=1.0, D=D),               # B column-major
+    ]
+    assert all(k != base for k in different)
+    assert len(set(different)) == len(different)
+    assert key(A, B, C=C, alpha=1.0, D=torch.empty(8, 16, device="meta")) != base  # device
+
+
 def test_gemm_last_call_path_respects_new_dtypes_and_scalars():
     M, N, K = 8, 16, 8
     A, B, C = rand(M, K), rand(K, N), rand(M, N)

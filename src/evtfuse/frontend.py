@@ -16,6 +16,7 @@ Every error is an ``EpilogueError`` naming the variable and, for source errors, 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import numbers
 import textwrap
@@ -63,8 +64,8 @@ class ParsedEpilogue:
     line_offset: int  # added to ast line numbers to give the user's line numbers
     where: str
 
-    @property
-    def outputs(self) -> tuple[str, ...]:
+    @functools.cached_property
+    def outputs(self) -> tuple[str, ...]:  # read on every gemm call: computed once
         return tuple(n for n, _ in self.returns)
 
     def text_of(self, line: int) -> str | None:

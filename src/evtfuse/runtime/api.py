@@ -19,7 +19,7 @@ from ..errors import EpilogueError, UnsupportedError
 from ..frontend import EpilogueSource, parse_epilogue
 from ..ir import OutputKind
 from .device import interpreter_enabled, sm_count, target_of
-from .kernel import Kernel, tensor_key, value_key
+from .kernel import Kernel
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
@@ -136,11 +136,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         for name in list(operands_and_outputs):
             if name.endswith("_dtype") and name[:-6] in parsed.outputs:
                 dtypes[name[:-6]] = operands_and_outputs.pop(name)
-    ptrs = [A.data_ptr(), B.data_ptr()] + [v.data_ptr() for v in operands_and_outputs.values()
-                                           if isinstance(v, torch.Tensor)]
-    fast_key = (id(parsed), tune, allow_tf32, cc, tensor_key(A), tensor_key(B),
-                tuple((n, value_key(v)) for n, v in operands_and_outputs.items()),
-                tuple(dtypes.items()), tuple(ptrs.index(p) for p in ptrs))
+    fast_key = (id(parsed), tune, allow_tf32, cc, _call_key(A, B, operands_and_outputs),
+                tuple(dtypes.items()))
     hit = _fast.get(fast_key)
     if hit is not None and hit[0] is parsed:
         _, plan, shape = hit
@@ -170,6 +167,26 @@ _fast: dict[tuple, tuple] = {}
 # per epilogue, the last call's objects: a loop passing the same tensors again skips even
 # the structure key (it keeps those tensors alive until the next call)
 _last_call: dict[Any, tuple] = {}
+
+
+def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple:
+    """What a cached launch plan depends on in a call's tensors and values, in one pass:
+    each tensor's ``kernel.tensor_key`` (dtype, shape, strides, 16-byte alignment, device)
+    and which tensors share an address (numbered by first appearance), each other value
+    as None or "scalar" (``kernel.value_key``). Per call with new tensors, so kept lean
+    (host time per ``gemm`` call, BENCHMARKS.md thirteenth session)."""
+    seen: dict[int, int] = {}
+    pa, pb = A.data_ptr(), B.data_ptr()
+    parts = [(A.dtype, A.shape, A.stride(), not pa & 15, A.device, seen.setdefault(pa, 0)),
+             (B.dtype, B.shape, B.stride(), not pb & 15, B.device, seen.setdefault(pb, len(seen)))]
+    for n, v in named.items():
+        if isinstance(v, torch.Tensor):
+            p = v.data_ptr()
+            parts.append((n, v.dtype, v.shape, v.stride(), not p & 15, v.device,
+                          seen.setdefault(p, len(seen))))
+        else:
+            parts.append((n, None if v is None else "scalar"))
+    return tuple(parts)
 
 
 def _same_objects(now: dict, before: dict) -> bool:
