@@ -176,10 +176,8 @@ def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple:
     as None or "scalar" (``kernel.value_key``). Per call with new tensors, so kept lean
     (host time per ``gemm`` call, BENCHMARKS.md thirteenth session)."""
     seen: dict[int, int] = {}
-    pa, pb = A.data_ptr(), B.data_ptr()
-    parts = [(A.dtype, A.shape, A.stride(), not pa & 15, A.device, seen.setdefault(pa, 0)),
-             (B.dtype, B.shape, B.stride(), not pb & 15, B.device, seen.setdefault(pb, len(seen)))]
-    for n, v in named.items():
+    parts = []
+    for n, v in (("A", A), ("B", B), *named.items()):  # no keyword can be named A or B
         if isinstance(v, torch.Tensor):
             p = v.data_ptr()
             parts.append((n, v.dtype, v.shape, v.stride(), not p & 15, v.device,

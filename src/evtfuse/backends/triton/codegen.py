@@ -769,8 +769,7 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
         if op.kind is not OperandKind.FULL:
             continue
         u = uname(op.name)
-        elt = torch.empty((), dtype=op.dtype).element_size() if op.dtype is not None else 2
-        line = 128 // elt  # elements per 128-byte line
+        line = 128 // (op.dtype.itemsize if op.dtype is not None else 2)  # elements per line
         before.append(f"{i2}pf_{u} = {u}_ptr + (off_m + pf_r).to(tl.int64) * {u}_sm + off_n")
         inside += [
             f"{i3}for pf_c in tl.static_range(0, BLOCK_N, {line}):",
