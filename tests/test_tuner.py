@@ -55,6 +55,7 @@ def test_budget_keeps_room_for_the_later_rounds(monkeypatch):
     monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "0.5")
     monkeypatch.setattr(tuner, "REP_MS", 100)
     monkeypatch.setattr(tuner, "ROUNDS", 4)
+    monkeypatch.setattr(tuner, "DUEL_ROUNDS", 0)  # its reserve: test_duel_reserve_in_the_budget
     cands = [_Stand(f"k{i}", 0.001) for i in range(4)]
     tuner._search(_args(), cands, "fast")
     assert [c.calls > 0 for c in cands] == [True, True, False, False]
@@ -63,6 +64,59 @@ def test_budget_keeps_room_for_the_later_rounds(monkeypatch):
     assert all(c.calls == 1 + tuner.ROUNDS for c in every)
 
 
+def test_duel_reserve_in_the_budget(monkeypatch):
+    """With two candidates that ran, the budget keeps room for the duel as well: 1.0 s
+    holds the later rounds of three candidates (~1.0 s) but not those of two plus a duel
+    of eight 100 ms windows, so the third is not taken."""
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "1.0")
+    monkeypatch.setattr(tuner, "REP_MS", 100)
+    monkeypatch.setattr(tuner, "ROUNDS", 4)
+    monkeypatch.setattr(tuner, "DUEL_ROUNDS", 4)
+    cands = [_Stand(f"k{i}", 0.001) for i in range(3)]
+    tuner._search(_args(), cands, "fast")
+    assert [c.calls > 0 for c in cands] == [True, True, False]
+
+
 def test_search_with_nothing_that_runs_says_so():
     with pytest.raises(UnsupportedError, match="every candidate kernel failed"):
         tuner._search(_args(), [_Stand("a", 0, True), _Stand("b", 0, True)], "fast")
+
+
+class _Scripted:
+    """A stand-in whose timed rounds read from a list (``tuner._time_kernel`` patched)."""
+
+    def __init__(self, name: str, rounds: list[float]):
+        self.name, self.rounds, self.timed = name, list(rounds), 0
+
+    def run(self, args) -> None:  # the compile run
+        pass
+
+
+def _scripted_timer(monkeypatch):
+    def fake(kernel, args):
+        kernel.timed += 1
+        return kernel.rounds[kernel.timed - 1]
+    monkeypatch.setattr(tuner, "_time_kernel", fake)
+
+
+def test_duel_of_close_leaders_decides_on_more_rounds(monkeypatch):
+    """Two leaders within DUEL_MARGIN get DUEL_ROUNDS more rounds each and the pick is
+    made on all their later rounds: a leader ahead by 1% over three rounds and behind in
+    the next four loses; the third candidate is not timed again."""
+    _scripted_timer(monkeypatch)
+    monkeypatch.setattr(tuner, "ROUNDS", 4)
+    monkeypatch.setattr(tuner, "DUEL_ROUNDS", 4)
+    lucky = _Scripted("lucky", [1.0, 1.00, 1.00, 1.00, 1.05, 1.05, 1.05, 1.05])
+    steady = _Scripted("steady", [1.0, 1.01, 1.01, 1.01, 1.01, 1.01, 1.01, 1.01])
+    third = _Scripted("third", [1.0, 1.5, 1.5, 1.5])
+    assert tuner._search(_args(), [lucky, third, steady], "fast") is steady
+    assert (lucky.timed, steady.timed, third.timed) == (8, 8, 4)
+
+
+def test_no_duel_when_the_leader_is_clear(monkeypatch):
+    _scripted_timer(monkeypatch)
+    monkeypatch.setattr(tuner, "ROUNDS", 4)
+    clear = _Scripted("clear", [1.0, 1.0, 1.0, 1.0])
+    behind = _Scripted("behind", [1.0, 1.1, 1.1, 1.1])  # 10% behind: past DUEL_MARGIN
+    assert tuner._search(_args(), [behind, clear], "fast") is clear
+    assert (clear.timed, behind.timed) == (4, 4)
