@@ -565,3 +565,40 @@ def test_one_row_kernels_compile_without_the_tile_orders_divisions():
     n = run_offline(_DIVISIONS_SCRIPT, timeout=600)
     assert n["hopper64"] == 0 and n["hopper256"] > 0, n
     assert n["portable64"] < n["portable256"], n
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+@pytest.mark.parametrize("batched", [False, True])
+def test_two_per_sm_config_loads_its_vectors_at_the_epilogues_top(batched):
+    """The two-programs-per-SM hopper config issues every piece's per-column loads, and a
+    per-row operand's one load, together at the top of the tile's epilogue
+    (``KernelSpec.early_vectors``), and its results match the reference (interpreter,
+    ragged M and N, fp32 row scale, fp16 bias, both batched when ``batched``); the
+    one-per-SM config keeps the loads in each piece."""
+    from dataclasses import replace
+
+    from evtfuse.backends.triton.families import HopperFamily, TileConfig
+    from evtfuse.runtime.kernel import Kernel
+
+    L, M, N, K = (2 if batched else 1), 40, 72, 16
+    lead = (L,) if batched else ()
+    gen = torch.Generator().manual_seed(7)
+    A = torch.randn(*lead, M, K, generator=gen).half()
+    B = torch.randn(*lead, K, N, generator=gen).half()
+    bias = torch.randn(*((L, 1) if batched else ()), N, generator=gen).half()
+    s = torch.randn(*lead, M, 1, generator=gen)
+    D = torch.empty(*lead, M, N, dtype=torch.float16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, bias, s): D = relu(accum * s + bias); return D", bias=bias, s=s, D=D))
+    target = get_kernels(args, cc=90)[0].target
+    cfg = TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, flatten=False, ctas_per_sm=2)
+    two, one = Kernel(HopperFamily(), cfg, target), Kernel(HopperFamily(), replace(cfg, ctas_per_sm=1), target)
+    src = two.source(args)
+    assert src.count("tl.load(u_bias_ptr") == 2 and src.count("tl.load(u_s_ptr") == 1, src
+    for name in ("ve_u_bias_0 = tl.load(", "ve_u_bias_1 = tl.load(", "ve_u_s = tl.load("):
+        assert name in src, name
+    assert src.index("ve_u_bias_1 = tl.load(") < src.index("u_D_desc.store(")
+    assert "ve_" not in one.source(args)
+    for k in (two, one):
+        result = k.verify(args)
+        assert result, result.report()

@@ -60,6 +60,22 @@ def test_two_programs_per_sm_config_of_small_problems(mnk, c_dtype):
     assert result, result.report()
 
 
+@pytest.mark.parametrize("mnk", [(2048, 2000, 256), (2040, 2048, 2048)])
+def test_two_programs_per_sm_config_with_vectors(mnk):
+    # the same config with a per-column bias and a per-row scale: every piece's vector
+    # loads at the top of the tile's epilogue (KernelSpec.early_vectors), ragged N then M
+    M, N, K = mnk
+    A, B = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16)
+    bias, s = _rand(N, dtype=torch.bfloat16), _rand(M, 1)
+    D = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, bias, s): D = gelu_tanh(accum * s + bias); return D", bias=bias, s=s, D=D))
+    two = [k for k in get_kernels(args) if k.family.name == "hopper" and k.config.ctas_per_sm == 2]
+    assert len(two) == 1 and two[0].family.spec(args, two[0].config, two[0].target).early_vectors
+    result = two[0].verify(args)
+    assert result, result.report()
+
+
 @pytest.mark.parametrize("mnk", [(1, 1, 1), (7, 7, 7), (129, 1000, 33), (1000, 129, 7)])
 def test_odd_sizes_portable(mnk):
     M, N, K = mnk

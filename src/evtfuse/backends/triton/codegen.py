@@ -57,6 +57,8 @@ class KernelSpec:
     tile_n: int = 0  # gluon: BLOCK_N, where the store chunks need it
     l2_spread: bool = False  # hopper: full aux tiles asked into L2 line by line over the
     #                          mainloop's last k-steps (``_l2_spread_lines``)
+    early_vectors: bool = False  # hopper: every piece's per-row/per-column operand loads
+    #                              issued together at the top of the tile's epilogue
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
@@ -64,11 +66,11 @@ class KernelSpec:
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
-                         GENERATOR_VERSION])
+                         str(int(self.early_vectors)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "31"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "32"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -641,6 +643,12 @@ class _HopperTile(_TritonTile):
     prefetched: bool = False
     mask: str = ""
     all_rn: tuple = ()
+    early_vectors: bool = False  # the vectors were loaded at the epilogue's top (ve_ names)
+
+    def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
+        if not self.early_vectors:
+            return super().load_vector(u, kind, bofs)
+        return f"ve_{u}" if kind is OperandKind.PER_ROW else f"ve_{u}{self.suffix}"
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:
@@ -883,20 +891,45 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I2}rm = off_m_c + tl.arange(0, BLOCK_M)",
     ]
     split_lines, pieces = _split_lines(spec.epi_split, I2)
+    piece_n = [f"off_n_c + {s} * SUB_N" if s else "off_n_c" for s in range(len(pieces))]
+    if spec.early_vectors:
+        lines += _early_vector_lines(spec, piece_n, I2)
     lines += split_lines
     for s, piece in enumerate(pieces):
-        off_n = f"off_n_c + {s} * SUB_N" if s else "off_n_c"
+        off_n = piece_n[s]
         rn = f"rn{s}"
         sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", suffix=f"_{s}",
                           first_sub="True" if s == 0 else "False", prefetched=spec.prefetch,
-                          mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))))
-        lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
+                          mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))),
+                          early_vectors=spec.early_vectors)
+        if not spec.early_vectors:
+            lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
         if reduce_outputs(spec.dag):
             lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         lines += epi.body(sub, I2, first=s == 0, last=s == len(pieces) - 1)
     lines += epi.program_finish(I1)
     lines += epi.fold_finish("tl.num_programs(0)", I1)
     return "\n".join(lines) + "\n"
+
+
+def _early_vector_lines(spec: KernelSpec, piece_n: list[str], indent: str) -> list[str]:
+    """Every piece's column indices and per-row/per-column operand loads, at the top of
+    the tile's epilogue (``KernelSpec.early_vectors``): the pieces' L2 round trips overlap
+    instead of each waiting behind the previous piece's store. Measured on an H100
+    (BENCHMARKS.md, fourteenth session): the one-wave two-per-SM kernel at 2048^3, where
+    both programs of an SM reach their epilogue together and nothing hides a load."""
+    lines = [f"{indent}rn{s} = {off} + tl.arange(0, SUB_N)" for s, off in enumerate(piece_n)]
+    for op in spec.dag.used_operands:
+        if op.kind not in (OperandKind.PER_ROW, OperandKind.PER_COL):
+            continue
+        u = uname(op.name)
+        bofs = f"bid64 * {u}_sl" if op.batched else "0"
+        if op.kind is OperandKind.PER_ROW:
+            lines.append(f"{indent}ve_{u} = {vector_load(u, op.kind, bofs, 'rm', 'rn0')}")
+            continue
+        for s in range(len(piece_n)):
+            lines.append(f"{indent}ve_{u}_{s} = {vector_load(u, op.kind, bofs, 'rm', f'rn{s}')}")
+    return lines
 
 
 def generate(spec: KernelSpec) -> str:
