@@ -50,9 +50,10 @@ def test_search_judges_the_rounds_after_the_first():
 
 
 def test_budget_keeps_room_for_the_later_rounds(monkeypatch):
-    """With 100 ms windows and four rounds, each candidate that ran costs ~0.33 s more
-    after the first round: a 0.5 s budget takes two candidates, not all four."""
-    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "0.5")
+    """With 100 ms windows and four rounds, each candidate that runs costs ~0.36 s more
+    after the first round: a 0.9 s budget takes two candidates (0.73 s), not three (1.09 s)
+    or four."""
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "0.9")
     monkeypatch.setattr(tuner, "REP_MS", 100)
     monkeypatch.setattr(tuner, "ROUNDS", 4)
     monkeypatch.setattr(tuner, "DUEL_ROUNDS", 0)  # its reserve: test_duel_reserve_in_the_budget
@@ -65,10 +66,10 @@ def test_budget_keeps_room_for_the_later_rounds(monkeypatch):
 
 
 def test_duel_reserve_in_the_budget(monkeypatch):
-    """With two candidates that ran, the budget keeps room for the duel as well: 1.0 s
-    holds the later rounds of three candidates (~1.0 s) but not those of two plus a duel
-    of eight 100 ms windows, so the third is not taken."""
-    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "1.0")
+    """The budget keeps room for the duel as well: 1.8 s holds the later rounds of two
+    candidates and their duel of eight 100 ms windows (1.70 s) and would hold the later
+    rounds of three (1.09 s), but not three and the duel (2.06 s)."""
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "1.8")
     monkeypatch.setattr(tuner, "REP_MS", 100)
     monkeypatch.setattr(tuner, "ROUNDS", 4)
     monkeypatch.setattr(tuner, "DUEL_ROUNDS", 4)
@@ -120,3 +121,21 @@ def test_no_duel_when_the_leader_is_clear(monkeypatch):
     behind = _Scripted("behind", [1.0, 1.1, 1.1, 1.1])  # 10% behind: past DUEL_MARGIN
     assert tuner._search(_args(), [behind, clear], "fast") is clear
     assert (clear.timed, behind.timed) == (4, 4)
+
+
+class _Compiling(_Scripted):
+    def run(self, args) -> None:  # a 0.3 s compile
+        time.sleep(0.3)
+
+
+def test_budget_counts_the_next_candidates_compile(monkeypatch):
+    """A candidate is taken only if its compile (the mean of those so far) fits too: with
+    0.3 s compiles and ~0.03 s of later rounds each, a 0.8 s budget takes two (0.66 s with
+    the second) but not a third (0.99 s), which the time spent alone (0.6 s) would allow."""
+    _scripted_timer(monkeypatch)
+    for name, value in (("ROUNDS", 4), ("DUEL_ROUNDS", 0), ("REP_MS", 0), ("WARMUP_MS", 0)):
+        monkeypatch.setattr(tuner, name, value)
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "0.8")
+    cands = [_Compiling(f"c{i}", [0.001] * 4) for i in range(4)]
+    tuner._search(_args(), cands, "fast")
+    assert [c.timed for c in cands] == [4, 4, 0, 0]

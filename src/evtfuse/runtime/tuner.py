@@ -5,8 +5,9 @@ it runs at all: the code generator's and the search's versions (new kernel famil
 a new search re-tune), the epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides'
 order and TMA alignment), the GPU's name and capability, and the tuning mode. The
 in-memory table answers repeated calls without touching the disk. "fast" tuning times the
-heuristic's first few candidates and stops at a time budget (30 s by default,
-``EVTFUSE_TUNE_BUDGET_S``); "exhaustive" times all; "none" takes the first.
+heuristic's first few candidates within a time budget (28 s by default, so that a first
+call with its parsing and launch stays under 30 s; ``EVTFUSE_TUNE_BUDGET_S``);
+"exhaustive" times all; "none" takes the first.
 """
 
 from __future__ import annotations
@@ -144,15 +145,34 @@ def _window_s(first_ms: float) -> float:
     return (6 * first_ms + WARMUP_MS + REP_MS + 10) / 1e3
 
 
+def _later_s(first_ms: list[float]) -> float:
+    """Seconds the later rounds and the duel take for candidates of these first times."""
+    windows = [_window_s(t) for t in first_ms]
+    later = (ROUNDS - 1) * sum(windows)
+    if len(windows) >= 2:
+        later += 2 * DUEL_ROUNDS * max(windows)
+    return later
+
+
+def _fits(spent: float, tried: int, first_ms: list[float], budget: float) -> bool:
+    """Whether one more candidate fits the budget: ``spent`` seconds so far over ``tried``
+    candidates (compiles and first windows; their mean stands for the next one's), plus the
+    later rounds and the duel of those that ran (first times ``first_ms``) and of the next
+    one (timed as their mean)."""
+    mean_first = sum(first_ms) / len(first_ms)
+    return spent + spent / tried + _later_s([*first_ms, mean_first]) <= budget
+
+
 def _search(args: GemmArguments, kernels, tune: str):
     """Compile and time each candidate (first round), then time the ones that ran in
     ``ROUNDS - 1`` more rounds in turn, interleaved; the lowest ``_sustained`` time wins,
     after a duel (``_duel``) when the two best are within ``DUEL_MARGIN``. The first round
-    stops taking candidates where the time spent plus what the later rounds and the duel
-    will take for those that ran would pass the budget."""
+    takes a candidate only while the time spent, the next one's compile and first window
+    (the mean of those so far) and the later rounds and the duel of all of them fit the
+    budget (``_fits``)."""
     from tqdm.auto import tqdm
 
-    budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "30"))
+    budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "28"))
     cands = kernels if tune == "exhaustive" else kernels[:FAST_CANDIDATES]
     args = _scratch(args)
     times: dict[str, list[float]] = {}
@@ -161,15 +181,14 @@ def _search(args: GemmArguments, kernels, tune: str):
     show = log.isEnabledFor(logging.INFO) or os.environ.get("EVTFUSE_PROGRESS", "1") != "0"
     bar = tqdm(cands, desc=f"evtfuse tuning {args.M}x{args.N}x{args.K}", leave=False,
                disable=not show)
+    tried = 0
     for k in bar:
-        # the later rounds time every candidate that ran, the duel two of them: keep room
-        windows = [_window_s(times[r.name][0]) for r in ran]
-        later = (ROUNDS - 1) * sum(windows)
-        if len(windows) >= 2:
-            later += 2 * DUEL_ROUNDS * max(windows)
-        if tune != "exhaustive" and ran and time.perf_counter() - t_start + later > budget:
+        spent = time.perf_counter() - t_start
+        if tune != "exhaustive" and ran and not _fits(spent, tried, [times[r.name][0] for r in ran],
+                                                       budget):
             log.info("tuning budget of %.0f s spent after %d candidates", budget, len(ran))
             break
+        tried += 1
         try:
             k.run(args)  # compile, warm up
             times[k.name] = [_time_kernel(k, args)]
