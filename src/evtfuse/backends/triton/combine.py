@@ -23,9 +23,14 @@ STEP_ELEMENTS = 4096  # partials x results loaded per step (in flight together)
 
 def launch_shape(T: int, EXT: int) -> tuple[int, int]:
     """(BLOCK, PARTS) for ``T`` partials of ``EXT`` results: 16 to ``BLOCK`` results per
-    program, as many partials per step as keep a step within ``STEP_ELEMENTS`` loads (16 at
-    least, fewer only where ``T`` is smaller)."""
+    program, fewer (more programs) where that lets one step take every partial, and as many
+    partials per step as keep a step within ``STEP_ELEMENTS`` loads (16 at least, fewer only
+    where ``T`` is smaller). Each step is an L2 round trip the program waits for: an M=64
+    row logsumexp (128 partials of 64 rows) took 4.9 us in one program of two steps on an
+    H100 (BENCHMARKS.md, fourteenth session)."""
     block = min(BLOCK, max(16, triton.next_power_of_2(EXT)))
+    while block > 16 and T > STEP_ELEMENTS // block:
+        block //= 2
     parts = min(triton.next_power_of_2(max(T, 2)), max(16, STEP_ELEMENTS // block))
     return block, parts
 
