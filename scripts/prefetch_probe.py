@@ -21,7 +21,7 @@ import re
 import torch
 import triton.testing
 
-from probe_common import epilogue_args, print_rounds, time_rounds
+from probe_common import edited_launcher, epilogue_args, print_rounds, time_rounds
 
 from evtfuse import GemmArguments
 from evtfuse.backends.triton.families import HopperFamily, PortableFamily, TileConfig
@@ -69,24 +69,13 @@ def _shape_constants(kernel: Kernel, args: GemmArguments, which: str = "MNK"):
     """``kernel`` recompiled with the sizes in ``which`` (of M, N, K) as compile-time
     constants (torch.compile's templates have all three), launched through Triton's JIT;
     None where the source does not match."""
-    import importlib.util
-    import tempfile
-
     src = kernel.source(args)
     m = re.search(r"def evtfuse_kernel\((\w+), (\w+), M, N, K,", src)
     if m is None:
         return None
     sig = ", ".join(f"{d}: tl.constexpr" if d in which else d for d in "MNK")
     new = src[:m.start()] + f"def evtfuse_kernel({m.group(1)}, {m.group(2)}, {sig}," + src[m.end():]
-    path = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
-    path.write(new)
-    path.close()
-    spec = importlib.util.spec_from_file_location(f"ef_const_{abs(hash(new))}", path.name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    plan = kernel.plan(args)
-    fn = mod.evtfuse_kernel[plan.grid]
-    return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
+    return edited_launcher(kernel, args, new)
 
 
 def _general(kernel: Kernel, args: GemmArguments):

@@ -58,6 +58,23 @@ def epilogue_args(src: str, M: int, N: int, K: int, device: str = "cuda",
     return GemmArguments(A, B, vals["D"], epilogue=EpilogueArguments(src, **vals))
 
 
+def edited_launcher(kernel, args: GemmArguments, src: str) -> Callable[[], Any]:
+    """A call of ``src`` (an edited copy of ``kernel``'s generated module, imported from a
+    temporary file) through Triton's JIT with ``kernel``'s launch plan for ``args``."""
+    import importlib.util
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+    f.write(src)
+    f.close()
+    spec = importlib.util.spec_from_file_location(f"ef_edited_{abs(hash(src))}", f.name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    plan = kernel.plan(args)
+    fn = mod.evtfuse_kernel[plan.grid]
+    return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
+
+
 def time_rounds(systems: dict[str, Callable[[], Any]], rounds: int,
                 timer: Callable[[Callable[[], Any]], float]) -> dict[str, list[float]]:
     """``timer(fn)`` of every system once per round, rounds in turn (the GPU's clock drifts

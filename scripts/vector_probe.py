@@ -17,13 +17,11 @@ against PyTorch first.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
-import tempfile
 
 import torch
 import triton.testing
-from probe_common import epilogue_args, print_rounds, time_rounds
+from probe_common import edited_launcher, epilogue_args, print_rounds, time_rounds
 
 from evtfuse import EpilogueArguments, GemmArguments
 from evtfuse.backends.triton.families import HopperFamily, TileConfig
@@ -82,19 +80,6 @@ def _one_piece_ahead(lines: list[str]) -> str | None:
     return "\n".join(out) + "\n"
 
 
-def _launcher(kernel: Kernel, args: GemmArguments, src: str):
-    """A call of ``src`` (an edited source of ``kernel``) with ``kernel``'s launch plan."""
-    f = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
-    f.write(src)
-    f.close()
-    spec = importlib.util.spec_from_file_location(f"ef_vec_{abs(hash(src))}", f.name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    plan = kernel.plan(args)
-    fn = mod.evtfuse_kernel[plan.grid]
-    return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
-
-
 def _check(name: str, fn, args: GemmArguments, expect: torch.Tensor) -> bool:
     D = args.epilogue.values["D"]
     D.fill_(float("nan"))
@@ -148,7 +133,7 @@ def main() -> None:
                     if edited is None:
                         print(f"   {k.name} {where}: no vector loads to move", flush=True)
                         continue
-                    fn = _launcher(k, args, edited)
+                    fn = edited_launcher(k, args, edited)
                     if _check(f"{k.name} {where}", fn, args, expect):
                         systems[f"{k.name} {where}"] = fn
             if k.family.supports(ident, k.target):
