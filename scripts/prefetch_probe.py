@@ -19,13 +19,11 @@ import argparse
 import re
 
 import torch
-import triton.testing
 
-from probe_common import edited_launcher, epilogue_args, print_rounds, time_rounds
+from probe_common import edited_launcher, epilogue_args, report_rounds
 
 from evtfuse import GemmArguments
 from evtfuse.backends.triton.families import HopperFamily, PortableFamily, TileConfig
-from evtfuse.bench.timing import guarded_ms
 from evtfuse.runtime.kernel import Kernel
 from evtfuse.runtime.tuner import choose_kernel
 
@@ -157,10 +155,7 @@ def main() -> None:
             comp = torch.compile(_eager(name, args), mode="max-autotune-no-cudagraphs")
             comp()
             systems["torch.compile"] = comp
-        timer = guarded_ms if a.guarded else (lambda fn: triton.testing.do_bench(
-            fn, warmup=25, rep=a.rep_ms, return_mode="median"))
-        print_rounds(f"{name} {a.shape} ({a.rounds} rounds, median of round medians)",
-                     time_rounds(systems, a.rounds, timer))
+        report_rounds(f"{name} {a.shape}", systems, a.rounds, a.guarded, a.rep_ms)
 
 if __name__ == "__main__":
     main()

@@ -97,3 +97,17 @@ def print_rounds(title: str, times: dict[str, list[float]], base: str = "mm",
         med = statistics.median(ts)
         print(f"   {s:40s} {med:.4f} ms  x{med / ref:.3f} of {base}  "
               f"[{min(ts):.4f}-{max(ts):.4f}]", flush=True)
+
+
+def report_rounds(title: str, systems: dict[str, Callable[[], Any]], rounds: int,
+                  guarded: bool, rep_ms: float) -> None:
+    """Time ``systems`` in interleaved rounds (``guarded_ms``, or do_bench windows of
+    ``rep_ms``) and print each one's median against cuBLAS's ("mm")."""
+    import triton.testing
+
+    from evtfuse.bench.timing import guarded_ms
+
+    timer = guarded_ms if guarded else (lambda fn: triton.testing.do_bench(
+        fn, warmup=25, rep=rep_ms, return_mode="median"))
+    print_rounds(f"{title} ({rounds} rounds, median of round medians)",
+                 time_rounds(systems, rounds, timer))

@@ -20,12 +20,10 @@ import argparse
 import re
 
 import torch
-import triton.testing
-from probe_common import edited_launcher, epilogue_args, print_rounds, time_rounds
+from probe_common import edited_launcher, epilogue_args, report_rounds
 
 from evtfuse import EpilogueArguments, GemmArguments
 from evtfuse.backends.triton.families import HopperFamily, TileConfig
-from evtfuse.bench.timing import guarded_ms
 from evtfuse.runtime.kernel import Kernel
 from evtfuse.runtime.tuner import choose_kernel
 
@@ -139,10 +137,7 @@ def main() -> None:
             if k.family.supports(ident, k.target):
                 ik = Kernel(k.family, k.config, k.target)
                 systems[f"{k.name} identity"] = lambda ik=ik: ik.run(ident)
-        timer = guarded_ms if a.guarded else (lambda fn: triton.testing.do_bench(
-            fn, warmup=25, rep=a.rep_ms, return_mode="median"))
-        print_rounds(f"{name} {a.shape} ({a.rounds} rounds, median of round medians)",
-                     time_rounds(systems, a.rounds, timer))
+        report_rounds(f"{name} {a.shape}", systems, a.rounds, a.guarded, a.rep_ms)
 
 
 if __name__ == "__main__":
