@@ -36,6 +36,8 @@ def _moved(src: str, where: str) -> str | None:
     """``src`` with the epilogue's vector loads (and their column indices) moved to the
     start of the epilogue (``top``) or before the tile's mainloop (``tile``); None when the
     source has no such loads or no place to put them."""
+    if re.search(r"^\s+ve_\w+ = tl\.load\(", src, re.M):
+        return None  # loaded at the epilogue's top already (KernelSpec.early_vectors)
     lines = src.splitlines()
     vec = [ln for ln in lines if _VEC.match(ln)]
     if not vec:
@@ -129,7 +131,8 @@ def main() -> None:
                 for where in ("top", "ahead"):
                     edited = _moved(k.source(args), where)
                     if edited is None:
-                        print(f"   {k.name} {where}: no vector loads to move", flush=True)
+                        print(f"   {k.name} {where}: no vector loads to move (or loaded "
+                              "at the epilogue's top already)", flush=True)
                         continue
                     fn = edited_launcher(k, args, edited)
                     if _check(f"{k.name} {where}", fn, args, expect):
