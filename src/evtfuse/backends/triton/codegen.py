@@ -648,7 +648,7 @@ class _HopperTile(_TritonTile):
     def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
         if not self.early_vectors:
             return super().load_vector(u, kind, bofs)
-        return f"ve_{u}" if kind is OperandKind.PER_ROW else f"ve_{u}{self.suffix}"
+        return _early_vector_name(u, kind, self.suffix)
 
     def load_full(self, u: str, batched: bool) -> str:
         if self.prefetched:
@@ -912,6 +912,12 @@ def _hopper_source(spec: KernelSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _early_vector_name(u: str, kind: OperandKind, suffix: str) -> str:
+    """The variable an early vector load goes into (``_early_vector_lines``): one per
+    piece (``suffix`` "_0", "_1", ...) for a per-column operand, one per tile per-row."""
+    return f"ve_{u}" if kind is OperandKind.PER_ROW else f"ve_{u}{suffix}"
+
+
 def _early_vector_lines(spec: KernelSpec, piece_n: list[str], indent: str) -> list[str]:
     """Every piece's column indices and per-row/per-column operand loads, at the top of
     the tile's epilogue (``KernelSpec.early_vectors``): the pieces' L2 round trips overlap
@@ -924,11 +930,10 @@ def _early_vector_lines(spec: KernelSpec, piece_n: list[str], indent: str) -> li
             continue
         u = uname(op.name)
         bofs = f"bid64 * {u}_sl" if op.batched else "0"
-        if op.kind is OperandKind.PER_ROW:
-            lines.append(f"{indent}ve_{u} = {vector_load(u, op.kind, bofs, 'rm', 'rn0')}")
-            continue
-        for s in range(len(piece_n)):
-            lines.append(f"{indent}ve_{u}_{s} = {vector_load(u, op.kind, bofs, 'rm', f'rn{s}')}")
+        pieces = [0] if op.kind is OperandKind.PER_ROW else range(len(piece_n))
+        for s in pieces:
+            name = _early_vector_name(u, op.kind, f"_{s}")
+            lines.append(f"{indent}{name} = {vector_load(u, op.kind, bofs, 'rm', f'rn{s}')}")
     return lines
 
 
