@@ -68,3 +68,73 @@ def test_launch_shape_takes_many_partials_per_step_for_few_results():
     assert launch_shape(5, 8192) == (64, 8)  # few partials: one step
     assert launch_shape(1000, 1) == (16, 256)  # a whole-output result: four steps
     assert launch_shape(1, 3) == (16, 2)
+
+
+def test_pdl_only_on_hopper_and_later_unless_turned_off(monkeypatch):
+    from evtfuse.backends.triton.combine import pdl_enabled
+
+    monkeypatch.delenv("EVTFUSE_PDL", raising=False)
+    assert pdl_enabled(9) and pdl_enabled(10)
+    assert not pdl_enabled(8)  # Ampere has no griddepcontrol
+    monkeypatch.setenv("EVTFUSE_PDL", "0")
+    assert not pdl_enabled(9)
+
+
+def test_combine_waits_for_the_kernel_only_as_a_dependent_launch():
+    # the interpreter runs the combine without PDL (gdc_wait is inline PTX): the same
+    # results as above; the GPU tier checks the PDL launch on back-to-back kernels
+    import inspect
+
+    src = inspect.getsource(combine_partials.fn)
+    body = src[src.index('"""', src.index('"""') + 3):]
+    assert body.index("if PDL:") < body.index("gdc_wait()") < body.index("tl.load")
+
+
+def _lse_args(src, r_shape=(256, 1)):
+    """256x512x64 bf16 arguments with output D and an fp32 ``r`` (output or operand)."""
+    from evtfuse import EpilogueArguments, GemmArguments
+
+    M, N, K = 256, 512, 64
+    A, B = torch.randn(M, K).to(torch.bfloat16), torch.randn(K, N).to(torch.bfloat16)
+    D = torch.empty(M, N, dtype=torch.bfloat16)
+    return GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, r=torch.randn(r_shape)))
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable", "gluon"])
+def test_a_kernel_lets_only_its_combine_launch_start_early(family, monkeypatch):
+    """GPU kernels that a combine launch follows (logsumexp) open with
+    ``_ef_launch_dependents()``; kernels without one (row max folds in the kernel, no
+    reduction) and interpreted kernels do not; the plan's combine is a PDL launch exactly
+    where the target is a Hopper GPU."""
+    from evtfuse.backends.triton.codegen import combined_after, generate
+    from evtfuse.backends.triton.families import (GluonFamily, HopperFamily, PortableFamily,
+                                                  Target, TileConfig)
+
+    monkeypatch.delenv("EVTFUSE_PDL", raising=False)
+    fam = {"hopper": HopperFamily(), "portable": PortableFamily(), "gluon": GluonFamily()}[family]
+    gpu = Target("cuda", 90, torch.device("cpu"), 132)
+    interp = Target("interpreter", 0, torch.device("cpu"), 4)
+    srcs = {"lse": "def epi(accum): D = accum; r = logsumexp(accum); return D, r",
+            "max": "def epi(accum): D = accum; r = max(accum); return D, r",
+            "none": "def epi(accum, r): D = accum + 0.0 * r; return D"}
+    for name, src in srcs.items():
+        args = _lse_args(src)
+        cfg = fam.configs(args, gpu)[0]
+        spec = fam.spec(args, cfg, gpu)
+        code = generate(spec)
+        after = bool(combined_after(spec.dag, family))
+        assert after == (name == "lse"), name
+        assert ("_ef_launch_dependents()" in code) == after, name
+        if family != "gluon":  # no interpreter spec for gluon (GPU only)
+            assert "_ef_launch_dependents" not in generate(fam.spec(args, cfg, interp))
+    args = _lse_args(srcs["lse"])
+    ampere = Target("cuda", 80, torch.device("cpu"), 108)
+    for target, want in [(gpu, True), (ampere, False), (interp, False)]:
+        if family == "gluon" and target is not gpu:
+            continue
+        cfg = fam.configs(args, target)[0]
+        post = fam.plan(args, args.optimized_dag, cfg, target)[3]
+        assert len(post) == 1 and post[0].pdl is want, target
+    monkeypatch.setenv("EVTFUSE_PDL", "0")
+    cfg = fam.configs(args, gpu)[0]
+    assert fam.plan(args, args.optimized_dag, cfg, gpu)[3][0].pdl is False

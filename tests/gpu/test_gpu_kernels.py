@@ -228,6 +228,35 @@ def test_atomic_fold_of_specials(family):
         C.neg_()
 
 
+@pytest.mark.parametrize("family", ["gluon", "hopper", "portable"])
+def test_combine_launch_waits_for_its_kernel(family):
+    """On Hopper the combine after a kernel is a programmatic dependent launch: it starts
+    while the kernel runs and must wait for its partials. Six launches back to back on new
+    data, the workspace shared and no synchronization between them: each result is its
+    own launch's (a combine reading early would see the last launch's partials)."""
+    from gpu_helpers import family_kernels
+
+    M, N, K = 640, 1536, 256
+    B = _rand(K, N, dtype=torch.bfloat16) * 0.25
+    src = "def epi(accum): D = accum; r = logsumexp(accum); return D, r"
+    runs = []
+    for i in range(6):
+        A = _rand(M, K, dtype=torch.bfloat16) * (0.1 * (i + 1))
+        r = torch.full((M, 1), float("nan"), device=DEV)
+        runs.append((A, r, GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, r=r))))
+    k = family_kernels(runs[0][2], family)[0]
+    post = k.plan(runs[0][2]).post
+    assert len(post) == 1 and post[0].pdl is (torch.cuda.get_device_capability()[0] >= 9)
+    assert "_ef_launch_dependents()" in k.source(runs[0][2])
+    torch.cuda.synchronize()
+    for _, _, args in runs:
+        k.run(args)
+    torch.cuda.synchronize()
+    for A, r, _ in runs:
+        want = torch.logsumexp(A.float() @ B.float(), dim=1, keepdim=True)
+        torch.testing.assert_close(r, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("family", ["hopper", "portable"])
 def test_lm_head_cross_entropy(family):
     M, N, K = 512, 5000, 256

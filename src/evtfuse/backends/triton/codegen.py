@@ -70,7 +70,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "32"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "33"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -204,6 +204,25 @@ def combined_in_kernel(o, family: str) -> bool:
     if family in TMA_FAMILIES:
         return o.kind is OutputKind.SCALAR and not o.batched
     return True
+
+
+def combined_after(dag: Dag, family: str) -> list:
+    """Reduction outputs whose partials the launch plan combines after the kernel (one
+    ``combine.combine_partials`` launch each): neither ``combined_in_kernel`` nor
+    ``atomic_folded``."""
+    return [o for o in reduce_outputs(dag)
+            if not combined_in_kernel(o, family) and not atomic_folded(o)]
+
+
+def launch_dependents_lines(spec: KernelSpec, indent: str) -> list[str]:
+    """A GPU kernel that a combine launch follows lets it start at once (programmatic
+    dependent launch, ``prelude._ef_launch_dependents``): its programs take their place as
+    SMs free and wait for this kernel's memory, so the launch's latency passes under this
+    kernel's tail. Emitted first in the kernel: the dependents start only once every
+    program has run it, so none waits for a program that is not resident yet."""
+    if not spec.cuda or not combined_after(spec.dag, spec.family):
+        return []
+    return [f"{indent}_ef_launch_dependents()"]
 
 
 class _Epilogue:
@@ -680,6 +699,7 @@ def _portable_source(spec: KernelSpec) -> str:
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
         "                   EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr):",
+        *launch_dependents_lines(spec, I1),
         f"{I1}pid = tl.program_id(0)",
         f"{I1}bid = tl.program_id(1)",
         f"{I1}bid64 = bid.to(tl.int64)",
@@ -838,6 +858,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         "                   NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,",
         "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr):",
         f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
+        *launch_dependents_lines(spec, I1),
         f"{I1}start = tl.program_id(0)",
         f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
         f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",

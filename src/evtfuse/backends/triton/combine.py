@@ -10,12 +10,20 @@ run; logsumexp in one pass (the running sum rescaled to each step's new max). It
 chain of torch operations (about nine launches for logsumexp) after the kernel.
 ``launch_shape`` sizes the steps: each one is an L2 round trip, so few results (64 rows
 of an M=64 problem, one program) take many partials per step.
+
+On a Hopper GPU the combine is launched as a programmatic dependent launch (``PDL``): the
+kernel before it lets its programs start early (``gdc_launch_dependents``, emitted by
+``codegen``) and each waits for the kernel's memory (``gdc_wait``) before its first load,
+so the launch's latency passes under the kernel's tail instead of after it.
 """
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 BLOCK = 64  # results per program at most (8192 rows: 128 programs)
 STEP_ELEMENTS = 4096  # partials x results loaded per step (in flight together)
@@ -33,6 +41,12 @@ def launch_shape(T: int, EXT: int) -> tuple[int, int]:
         block //= 2
     parts = min(triton.next_power_of_2(max(T, 2)), max(16, STEP_ELEMENTS // block))
     return block, parts
+
+
+def pdl_enabled(capability_major: int) -> bool:
+    """Whether the combine after a kernel is a programmatic dependent launch: Hopper and
+    later (``griddepcontrol``), unless ``EVTFUSE_PDL=0``."""
+    return capability_major >= 9 and os.environ.get("EVTFUSE_PDL", "1") != "0"
 
 
 @triton.jit
@@ -55,8 +69,11 @@ def _parts(ptr, base, t0, T, EXT, idx, lanes, parts, other):
 
 @triton.jit
 def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.constexpr,
-                     PARTS: tl.constexpr):
-    """``OP``: "sum", "max", "min" or "logsumexp" (``ws2``: the sums of exp)."""
+                     PARTS: tl.constexpr, PDL: tl.constexpr = False):
+    """``OP``: "sum", "max", "min" or "logsumexp" (``ws2``: the sums of exp). ``PDL``: launched
+    as a programmatic dependent launch, so wait for the kernel before it first."""
+    if PDL:
+        gdc_wait()
     b = tl.program_id(1).to(tl.int64)
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lanes = idx < EXT

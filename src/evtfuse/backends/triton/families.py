@@ -225,7 +225,7 @@ class PortableFamily(KernelFamily):
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
                             *_dims3(args.A), *_dims3(args.B)]
         items += _epilogue_items(args, dag, "portable", config)
-        red_items, post = _reduction_items(args, dag, config, "portable")
+        red_items, post = _reduction_items(args, dag, config, "portable", target)
         items += red_items
         grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
@@ -356,10 +356,13 @@ def _output_items(args: GemmArguments, o) -> list[Any]:
 
 
 def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: str,
-                     programs: int = 0):
+                     target: Target, programs: int = 0):
     """Workspaces for reduction partials (allocated once per plan) and the steps that
     combine them, in a fixed order, into each output. ``programs`` > 0: a persistent
     kernel keeps whole-output, non-batched reductions per program (one partial each)."""
+    from .combine import pdl_enabled
+
+    pdl = target.kind != INTERPRETER and pdl_enabled(target.cc // 10)
     items: list[Any] = []
     post: list[Any] = []
     mt = triton_cdiv(args.M, config.block_m)
@@ -386,16 +389,18 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         lse = o.node.op == "logsumexp"
         ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
         items += [ws, ws2] if lse else [ws]
-        post.append(_combiner(o.name, o.node.op, ws, ws2, o.kind, o.batched and not per_program))
+        post.append(_combiner(o.name, o.node.op, ws, ws2, o.kind, o.batched and not per_program,
+                              pdl))
     return items, post
 
 
 def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, kind,
-              batched: bool):
+              batched: bool, pdl: bool = False):
     """The combine step after the kernel (``combine.combine_partials``, one launch, a fixed
     order): logsumexp's (max, sum of exp) partials, the TMA families' per-row/per-column
     sums and batched whole-output reductions. The workspace is viewed as (batches kept,
-    partials per result, results)."""
+    partials per result, results). ``pdl``: a programmatic dependent launch (the kernel
+    before it lets it start early, ``codegen.launch_dependents_lines``)."""
     from .combine import combine_partials, launch_shape
     from .launch import direct_launcher
 
@@ -403,7 +408,7 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
     b = ws.shape[0] if batched else 1
     t = ws.numel() // (b * ext)
     block, parts = launch_shape(t, ext)
-    consts = {"OP": op, "BLOCK": block, "PARTS": parts}
+    consts = {"OP": op, "BLOCK": block, "PARTS": parts, "PDL": pdl}
     grid = (triton_cdiv(ext, block), b)
     state: dict[str, Any] = {}
 
@@ -414,10 +419,11 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
                {OutputKind.ROW: sm, OutputKind.COL: sn}.get(kind, 0)]
         launch = state.get("launch")
         if launch is None or not launch(pos):
-            compiled = combine_partials[grid](*pos, **consts)
+            compiled = combine_partials[grid](*pos, **consts, launch_pdl=pdl)
             state.setdefault("launch", direct_launcher(compiled, combine_partials, grid,
                                                        len(pos), consts))
 
+    combine.pdl = pdl  # type: ignore[attr-defined]  # what tests and probes read
     return combine
 
 
@@ -612,7 +618,7 @@ class HopperFamily(KernelFamily):
         items += _epilogue_items(args, dag, "hopper", config, l2_spread=spec.l2_spread)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
-        red_items, post = _reduction_items(args, dag, config, "hopper", programs=num_sms)
+        red_items, post = _reduction_items(args, dag, config, "hopper", target, programs=num_sms)
         items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
@@ -976,7 +982,7 @@ class GluonFamily(KernelFamily):
                                  direct=spec.direct)
         tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn)
         # one whole-output partial per consumer warpgroup, two per program
-        red_items, post = _reduction_items(args, dag, config, "gluon",
+        red_items, post = _reduction_items(args, dag, config, "gluon", target,
                                            programs=2 * min(_sms(target), tiles))
         items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,

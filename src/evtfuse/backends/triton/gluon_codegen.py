@@ -50,7 +50,7 @@ import torch
 
 from ...ir import Dag, OperandKind
 from .codegen import (_FOLD_FINISH, _Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
-                      reduce_outputs, staged_vector, uname, vector_load)
+                      launch_dependents_lines, reduce_outputs, staged_vector, uname, vector_load)
 from .prelude import helpers_for
 
 LAYOUT = "mma_layout"
@@ -671,6 +671,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"def evtfuse_kernel({kparams},",
         f"                   {consts_sig},",
         "                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):",
+        *launch_dependents_lines(spec, I1),
         f"{I1}dtype: gl.constexpr = a_desc.dtype",
         f"{I1}a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, "
         "a_desc.layout)",

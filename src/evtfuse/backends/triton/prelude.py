@@ -18,6 +18,16 @@ def _ef_ex2_ftz(x):
     return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
                                      dtype=tl.float32, is_pure=True, pack=1)
 ''',
+    "_ef_launch_dependents": '''
+@triton.jit
+def _ef_launch_dependents():
+    # griddepcontrol.launch_dependents: the launch after this kernel, where it is a
+    # programmatic dependent launch (the combine step), may start once every program of
+    # this one has passed here; it waits for this kernel's memory before reading any
+    # (combine.combine_partials' gdc_wait). No effect on any other launch.
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+''',
     "_ef_log1p_series": '''
 @triton.jit
 def _ef_log1p_series(t):
