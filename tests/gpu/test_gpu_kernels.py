@@ -233,7 +233,8 @@ def test_combine_launch_waits_for_its_kernel(family):
     """On Hopper the combine after a kernel is a programmatic dependent launch: it starts
     while the kernel runs and must wait for its partials. Six launches back to back on new
     data, the workspace shared and no synchronization between them: each result is its
-    own launch's (a combine reading early would see the last launch's partials)."""
+    own launch's (a combine reading early would see the last launch's partials); then the
+    launch captured in a CUDA graph and replayed on new data."""
     from gpu_helpers import family_kernels
 
     M, N, K = 640, 1536, 256
@@ -253,6 +254,18 @@ def test_combine_launch_waits_for_its_kernel(family):
         k.run(args)
     torch.cuda.synchronize()
     for A, r, _ in runs:
+        want = torch.logsumexp(A.float() @ B.float(), dim=1, keepdim=True)
+        torch.testing.assert_close(r, want, rtol=1e-4, atol=1e-4)
+    # captured in a CUDA graph (the programmatic edge becomes a graph edge), replayed twice
+    A, r, args = runs[0]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        k.run(args)
+    for scale in (0.3, -0.7):
+        A.copy_(_rand(M, K, dtype=torch.bfloat16) * scale)
+        r.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
         want = torch.logsumexp(A.float() @ B.float(), dim=1, keepdim=True)
         torch.testing.assert_close(r, want, rtol=1e-4, atol=1e-4)
 
