@@ -61,13 +61,16 @@ def test_sum_max_min_over_several_steps(op):
 
 
 def test_launch_shape_takes_many_partials_per_step_for_few_results():
-    # an M=64 problem's row logsumexp over 128 column tiles: two programs, one step each
-    assert launch_shape(128, 64) == (32, 128)
-    assert launch_shape(128, 8192) == (32, 128)  # 8192 rows: 256 programs, one step
-    assert launch_shape(64, 8192) == (64, 64)
-    assert launch_shape(5, 8192) == (64, 8)  # few partials: one step
-    assert launch_shape(1000, 1) == (16, 256)  # a whole-output result: four steps
-    assert launch_shape(1, 3) == (16, 2)
+    # an M=64 problem's row logsumexp over 128 column tiles: four programs of 8 warps,
+    # one step each
+    assert launch_shape(128, 64) == (16, 128, 8)
+    assert launch_shape(128, 8192) == (32, 128, 4)  # 8192 rows: 256 programs, one step
+    assert launch_shape(64, 8192) == (32, 64, 4)
+    assert launch_shape(16, 2048) == (16, 16, 4)  # 2048^3: 128 programs
+    assert launch_shape(16, 16384) == (64, 16, 4)  # 256 programs already
+    assert launch_shape(5, 8192) == (32, 8, 4)  # few partials: one step
+    assert launch_shape(1000, 1) == (16, 256, 8)  # a whole-output result: four steps
+    assert launch_shape(1, 3) == (16, 2, 8)
 
 
 def test_pdl_only_on_hopper_and_later_unless_turned_off(monkeypatch):

@@ -8,8 +8,9 @@ batch), ``combine_partials`` reads ``PARTS`` partials of ``BLOCK`` results per s
 flight together) and combines them in a fixed order, so results are deterministic run to
 run; logsumexp in one pass (the running sum rescaled to each step's new max). It replaced a
 chain of torch operations (about nine launches for logsumexp) after the kernel.
-``launch_shape`` sizes the steps: each one is an L2 round trip, so few results (64 rows
-of an M=64 problem, one program) take many partials per step.
+``launch_shape`` sizes the steps and programs: each step is a round trip to memory, so
+few results (64 rows of an M=64 problem) take many partials per step, and many results
+spread over many programs.
 
 On a Hopper GPU the combine is launched as a programmatic dependent launch (``PDL``): the
 kernel before it lets its programs start early (``gdc_launch_dependents``, emitted by
@@ -29,18 +30,25 @@ BLOCK = 64  # results per program at most (8192 rows: 128 programs)
 STEP_ELEMENTS = 4096  # partials x results loaded per step (in flight together)
 
 
-def launch_shape(T: int, EXT: int) -> tuple[int, int]:
-    """(BLOCK, PARTS) for ``T`` partials of ``EXT`` results: 16 to ``BLOCK`` results per
-    program, fewer (more programs) where that lets one step take every partial, and as many
-    partials per step as keep a step within ``STEP_ELEMENTS`` loads (16 at least, fewer only
-    where ``T`` is smaller). Each step is an L2 round trip the program waits for: an M=64
-    row logsumexp (128 partials of 64 rows) took 4.9 us in one program of two steps on an
-    H100 (BENCHMARKS.md, fourteenth session)."""
+PROGRAMS = 256  # programs a launch with enough results spreads them over (two per SM)
+
+
+def launch_shape(T: int, EXT: int) -> tuple[int, int, int]:
+    """(BLOCK, PARTS, num_warps) for ``T`` partials of ``EXT`` results. Each step of a
+    program is a round trip to memory it waits for, so the launch is latency-bound: 16 to
+    ``BLOCK`` results per program, fewer (more programs) where that lets one step take
+    every partial or spreads the results over ``PROGRAMS`` programs; as many partials per
+    step as keep a step within ``STEP_ELEMENTS`` loads (16 at least, fewer only where
+    ``T`` is smaller); eight warps where the launch has fewer than 16 programs, so more
+    loads are in flight. Measured on an H100 (``scripts/combine_shape_probe.py``, partials
+    read from DRAM, BENCHMARKS.md fifteenth session): 2048 rows of 16 partials 6.2 -> 5.1
+    us, 64 rows of 128 partials 8.3 -> 6.5 us, 8192 rows of 64 partials 8.8 -> 8.3 us."""
     block = min(BLOCK, max(16, triton.next_power_of_2(EXT)))
-    while block > 16 and T > STEP_ELEMENTS // block:
+    while block > 16 and (T > STEP_ELEMENTS // block or triton.cdiv(EXT, block) < PROGRAMS):
         block //= 2
     parts = min(triton.next_power_of_2(max(T, 2)), max(16, STEP_ELEMENTS // block))
-    return block, parts
+    warps = 8 if triton.cdiv(EXT, block) < 16 else 4
+    return block, parts, warps
 
 
 def pdl_enabled(capability_major: int) -> bool:

@@ -407,7 +407,7 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
     ext = ws.shape[-1] if kind in (OutputKind.ROW, OutputKind.COL) else 1
     b = ws.shape[0] if batched else 1
     t = ws.numel() // (b * ext)
-    block, parts = launch_shape(t, ext)
+    block, parts, warps = launch_shape(t, ext)
     consts = {"OP": op, "BLOCK": block, "PARTS": parts, "PDL": pdl}
     grid = (triton_cdiv(ext, block), b)
     state: dict[str, Any] = {}
@@ -419,7 +419,7 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
                {OutputKind.ROW: sm, OutputKind.COL: sn}.get(kind, 0)]
         launch = state.get("launch")
         if launch is None or not launch(pos):
-            compiled = combine_partials[grid](*pos, **consts, launch_pdl=pdl)
+            compiled = combine_partials[grid](*pos, **consts, num_warps=warps, launch_pdl=pdl)
             state.setdefault("launch", direct_launcher(compiled, combine_partials, grid,
                                                        len(pos), consts))
 
