@@ -139,3 +139,41 @@ def test_budget_counts_the_next_candidates_compile(monkeypatch):
     cands = [_Compiling(f"c{i}", [0.001] * 4) for i in range(4)]
     tuner._search(_args(), cands, "fast")
     assert [c.timed for c in cands] == [4, 4, 0, 0]
+
+
+def _h100_kernels(M, N, K):
+    """Every family's kernels for an M x N x K bf16 relu-with-aux problem on an H100
+    target (CPU tensors: only shapes and dtypes matter), in the families' order."""
+    from evtfuse.backends.triton.families import FAMILIES, Target
+    from evtfuse.runtime.kernel import Kernel
+
+    h100 = Target("cuda", 90, torch.device("cpu"), 132)
+    A, B = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
+    C, D, F = (torch.empty(M, N, dtype=torch.bfloat16) for _ in range(3))
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+        C=C, alpha=0.5, D=D, F=F))
+    return args, h100, [Kernel(f, c, h100) for f in FAMILIES for c in f.configs(args, h100)]
+
+
+def test_candidates_that_leave_the_gpu_idle_go_last():
+    """``api.order_by_fill``: at 64x8192x8192 the gluon family's 128-row tiles (64 of 132
+    SMs) go behind every config that fills the GPU, the hopper 64x64 tiles among the first
+    fast-tuning candidates; where every config fills the GPU (8192x8192x1024) the
+    families' order stays; the interpreter's order is the families'."""
+    from evtfuse.backends.triton.families import Target, tile_count
+    from evtfuse.runtime.api import order_by_fill
+
+    args, h100, ks = _h100_kernels(64, 8192, 8192)
+    ordered = order_by_fill(ks, args, h100)
+    assert sorted(k.name for k in ordered) == sorted(k.name for k in ks)
+    fills = [tile_count(args, k.config) >= 0.9 * 132 for k in ordered]
+    assert fills == sorted(fills, reverse=True) and any(fills) and not all(fills)
+    assert ks[0].family.name == "gluon" and ordered[0].family.name == "hopper"
+    first = [k.name for k in ordered[:tuner.FAST_CANDIDATES]]
+    assert "hopper_64x64x128_w4_s5_g8" in first
+    assert all(k.family.name != "gluon" for k in ordered if tile_count(args, k.config) >= 0.9 * 132)
+    args, h100, ks = _h100_kernels(8192, 8192, 1024)
+    assert order_by_fill(ks, args, h100) == ks
+    interp = Target("interpreter", 90, torch.device("cpu"), 4)
+    assert order_by_fill(list(reversed(ks)), args, interp) == list(reversed(ks))

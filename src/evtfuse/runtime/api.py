@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
-from ..backends.triton.families import FAMILIES, INTERPRETER, Target
+from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
 from ..errors import EpilogueError, UnsupportedError
 from ..frontend import EpilogueSource, parse_epilogue
 from ..ir import OutputKind
@@ -56,7 +56,20 @@ def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
             if k is None:
                 k = _kernel_objects[key] = Kernel(family, config, target)
             kernels.append(k)
-    return kernels
+    return order_by_fill(kernels, args, target)
+
+
+def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
+    """``kernels`` (in the families' order) with the configs whose tiles leave most of the
+    GPU idle moved behind those that fill it (``families.fill_rank``; a stable sort, so
+    problems that every config fills keep the families' order). At 64x8192x8192 the gluon
+    family's 128-row tiles occupy 64 of 132 SMs (relu aux 0.070 ms) and the hopper family's
+    64x64 ones 128 (0.0595): the fast tuning's budget must reach those first (a 12 s
+    budget spent it on the gluon configs; BENCHMARKS.md, fifteenth session). Under the
+    interpreter the order is the families'."""
+    if target.kind != "cuda":
+        return kernels
+    return sorted(kernels, key=lambda k: fill_rank(args, k.config, target.sms))
 
 
 def explain(args: GemmArguments, cc: int | None = None) -> str:

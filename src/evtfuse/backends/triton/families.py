@@ -570,11 +570,11 @@ class HopperFamily(KernelFamily):
                 c = replace(c, epi_split=c.epi_split * 2)
             if self._smem(c, elt, out_bytes) <= SMEM_BUDGET and c not in fits:
                 fits.append(c)
-        tiles = lambda c: triton_cdiv(args.M, c.block_m) * triton_cdiv(args.N, c.block_n) * args.L
+        tiles = lambda c: tile_count(args, c)
         sms = _sms(target)
         # small problems: prefer tiles that still fill the GPU (nine in ten SMs: 128 tiles
         # of 128x256 at 2048^3 on 132 SMs do; relu aux there 0.035 ms, 128x128 0.039)
-        fits.sort(key=lambda c: 0 if tiles(c) >= 0.9 * sms else 1 + (sms - tiles(c)) / sms)
+        fits.sort(key=lambda c: fill_rank(args, c, sms))
         # aux tiles asked into L2 over the mainloop (codegen._l2_spread_lines): in one wave
         # every program reads its C tile at the same moment after the last k-step
         small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
@@ -627,6 +627,20 @@ class HopperFamily(KernelFamily):
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, (num_sms,), post
+
+
+def tile_count(args: GemmArguments, config: TileConfig) -> int:
+    """Output tiles of ``config`` for ``args`` (every batch)."""
+    return triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n) * args.L
+
+
+def fill_rank(args: GemmArguments, config: TileConfig, sms: int) -> float:
+    """0 where ``config``'s tiles fill nine in ten of ``sms`` SMs, else 1 plus the share
+    left idle: candidates are ordered by it (stable), within the hopper family and across
+    families (``runtime.api.get_kernels``), so that a tuning budget reaches the configs
+    that fill the GPU first."""
+    tiles = tile_count(args, config)
+    return 0.0 if tiles >= 0.9 * sms else 1.0 + (sms - tiles) / sms
 
 
 def _l2_spread_ok(args: GemmArguments) -> bool:
