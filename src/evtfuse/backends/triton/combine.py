@@ -28,8 +28,6 @@ from triton.language.extra.cuda import gdc_wait
 
 BLOCK = 64  # results per program at most (8192 rows: 128 programs)
 STEP_ELEMENTS = 4096  # partials x results loaded per step (in flight together)
-
-
 PROGRAMS = 256  # programs a launch with enough results spreads them over (two per SM)
 
 

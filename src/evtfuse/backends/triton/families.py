@@ -616,7 +616,7 @@ class HopperFamily(KernelFamily):
         items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
                             args.K, args.L]
         items += _epilogue_items(args, dag, "hopper", config, l2_spread=spec.l2_spread)
-        tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn) * args.L
+        tiles = tile_count(args, config)
         num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
         red_items, post = _reduction_items(args, dag, config, "hopper", target, programs=num_sms)
         items += red_items
@@ -994,7 +994,7 @@ class GluonFamily(KernelFamily):
                             args.K, args.L]
         items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter(dag),
                                  direct=spec.direct)
-        tiles = triton_cdiv(args.M, bm) * triton_cdiv(args.N, bn)
+        tiles = tile_count(args, config)  # one batch (``supports``)
         # one whole-output partial per consumer warpgroup, two per program
         red_items, post = _reduction_items(args, dag, config, "gluon", target,
                                            programs=2 * min(_sms(target), tiles))
