@@ -32,6 +32,8 @@ CASES = {
     "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
     "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
     "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
+    "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+    "silu_mul": "def epi(accum, C): D = silu(accum) * C; return D",
 }
 
 

@@ -5,17 +5,21 @@ runs once before the marked run (compilation, warm-up), then once more.
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --kernel-name regex:'evtfuse|gemm|nvjet|sm90' \
-        python3 scripts/ncu_mainloop.py --shape 8192x8192x1024 [--max-configs 6]
+        python3 scripts/ncu_mainloop.py --shape 8192x8192x1024 [--max-configs 6] [--groups 4,8,16]
+
+``--groups``: each candidate at these tile orders (GROUP_M) instead of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 from probe_common import epilogue_args
 
 from evtfuse import get_kernels
+from evtfuse.runtime.kernel import Kernel
 
 EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
              "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax",
@@ -29,6 +33,7 @@ def main() -> None:
     p.add_argument("--max-configs", type=int, default=6)
     p.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
     p.add_argument("--epilogue", choices=sorted(EPILOGUES), default="identity")
+    p.add_argument("--groups", default="", help="comma-separated GROUP_M values for every candidate")
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
     args = epilogue_args(EPILOGUES[a.epilogue], M, N, K)
@@ -36,7 +41,11 @@ def main() -> None:
     kernels = get_kernels(args)
     if a.only:
         kernels = [k for k in kernels if k.name in a.only.split(",")]
-    for k in kernels[: a.max_configs]:
+    kernels = kernels[: a.max_configs]
+    if a.groups:
+        kernels = [Kernel(k.family, replace(k.config, group_m=int(g)), k.target)
+                   for k in kernels for g in a.groups.split(",")]
+    for k in kernels:
         k.run(args)
         torch.cuda.synchronize()
         print(f"kernel {k.name}", flush=True)

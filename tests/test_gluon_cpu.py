@@ -88,6 +88,10 @@ def test_configs_fit_shared_memory_or_refuse():
     cfgs = [c for c in fam.configs(two, H100) if not c.cooperative]
     assert [(c.num_stages, c.epi_split, c.slots) for c in cfgs] == [
         (5, 4, True), (5, 4, True), (5, 2, True), (5, 2, True)]
+    # three full tiles through the epilogue (C in, D and F out): bands of 8 and 16 row-tiles
+    # (GluonFamily.HEAVY_PP_GROUPS); alpha-beta's two: 8 and 4
+    assert [c.group_m for c in cfgs] == [8, 16, 8, 16]
+    assert [c.group_m for c in fam.configs(ab, H100) if not c.cooperative] == [8, 4, 8, 4]
     assert [(fam.spec(two, c, H100).direct, fam.spec(two, c, H100).chunk) for c in cfgs] == [
         ((), 64)] * 4
     assert fam._ring(two.optimized_dag, 4, 2, ()) == 4  # with F's pieces in shared memory

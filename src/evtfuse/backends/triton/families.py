@@ -939,16 +939,35 @@ class GluonFamily(KernelFamily):
             return True, self._ring(dag, split, elt, (), coop=coop, slots=True)
         return False, self._stages(dag, split, elt, coop=coop)
 
+    # Tile orders of the ping-pong configs: bands of 8 and 4 row-tiles, or of 8 and 16
+    # where the epilogue moves HEAVY_TILES or more full tiles (aux loads and stored outputs).
+    # Measured on H100 (group_probe.py, guarded timing, ms, GROUP_M 4 / 8 / 16): relu with
+    # an aux output (C in, D and F out) 8192x8192x1024 0.2743 / 0.2589 / **0.2530** (and
+    # 0.2741 / 0.2580 / 0.2521 on another machine), 16384x4096x4096 0.8162 / **0.7963** /
+    # 0.9264, 4096^3 0.2127 / **0.2065** / 0.2325: bands of 4 never lead there. With one or
+    # two tiles bands of 16 lose (alpha-beta 8192x8192x1024 0.2312 / 0.2317 / 0.2518,
+    # silu*X 0.2253 / 0.2232 / 0.2476, BCE 0.2371 / 0.2456 / 0.2509, identity 0.1982 /
+    # 0.1986 / 0.2048). Under Nsight Compute bands of 16 re-read A and B from DRAM less
+    # (alpha-beta: 285 -> 228 MB read); the three-tile epilogue, the heaviest on DRAM, is
+    # the one that gains from it.
+    PP_GROUPS, HEAVY_PP_GROUPS, HEAVY_TILES = (8, 4), (8, 16), 3
+
+    def _pp_groups(self, dag: Dag) -> tuple[int, ...]:
+        """GROUP_M values of the ping-pong configs for ``dag`` (``PP_GROUPS``)."""
+        loads = sum(1 for s in dag.used_operands if s.kind is OperandKind.FULL)
+        tiles = loads + len(full_outputs(dag))
+        return self.HEAVY_PP_GROUPS if tiles >= self.HEAVY_TILES else self.PP_GROUPS
+
     def _ping_pong(self, dag: Dag, split: int, elt: int) -> list[TileConfig]:
-        """The ping-pong configs of ``split`` column pieces (GROUP_M 8 and 4), none where
-        fewer than ``GLUON_MIN_STAGES`` A/B stages fit."""
+        """The ping-pong configs of ``split`` column pieces (GROUP_M ``_pp_groups``), none
+        where fewer than ``GLUON_MIN_STAGES`` A/B stages fit."""
         slots, stages = self._slots_and_stages(dag, split, elt)
         if stages < GLUON_MIN_STAGES:
             return []
         # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
         # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
         return [TileConfig(self.BM, self.BN, self.BK, g, 4, stages, epi_split=split, slots=slots)
-                for g in (8, 4)]
+                for g in self._pp_groups(dag)]
 
     def configs(self, args, target):
         dag = args.optimized_dag
