@@ -1,7 +1,8 @@
-"""Run the identity GEMM's candidate kernels (or those of another epilogue, ``--epilogue``)
-and cuBLAS's ``A @ B`` once each, for Nsight Compute to compare their mainloops
-(tensor-pipe activity, L2 traffic) or stall reasons; a development probe. Each kernel
-runs once before the marked run (compilation, warm-up), then once more.
+"""Run the identity GEMM's candidate kernels (or those of another epilogue, ``--epilogue``),
+cuBLAS's ``A @ B`` and, for bias+relu and gelu+bias, cuBLASLt's fused epilogue once each,
+for Nsight Compute to compare their mainloops (tensor-pipe activity, L2 and DRAM traffic)
+or stall reasons; a development probe. Each kernel runs once before the marked run
+(compilation, warm-up), then once more.
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --kernel-name regex:'evtfuse|gemm|nvjet|sm90' \
@@ -24,7 +25,9 @@ from evtfuse.runtime.kernel import Kernel
 EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
              "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax",
              "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
-             "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F"}
+             "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
+             "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
+             "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D"}
 
 
 def main() -> None:
@@ -56,6 +59,14 @@ def main() -> None:
     print("kernel cuBLAS mm", flush=True)
     A @ B
     torch.cuda.synchronize()
+    if a.epilogue in ("bias_relu", "gelu_bias"):  # cuBLASLt's fused epilogue, as the suite's
+        bias = args.epilogue.values["bias"]
+        lt = lambda: torch._addmm_activation(bias, A, B, use_gelu=a.epilogue == "gelu_bias")  # noqa: E731
+        lt()
+        torch.cuda.synchronize()
+        print("kernel cuBLASLt", flush=True)
+        lt()
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
