@@ -177,3 +177,55 @@ def test_candidates_that_leave_the_gpu_idle_go_last():
     assert order_by_fill(ks, args, h100) == ks
     interp = Target("interpreter", 90, torch.device("cpu"), 4)
     assert order_by_fill(list(reversed(ks)), args, interp) == list(reversed(ks))
+
+
+def test_exhaustive_tuning_tries_the_pick_at_other_tile_orders(monkeypatch):
+    """``_refine_tile_order``: the exhaustive search's pick is timed again beside its
+    variants at the ``TILE_ORDERS`` that are not candidates already, and a faster variant
+    wins; a pick whose variants are all candidates (or that has none) stays, untimed."""
+    _scripted_timer(monkeypatch)
+    monkeypatch.setattr(tuner, "ROUNDS", 4)
+    monkeypatch.setattr(tuner, "DUEL_ROUNDS", 0)
+    pick = _Scripted("k_g8", [1.0] * 8)
+    other = _Scripted("k_g4", [1.2] * 4)  # a candidate already: not timed again
+    wider = _Scripted("k_g16", [0.9] * 4)
+    variants = lambda k, args: [other, wider]  # noqa: E731
+    assert tuner._refine_tile_order(_args(), pick, [pick, other], variants) is wider
+    assert (pick.timed, other.timed, wider.timed) == (4, 0, 4)
+    slower = _Scripted("k_g16", [1.3] * 4)
+    again = _Scripted("k_g8", [1.0] * 4)
+    assert tuner._refine_tile_order(_args(), again, [again], lambda k, a: [slower]) is again
+    alone = _Scripted("k_g8", [])
+    assert tuner._refine_tile_order(_args(), alone, [alone, other], lambda k, a: [other]) is alone
+    assert alone.timed == 0
+
+
+def test_tile_order_variants_of_a_real_kernel():
+    """Variants at every ``TILE_ORDERS`` value but the kernel's own, same family and
+    config otherwise; none for a problem of one row of tiles."""
+    args, h100, ks = _h100_kernels(8192, 8192, 1024)
+    k = next(k for k in ks if k.family.name == "gluon" and k.config.group_m == 8)
+    vs = tuner._tile_order_variants(k, args)
+    assert sorted(v.config.group_m for v in vs) == sorted(g for g in tuner.TILE_ORDERS if g != 8)
+    assert all(v.family is k.family and v.target is k.target for v in vs)
+    assert {v.name.replace(f"_g{v.config.group_m}_", "_g8_") for v in vs} == {k.name}
+    args, h100, ks = _h100_kernels(64, 8192, 8192)
+    small = next(k for k in ks if k.config.block_m >= 64)
+    assert tuner._tile_order_variants(small, args) == []
+
+
+def test_cached_exhaustive_choice_at_another_tile_order_is_found(monkeypatch):
+    """A cached exhaustive choice that is a candidate at another tile order (not in the
+    candidate list) is rebuilt from the cache, not tuned again."""
+    from evtfuse.runtime import api
+
+    args, h100, ks = _h100_kernels(8192, 8192, 1024)
+    coop = next(k for k in ks if k.config.cooperative)
+    name = coop.name.replace(f"_g{coop.config.group_m}_", "_g16_")
+    assert name not in {k.name for k in ks}
+    monkeypatch.setattr(api, "get_kernels", lambda a, cc=None: ks)
+    monkeypatch.setattr(tuner.cache, "load_choice", lambda key: {"kernel": name})
+    monkeypatch.setattr(tuner, "_search", lambda *a: pytest.fail("tuned again"))
+    monkeypatch.setattr(tuner, "_memory", {})
+    chosen = tuner.choose_kernel(args, "exhaustive")
+    assert chosen.name == name and chosen.config.group_m == 16 and chosen.config.cooperative

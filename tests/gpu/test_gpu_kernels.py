@@ -383,3 +383,31 @@ def test_fast_log_accuracy(family):
     got = D[:4, 0].tolist()
     assert got[0] == float("-inf") and got[1] != got[1] and got[2] == float("inf") \
         and got[3] != got[3], got
+
+
+def test_exhaustive_tuning_checks_tile_orders_and_caches_its_choice(monkeypatch):
+    """``tune="exhaustive"``: every candidate, then the winner at the other tile orders
+    (``tuner._refine_tile_order``); the result matches the reference, and a later call with
+    the in-memory table cleared (a new process) takes the cached choice, which may be a
+    tile order no candidate has, without tuning again."""
+    from evtfuse.runtime import tuner
+
+    M, N, K = 1024, 768, 512
+    A, B, C = _rand(M, K, dtype=torch.bfloat16), _rand(K, N, dtype=torch.bfloat16), \
+        _rand(M, N, dtype=torch.bfloat16)
+    timed = []
+    real_refine = tuner._refine_tile_order
+
+    def refine(args, chosen, kernels, *rest):
+        timed.append(chosen.name)
+        return real_refine(args, chosen, kernels, *rest)
+
+    monkeypatch.setattr(tuner, "_refine_tile_order", refine)
+    D = evtfuse.gemm(A, B, ALPHA_BETA, C=C, alpha=0.5, beta=1.5, tune="exhaustive")
+    ref = 0.5 * (A.float() @ B.float()) + 1.5 * C.float()
+    torch.testing.assert_close(D.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().mean().item())
+    assert len(timed) == 1  # the exhaustive search went on to the tile orders
+    monkeypatch.setattr(tuner, "_memory", {})
+    monkeypatch.setattr(tuner, "_search", lambda *a: pytest.fail("tuned again"))
+    again = evtfuse.gemm(A, B, ALPHA_BETA, C=C, alpha=0.5, beta=1.5, tune="exhaustive")
+    assert torch.equal(again, D)

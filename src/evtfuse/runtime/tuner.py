@@ -7,7 +7,8 @@ order and TMA alignment), the GPU's name and capability, and the tuning mode. Th
 in-memory table answers repeated calls without touching the disk. "fast" tuning times the
 heuristic's first few candidates within a time budget (28 s by default, so that a first
 call with its parsing and launch stays under 30 s; ``EVTFUSE_TUNE_BUDGET_S``);
-"exhaustive" times all; "none" takes the first.
+"exhaustive" times all, then the winner at other tile orders (``TILE_ORDERS``); "none"
+takes the first.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ FAST_CANDIDATES = 10  # the gluon family's 5-7 (2 piece counts x 2 GROUP_M, coop
 TUNER_VERSION = "7"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;
 #                      6: candidates ordered by how much of the GPU their tiles fill;
-#                      7: ping-pong bands of 16 row-tiles for three-tile epilogues)
+#                      7: ping-pong bands of 16 row-tiles for three-tile epilogues, and
+#                      exhaustive tuning tries its pick at other tile orders)
 _memory: dict[str, object] = {}
 
 
@@ -91,6 +93,11 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         raise UnsupportedError("no evtfuse kernel supports these arguments:\n" + explain(args, cc))
     by_name = {k.name: k for k in kernels}
     record = cache.load_choice(key)
+    if record and tune == "exhaustive" and record.get("kernel") not in by_name:
+        # an exhaustive choice may be a candidate at another tile order (_refine_tile_order)
+        for k in kernels:
+            for v in _tile_order_variants(k, args):
+                by_name.setdefault(v.name, v)
     if record and record.get("kernel") in by_name:
         chosen = by_name[record["kernel"]]
         log.debug("tuning cache hit: %s", chosen.name)
@@ -98,6 +105,8 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         chosen = kernels[0]
     else:
         chosen = _search(args, kernels, tune)
+        if tune == "exhaustive":
+            chosen = _refine_tile_order(args, chosen, kernels)
         cache.store_choice(key, {"kernel": chosen.name, "M": args.M, "N": args.N, "K": args.K,
                                  "L": args.L, "dtype": str(args.A.dtype),
                                  "epilogue": args.epilogue.parsed.name, "tune": tune,
@@ -209,6 +218,40 @@ def _search(args: GemmArguments, kernels, tune: str):
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
     return best
+
+
+# Tile orders (GROUP_M: row-tiles per band of the persistent tile order) the exhaustive
+# search also tries for the kernel it picked. The band decides how often A's and B's lines
+# come back from DRAM while the outputs stream through L2, and it moves a kernel by up to
+# 5% either way, not monotonically and differently per shape and epilogue (BENCHMARKS.md,
+# sixteenth session, H100: relu aux 8192x8192x1024 bands of 4 / 8 / 16 0.274 / 0.259 /
+# 0.253 ms, 16384x4096x4096 0.816 / 0.796 / 0.926); the fast search keeps to the families'
+# own one or two orders per config.
+TILE_ORDERS = (4, 8, 16)
+
+
+def _tile_order_variants(kernel, args: GemmArguments) -> list:
+    """``kernel`` at the ``TILE_ORDERS`` it does not have; none where the problem has one
+    row of tiles (the order does not change which tiles run together)."""
+    from dataclasses import replace
+
+    from .kernel import Kernel
+
+    config = kernel.config
+    if args.M <= config.block_m and args.L == 1:
+        return []
+    return [Kernel(kernel.family, replace(config, group_m=g), kernel.target)
+            for g in TILE_ORDERS if g != config.group_m]
+
+
+def _refine_tile_order(args: GemmArguments, chosen, kernels, variants=_tile_order_variants):
+    """The best of ``chosen`` and its other tile orders (``variants``) not among
+    ``kernels``, timed as ``_search`` times (exhaustive tuning only)."""
+    seen = {k.name for k in kernels}
+    more = [k for k in variants(chosen, args) if k.name not in seen]
+    if not more:
+        return chosen
+    return _search(args, [chosen, *more], "exhaustive")
 
 
 def _duel(args: GemmArguments, ranked: list, times: dict[str, list[float]]):
