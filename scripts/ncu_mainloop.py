@@ -1,4 +1,5 @@
-"""Run the identity GEMM's candidate kernels (or those of another epilogue, ``--epilogue``),
+"""Run the identity GEMM's candidate kernels (or those of another epilogue, ``--epilogue``:
+row amax, alpha-beta, relu aux, bias+relu, gelu+bias, BCE),
 cuBLAS's ``A @ B`` and, for bias+relu and gelu+bias, cuBLASLt's fused epilogue once each,
 for Nsight Compute to compare their mainloops (tensor-pipe activity, L2 and DRAM traffic)
 or stall reasons; a development probe. Each kernel runs once before the marked run
@@ -27,7 +28,10 @@ EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
              "alpha_beta": "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D",
              "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
              "bias_relu": "def epi(accum, bias): D = relu(accum + bias); return D",
-             "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D"}
+             "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
+             "bce": ("def epi(accum, bias, C): f = accum + bias; "
+                     "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); "
+                     "D = f; return D, loss")}  # D not stored, as in the suite
 
 
 def main() -> None:
@@ -39,7 +43,7 @@ def main() -> None:
     p.add_argument("--groups", default="", help="comma-separated GROUP_M values for every candidate")
     a = p.parse_args()
     M, N, K = (int(x) for x in a.shape.split("x"))
-    args = epilogue_args(EPILOGUES[a.epilogue], M, N, K)
+    args = epilogue_args(EPILOGUES[a.epilogue], M, N, K, labels=a.epilogue == "bce")
     A, B = args.A, args.B
     kernels = get_kernels(args)
     if a.only:
