@@ -310,3 +310,27 @@ def test_edges_past_the_problem_never_count(family):
            "D = accum; return D, rs, cs, tot")
     args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, rs=rs, cs=cs, tot=tot))
     check(args, family)
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("mnk", [(64, 96, 16), (64, 80, 16), (40, 96, 16)])
+def test_reductions_where_tiles_cover_the_output_exactly_or_not(family, mnk):
+    """``EVEN_MN``: where the tiles cover M and N exactly the reductions' edge masks fold
+    away, elsewhere they stay; a whole-output sum, a per-row max and a per-column
+    logsumexp verify both ways (the interpreter's 32x32 tiles: 64x96 even, 64x80 and 40x96
+    not)."""
+    from evtfuse.backends.triton.families import even_tiles
+
+    M, N, K = mnk
+    A, B = rand(M, K), rand(K, N)
+    tot, rm, cl = torch.empty(1), torch.empty(M, 1), torch.empty(N)
+    src = ("def epi(accum): tot = sum(accum * accum); rm = max(accum); cl = logsumexp(accum); "
+           "D = accum; return D, tot, rm, cl")
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(src, D=None, tot=tot, rm=rm, cl=cl))
+    k = check(args, family)
+    assert even_tiles(args, k.config) == (M % k.config.block_m == 0 and N % k.config.block_n == 0)
+    assert k.plan(args).consts["EVEN_MN"] == even_tiles(args, k.config)
+    if mnk == (64, 96, 16):
+        assert even_tiles(args, k.config)
+    else:
+        assert not even_tiles(args, k.config)

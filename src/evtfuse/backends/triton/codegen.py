@@ -70,7 +70,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "33"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "34"  # also part of the tuning key: a new generator re-tunes
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -499,14 +499,16 @@ class _Epilogue:
         # only the edge the reduction runs across is masked before it: a per-row result's
         # rows past M (a per-column one's columns past N) are dropped where the partials
         # are stored or folded, so their values never count (one instruction less per
-        # element than the tile's mask)
+        # element than the tile's mask); where the tiles cover M and N exactly
+        # (``EVEN_MN``, a constexpr) the mask is constant and folds away (two instructions
+        # per element of an epilogue that issues ~26)
         if o.kind is OutputKind.ROW:
             keep = f"({sub.rn}[None, :] < N)"
         elif o.kind is OutputKind.COL:
             keep = f"({sub.rm}[:, None] < M)"
         else:
             keep = sub.mask
-        lines = [f"{indent}rv_{u}{sub.suffix} = tl.where({keep}, {v}, {ident})"]
+        lines = [f"{indent}rv_{u}{sub.suffix} = tl.where(({keep}) | EVEN_MN, {v}, {ident})"]
         rv = f"rv_{u}{sub.suffix}"
         lse = n.op == "logsumexp"
         comb = row.combiner(self.spec.cuda)
@@ -698,7 +700,7 @@ def _portable_source(spec: KernelSpec) -> str:
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
-        "                   EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr):",
+        "                   EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr, EVEN_MN: tl.constexpr):",
         *launch_dependents_lines(spec, I1),
         f"{I1}pid = tl.program_id(0)",
         f"{I1}bid = tl.program_id(1)",
@@ -856,7 +858,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
         "                   NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,",
-        "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr):",
+        "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr, EVEN_MN: tl.constexpr):",
         f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
         *launch_dependents_lines(spec, I1),
         f"{I1}start = tl.program_id(0)",

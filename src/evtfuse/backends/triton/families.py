@@ -230,7 +230,8 @@ class PortableFamily(KernelFamily):
         grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),
-                      EVEN_K=args.K % config.block_k == 0, ONE_ROW=args.M <= config.block_m)
+                      EVEN_K=args.K % config.block_k == 0, ONE_ROW=args.M <= config.block_m,
+                      EVEN_MN=even_tiles(args, config))
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, grid, post
@@ -623,10 +624,17 @@ class HopperFamily(KernelFamily):
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
                       FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize,
-                      ONE_ROW=args.M <= bm and args.L == 1, ONE_WAVE=num_sms == tiles)
+                      ONE_ROW=args.M <= bm and args.L == 1, ONE_WAVE=num_sms == tiles,
+                      EVEN_MN=even_tiles(args, config))
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, (num_sms,), post
+
+
+def even_tiles(args: GemmArguments, config: TileConfig) -> bool:
+    """Whether ``config``'s tiles cover M and N exactly (the kernels' ``EVEN_MN``
+    constexpr: no tile reaches past an edge, so the epilogue's reduction masks fold away)."""
+    return args.M % config.block_m == 0 and args.N % config.block_n == 0
 
 
 def tile_count(args: GemmArguments, config: TileConfig) -> int:
@@ -1019,8 +1027,8 @@ class GluonFamily(KernelFamily):
                                            programs=2 * min(_sms(target), tiles))
         items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
-                      NUM_STAGES=config.num_stages, CONSUMER_REGS=232, PRODUCER_REGS=40,
-                      num_warps=4)
+                      NUM_STAGES=config.num_stages, EVEN_MN=even_tiles(args, config),
+                      CONSUMER_REGS=232, PRODUCER_REGS=40, num_warps=4)
         return items, consts, (min(_sms(target), tiles),), post
 
 

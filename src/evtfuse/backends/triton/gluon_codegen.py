@@ -436,8 +436,8 @@ def _kernel_source(spec: KernelSpec) -> str:
     vec_names = [(uname(n), row) for n, _, row in bufs.vectors]
     sizes = "M, N, K, L"
     consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
-                 "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr"
-    consts = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES"
+                 "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, EVEN_MN: gl.constexpr"
+    consts = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, EVEN_MN"
     a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K")
     b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K")
     a_smem = "a_bufs.index(s).permute((1, 0))" if spec.a_trans else "a_bufs.index(s)"
