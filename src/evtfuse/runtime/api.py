@@ -122,11 +122,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
-    at other tile orders), "none" (the heuristic's first choice). Reductions are always deterministic (sums and
-    logsumexp: each tile writes its partial result to a workspace that is combined in a
-    fixed order; max and min: atomics on the floats' bits, whose result does not depend on
-    their order), so ``deterministic=True`` holds for every call; ``False`` is refused until a faster
-    non-deterministic path exists. The first call for a structure (epilogue, shapes,
+    at other tile orders), "none" (the heuristic's first choice). Reductions are always
+    deterministic (sums and logsumexp: each tile writes its partial result to a workspace
+    that is combined in a fixed order; max and min: atomics on the floats' bits, whose
+    result does not depend on their order), so ``deterministic=True`` holds for every call;
+    ``False`` is refused until a faster non-deterministic path exists. The first call for a structure (epilogue, shapes,
     strides, dtypes) validates, tunes and builds a launch plan; later calls only fetch
     tensors and launch.
     """
