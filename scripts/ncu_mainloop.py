@@ -15,13 +15,11 @@ or stall reasons; a development probe. Each kernel runs once before the marked r
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 import torch
 from probe_common import epilogue_args
 
 from evtfuse import get_kernels
-from evtfuse.runtime.kernel import Kernel
 
 EPILOGUES = {"identity": "def epi(accum): D = accum; return D",
              "row_amax": "def epi(accum): D = accum; amax = max(abs(accum)); return D, amax",
@@ -50,8 +48,7 @@ def main() -> None:
         kernels = [k for k in kernels if k.name in a.only.split(",")]
     kernels = kernels[: a.max_configs]
     if a.groups:
-        kernels = [Kernel(k.family, replace(k.config, group_m=int(g)), k.target)
-                   for k in kernels for g in a.groups.split(",")]
+        kernels = [k.with_group_m(int(g)) for k in kernels for g in a.groups.split(",")]
     for k in kernels:
         k.run(args)
         torch.cuda.synchronize()

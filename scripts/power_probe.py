@@ -17,7 +17,6 @@ every kernel first.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import statistics
 import threading
 import time
@@ -27,7 +26,6 @@ from group_probe import CASES, _lt
 from probe_common import epilogue_args
 
 from evtfuse import get_kernels
-from evtfuse.runtime.kernel import Kernel
 
 
 def _sampler(stop: threading.Event, out: list[tuple[float, float, int]]) -> None:
@@ -94,8 +92,7 @@ def main() -> None:
         else:
             kernels = kernels[: a.max_configs]
         if a.groups:
-            kernels = [Kernel(k.family, replace(k.config, group_m=int(g)), k.target)
-                       for k in kernels for g in a.groups.split(",")]
+            kernels = [k.with_group_m(int(g)) for k in kernels for g in a.groups.split(",")]
         systems = {"mm": lambda: args.A @ args.B}
         if _lt(name, args) is not None:
             systems["cuBLASLt"] = _lt(name, args)

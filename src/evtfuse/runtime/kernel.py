@@ -9,6 +9,7 @@ graph; ``verify`` runs on poisoned outputs and compares with the reference evalu
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -37,6 +38,11 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.target.kind} cc={self.target.cc})"
+
+    def with_group_m(self, group_m: int) -> "Kernel":
+        """The same kernel at another tile order (``TileConfig.group_m``: row-tiles per
+        band of the persistent tile order)."""
+        return Kernel(self.family, replace(self.config, group_m=group_m), self.target)
 
     def supports(self, args: GemmArguments) -> Status:
         return self.family.supports(args, self.target)

@@ -233,15 +233,9 @@ TILE_ORDERS = (4, 8, 16)
 def _tile_order_variants(kernel, args: GemmArguments) -> list:
     """``kernel`` at the ``TILE_ORDERS`` it does not have; none where the problem has one
     row of tiles (the order does not change which tiles run together)."""
-    from dataclasses import replace
-
-    from .kernel import Kernel
-
-    config = kernel.config
-    if args.M <= config.block_m and args.L == 1:
+    if args.M <= kernel.config.block_m and args.L == 1:
         return []
-    return [Kernel(kernel.family, replace(config, group_m=g), kernel.target)
-            for g in TILE_ORDERS if g != config.group_m]
+    return [kernel.with_group_m(g) for g in TILE_ORDERS if g != kernel.config.group_m]
 
 
 def _refine_tile_order(args: GemmArguments, chosen, kernels, variants=_tile_order_variants):
