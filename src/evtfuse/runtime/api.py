@@ -126,9 +126,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     deterministic (sums and logsumexp: each tile writes its partial result to a workspace
     that is combined in a fixed order; max and min: atomics on the floats' bits, whose
     result does not depend on their order), so ``deterministic=True`` holds for every call;
-    ``False`` is refused until a faster non-deterministic path exists. The first call for a structure (epilogue, shapes,
-    strides, dtypes) validates, tunes and builds a launch plan; later calls only fetch
-    tensors and launch.
+    ``False`` is refused until a faster non-deterministic path exists. The first call for a
+    structure (epilogue, shapes, strides, dtypes) validates, tunes and builds a launch plan;
+    later calls only fetch tensors and launch.
     """
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
