@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import replace
 
 import torch
 from group_probe import CASES
-from probe_common import edited_launcher, epilogue_args, print_rounds, time_rounds
+from probe_common import distinct_configs, edited_launcher, epilogue_args, print_rounds, time_rounds
 
 from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
-from evtfuse.runtime.kernel import Kernel
 
 _TAIL = re.compile(r"\n( +)tma\.store_wait\(pendings=0\)  # the buffers are free again\n"
                    r"\1fence_async_shared\(\)\n\1mbarrier\.arrive\(d_ready\.index\(WHICH\)\)\n")
@@ -64,6 +62,10 @@ def deferred(src: str) -> str | None:
     return out[:end] + tail_lines + out[end:]
 
 
+def _ping_pong(kernel) -> bool:
+    return kernel.family.name == "gluon" and not kernel.config.cooperative
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x8192x1024")
@@ -77,16 +79,11 @@ def main() -> None:
     shown = False
     for name in a.only.split(","):
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
-        bases, seen = [], set()
-        for k in get_kernels(args):
-            key = replace(k.config, group_m=0)
-            if k.family.name == "gluon" and not k.config.cooperative and key not in seen:
-                seen.add(key)
-                bases.append(k)
+        bases = distinct_configs(get_kernels(args), _ping_pong)
         systems = {"mm": lambda: args.A @ args.B}
         for base in bases[: a.max_configs]:
             for g in a.groups.split(","):
-                k = Kernel(base.family, replace(base.config, group_m=int(g)), base.target)
+                k = base.with_group_m(int(g))
                 src = deferred(k.source(args))
                 if src is None:
                     print(f"{name} {k.name}: no end-of-tile store wait", flush=True)

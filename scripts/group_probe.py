@@ -15,13 +15,11 @@ kernel first.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
-from probe_common import epilogue_args, print_rounds, time_rounds
+from probe_common import distinct_configs, epilogue_args, print_rounds, time_rounds
 
 from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
-from evtfuse.runtime.kernel import Kernel
 
 CASES = {
     "identity": "def epi(accum): D = accum; return D",
@@ -65,18 +63,13 @@ def main() -> None:
     groups = [int(g) for g in a.groups.split(",")]
     for name in a.only.split(","):
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")  # BCE: 0/1 labels
-        bases, seen = [], set()
-        for k in get_kernels(args):
-            key = replace(k.config, group_m=0)
-            if k.family.name in a.families.split(",") and key not in seen:
-                seen.add(key)
-                bases.append(k)
+        bases = distinct_configs(get_kernels(args), lambda k: k.family.name in a.families.split(","))
         systems = {"mm": lambda: args.A @ args.B}
         if _lt(name, args) is not None:
             systems["cuBLASLt"] = _lt(name, args)
         for base in bases[: a.max_configs]:
             for g in groups:
-                k = Kernel(base.family, replace(base.config, group_m=g), base.target)
+                k = base.with_group_m(g)
                 ok = k.verify(args)
                 if not ok:
                     print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)

@@ -58,9 +58,9 @@ def epilogue_args(src: str, M: int, N: int, K: int, device: str = "cuda",
     return GemmArguments(A, B, vals["D"], epilogue=EpilogueArguments(src, **vals))
 
 
-def edited_launcher(kernel, args: GemmArguments, src: str) -> Callable[[], Any]:
-    """A call of ``src`` (an edited copy of ``kernel``'s generated module, imported from a
-    temporary file) through Triton's JIT with ``kernel``'s launch plan for ``args``."""
+def import_source(src: str):
+    """``src`` (an edited copy of a kernel's generated module) imported from a temporary
+    file."""
     import importlib.util
     import tempfile
 
@@ -70,9 +70,29 @@ def edited_launcher(kernel, args: GemmArguments, src: str) -> Callable[[], Any]:
     spec = importlib.util.spec_from_file_location(f"ef_edited_{abs(hash(src))}", f.name)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def edited_launcher(kernel, args: GemmArguments, src: str) -> Callable[[], Any]:
+    """A call of ``src`` (an edited copy of ``kernel``'s generated module) through Triton's
+    JIT with ``kernel``'s launch plan for ``args``."""
     plan = kernel.plan(args)
-    fn = mod.evtfuse_kernel[plan.grid]
+    fn = import_source(src).evtfuse_kernel[plan.grid]
     return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
+
+
+def distinct_configs(kernels: list, keep: Callable[[Any], bool] = lambda k: True) -> list:
+    """The first kernel of each config among ``kernels`` that ``keep`` takes, configs that
+    differ only in their tile order (GROUP_M) counting as one, in the library's order."""
+    from dataclasses import replace
+
+    out, seen = [], set()
+    for k in kernels:
+        key = replace(k.config, group_m=0)
+        if keep(k) and key not in seen:
+            seen.add(key)
+            out.append(k)
+    return out
 
 
 def time_rounds(systems: dict[str, Callable[[], Any]], rounds: int,

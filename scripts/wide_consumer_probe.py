@@ -23,12 +23,10 @@ rounds interleaved (guarded timing).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
-import tempfile
 
 from group_probe import CASES
-from probe_common import epilogue_args, print_rounds, time_rounds
+from probe_common import distinct_configs, epilogue_args, import_source, print_rounds, time_rounds
 
 from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
@@ -55,12 +53,7 @@ class Widened(Kernel):
     def __init__(self, base: Kernel, src: str, consts: dict):
         super().__init__(base.family, base.config, base.target)
         self.name = base.name + "_wide"
-        f = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
-        f.write(src)
-        f.close()
-        spec = importlib.util.spec_from_file_location(f"ef_wide_{abs(hash(src))}", f.name)
-        self._mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self._mod)
+        self._mod = import_source(src)
         self._extra = consts
 
     def run(self, args) -> None:
@@ -70,12 +63,17 @@ class Widened(Kernel):
                                             **consts)
 
 
+def _ping_pong(kernel) -> bool:
+    return kernel.family.name == "gluon" and not kernel.config.cooperative
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x8192x1024")
     p.add_argument("--only", default="bce,relu_aux,alpha_beta,silu_mul")
     p.add_argument("--regs", type=int, default=120, help="setmaxnreg of the consumer warps")
-    p.add_argument("--max-configs", type=int, default=2, help="ping-pong candidates per case")
+    p.add_argument("--max-configs", type=int, default=2,
+                   help="ping-pong configs per case (tile orders of one config count once)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--show", action="store_true", help="print the first widened source")
     a = p.parse_args()
@@ -84,8 +82,7 @@ def main() -> None:
     shown = False
     for name in a.only.split(","):
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
-        bases = [k for k in get_kernels(args)
-                 if k.family.name == "gluon" and not k.config.cooperative][: a.max_configs]
+        bases = distinct_configs(get_kernels(args), _ping_pong)[: a.max_configs]
         systems = {"mm": lambda: args.A @ args.B}
         for base in bases:
             src = widened(base.source(args))
