@@ -21,7 +21,8 @@ import re
 
 import torch
 from group_probe import CASES
-from probe_common import distinct_configs, edited_launcher, epilogue_args, print_rounds, time_rounds
+from probe_common import (distinct_configs, edited_launcher, epilogue_args, ping_pong, print_rounds,
+                          time_rounds)
 
 from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
@@ -62,10 +63,6 @@ def deferred(src: str) -> str | None:
     return out[:end] + tail_lines + out[end:]
 
 
-def _ping_pong(kernel) -> bool:
-    return kernel.family.name == "gluon" and not kernel.config.cooperative
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x8192x1024")
@@ -79,7 +76,7 @@ def main() -> None:
     shown = False
     for name in a.only.split(","):
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
-        bases = distinct_configs(get_kernels(args), _ping_pong)
+        bases = distinct_configs(get_kernels(args), ping_pong)
         systems = {"mm": lambda: args.A @ args.B}
         for base in bases[: a.max_configs]:
             for g in a.groups.split(","):

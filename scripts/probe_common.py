@@ -81,6 +81,11 @@ def edited_launcher(kernel, args: GemmArguments, src: str) -> Callable[[], Any]:
     return lambda: fn(*plan.positional(args.A, args.B, args.epilogue.values), **plan.consts)
 
 
+def ping_pong(kernel) -> bool:
+    """Whether ``kernel`` is a gluon ping-pong kernel (not a cooperative one)."""
+    return kernel.family.name == "gluon" and not kernel.config.cooperative
+
+
 def distinct_configs(kernels: list, keep: Callable[[Any], bool] = lambda k: True) -> list:
     """The first kernel of each config among ``kernels`` that ``keep`` takes, configs that
     differ only in their tile order (GROUP_M) counting as one, in the library's order."""

@@ -26,7 +26,8 @@ import argparse
 import re
 
 from group_probe import CASES
-from probe_common import distinct_configs, epilogue_args, import_source, print_rounds, time_rounds
+from probe_common import (distinct_configs, epilogue_args, import_source, ping_pong, print_rounds,
+                          time_rounds)
 
 from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
@@ -63,10 +64,6 @@ class Widened(Kernel):
                                             **consts)
 
 
-def _ping_pong(kernel) -> bool:
-    return kernel.family.name == "gluon" and not kernel.config.cooperative
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x8192x1024")
@@ -82,7 +79,7 @@ def main() -> None:
     shown = False
     for name in a.only.split(","):
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
-        bases = distinct_configs(get_kernels(args), _ping_pong)[: a.max_configs]
+        bases = distinct_configs(get_kernels(args), ping_pong)[: a.max_configs]
         systems = {"mm": lambda: args.A @ args.B}
         for base in bases:
             src = widened(base.source(args))
