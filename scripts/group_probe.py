@@ -32,6 +32,7 @@ CASES = {
     "gelu_bias": "def epi(accum, bias): D = gelu_tanh(accum + bias); return D",
     "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
     "silu_mul": "def epi(accum, C): D = silu(accum) * C; return D",
+    "row_lse": "def epi(accum): D = accum; lse = logsumexp(accum); return D, lse",
 }
 
 

@@ -21,7 +21,7 @@ def epilogue_args(src: str, M: int, N: int, K: int, device: str = "cuda",
     """bf16 A (M, K) and B (K, N) with every operand and output ``src`` names, by name: C a
     full tile (0/1 labels with ``labels``), bias a per-column vector, s a per-row fp32
     scale, alpha and beta runtime scalars; outputs D and F full tiles (D passed as None,
-    not stored, when the epilogue returns a loss), amax per row, loss one value."""
+    not stored, when the epilogue returns a loss), amax and lse per row, loss one value."""
     fn = ast.parse(src).body[0]
     assert isinstance(fn, ast.FunctionDef)
     ins = [a.arg for a in fn.args.args[1:]]
@@ -47,7 +47,7 @@ def epilogue_args(src: str, M: int, N: int, K: int, device: str = "cuda",
             vals[name] = None if "loss" in outs else full()
         elif name == "F":
             vals[name] = full()
-        elif name == "amax":
+        elif name in ("amax", "lse"):
             vals[name] = torch.empty(M, 1, device=device)
         elif name == "loss":
             vals[name] = torch.empty(1, device=device)

@@ -109,6 +109,45 @@ def test_configs_fit_shared_memory_or_refuse():
     assert fam._epilogue_smem(many.optimized_dag, fam._split(many.optimized_dag, 2)) == 192 * 1024
 
 
+BCE = ("def epi(accum, bias, C): f = accum + bias; "
+       "t = (1.0 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
+       "return D, loss")
+
+
+def test_two_warpgroup_consumers_for_epilogues_of_many_ops():
+    """Epilogues of ``WIDE_WORK`` or more elementwise ops get ping-pong configs whose
+    consumers are 8 warps (two warpgroups), first, halves before quarters; lighter ones
+    none. Their kernels lay the accumulator over 8 warps and launch 8-warp consumers."""
+    from dataclasses import replace
+
+    from evtfuse.backends.triton.codegen import generate
+    from evtfuse.backends.triton.families import tile_work
+
+    fam = GluonFamily()
+    bce = _args(BCE, bias=torch.randn(N), C=torch.randn(M, N).to(BF), loss=torch.empty(1), D=None)
+    assert tile_work(bce.optimized_dag) >= fam.WIDE_WORK
+    cfgs = fam.configs(bce, H100)
+    wide = [c for c in cfgs if c.num_warps == 8]
+    assert cfgs[:2] == wide and [c.epi_split for c in wide] == [2, 4]
+    assert not any(c.cooperative for c in wide) and wide[0].name == "128x128x64_w8_s5_g8_e2"
+    # the same configs at 4 warps follow
+    assert {replace(c, num_warps=4) for c in wide} <= set(cfgs[2:])
+    for light in (_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0),
+                  _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))):
+        assert tile_work(light.optimized_dag) < fam.WIDE_WORK
+        assert all(c.num_warps == 4 for c in fam.configs(light, H100))
+    src = generate(fam.spec(bce, wide[0], H100))
+    four = generate(fam.spec(bce, replace(wide[0], num_warps=4), H100))
+    assert "warps_per_cta=[8, 1]" in src and "], [8, 1, 1], [CONSUMER_REGS" in src
+    assert "warps_per_cta=[4, 1]" in four and "], [4, 1, 1], [CONSUMER_REGS" in four
+    # two consumers and the two 1-warp partitions within the SM's 64K registers
+    for warps, (consumer, producer) in fam.REGS.items():
+        assert 2 * 32 * warps * consumer + 2 * 32 * producer <= 65536
+    coop = next(c for c in cfgs if c.cooperative)
+    with pytest.raises(ValueError, match="cooperative tiles: 4"):
+        fam.spec(bce, replace(coop, num_warps=8), H100)
+
+
 def _kernel_source(args):
     from evtfuse.backends.triton.codegen import generate
 
@@ -355,6 +394,8 @@ def _make(kind):
 
 def compile_case(name):
     """Offline-compile one case (called in a subprocess with the interpreter off)."""
+    from dataclasses import replace
+
     from evtfuse.runtime.offline import compile_for
 
     src, spec = CASES[name]
@@ -366,8 +407,10 @@ def compile_case(name):
         args = GemmArguments(args.A, torch.randn(N, K).to(BF).T, args.out, epilogue=args.epilogue)
     fam = GluonFamily()
     result = {}
-    for key, cfg in [("pingpong", fam.configs(args, H100)[0]),
-                     *(("coop", c) for c in fam.configs(args, H100) if c.cooperative)][:2]:
+    cfgs = fam.configs(args, H100)
+    first = next(c for c in cfgs if not c.cooperative and c.num_warps == 4)
+    for key, cfg in [("pingpong", first), ("wide", replace(first, num_warps=8)),
+                     *(("coop", c) for c in cfgs if c.cooperative)][:3]:
         out = compile_for(fam, cfg, args)
         result[key] = {"shared": out.shared_bytes, "spills": out.spills,
                        "wgmma": "wgmma.mma_async" in out.ptx, "setmaxnreg": "setmaxnreg" in out.ptx}
@@ -396,10 +439,12 @@ def compiled():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("kind", ["pingpong", "coop"])
+@pytest.mark.parametrize("kind", ["pingpong", "wide", "coop"])
 def test_offline_compile_for_sm90(compiled, name, kind):
-    """The first ping-pong config and the first cooperative one of each case (every case
-    has row-major A and no per-column sum, so the family offers both)."""
+    """The first ping-pong config of 4-warp consumers, the same at 8 warps (two
+    warpgroups per consumer, whether or not the family offers it for the case) and the
+    first cooperative config of each case (every case has row-major A and no per-column
+    sum, so the family offers both)."""
     assert "error" not in compiled[name], compiled[name].get("error")
     assert kind in compiled[name], f"{name}: no {kind} config"
     out = compiled[name][kind]

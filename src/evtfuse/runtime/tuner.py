@@ -30,12 +30,13 @@ from .kernel import tensor_key
 
 log = logging.getLogger("evtfuse")
 
-FAST_CANDIDATES = 10  # the gluon family's 5-7 (2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: api.order_by_fill)
-TUNER_VERSION = "7"  # part of the key: a choice made by an older search is made again
+FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: api.order_by_fill)
+TUNER_VERSION = "8"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;
 #                      6: candidates ordered by how much of the GPU their tiles fill;
 #                      7: ping-pong bands of 16 row-tiles for three-tile epilogues, and
-#                      exhaustive tuning tries its pick at other tile orders)
+#                      exhaustive tuning tries its pick at other tile orders;
+#                      8: two-warpgroup consumers for epilogues of many ops)
 _memory: dict[str, object] = {}
 
 

@@ -59,6 +59,8 @@ class KernelSpec:
     #                          mainloop's last k-steps (``_l2_spread_lines``)
     early_vectors: bool = False  # hopper: every piece's per-row/per-column operand loads
     #                              issued together at the top of the tile's epilogue
+    warps: int = 4  # gluon: warps of each consumer partition (4: one warpgroup; 8: two,
+    #                 64 of the tile's rows each)
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
@@ -66,7 +68,7 @@ class KernelSpec:
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
-                         str(int(self.early_vectors)), GENERATOR_VERSION])
+                         str(int(self.early_vectors)), str(self.warps), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

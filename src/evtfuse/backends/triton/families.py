@@ -751,8 +751,12 @@ def _gluon_split(dag: Dag) -> int:
     (offline sm_90 compiles: the BCE loss as written spilled ~500 accesses in halves, none
     in quarters; after ``passes.stable_forms`` neither spills). ``GluonFamily.configs``
     offers the other count too and the tuner keeps the faster (BCE: halves)."""
-    work = sum(1 for n in dag.nodes if n.kind is NodeKind.COMPUTE and n.space is Space.FULL)
-    return 4 if reduce_outputs(dag) or work >= 4 else 2
+    return 4 if reduce_outputs(dag) or tile_work(dag) >= 4 else 2
+
+
+def tile_work(dag: Dag) -> int:
+    """The elementwise ops the epilogue runs on every element of the tile."""
+    return sum(1 for n in dag.nodes if n.kind is NodeKind.COMPUTE and n.space is Space.FULL)
 
 
 GLUON_TILE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -817,6 +821,10 @@ class GluonFamily(KernelFamily):
         return Status.success()
 
     BM, BN, BK = 128, 128, 64  # per consumer warpgroup: 128 fp32 accumulator registers
+    # setmaxnreg of the consumer and of the producer and memory warps, by warps per
+    # consumer (``TileConfig.num_warps``): two consumers and two 1-warp partitions share
+    # the SM's 64K registers (4: 2 x 128 x 232 + 2 x 32 x 40; 8: 2 x 256 x 120 + 2 x 32 x 24)
+    REGS = {4: (232, 40), 8: (120, 24)}
 
     @staticmethod
     def _forced_split() -> int:
@@ -977,6 +985,30 @@ class GluonFamily(KernelFamily):
         return [TileConfig(self.BM, self.BN, self.BK, g, 4, stages, epi_split=split, slots=slots)
                 for g in self._pp_groups(dag)]
 
+    # Consumers of two warpgroups each (``TileConfig.num_warps`` 8: 64 rows and 64
+    # accumulator registers per thread) for epilogues of WIDE_WORK or more elementwise ops
+    # per element (``tile_work``): one warpgroup's epilogue then issues more instructions
+    # than the other's mainloop takes (BCE 8192x8192x1024: ~26 per element on one warp per
+    # scheduler), and eight warps issue it in half the time. Measured on H100
+    # (wide_consumer_probe.py, guarded timing, ms, 4 / 8 warps, halves; quarters): BCE
+    # (7 ops) 8192x8192x1024 0.2447 / **0.2276**; 0.2676 / 0.2410, 16384x4096x4096 0.8853 /
+    # **0.7919**, 4096^3 0.2067 / **0.2046**, 2048^3 0.0387 / 0.0369; 0.0371 / **0.0368**.
+    # Lighter epilogues lose 1-5% with them at 8192x8192x1024 (relu with an aux output, 4
+    # ops; alpha-beta, 3; silu*X, gelu_tanh + bias, 2) and row amax / logsumexp tie or lose
+    # at 4096^3 and larger. Offered first, halves before quarters; the tuner times both.
+    WIDE_WORK = 6
+
+    def _wide(self, dag: Dag, configs: list[TileConfig]) -> list[TileConfig]:
+        """The two-warpgroup consumers (``WIDE_WORK``) of ``configs``' first ping-pong
+        config of each piece count, halves first; none for lighter epilogues."""
+        if tile_work(dag) < self.WIDE_WORK:
+            return []
+        first = {}
+        for c in configs:
+            if not c.cooperative:
+                first.setdefault(c.epi_split, replace(c, num_warps=8))
+        return [first[k] for k in sorted(first)]
+
     def configs(self, args, target):
         dag = args.optimized_dag
         elt = args.A.element_size()
@@ -996,7 +1028,7 @@ class GluonFamily(KernelFamily):
         if self._direct(dag, 4, elt) and not self._slotted(dag, 4, elt) \
                 and four >= GLUON_MIN_STAGES and self._forced_split() in (0, 4):
             out.append(TileConfig(self.BM, self.BN, self.BK, 8, 4, four, epi_split=4))
-        return out[:2] + self._coop_configs(args) + out[2:]
+        return self._wide(dag, out) + out[:2] + self._coop_configs(args) + out[2:]
 
     def spec(self, args, config, target):
         dag = args.optimized_dag
@@ -1009,10 +1041,13 @@ class GluonFamily(KernelFamily):
             chunk = 0
             direct = self._direct(dag, config.epi_split, args.A.element_size(),
                                   config.num_stages, config.cooperative)
+        if config.num_warps not in self.REGS or (config.cooperative and config.num_warps != 4):
+            raise ValueError(f"config {config.name}: gluon consumers are 4 or 8 warps "
+                             "(cooperative tiles: 4)")
         return KernelSpec("gluon", dag, bool(args.A.stride(-1) != 1),
                           bool(args.B.stride(-1) != 1), False, False, config.epi_split, True,
                           direct=direct, coop=config.cooperative, chunk=chunk,
-                          tile_n=config.block_n if chunk else 0)
+                          tile_n=config.block_n if chunk else 0, warps=config.num_warps)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
@@ -1026,9 +1061,11 @@ class GluonFamily(KernelFamily):
         red_items, post = _reduction_items(args, dag, config, "gluon", target,
                                            programs=2 * min(_sms(target), tiles))
         items += red_items
+        consumer_regs, producer_regs = self.REGS[config.num_warps]
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       NUM_STAGES=config.num_stages, EVEN_MN=even_tiles(args, config),
-                      CONSUMER_REGS=232, PRODUCER_REGS=40, num_warps=4)
+                      CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
+                      num_warps=config.num_warps)
         return items, consts, (min(_sms(target), tiles),), post
 
 

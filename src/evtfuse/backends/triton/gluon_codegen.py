@@ -9,7 +9,8 @@ cores work on the next tile:
 
 * a 1-warp **producer** partition streams A and B tiles through a ring of ``NUM_STAGES``
   shared-memory stages (TMA, ``ready``/``empty`` mbarriers);
-* two 4-warp **consumer** partitions (one warpgroup each) take alternate tiles of the
+* two 4-warp **consumer** partitions (one warpgroup each; two each where
+  ``KernelSpec.warps`` is 8, 64 of a tile's rows per warpgroup) take alternate tiles of the
   persistent program; each runs its tile's mainloop (``warpgroup_mma``) and then its
   epilogue. An ``order`` mbarrier pair makes the mainloops strictly alternate, so while one
   warpgroup computes its epilogue the other owns the tensor cores (required for
@@ -356,9 +357,10 @@ def _piece_stores(bufs: Buffers, count: int, indent: str, plan: _SlotPlan | None
         *(plan.after_piece(j, "") if plan else [])])
 
 
-def _lane(n: int) -> str:
-    """An index vector of ``n`` elements spread over a consumer warpgroup's 128 threads."""
-    return f"gl.arange(0, {n}, layout=gl.BlockedLayout([{n // 128}], [32], [4], [0]))"
+def _lane(n: int, warps: int) -> str:
+    """An index vector of ``n`` elements (a multiple of ``32 * warps``) spread over the
+    threads of a consumer partition of ``warps`` warps."""
+    return f"gl.arange(0, {n}, layout=gl.BlockedLayout([{n // (32 * warps)}], [32], [{warps}], [0]))"
 
 
 # every partition's view of the persistent schedule: program p takes tiles p, p + nprog, ...
@@ -554,7 +556,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         "@gluon.jit",
         f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
-        "warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])",
+        f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, BLOCK_N, 16])",
         *_PROGRAM,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
@@ -651,9 +653,10 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     if piece_bufs:
         L.append(f"{I1}tma.store_wait(pendings=0)")
-    L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog", lane=_lane(128),
-                            barrier="gl.thread_barrier()")
-    L += epi.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH), barrier="gl.thread_barrier()")
+    L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
+                            lane=_lane(32 * spec.warps, spec.warps), barrier="gl.thread_barrier()")
+    L += epi.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH, spec.warps),
+                         barrier="gl.thread_barrier()")
     L += ["", ""]
     call = f"{cons_args}, {sizes}"
     for which in (0, 1):
@@ -702,7 +705,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I2}(_ef_consumer1, ({call}, {consts})),",
         f"{I2}(_ef_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts})),",
         f"{I2}(_ef_mem, (c_ready, d_ready, {go}{mem}{sizes}, {consts})),",
-        f"{I1}], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])",
+        f"{I1}], [{spec.warps}, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])",
     ]
     return "\n".join(L) + "\n"
 
