@@ -6,12 +6,13 @@ instructions than the other consumer's mainloop takes cycles (BCE at 8192x8192x1
 per element on one warp per scheduler; BENCHMARKS.md, sixteenth session), the tensor
 pipes wait for it. A config with ``num_warps=8`` makes each consumer two warpgroups (64
 rows each, 64 accumulator registers; ``GluonFamily.REGS``). For each case this probe takes
-the family's first ping-pong configs, the same configs at 8 warps, verifies each against
+the family's first ping-pong configs of 4-warp consumers, the same configs at 8 warps
+(``--families hopper``: the hopper family's 4-warp configs at 8 warps), verifies each against
 the reference (NaN-poisoned outputs, ``Kernel.verify``) and times them with cuBLAS's
 ``A @ B``, every system once per round, rounds interleaved (guarded timing).
 
     PYTHONPATH=src python3 scripts/wide_consumer_probe.py [--shapes 8192x8192x1024,4096x4096x4096]
-        [--only bce,relu_aux,alpha_beta,silu_mul] [--max-configs 2] [--rounds 5]
+        [--only bce,relu_aux,alpha_beta,silu_mul] [--max-configs 2] [--rounds 5] [--families gluon,hopper]
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ def main() -> None:
     p.add_argument("--max-configs", type=int, default=2,
                    help="ping-pong configs per case (tile orders of one config count once)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--families", default="gluon",
+                   help="whose 4-warp configs to take (gluon: ping-pong ones; hopper: any)")
     a = p.parse_args()
     for name, shape in ((n, s) for s in a.shapes.split(",") for n in a.only.split(",")):
         M, N, K = (int(x) for x in shape.split("x"))
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
-        bases = distinct_configs(get_kernels(args), ping_pong)[: a.max_configs]
+        families = a.families.split(",")
+        bases = distinct_configs(get_kernels(args), lambda k: (
+            k.config.num_warps == 4 and k.family.name in families
+            and (k.family.name != "gluon" or ping_pong(k))))[: a.max_configs]
         systems = {"mm": lambda: args.A @ args.B}
         for base in bases:
             wide = Kernel(base.family, replace(base.config, num_warps=8), base.target)
