@@ -7,12 +7,15 @@ per element on one warp per scheduler; BENCHMARKS.md, sixteenth session), the te
 pipes wait for it. A config with ``num_warps=8`` makes each consumer two warpgroups (64
 rows each, 64 accumulator registers; ``GluonFamily.REGS``). For each case this probe takes
 the family's first ping-pong configs of 4-warp consumers, the same configs at 8 warps
-(``--families hopper``: the hopper family's 4-warp configs at 8 warps), verifies each against
+(``--families hopper``: the hopper family's 4-warp configs at 8 warps; ``--edits``: other
+variants of the configs, such as 128x64 tiles; ``--reference hopper``: that family's first
+kernel as it is, alongside), verifies each against
 the reference (NaN-poisoned outputs, ``Kernel.verify``) and times them with cuBLAS's
 ``A @ B``, every system once per round, rounds interleaved (guarded timing).
 
     PYTHONPATH=src python3 scripts/wide_consumer_probe.py [--shapes 8192x8192x1024,4096x4096x4096]
         [--only bce,relu_aux,alpha_beta,silu_mul] [--max-configs 2] [--rounds 5] [--families gluon,hopper]
+        [--edits 'num_warps=8;block_n=64'] [--reference hopper]
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ from evtfuse.bench.timing import guarded_ms
 from evtfuse.runtime.kernel import Kernel
 
 
+def _edit(text: str) -> dict:
+    """'num_warps=8,block_n=64' -> {'num_warps': 8, 'block_n': 64} (ints and booleans)."""
+    out = {}
+    for item in text.split(","):
+        field, value = item.split("=")
+        out[field.strip()] = value.strip() == "True" if value.strip() in ("True", "False") \
+            else int(value)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="8192x8192x1024", help="comma-separated MxNxK")
@@ -37,7 +50,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--families", default="gluon",
                    help="whose 4-warp configs to take (gluon: ping-pong ones; hopper: any)")
+    p.add_argument("--edits", default="num_warps=8",
+                   help="variants of each config, ';'-separated, each 'field=value[,field=value]' "
+                        "of TileConfig (e.g. 'num_warps=8;block_n=64,epi_split=1')")
+    p.add_argument("--reference", default="",
+                   help="also time the first kernel of this family as it is (e.g. hopper)")
     a = p.parse_args()
+    edits = [_edit(e) for e in a.edits.split(";") if e]
     for name, shape in ((n, s) for s in a.shapes.split(",") for n in a.only.split(",")):
         M, N, K = (int(x) for x in shape.split("x"))
         args = epilogue_args(CASES[name], M, N, K, labels=name == "bce")
@@ -46,9 +65,10 @@ def main() -> None:
             k.config.num_warps == 4 and k.family.name in families
             and (k.family.name != "gluon" or ping_pong(k))))[: a.max_configs]
         systems = {"mm": lambda: args.A @ args.B}
+        refs = [k for k in get_kernels(args) if k.family.name == a.reference][:1]
         for base in bases:
-            wide = Kernel(base.family, replace(base.config, num_warps=8), base.target)
-            for k in (base, wide):
+            variants = [Kernel(base.family, replace(base.config, **e), base.target) for e in edits]
+            for k in (base, *variants, *refs):
                 try:
                     ok = k.verify(args)
                 except Exception as exc:  # a compile that fails: say so, go on
