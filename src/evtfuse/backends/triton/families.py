@@ -36,7 +36,8 @@ class TileConfig:
     block_n: int
     block_k: int
     group_m: int = 8
-    num_warps: int = 4
+    num_warps: int = 4  # per program; gluon: per consumer partition (4, or 8: two
+    #                     warpgroups of 64 rows each, ``GluonFamily.WIDE_WORK``)
     num_stages: int = 3
     epi_split: int = 1
     flatten: bool = True
