@@ -997,6 +997,8 @@ class GluonFamily(KernelFamily):
     # Lighter epilogues lose 1-5% with them at 8192x8192x1024 (relu with an aux output, 4
     # ops; alpha-beta, 3; silu*X, gelu_tanh + bias, 2) and row amax / logsumexp tie or lose
     # at 4096^3 and larger. Offered first, halves before quarters; the tuner times both.
+    # The threshold lies between the lightest epilogue measured to gain (BCE, 7 ops) and
+    # the heaviest measured to lose (relu aux, 4); 5 and 6 are not measured yet.
     WIDE_WORK = 6
 
     def _wide(self, dag: Dag, configs: list[TileConfig]) -> list[TileConfig]:
