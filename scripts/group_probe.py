@@ -33,6 +33,11 @@ CASES = {
     "relu_aux": "def epi(accum, C, alpha): F = alpha * accum + C * 2.0; D = relu(F); return D, F",
     "silu_mul": "def epi(accum, C): D = silu(accum) * C; return D",
     "row_lse": "def epi(accum): D = accum; lse = logsumexp(accum); return D, lse",
+    # many-op epilogues that store their result (WIDE_WORK's threshold; BCE stores nothing)
+    "eight_ops": ("def epi(accum, bias): f = accum + bias; "
+                  "D = tanh(f) * sigmoid(f) + exp(-abs(f)); return D"),
+    "six_ops": ("def epi(accum, bias, alpha): "
+                "D = clamp(gelu_tanh(alpha * accum + bias), -1.0, 1.0) * 2.0 + 1.0; return D"),
 }
 
 

@@ -115,9 +115,10 @@ BCE = ("def epi(accum, bias, C): f = accum + bias; "
 
 
 def test_two_warpgroup_consumers_for_epilogues_of_many_ops():
-    """Epilogues of ``WIDE_WORK`` or more elementwise ops get ping-pong configs whose
-    consumers are 8 warps (two warpgroups), first, halves before quarters; lighter ones
-    none. Their kernels lay the accumulator over 8 warps and launch 8-warp consumers."""
+    """Epilogues of ``WIDE_WORK`` or more elementwise ops that store no full tile get
+    ping-pong configs whose consumers are 8 warps (two warpgroups), first, halves before
+    quarters; lighter ones and those that store a tile none. Their kernels lay the
+    accumulator over 8 warps and launch 8-warp consumers."""
     from dataclasses import replace
 
     from evtfuse.backends.triton.codegen import generate
@@ -136,6 +137,10 @@ def test_two_warpgroup_consumers_for_epilogues_of_many_ops():
                   _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))):
         assert tile_work(light.optimized_dag) < fam.WIDE_WORK
         assert all(c.num_warps == 4 for c in fam.configs(light, H100))
+    stored = _args("def epi(accum, bias): f = accum + bias; "
+                   "D = tanh(f) * sigmoid(f) + exp(-abs(f)); return D", bias=torch.randn(N))
+    assert tile_work(stored.optimized_dag) >= fam.WIDE_WORK  # many ops, but D is stored
+    assert all(c.num_warps == 4 for c in fam.configs(stored, H100))
     src = generate(fam.spec(bce, wide[0], H100))
     four = generate(fam.spec(bce, replace(wide[0], num_warps=4), H100))
     assert "warps_per_cta=[8, 1]" in src and "], [8, 1, 1], [CONSUMER_REGS" in src

@@ -988,23 +988,24 @@ class GluonFamily(KernelFamily):
 
     # Consumers of two warpgroups each (``TileConfig.num_warps`` 8: 64 rows and 64
     # accumulator registers per thread) for epilogues of WIDE_WORK or more elementwise ops
-    # per element (``tile_work``): one warpgroup's epilogue then issues more instructions
-    # than the other's mainloop takes (BCE 8192x8192x1024: ~26 per element on one warp per
-    # scheduler), and eight warps issue it in half the time. Measured on H100
-    # (wide_consumer_probe.py, guarded timing, ms, 4 / 8 warps, halves; quarters): BCE
-    # (7 ops) 8192x8192x1024 0.2447 / **0.2276**; 0.2676 / 0.2410, 16384x4096x4096 0.8853 /
-    # **0.7919**, 4096^3 0.2067 / **0.2046**, 2048^3 0.0387 / 0.0369; 0.0371 / **0.0368**.
-    # Lighter epilogues lose 1-5% with them at 8192x8192x1024 (relu with an aux output, 4
-    # ops; alpha-beta, 3; silu*X, gelu_tanh + bias, 2) and row amax / logsumexp tie or lose
-    # at 4096^3 and larger. Offered first, halves before quarters; the tuner times both.
-    # The threshold lies between the lightest epilogue measured to gain (BCE, 7 ops) and
-    # the heaviest measured to lose (relu aux, 4); 5 and 6 are not measured yet.
+    # per element (``tile_work``) that store no full tile (their results are reductions):
+    # one warpgroup's epilogue then issues more instructions than the other's mainloop
+    # takes (BCE 8192x8192x1024: ~26 per element on one warp per scheduler), and eight
+    # warps issue it in half the time. Measured on H100 (wide_consumer_probe.py, guarded
+    # timing, ms, 4 / 8 warps, halves; quarters): BCE (7 ops, a sum) 8192x8192x1024 0.2447 /
+    # **0.2276**; 0.2676 / 0.2410, 16384x4096x4096 0.8853 / **0.7919**, 4096^3 0.2067 /
+    # **0.2046**, 2048^3 0.0387 / 0.0369; 0.0371 / **0.0368**. Epilogues that store a tile
+    # tie or lose, heavy ones too (8 ops, tanh, sigmoid and exp, D stored: 0.2047 / 0.2052
+    # at 8192x8192x1024, 4096^3 quarters 0.1935 / 0.1948; 6 ops with gelu_tanh: quarters
+    # 0.2100 / 0.2151; relu with an aux output, alpha-beta, silu*X, gelu_tanh + bias lose
+    # 1-5%), and row amax / logsumexp tie or lose at 4096^3 and larger. Offered first,
+    # halves before quarters; the tuner times the 4-warp configs too.
     WIDE_WORK = 6
 
     def _wide(self, dag: Dag, configs: list[TileConfig]) -> list[TileConfig]:
         """The two-warpgroup consumers (``WIDE_WORK``) of ``configs``' first ping-pong
-        config of each piece count, halves first; none for lighter epilogues."""
-        if tile_work(dag) < self.WIDE_WORK:
+        config of each piece count, halves first; none for other epilogues."""
+        if tile_work(dag) < self.WIDE_WORK or full_outputs(dag):
             return []
         first = {}
         for c in configs:
