@@ -80,7 +80,7 @@ def main() -> None:
         systems = {"mm": lambda: args.A @ args.B}
         for base in bases[: a.max_configs]:
             for g in a.groups.split(","):
-                k = base.with_group_m(int(g))
+                k = base.with_config(group_m=int(g))
                 src = deferred(k.source(args))
                 if src is None:
                     print(f"{name} {k.name}: no end-of-tile store wait", flush=True)

@@ -75,7 +75,7 @@ def main() -> None:
             systems["cuBLASLt"] = _lt(name, args)
         for base in bases[: a.max_configs]:
             for g in groups:
-                k = base.with_group_m(g)
+                k = base.with_config(group_m=g)
                 ok = k.verify(args)
                 if not ok:
                     print(f"{name} {k.name}: VERIFY FAILED {ok.report()}", flush=True)

@@ -48,7 +48,7 @@ def main() -> None:
         kernels = [k for k in kernels if k.name in a.only.split(",")]
     kernels = kernels[: a.max_configs]
     if a.groups:
-        kernels = [k.with_group_m(int(g)) for k in kernels for g in a.groups.split(",")]
+        kernels = [k.with_config(group_m=int(g)) for k in kernels for g in a.groups.split(",")]
     for k in kernels:
         k.run(args)
         torch.cuda.synchronize()

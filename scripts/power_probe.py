@@ -92,7 +92,7 @@ def main() -> None:
         else:
             kernels = kernels[: a.max_configs]
         if a.groups:
-            kernels = [k.with_group_m(int(g)) for k in kernels for g in a.groups.split(",")]
+            kernels = [k.with_config(group_m=int(g)) for k in kernels for g in a.groups.split(",")]
         systems = {"mm": lambda: args.A @ args.B}
         if _lt(name, args) is not None:
             systems["cuBLASLt"] = _lt(name, args)

@@ -21,14 +21,12 @@ the reference (NaN-poisoned outputs, ``Kernel.verify``) and times them with cuBL
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 from group_probe import CASES
 from probe_common import distinct_configs, epilogue_args, ping_pong, print_rounds, time_rounds
 
 from evtfuse import get_kernels
 from evtfuse.bench.timing import guarded_ms
-from evtfuse.runtime.kernel import Kernel
 
 
 def _edit(text: str) -> dict:
@@ -67,7 +65,7 @@ def main() -> None:
         systems = {"mm": lambda: args.A @ args.B}
         refs = [k for k in get_kernels(args) if k.family.name == a.reference][:1]
         for base in bases:
-            variants = [Kernel(base.family, replace(base.config, **e), base.target) for e in edits]
+            variants = [base.with_config(**e) for e in edits]
             for k in (base, *variants, *refs):
                 try:
                     ok = k.verify(args)

@@ -174,15 +174,11 @@ def test_other_piece_count(name):
 @pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 1536, 1024)])
 def test_epilogues_two_warpgroup_consumers(name, mnk):
     """The first ping-pong config at 8 warps per consumer (two warpgroups, 64 rows each;
-    the family offers them for epilogues of many ops, ``GluonFamily.WIDE_WORK``), for every
-    epilogue: one tile per program (the second consumer idle) and several, ragged."""
-    from dataclasses import replace
-
-    from evtfuse.runtime.kernel import Kernel
-
+    the family offers them for many-op epilogues that store no tile, ``GluonFamily._wide``),
+    for every epilogue: one tile per program (the second consumer idle) and several, ragged."""
     args = _epilogue_args(name, *mnk)
     base = next(k for k in family_kernels(args, "gluon") if not k.config.cooperative)
-    k = Kernel(base.family, replace(base.config, num_warps=8), base.target)
+    k = base.with_config(num_warps=8)
     result = k.verify(args)
     assert result, f"{k.name}: {result.report()}"
 

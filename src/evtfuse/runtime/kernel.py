@@ -39,10 +39,10 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.target.kind} cc={self.target.cc})"
 
-    def with_group_m(self, group_m: int) -> "Kernel":
-        """The same kernel at another tile order (``TileConfig.group_m``: row-tiles per
-        band of the persistent tile order)."""
-        return Kernel(self.family, replace(self.config, group_m=group_m), self.target)
+    def with_config(self, **fields: Any) -> "Kernel":
+        """The same family's kernel for ``self.config`` with ``fields`` replaced (another
+        tile order ``group_m``, 8-warp consumers ``num_warps``, ...)."""
+        return Kernel(self.family, replace(self.config, **fields), self.target)
 
     def supports(self, args: GemmArguments) -> Status:
         return self.family.supports(args, self.target)

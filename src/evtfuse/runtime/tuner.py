@@ -236,7 +236,7 @@ def _tile_order_variants(kernel, args: GemmArguments) -> list:
     row of tiles (the order does not change which tiles run together)."""
     if args.M <= kernel.config.block_m and args.L == 1:
         return []
-    return [kernel.with_group_m(g) for g in TILE_ORDERS if g != kernel.config.group_m]
+    return [kernel.with_config(group_m=g) for g in TILE_ORDERS if g != kernel.config.group_m]
 
 
 def _refine_tile_order(args: GemmArguments, chosen, kernels, variants=_tile_order_variants):

@@ -1002,15 +1002,14 @@ class GluonFamily(KernelFamily):
     # halves before quarters; the tuner times the 4-warp configs too.
     WIDE_WORK = 6
 
-    def _wide(self, dag: Dag, configs: list[TileConfig]) -> list[TileConfig]:
-        """The two-warpgroup consumers (``WIDE_WORK``) of ``configs``' first ping-pong
-        config of each piece count, halves first; none for other epilogues."""
+    def _wide(self, dag: Dag, ping_pong: list[TileConfig]) -> list[TileConfig]:
+        """The two-warpgroup consumers (``WIDE_WORK``) of the first of ``ping_pong``'s
+        configs of each piece count, halves first; none for other epilogues."""
         if tile_work(dag) < self.WIDE_WORK or full_outputs(dag):
             return []
-        first = {}
-        for c in configs:
-            if not c.cooperative:
-                first.setdefault(c.epi_split, replace(c, num_warps=8))
+        first: dict[int, TileConfig] = {}
+        for c in ping_pong:
+            first.setdefault(c.epi_split, replace(c, num_warps=8))
         return [first[k] for k in sorted(first)]
 
     def configs(self, args, target):
