@@ -227,7 +227,7 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto",
         for sp in (1, 2, 4):
             out_direct = fam._direct(dag, sp, args.A.element_size())
             epi = buffers(dag, out_direct).smem_bytes(128, bn, bn // sp)
-            stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - 2048 - epi) // ((128 + bn) * 64 * args.A.element_size()))
+            stages = min(6 if bn < 128 else 5, (SMEM_LIMIT - GluonFamily.SMEM_RESERVE - epi) // ((128 + bn) * 64 * args.A.element_size()))
             for g in groups:
                 for st in stage_counts or ([stages] if stages >= 4 else []):
                     out.append(Kernel(fam, TileConfig(128, bn, 64, g, 4, st, epi_split=sp),

@@ -386,6 +386,7 @@ _MAKERS = {
     "one": lambda: torch.empty(1),
     "outbf": lambda: torch.empty(M, N, dtype=BF),
     "colout": lambda: torch.empty(N, dtype=BF),
+    "colf32": lambda: torch.empty(N),
     "f32": lambda: torch.empty(M, N),
     "dev": lambda: torch.randn(()),
     None: lambda: None,
@@ -414,7 +415,9 @@ def compile_case(name):
     result = {}
     cfgs = fam.configs(args, H100)
     first = next(c for c in cfgs if not c.cooperative and c.num_warps == 4)
-    for key, cfg in [("pingpong", first), ("wide", replace(first, num_warps=8)),
+    wide = replace(first, num_warps=8)
+    wide = replace(wide, num_stages=fam.fit_stages(args, wide))
+    for key, cfg in [("pingpong", first), ("wide", wide),
                      *(("coop", c) for c in cfgs if c.cooperative)][:3]:
         out = compile_for(fam, cfg, args)
         result[key] = {"shared": out.shared_bytes, "spills": out.spills,
@@ -434,6 +437,58 @@ for name in t.CASES:
         out[name] = {{"error": f"{{type(exc).__name__}}: {{str(exc)[-3000:]}}"}}
 print("RESULT" + json.dumps(out))
 """
+
+
+COLUMN_SCRIPT = """
+import json, sys
+from dataclasses import replace
+import torch
+sys.path.insert(0, {tests!r})
+import test_gluon_cpu as t
+from evtfuse.runtime.offline import compile_for
+fam, out = t.GluonFamily(), {{}}
+for name, src, ops in t.COLUMN_CASES:
+    args = t._args(src, **{{k: t._make(v) for k, v in ops.items()}})
+    for c in fam.configs(args, t.H100):
+        if c.num_warps == 4 and not c.cooperative:
+            c = replace(c, num_warps=8)
+            c = replace(c, num_stages=fam.fit_stages(args, c))
+        out[name + " " + c.name] = compile_for(fam, c, args).shared_bytes
+print("RESULT" + json.dumps(out))
+"""
+# per-column reductions (their warps combine partials through scratch memory), 8-warp
+# consumers in halves: 5 stages planned with a flat 2 KB reserve came to 233,628 and
+# 234,152 bytes (scripts/smem_probe.py), over the limit
+COLUMN_CASES = [
+    ("col_max", "def epi(accum): D = accum; R = max(accum); return D, R", dict(R="colf32")),
+    ("aux_col_min", "def epi(accum, C, bias): D = accum * C + bias; R = min(accum); return D, R",
+     dict(C="full", bias="colbf", R="colf32")),
+]
+
+
+def test_column_reductions_fit_shared_memory_at_every_warp_count():
+    """Every config the family offers for per-column reductions, and each ping-pong one
+    at 8 warps with the stages ``fit_stages`` gives it, within the limit once compiled."""
+    got = run_offline(COLUMN_SCRIPT.format(tests=os.path.dirname(__file__)))
+    assert len(got) >= 8, got
+    over = {k: v for k, v in got.items() if v > SMEM_LIMIT}
+    assert not over, over
+    assert any("_w8_s4_" in k and "_e2" in k for k in got), got  # halves lost a stage
+
+
+def test_configs_over_shared_memory_are_refused_with_the_most_that_fit():
+    from dataclasses import replace
+
+    args = _args("def epi(accum): D = accum; R = max(accum); return D, R",
+                 R=torch.empty(N))
+    fam = GluonFamily()
+    halves = next(c for c in fam.configs(args, H100) if c.epi_split == 2 and not c.cooperative)
+    assert halves.num_stages == 5 and fam.fit_stages(args, halves) == 5
+    wide = replace(halves, num_warps=8)
+    assert fam.fit_stages(args, wide) == 4
+    with pytest.raises(ValueError, match="5 A/B stages do not fit shared memory.*at most 4 do"):
+        fam.spec(args, wide, H100)
+    fam.spec(args, replace(wide, num_stages=4), H100)
 
 
 @pytest.fixture(scope="module")

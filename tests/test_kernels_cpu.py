@@ -137,6 +137,31 @@ def test_odd_tails_hopper():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_one_row_problem_with_one_dimensional_full_tensors(family):
+    # M = 1: an (N,) tensor spans the whole (1, N) output, so it reads as a full tile
+    # (DESIGN.md's shapes right-align); the TMA path once built a 1-D descriptor for it
+    # (found by the fuzz test)
+    M, N, K = 1, 16, 16
+    A, B = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
+    bias, D, F = rand(N, dtype=torch.float16), torch.empty(N, dtype=torch.float16), torch.empty(M, N)
+    src = "def epi(accum, bias): F = bias + accum; D = relu(F) * 2.0; return D, F"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, bias=bias, D=D, F=F))
+    assert {o.name: o.kind.name for o in args.dag.outputs} == {"D": "FULL", "F": "FULL"}
+    verify_family(args, family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_maximum_and_minimum_with_a_scalar_first(family):
+    # the interpreter's NaN-propagating maximum once or-ed a scalar's mask with a block's
+    M, N, K = 33, 40, 24
+    A, B = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
+    D, F = torch.empty(M, N, dtype=torch.float16), torch.empty(M, N)
+    src = "def epi(accum, alpha): D = maximum(alpha, accum); F = minimum(0.5, accum); return D, F"
+    verify_family(GemmArguments(A, B, D, epilogue=EpilogueArguments(src, alpha=0.25, D=D, F=F)),
+                  family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_batched_transposed_shared_and_per_batch_operands(family):
     L, M, N, K = 3, 24, 32, 16
     A = rand(L, K, M, dtype=torch.float16).transpose(1, 2)  # column-major A

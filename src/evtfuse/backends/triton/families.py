@@ -100,7 +100,11 @@ def _vec_strides(t: torch.Tensor, kind: OperandKind, batched: bool) -> list[int]
 
 
 def _as2d_or_3d(t: torch.Tensor, batched: bool) -> torch.Tensor:
-    """A full (M, N)-shaped view: 2-D unless it has its own batch slices."""
+    """A full (M, N)-shaped view: 2-D unless it has its own batch slices. A full tensor of
+    fewer dimensions spans the problem only where M is 1 (an (N,) tensor when M = 1; its
+    shape right-aligns with (L, M, N)): it gets its leading 1s back."""
+    if t.dim() < 2:
+        t = t.reshape((1,) * (2 - t.dim()) + tuple(t.shape))
     if batched:
         return t if t.dim() == 3 else t.unsqueeze(0)
     while t.dim() > 2:
@@ -862,12 +866,47 @@ class GluonFamily(KernelFamily):
         bm, bn = (self.BM // 2, self.CO_BN) if coop else (self.BM, self.BN)
         return buffers(dag, direct, slots).smem_bytes(bm, bn, bn // split)
 
+    # Shared memory Triton allocates beyond the planned buffers and A/B ring: mbarriers (at
+    # most ~400 bytes) and, where a reduction runs across a tile's rows (per-column
+    # outputs), the scratch through which the warps combine their partial results: up to
+    # 8 * warps * columns of a piece bytes (the largest one; two such reductions share it).
+    # Measured in offline sm_90 compiles (scripts/smem_probe.py; bytes beyond the estimate,
+    # per-column sum or max, warps x piece columns): 4 x 32: 1,176; 4 x 64: 2,200 (and the
+    # cooperative 4 x 64: 2,152); 8 x 32: 2,204; 8 x 64: 4,252; per-row and whole-problem
+    # reductions 280-364, BCE at 8 warps 408. A flat 2,048 let three configs past the
+    # 232,448-byte limit (found by the fuzz test: a launch failed with OutOfResources).
+    SMEM_RESERVE = 2048
+
+    def _reserve(self, dag: Dag, split: int, warps: int = 4, coop: bool = False) -> int:
+        """Bytes kept free for Triton's own allocations (``SMEM_RESERVE``)."""
+        if not any(o.kind is OutputKind.COL for o in reduce_outputs(dag)):
+            return self.SMEM_RESERVE
+        sub_n = (self.CO_BN if coop else self.BN) // split
+        return max(self.SMEM_RESERVE, 512 + 8 * warps * sub_n)
+
     def _ring(self, dag: Dag, split: int, elt: int, direct: tuple[str, ...],
-              coop: bool = False, slots: bool = False) -> int:
+              coop: bool = False, slots: bool = False, warps: int = 4) -> int:
         stage = (self.BM + (self.CO_BN if coop else self.BN)) * self.BK * elt
         most = COOP_MAX_STAGES if coop else GLUON_MAX_STAGES
-        return min(most, (SMEM_LIMIT - 2048 - self._epilogue_smem(dag, split, direct, coop, slots))
-                   // stage)
+        free = (SMEM_LIMIT - self._reserve(dag, split, warps, coop)
+                - self._epilogue_smem(dag, split, direct, coop, slots))
+        return min(most, free // stage)
+
+    def _config_direct(self, dag: Dag, config: TileConfig, elt: int) -> tuple[str, ...]:
+        """The outputs ``config``'s kernel stores from registers (none with store chunks)."""
+        if config.slots:
+            return ()
+        return self._direct(dag, config.epi_split, elt, config.num_stages, config.cooperative)
+
+    def fit_stages(self, args: GemmArguments, config: TileConfig) -> int:
+        """The most A/B stages, up to ``config.num_stages``, that ``config``'s kernel fits
+        in shared memory with (``with_config`` may ask for 8-warp consumers, which need more
+        scratch than the 4-warp config's plan left)."""
+        dag, elt = args.optimized_dag, args.A.element_size()
+        direct = self._config_direct(dag, config, elt)
+        return min(config.num_stages,
+                   self._ring(dag, config.epi_split, elt, direct, config.cooperative,
+                              config.slots, config.num_warps))
 
     def _chunk(self, dag: Dag, split: int, coop: bool = False) -> int:
         """Columns of the consumer's store chunks where the tile-staged outputs, and every
@@ -1002,14 +1041,22 @@ class GluonFamily(KernelFamily):
     # halves before quarters; the tuner times the 4-warp configs too.
     WIDE_WORK = 6
 
-    def _wide(self, dag: Dag, ping_pong: list[TileConfig]) -> list[TileConfig]:
+    def _wide(self, dag: Dag, elt: int, ping_pong: list[TileConfig]) -> list[TileConfig]:
         """The two-warpgroup consumers (``WIDE_WORK``) of the first of ``ping_pong``'s
-        configs of each piece count, halves first; none for other epilogues."""
+        configs of each piece count, halves first, with the stages that fit at 8 warps;
+        none for other epilogues."""
         if tile_work(dag) < self.WIDE_WORK or full_outputs(dag):
             return []
         first: dict[int, TileConfig] = {}
         for c in ping_pong:
-            first.setdefault(c.epi_split, replace(c, num_warps=8))
+            if c.epi_split in first:
+                continue
+            wide = replace(c, num_warps=8)
+            stages = min(c.num_stages, self._ring(dag, c.epi_split, elt,
+                                                  self._config_direct(dag, c, elt),
+                                                  slots=c.slots, warps=8))
+            if stages >= GLUON_MIN_STAGES:
+                first[c.epi_split] = replace(wide, num_stages=stages)
         return [first[k] for k in sorted(first)]
 
     def configs(self, args, target):
@@ -1031,7 +1078,7 @@ class GluonFamily(KernelFamily):
         if self._direct(dag, 4, elt) and not self._slotted(dag, 4, elt) \
                 and four >= GLUON_MIN_STAGES and self._forced_split() in (0, 4):
             out.append(TileConfig(self.BM, self.BN, self.BK, 8, 4, four, epi_split=4))
-        return self._wide(dag, out) + out[:2] + self._coop_configs(args) + out[2:]
+        return self._wide(dag, elt, out) + out[:2] + self._coop_configs(args) + out[2:]
 
     def spec(self, args, config, target):
         dag = args.optimized_dag
@@ -1047,6 +1094,11 @@ class GluonFamily(KernelFamily):
         if config.num_warps not in self.REGS or (config.cooperative and config.num_warps != 4):
             raise ValueError(f"config {config.name}: gluon consumers are 4 or 8 warps "
                              "(cooperative tiles: 4)")
+        fits = self.fit_stages(args, config)
+        if fits < config.num_stages:
+            raise ValueError(f"config {config.name}: {config.num_stages} A/B stages do not fit "
+                             f"shared memory with this epilogue ({SMEM_LIMIT} bytes on sm_90, "
+                             f"buffers and scratch included); at most {fits} do")
         return KernelSpec("gluon", dag, bool(args.A.stride(-1) != 1),
                           bool(args.B.stride(-1) != 1), False, False, config.epi_split, True,
                           direct=direct, coop=config.cooperative, chunk=chunk,

@@ -125,13 +125,14 @@ def _ef_softplus(x):
     "_ef_maximum": '''
 @triton.jit
 def _ef_maximum(a, b):
-    # NaN-propagating like torch.maximum
-    return tl.where((a != a) | (a > b), a, b)
+    # NaN-propagating like torch.maximum. Two selects, not one of (a != a) | (a > b): the
+    # interpreter cannot or a scalar's mask with a block's (maximum(alpha, accum))
+    return tl.where(a != a, a, tl.where(a > b, a, b))
 ''',
     "_ef_minimum": '''
 @triton.jit
 def _ef_minimum(a, b):
-    return tl.where((a != a) | (a < b), a, b)
+    return tl.where(a != a, a, tl.where(a < b, a, b))
 ''',
     "_ef_maximum_nan": '''
 @triton.jit

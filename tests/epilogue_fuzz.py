@@ -1,0 +1,175 @@
+"""Random epilogues for differential tests of the kernels against the reference evaluator.
+
+Imported by ``test_fuzz_kernels.py`` (both tiers). ``cases()`` is a hypothesis strategy
+of :class:`Case`: an epilogue's source, which operands it reads (a full tile ``C``, a
+per-column ``bias``, a per-row ``rowv``, a runtime scalar ``alpha``, a device scalar
+``sdev``) and which outputs it returns (full tiles of the run's dtype or fp32, per-row,
+per-column and whole-problem reductions of sum, max, min and logsumexp, the accumulator
+itself, outputs passed as ``None``). ``Case.arguments`` builds ``GemmArguments`` on fresh
+random data for any M, N, K, dtype and device.
+
+The epilogues are numerically tame on purpose, so that a kernel may differ from the
+reference only by what ``runtime.verify``'s tolerances allow and a larger difference is a
+bug: every op is continuous with a bounded slope on the values it sees (no comparison of
+a computed value, whose outcome flips with the accumulation order; ``exp``, ``log``,
+``sqrt`` and division only where their argument is kept from overflow, zero and sign
+changes; no casts, which round differently after a different summation order), and the
+inputs are scaled so that nothing overflows fp16. ``where`` selects on comparisons of
+operands only (exact in both readings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+import evtfuse
+from evtfuse import get_kernels
+
+# unary patterns: continuous with a bounded slope where their argument lives (|x| < ~50)
+UNARY = ("relu({})", "leaky_relu({}, 0.1)", "sigmoid({})", "tanh({})", "gelu({})",
+         "gelu_tanh({})", "silu({})", "hardswish({})", "softplus({})", "abs({})", "(-{})",
+         "sin({})", "cos({})", "log_sigmoid({})", "log(abs({}) + 1.0)", "sqrt(abs({}) + 0.25)",
+         "rsqrt(abs({}) + 1.0)", "exp(tanh({}))", "exp(-abs({}))", "clamp({}, -2.0, 2.0)",
+         "({} * 0.5)", "({} + 1.5)", "log(clamp(sigmoid({}), 0.001, 0.999))")
+BINARY = ("({} + {})", "({} - {})", "({} * {})", "({} / (abs({}) + 1.0))", "maximum({}, {})",
+          "minimum({}, {})")
+TERNARY = ("multiply_add({}, {}, {})",)
+# selections on exact operands (never on computed values)
+CONDITIONS = {"C": "C > 0.0", "bias": "bias > 0.25", "rowv": "rowv < 0.0"}
+LITERALS = ("0.5", "2.0", "-1.5", "3.0")
+OPERANDS = ("C", "bias", "rowv", "alpha", "sdev")
+REDUCTIONS = ("sum", "max", "min", "logsumexp")
+# problem sizes: ragged against every tile size, rows of 16-byte multiples (TMA)
+CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
+GPU_SHAPES = ((300, 264, 72), (520, 384, 200), (129, 136, 64), (1024, 1000, 136))
+AXES = ("row", "col", "all")  # per-row (M, 1), per-column (N,), whole problem (1,)
+
+
+@dataclass(frozen=True)
+class Case:
+    source: str
+    operands: tuple[str, ...]  # parameter names after accum, in order
+    outputs: tuple[tuple[str, str], ...]  # (name, kind): full, full32, acc, none, row/col/all
+    c_fp32: bool = False  # C stored in fp32 instead of the run's dtype
+    bias_fp32: bool = False
+
+    def arguments(self, M: int, N: int, K: int, dtype: torch.dtype, device="cpu",
+                  seed: int = 0) -> evtfuse.GemmArguments:
+        """``GemmArguments`` on fresh random data (A and B scaled so |accum| stays ~1)."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+
+        def rnd(*shape, dt=dtype, scale=1.0):
+            return (torch.randn(*shape, generator=g) * scale).to(dt).to(device)
+
+        A = rnd(M, K, scale=K ** -0.25)
+        B = rnd(K, N, scale=K ** -0.25)
+        values: dict = {}
+        for name in self.operands:
+            if name == "C":
+                values[name] = rnd(M, N, dt=torch.float32 if self.c_fp32 else dtype)
+            elif name == "bias":
+                values[name] = rnd(N, dt=torch.float32 if self.bias_fp32 else dtype)
+            elif name == "rowv":
+                values[name] = rnd(M, 1)
+            elif name == "alpha":
+                values[name] = 0.75
+            elif name == "sdev":
+                values[name] = torch.tensor(-1.25, device=device)
+        out = None
+        for name, kind in self.outputs:
+            if kind == "none":
+                t = None
+            elif kind in ("full", "full32", "acc"):
+                dt = dtype if kind == "full" else torch.float32
+                t = torch.empty(M, N, dtype=dt, device=device)
+            else:
+                shape = {"row": (M, 1), "col": (N,), "all": (1,)}[kind]
+                t = torch.empty(*shape, dtype=torch.float32, device=device)
+            values[name] = t
+            if name == "D":
+                out = t
+        epi = evtfuse.EpilogueArguments(self.source, **values)
+        return evtfuse.GemmArguments(A, B, out, torch.float32, epi)
+
+
+@st.composite
+def _expr(draw, names: list[str], depth: int) -> str:
+    if depth == 0 or draw(st.integers(0, 4)) == 0:
+        # the accumulator and earlier values more often than operands and literals
+        return draw(st.sampled_from(names + names + list(LITERALS)))
+    kind = draw(st.sampled_from(("unary", "unary", "binary", "binary", "ternary", "where")))
+    sub = lambda: draw(_expr(names, depth - 1))  # noqa: E731
+    if kind == "unary":
+        return draw(st.sampled_from(UNARY)).format(sub())
+    if kind == "binary":
+        return draw(st.sampled_from(BINARY)).format(sub(), sub())
+    if kind == "ternary":
+        return draw(st.sampled_from(TERNARY)).format(sub(), sub(), sub())
+    conds = [CONDITIONS[n] for n in names if n in CONDITIONS]
+    if not conds:
+        return draw(st.sampled_from(UNARY)).format(sub())
+    return f"where({draw(st.sampled_from(conds))}, {sub()}, {sub()})"
+
+
+@st.composite
+def cases(draw, max_steps: int = 3, reductions: bool = True) -> Case:
+    """An epilogue of 1-``max_steps`` assignments and one to four outputs."""
+    operands = [n for n in OPERANDS if draw(st.booleans())]
+    names = ["accum", *operands]
+    body: list[str] = []
+    values = ["accum"]  # computed values an output may take
+    def on_product(e: str) -> str:  # every computed value depends on the product
+        return e if any(v in e for v in values) else f"({e} + accum)"
+
+    for k in range(draw(st.integers(1, max_steps))):
+        body.append(f"t{k} = {on_product(draw(_expr(names, 2)))}")
+        names.append(f"t{k}")
+        values.append(f"t{k}")
+    outputs: list[tuple[str, str]] = []
+    last = values[-1]
+    d_kind = draw(st.sampled_from(("full", "full", "full32", "none") if reductions
+                                  else ("full", "full", "full32")))
+    body.append(f"D = {last}")
+    outputs.append(("D", d_kind))
+    if draw(st.booleans()):
+        body.append(f"F = {on_product(draw(_expr(names, 1)))}")
+        outputs.append(("F", draw(st.sampled_from(("full", "full32")))))
+    if reductions and (d_kind == "none" or draw(st.booleans())):
+        for r in range(draw(st.integers(1, 2))):
+            red = draw(st.sampled_from(REDUCTIONS))
+            body.append(f"R{r} = {red}({draw(st.sampled_from(values))})")
+            outputs.append((f"R{r}", draw(st.sampled_from(AXES))))
+    if draw(st.integers(0, 5)) == 0:
+        outputs.append(("accum", "acc"))
+    ret = ", ".join(n for n, _ in outputs)
+    used = [n for n in operands if any(n in line for line in body)]
+    src = "\n".join([f"def epi({', '.join(['accum', *used])}):", *(f"    {b}" for b in body),
+                     f"    return {ret}"])
+    return Case(src, tuple(used), tuple(outputs), c_fp32=draw(st.booleans()),
+                bias_fp32=draw(st.booleans()))
+
+
+def pick(args: evtfuse.GemmArguments, family: str, which: str, cc: int | None = None):
+    """The kernel a fuzz case runs, or None where the family offers none for it (a
+    refusal ``explain`` states: shared memory, per-column sums on cooperative tiles, ...):
+    ``family``'s first config (``which`` = "first"), or the gluon family's first
+    cooperative one ("coop"), or its first ping-pong config with two-warpgroup consumers
+    ("wide": ``with_config(num_warps=8)`` and the stages that fit; the tuner offers those
+    only for some epilogues, the fuzz tries them on all)."""
+    ks = [k for k in get_kernels(args, cc=cc) if k.family.name == family]
+    if which == "coop":
+        ks = [k for k in ks if k.config.cooperative]
+    elif which == "wide":
+        ks = [k for k in ks if not k.config.cooperative]
+    else:
+        assert which == "first", which
+    if not ks:
+        return None
+    k = ks[0]
+    if which != "wide" or k.config.num_warps == 8:
+        return k
+    wide = k.with_config(num_warps=8)  # 8 warps may need more scratch: fewer stages
+    return wide.with_config(num_stages=k.family.fit_stages(args, wide.config))
