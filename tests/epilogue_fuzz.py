@@ -5,8 +5,11 @@ of :class:`Case`: an epilogue's source, which operands it reads (a full tile ``C
 per-column ``bias``, a per-row ``rowv``, a runtime scalar ``alpha``, a device scalar
 ``sdev``) and which outputs it returns (full tiles of the run's dtype or fp32, per-row,
 per-column and whole-problem reductions of sum, max, min and logsumexp, the accumulator
-itself, outputs passed as ``None``). ``Case.arguments`` builds ``GemmArguments`` on fresh
+itself, outputs passed as ``None``, per-row and per-column vectors of broadcast values). ``Case.arguments`` builds ``GemmArguments`` on fresh
 random data for any M, N, K, dtype and device.
+
+Problems are batched (L = 2, B and C shared by the batches or not) in a quarter of the
+cases, and A or B column-major in a quarter each.
 
 The epilogues are numerically tame on purpose, so that a kernel may differ from the
 reference only by what ``runtime.verify``'s tolerances allow and a larger difference is a
@@ -52,42 +55,59 @@ AXES = ("row", "col", "all")  # per-row (M, 1), per-column (N,), whole problem (
 class Case:
     source: str
     operands: tuple[str, ...]  # parameter names after accum, in order
-    outputs: tuple[tuple[str, str], ...]  # (name, kind): full, full32, acc, none, row/col/all
+    # (name, kind): full / full32 (a tile of the run's dtype / fp32), acc (the accumulator,
+    # fp32), none (not stored), row / col / all (reductions), vrow / vcol (stored vectors)
+    outputs: tuple[tuple[str, str], ...]
     c_fp32: bool = False  # C stored in fp32 instead of the run's dtype
     bias_fp32: bool = False
+    a_col: bool = False  # A column-major (a transposed (K, M) tensor)
+    b_col: bool = False
+    batch: int = 1  # L; with 2, B and C are shared by the batches or not
+    b_shared: bool = False
+    c_shared: bool = False
 
     def arguments(self, M: int, N: int, K: int, dtype: torch.dtype, device="cpu",
                   seed: int = 0) -> evtfuse.GemmArguments:
         """``GemmArguments`` on fresh random data (A and B scaled so |accum| stays ~1)."""
         g = torch.Generator(device="cpu").manual_seed(seed)
+        L = self.batch
+        lead = (L,) if L > 1 else ()
 
         def rnd(*shape, dt=dtype, scale=1.0):
             return (torch.randn(*shape, generator=g) * scale).to(dt).to(device)
 
-        A = rnd(M, K, scale=K ** -0.25)
-        B = rnd(K, N, scale=K ** -0.25)
+        def operand(rows, cols, col_major, shared):
+            dims = () if shared else lead
+            if col_major:
+                return rnd(*dims, cols, rows, scale=K ** -0.25).transpose(-1, -2)
+            return rnd(*dims, rows, cols, scale=K ** -0.25)
+
+        A = operand(M, K, self.a_col, False)
+        B = operand(K, N, self.b_col, self.b_shared)
         values: dict = {}
         for name in self.operands:
             if name == "C":
-                values[name] = rnd(M, N, dt=torch.float32 if self.c_fp32 else dtype)
+                values[name] = rnd(*(() if self.c_shared else lead), M, N,
+                                   dt=torch.float32 if self.c_fp32 else dtype)
             elif name == "bias":
                 values[name] = rnd(N, dt=torch.float32 if self.bias_fp32 else dtype)
             elif name == "rowv":
-                values[name] = rnd(M, 1)
+                values[name] = rnd(*lead, M, 1)
             elif name == "alpha":
                 values[name] = 0.75
             elif name == "sdev":
                 values[name] = torch.tensor(-1.25, device=device)
+        shapes = {"row": (*lead, M, 1), "col": (*lead, 1, N) if L > 1 else (N,), "all": (1,),
+                  "vrow": (*lead, M, 1), "vcol": (N,)}
         out = None
         for name, kind in self.outputs:
             if kind == "none":
                 t = None
             elif kind in ("full", "full32", "acc"):
                 dt = dtype if kind == "full" else torch.float32
-                t = torch.empty(M, N, dtype=dt, device=device)
+                t = torch.empty(*lead, M, N, dtype=dt, device=device)
             else:
-                shape = {"row": (M, 1), "col": (N,), "all": (1,)}[kind]
-                t = torch.empty(*shape, dtype=torch.float32, device=device)
+                t = torch.empty(*shapes[kind], dtype=torch.float32, device=device)
             values[name] = t
             if name == "D":
                 out = t
@@ -142,14 +162,27 @@ def cases(draw, max_steps: int = 3, reductions: bool = True) -> Case:
             red = draw(st.sampled_from(REDUCTIONS))
             body.append(f"R{r} = {red}({draw(st.sampled_from(values))})")
             outputs.append((f"R{r}", draw(st.sampled_from(AXES))))
+    # stored vectors: values constant along a row (per-row operands) or a column
+    vectors = [(n, k) for n, k in (("rowv", "vrow"), ("bias", "vcol")) if n in operands]
+    for k, (name, kind) in enumerate(vectors):
+        if draw(st.booleans()):
+            pool = [name] + [n for n in ("alpha", "sdev") if n in operands]
+            body.append(f"V{k} = {draw(_expr(pool, 1))}")
+            if name not in body[-1]:
+                body[-1] += f" + {name}"
+            outputs.append((f"V{k}", kind))
     if draw(st.integers(0, 5)) == 0:
         outputs.append(("accum", "acc"))
     ret = ", ".join(n for n, _ in outputs)
     used = [n for n in operands if any(n in line for line in body)]
     src = "\n".join([f"def epi({', '.join(['accum', *used])}):", *(f"    {b}" for b in body),
                      f"    return {ret}"])
+    batch = draw(st.sampled_from((1, 1, 1, 2)))
     return Case(src, tuple(used), tuple(outputs), c_fp32=draw(st.booleans()),
-                bias_fp32=draw(st.booleans()))
+                bias_fp32=draw(st.booleans()), a_col=draw(st.integers(0, 3)) == 0,
+                b_col=draw(st.integers(0, 3)) == 0, batch=batch,
+                b_shared=batch > 1 and draw(st.booleans()),
+                c_shared=batch > 1 and draw(st.booleans()))
 
 
 def pick(args: evtfuse.GemmArguments, family: str, which: str, cc: int | None = None):

@@ -56,10 +56,12 @@ def _verify(kernel, args, case) -> None:
        dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16))
 def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
     args = case.arguments(*shape, dtype, seed=data_seed)
-    for family, cc in (("portable", None), ("hopper", 90)):
-        kernel = pick(args, family, "first", cc)
-        assert kernel is not None, explain(args, cc=cc)  # every case fits both here
-        _verify(kernel, args, case)
+    portable = pick(args, "portable", "first")
+    assert portable is not None, explain(args)  # the portable family takes every case
+    _verify(portable, args, case)
+    hopper = pick(args, "hopper", "first", cc=90)  # None: TMA rows it states are misaligned
+    if hopper is not None:
+        _verify(hopper, args, case)
 
 
 # ------------------------------------------------------------------ GPU tier

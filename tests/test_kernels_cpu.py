@@ -150,6 +150,29 @@ def test_one_row_problem_with_one_dimensional_full_tensors(family):
     verify_family(args, family)
 
 
+@pytest.mark.parametrize("mnk", [(1, 16, 16), (16, 1, 16), (16, 16, 1)])
+@pytest.mark.parametrize("a_col", [False, True])
+@pytest.mark.parametrize("b_col", [False, True])
+def test_one_row_column_or_k_problems_run_or_are_refused_with_reason(mnk, a_col, b_col):
+    # a dimension of size 1 has an arbitrary stride in torch (a column-major (1, K) A:
+    # strides (1, 1)); TMA descriptors once asserted on it (found by the fuzz test).
+    # Where a TMA row would be 2 bytes the hopper family refuses and says which tensor
+    M, N, K = mnk
+    A = rand(K, M, dtype=torch.float16).T if a_col else rand(M, K, dtype=torch.float16)
+    B = rand(N, K, dtype=torch.float16).T if b_col else rand(K, N, dtype=torch.float16)
+    D, acc = torch.empty(M, N, dtype=torch.float16), torch.empty(M, N)
+    epi = EpilogueArguments("def e(accum): D = accum * 2.0; return D, accum", D=D, accum=acc)
+    args = GemmArguments(A, B, D, epilogue=epi)
+    verify_family(args, "portable")
+    hopper = [k for k in get_kernels(args, cc=90) if k.family.name == "hopper"]
+    rows_of_one = N == 1 or (K == 1 and not a_col)
+    assert bool(hopper) != rows_of_one, explain(args, cc=90)
+    if hopper:
+        assert hopper[0].verify(args)
+    else:
+        assert "not a multiple of 16 bytes" in explain(args, cc=90)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_maximum_and_minimum_with_a_scalar_first(family):
     # the interpreter's NaN-propagating maximum once or-ed a scalar's mask with a block's

@@ -433,10 +433,22 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
     return combine
 
 
+def _tma_strides(view: torch.Tensor) -> list[int]:
+    """``view``'s strides for a TMA descriptor: a dimension of size 1 addresses nothing,
+    so its stride (which torch leaves arbitrary: 1 for a column-major (1, K) A) becomes a
+    contiguous tensor's, as the descriptor's alignment checks need (``_tma_ok`` skips
+    such dimensions too)."""
+    strides = list(view.stride())
+    for d in range(view.dim() - 1, -1, -1):
+        if view.shape[d] == 1:
+            strides[d] = strides[d + 1] * view.shape[d + 1] if d + 1 < view.dim() else 1
+    return strides
+
+
 def _make_descriptor(view: torch.Tensor, block: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(view, list(view.shape), list(view.stride()), block)
+    return TensorDescriptor(view, list(view.shape), _tma_strides(view), block)
 
 
 def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
@@ -447,30 +459,36 @@ def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
 
 # ------------------------------------------------------------------ hopper
 
-def _tma_ok(t: torch.Tensor, name: str) -> str | None:
-    """Why ``t`` cannot be a TMA tensor (16-byte aligned base and strides, unit last stride)."""
-    elt = t.element_size()
-    if t.data_ptr() % 16:
+def _tma_ok(view: torch.Tensor, name: str) -> str | None:
+    """Why ``view`` cannot be a TMA tensor as a descriptor takes it (rows along its last
+    dimension): a 16-byte aligned base, a unit last stride and 16-byte aligned strides
+    elsewhere, dimensions of size 1 aside (``_tma_strides``)."""
+    elt = view.element_size()
+    if view.data_ptr() % 16:
         return f"{name}'s data pointer is not 16-byte aligned"
-    strides = list(t.stride())
-    shape = list(t.shape)
-    dims = [(s, st) for s, st in zip(shape, strides) if s > 1]
-    if not dims:
-        return None
-    inner = [st for s, st in dims if st == 1]
-    if not inner:
-        return f"{name} has no unit-stride dimension (strides {tuple(strides)})"
-    for s, st in dims:
-        if st != 1 and (st * elt) % 16:
+    strides = _tma_strides(view)
+    shape = tuple(view.shape)
+    if strides[-1] != 1:
+        return (f"{name} is not contiguous along its rows (last stride {strides[-1]}, shape "
+                f"{shape}); TMA tiles need unit-stride rows")
+    for st in strides[:-1]:
+        if (st * elt) % 16:
             return (f"{name}'s stride {st} ({st * elt} bytes) is not a multiple of 16 bytes "
-                    f"(shape {tuple(shape)}); TMA needs 16-byte aligned rows")
+                    f"(shape {shape}); TMA needs 16-byte aligned rows")
     return None
 
 
 def _tma_refusal(args: GemmArguments) -> str | None:
-    """Why A, B or a full aux operand/output cannot move by TMA (None: all can)."""
+    """Why A, B or a full aux operand/output cannot move by TMA (None: all can). A and B
+    are checked as the kernels read them: column-major ones (last stride not 1) as their
+    transposes; aux tiles row-major."""
     A, B = args.A, args.B
-    checks = [(A, "A"), (B, "B")]
+    if A.stride(-1) != 1 and A.stride(-2) != 1:
+        return "A is neither row- nor column-major"
+    if B.stride(-1) != 1 and B.stride(-2) != 1:
+        return "B is neither row- nor column-major"
+    checks = [(A.mT, "A (column-major, read as its transpose)") if A.stride(-1) != 1 else (A, "A"),
+              (B.mT, "B (column-major, read as its transpose)") if B.stride(-1) != 1 else (B, "B")]
     dag = args.optimized_dag
     values = args.epilogue.values
     for spec in dag.used_operands:
@@ -482,14 +500,6 @@ def _tma_refusal(args: GemmArguments) -> str | None:
         why = _tma_ok(t, name)
         if why:
             return why
-    for t, name in checks[2:]:
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            return (f"{name} is not row-major (its last stride is {t.stride(-1)}); "
-                    "TMA aux tiles need N contiguous")
-    if A.stride(-1) != 1 and A.stride(-2) != 1:
-        return "A is neither row- nor column-major"
-    if B.stride(-1) != 1 and B.stride(-2) != 1:
-        return "B is neither row- nor column-major"
     if A.element_size() == 1 and (A.stride(-1) != 1 or (B.stride(-2) != 1 and B.shape[-1] > 1)):
         return (f"8-bit inputs ({A.dtype}) on the tensor cores (wgmma) need A row-major and "
                 "B column-major (both K-contiguous, e.g. B = W.t() for W of shape (N, K)); "
@@ -687,7 +697,7 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
 
     gl_dtype = getattr(gl, TL_DTYPES[t.dtype].split(".")[1])
     layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
 
 
 def _gluon_full_getter(dag: Dag):
