@@ -173,6 +173,19 @@ def test_one_row_column_or_k_problems_run_or_are_refused_with_reason(mnk, a_col,
         assert "not a multiple of 16 bytes" in explain(args, cc=90)
 
 
+def test_tiny_problems_in_padded_storage_hopper():
+    # 1x1x1 and the like as views of 64-wide rows: every row 16-byte aligned, the size-1
+    # dimensions' strides replaced by aligned ones (a (1, 1) tensor's contiguous row
+    # stride, 2 bytes, would not do)
+    src = "def epi(accum, C, alpha, beta): D = alpha * accum + beta * C; return D"
+    for M, N, K in [(1, 1, 1), (7, 7, 7), (1, 9, 3), (29, 33, 7)]:
+        pad = lambda r, c: rand(r, 64, dtype=torch.float16)[:, :c]  # noqa: E731
+        A, B, C = pad(M, K), pad(K, N), pad(M, N)
+        D = torch.empty(M, 64, dtype=torch.float16)[:, :N]
+        epi = EpilogueArguments(src, C=C, alpha=2.0, beta=1.0, D=D)
+        verify_family(GemmArguments(A, B, D, epilogue=epi), "hopper")
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_maximum_and_minimum_with_a_scalar_first(family):
     # the interpreter's NaN-propagating maximum once or-ed a scalar's mask with a block's

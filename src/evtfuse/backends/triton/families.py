@@ -434,14 +434,16 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
 
 
 def _tma_strides(view: torch.Tensor) -> list[int]:
-    """``view``'s strides for a TMA descriptor: a dimension of size 1 addresses nothing,
-    so its stride (which torch leaves arbitrary: 1 for a column-major (1, K) A) becomes a
-    contiguous tensor's, as the descriptor's alignment checks need (``_tma_ok`` skips
-    such dimensions too)."""
+    """``view``'s strides for a TMA descriptor. A dimension of size 1 addresses nothing, so
+    its stride (which torch leaves arbitrary: 1 for a column-major (1, K) A) is replaced:
+    1 for the last dimension, else a contiguous tensor's rounded up to 16 bytes (a (1, 1)
+    tensor's row would be 2 bytes), as the descriptor's alignment checks need."""
     strides = list(view.stride())
+    align = max(16 // view.element_size(), 1)
     for d in range(view.dim() - 1, -1, -1):
         if view.shape[d] == 1:
-            strides[d] = strides[d + 1] * view.shape[d + 1] if d + 1 < view.dim() else 1
+            inner = strides[d + 1] * view.shape[d + 1] if d + 1 < view.dim() else 0
+            strides[d] = -(-inner // align) * align if inner else 1
     return strides
 
 
