@@ -404,6 +404,23 @@ def test_unexpected_keyword_argument():
     assert e.variable == "gamma"
     assert "gamma" in str(e) and "not a parameter or an output" in str(e)
     assert "my_epi(accum, alpha, beta, C) -> D" in str(e)
+    e = _raises(EpilogueArguments, "def e(accum): D = accum; return D", D=_poisoned(M, N),
+                gamma=3.0)
+    assert "e(accum) -> D" in str(e)  # no dangling comma without parameters
+
+
+def test_accumulator_given_but_not_returned():
+    e = _raises(EpilogueArguments, "def e(accum): D = accum * 2.0; return D",
+                D=_poisoned(M, N), accum=_poisoned(M, N))
+    assert e.variable == "accum"
+    assert "does not return accum" in str(e) and "return ..., accum" in str(e)
+
+
+def test_function_used_without_a_call():
+    e = _raises(EpilogueArguments, "def e(accum):\n    f = exp\n    D = accum\n    return D",
+                D=_poisoned(M, N))
+    assert "line 2" in str(e) and "undefined name 'exp'" in str(e)
+    assert "exp is a function: call it (exp(x))" in str(e)
 
 
 @pytest.mark.parametrize("shape,dim", [((M, N + 1), "N"), ((M + 1, 1), "M"), ((M,), "N"),

@@ -182,7 +182,9 @@ class _Parser:
         line = self.line(node)
         if isinstance(node, ast.Name):
             if node.id not in self.defined:
-                raise self.error(f"undefined name '{node.id}' (in the value of '{target}')",
+                hint = (f"; {node.id} is a function: call it ({node.id}(x))"
+                        if node.id in CALLABLE or node.id in _INDEX_FUNCTIONS else "")
+                raise self.error(f"undefined name '{node.id}' (in the value of '{target}'){hint}",
                                  node, node.id)
             return Expr("name", line, name=node.id)
         if isinstance(node, ast.Constant):
@@ -454,10 +456,15 @@ def check_names(parsed: ParsedEpilogue, given: Mapping[str, Any]) -> None:
                                 "EpilogueArguments constructor", variable=o)
     expected = set(parsed.params) | set(parsed.outputs)
     for k in given:
+        if k == "accum" and k not in expected:
+            raise EpilogueError(
+                f"Argument accum is given a tensor, but {parsed.name} does not return accum: "
+                "the accumulator is stored only as a returned output (return ..., accum)",
+                variable=k)
         if k not in expected:
             raise EpilogueError(
                 f"Argument {k} is not a parameter or an output of the epilogue function "
-                f"{parsed.name}(accum, {', '.join(parsed.params)}) -> "
+                f"{parsed.name}({', '.join(['accum', *parsed.params])}) -> "
                 f"{', '.join(parsed.outputs)}", variable=k)
 
 
