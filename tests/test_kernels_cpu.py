@@ -423,6 +423,24 @@ def test_gemm_last_call_path_respects_new_dtypes_and_scalars():
     torch.testing.assert_close(D, 0.5 * (A @ B) + C, rtol=1e-4, atol=1e-4)
 
 
+def test_gemm_repeat_calls_still_refuse_non_numbers_for_scalars():
+    # a repeated call takes a cached launch plan without the frontend's checks; its
+    # runtime scalars once went through float() ("text": a ValueError of Python's, True: 1)
+    M, N, K = 8, 16, 8
+    A, B, C = rand(M, K), rand(K, N), rand(M, N)
+    src = "def epi(accum, C, alpha): D = alpha * accum + C; return D"
+    D = torch.full((M, N), 7.0)
+    evtfuse.gemm(A, B, src, C=C, alpha=2.0, D=D)  # slow path: the plan is cached
+    D.fill_(7.0)
+    for bad, words in [("text", "not str"), ([1.0], "not list"), (True, "not True")]:
+        for _ in range(2):  # the structure hit, then the same-objects path
+            with pytest.raises(EpilogueError, match=f"Argument alpha must be a number .*{words}"):
+                evtfuse.gemm(A, B, src, C=C, alpha=bad, D=D)
+    assert bool((D == 7.0).all())  # nothing written
+    evtfuse.gemm(A, B, src, C=C, alpha=3, D=D)  # an int is a number
+    torch.testing.assert_close(D, 3 * (A @ B) + C, rtol=1e-4, atol=1e-4)
+
+
 def test_evtfuse_log_environment_reaches_library_users():
     import subprocess
     import sys

@@ -34,6 +34,17 @@ class EpilogueError(ValueError):
         super().__init__(text)
 
 
+def not_an_operand(name: str, value: object) -> EpilogueError:
+    """The error for an operand that is neither a number nor a tensor (bool and None
+    included): raised when arguments are built, and by a cached launch plan's runtime
+    scalars, which skip that validation on repeated calls."""
+    if isinstance(value, bool) or value is None:
+        return EpilogueError(f"Argument {name} must be a number or a tensor, not {value!r}",
+                             variable=name)
+    return EpilogueError(f"Argument {name} must be a number or a torch.Tensor, not "
+                         f"{type(value).__name__}", variable=name)
+
+
 class UnsupportedError(RuntimeError):
     """No kernel can run these arguments; the text says why for every family."""
 

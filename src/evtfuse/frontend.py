@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Union
 import torch
 
 from . import ir
-from .errors import EpilogueError
+from .errors import EpilogueError, not_an_operand
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, FP8_DTYPES, OPS,
                       UNARY_OPERATORS, Category, OpDef, ParamValue)
@@ -395,13 +395,11 @@ def _dims(name: str, shape: tuple[int, ...], problem: tuple[int, int, int], what
 def classify_operand(name: str, value: Any, problem: tuple[int, int, int]) -> OperandSpec:
     """The operand's kind from its Python type and shape (DESIGN.md's table)."""
     if isinstance(value, bool) or value is None:
-        raise EpilogueError(f"Argument {name} must be a number or a tensor, not {value!r}",
-                            variable=name)
+        raise not_an_operand(name, value)
     if isinstance(value, numbers.Real):
         return OperandSpec(name, OperandKind.RUNTIME_SCALAR, None)
     if not isinstance(value, torch.Tensor):
-        raise EpilogueError(f"Argument {name} must be a number or a torch.Tensor, not "
-                            f"{type(value).__name__}", variable=name)
+        raise not_an_operand(name, value)
     if value.dtype not in _LOADABLE_DTYPES + FP8_DTYPES:
         raise EpilogueError(f"Argument {name} has dtype {value.dtype}, which an epilogue cannot "
                             "load; use a floating-point or integer tensor", variable=name)

@@ -7,6 +7,7 @@ turns ``GemmArguments`` into a launch plan for the generated kernel (``plan``).
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from ...arguments import GemmArguments
-from ...errors import Status
+from ...errors import Status, not_an_operand
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES
 from ..triton.codegen import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded,
@@ -262,7 +263,11 @@ def _value_getter(name: str):
 
 def _scalar_getter(name: str):
     def get(A, B, values):
-        return float(values[name])
+        v = values[name]
+        if type(v) is float or (isinstance(v, numbers.Real) and not isinstance(v, bool)):
+            return float(v)
+        # a repeated gemm call reaches a cached plan without the frontend's validation
+        raise not_an_operand(name, v)
     return get
 
 
