@@ -7,11 +7,13 @@ function, another return, or an operand of the wrong type, shape or dtype. The p
 (DESIGN.md, "Validation"): building the arguments either succeeds, and then the portable
 kernel matches the reference, or raises ``EpilogueError`` (or ``UnsupportedError``), never
 another exception, and leaves every output tensor as it was. CPU tier only (the frontend
-knows nothing of GPUs).
+knows nothing of GPUs); ``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in
+``test_fuzz_kernels.py``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -79,8 +81,8 @@ def mutated(draw):
     return case, "\n".join(lines), operand
 
 
-@seed(20261123)
-@settings(max_examples=80, deadline=None, database=None,
+@seed(20261123 + int(os.environ.get("EVTFUSE_FUZZ_SEED", "0")))
+@settings(max_examples=int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0")) or 80, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(mutated(), st.integers(0, 2 ** 16))
 def test_bad_input_gets_an_epilogue_error_and_leaves_outputs_alone(drawn, data_seed):
