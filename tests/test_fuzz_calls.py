@@ -7,8 +7,9 @@ epilogue (``epilogue_fuzz.cases``) and a sequence of calls that each change some
 the caches key on, or nothing: new data, the very same objects, new scalar values (ints
 too), another M, a transposed A of the same shape, fp16 instead of fp32, an output
 allocated by ``gemm`` instead of given, the C operand given per row instead of full, an
-unaligned view. Every call's outputs are compared with the reference evaluator. CPU tier;
-``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
+unaligned view. Every call's outputs are compared with the reference evaluator. Both
+tiers (on a GPU later calls go through the direct launcher); ``EVTFUSE_FUZZ_EXAMPLES``
+and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
 """
 
 from __future__ import annotations
@@ -25,18 +26,16 @@ from epilogue_fuzz import cases
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier")
-
 CHANGES = ("new_data", "same_objects", "scalars", "int_scalar", "other_m", "a_transposed",
            "fp16", "allocate_outputs", "c_per_row", "unaligned_c")
 
 
-def _call(case, M, N, K, dtype, change, state, seed_):
+def _call(case, M, N, K, dtype, change, state, seed_, device):
     """The keyword arguments of one call after ``change``; ``state`` carries the last
     call's objects (for "same_objects")."""
     if change == "same_objects" and state:
         return state["A"], state["B"], state["kw"]
-    args = case.arguments(M, N, K, dtype, seed=seed_)
+    args = case.arguments(M, N, K, dtype, device=device, seed=seed_)
     A, B = args.A, args.B
     if change == "a_transposed":
         A = A.T.contiguous().T  # same shape, column-major
@@ -46,7 +45,7 @@ def _call(case, M, N, K, dtype, change, state, seed_):
     if change == "c_per_row" and "C" in kw:
         kw["C"] = kw["C"][:, :1].clone()
     if change == "unaligned_c" and "C" in kw:
-        wide = torch.randn(M, N + 1).to(kw["C"].dtype)
+        wide = torch.randn(M, N + 1, device=device).to(kw["C"].dtype)
         kw["C"] = wide[:, 1:]  # rows of N elements at an odd offset
     if change == "allocate_outputs":
         for name, kind in case.outputs:
@@ -57,13 +56,7 @@ def _call(case, M, N, K, dtype, change, state, seed_):
     return A, B, kw
 
 
-@seed(1123 + int(os.environ.get("EVTFUSE_FUZZ_SEED", "0")))
-@settings(max_examples=int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0")) or 25, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(case=cases(max_steps=2, reductions=True),
-       changes=st.lists(st.sampled_from(CHANGES), min_size=3, max_size=6),
-       data_seed=st.integers(0, 2 ** 16))
-def test_call_sequences_match_the_reference(case, changes, data_seed):
+def _sequence(case, changes, data_seed, device):
     if case.batch > 1 or case.a_col or case.b_col:
         case = type(case)(case.source, case.operands, case.outputs, case.c_fp32,
                           case.bias_fp32)  # layouts and batches change per call here
@@ -71,7 +64,7 @@ def test_call_sequences_match_the_reference(case, changes, data_seed):
     for step, change in enumerate(["new_data", *changes]):
         M = 24 if change == "other_m" else 16
         dtype = torch.float16 if change == "fp16" else torch.float32
-        A, B, kw = _call(case, M, 24, 16, dtype, change, state, data_seed + step)
+        A, B, kw = _call(case, M, 24, 16, dtype, change, state, data_seed + step, device)
         out = evtfuse.gemm(A, B, case.source, tune="none", **kw)
         outs = out if isinstance(out, tuple) else (out,)
         names = [n for n, _ in case.outputs]
@@ -88,3 +81,31 @@ def test_call_sequences_match_the_reference(case, changes, data_seed):
             check = compare(name, t, ref[name], t.dtype, input_dtype=A.dtype)
             assert check.ok, f"call {step} ({change}):\n{case.source}\n{check.line()}"
         state = {"A": A, "B": B, "kw": kw}
+
+
+def _drawn(default_examples: int):
+    return lambda fn: seed(1123 + int(os.environ.get("EVTFUSE_FUZZ_SEED", "0")))(settings(
+        max_examples=int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0")) or default_examples,
+        deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(fn))
+
+
+SEQUENCES = dict(case=cases(max_steps=2, reductions=True),
+                 changes=st.lists(st.sampled_from(CHANGES), min_size=3, max_size=6),
+                 data_seed=st.integers(0, 2 ** 16))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier")
+@_drawn(25)
+@given(**SEQUENCES)
+def test_call_sequences_match_the_reference(case, changes, data_seed):
+    _sequence(case, changes, data_seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@_drawn(8)
+@given(**SEQUENCES)
+def test_call_sequences_match_the_reference_gpu(case, changes, data_seed):
+    """The same on the GPU, where later calls go through the direct launcher."""
+    _sequence(case, changes, data_seed, "cuda")
