@@ -635,6 +635,42 @@ def test_one_wave_kernel_asks_its_aux_tiles_into_l2_during_the_mainloop():
         assert n[f"{dt}1"][2] == 0 and n[f"{dt}1"][1] <= n[f"{dt}0"][1] + 8, n
 
 
+_HOPPER_SMEM_SCRIPT = """
+import json, torch
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.backends.triton.families import HopperFamily, Target
+from evtfuse.runtime.offline import compile_for
+n, fam = 4096, HopperFamily()
+out = {}
+cases = {
+    "fp32_C_fp16_D": ("def epi(accum, C): D = relu(C) + accum; R = sum(accum); return D, R",
+                      dict(C=torch.empty(n, n), R=torch.empty(n, 1))),
+    "two_loads_two_stores": ("def epi(accum, C, X): F = accum * C; D = F + X; return D, F",
+                             dict(C=torch.empty(n, n, dtype=torch.float16),
+                                  X=torch.empty(n, n, dtype=torch.float16),
+                                  F=torch.empty(n, n))),
+}
+for name, (src, ops) in cases.items():
+    A = torch.empty(n, n, dtype=torch.float16)
+    D = torch.empty(n, n, dtype=torch.float16)
+    args = GemmArguments(A, A, D, epilogue=EpilogueArguments(src, D=D, **ops))
+    for cfg in fam.configs(args, Target("cuda", 90, torch.device("cpu"), 132))[:3]:
+        out[name + " " + cfg.name] = compile_for(fam, cfg, args).shared_bytes
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_hopper_configs_with_wide_aux_loads_fit_shared_memory():
+    """sm_90 compiles (no GPU) of the hopper family's first configs where the epilogue
+    loads full aux tiles as wide as its outputs or wider: within the 232,448 bytes. The
+    family's plan once counted the stored outputs alone (an fp32 C with an fp16 D came
+    to 246,808 bytes: the kernel failed to launch; found by the call-sequence fuzz)."""
+    got = run_offline(_HOPPER_SMEM_SCRIPT, timeout=600)
+    assert len(got) == 6, got
+    over = {k: v for k, v in got.items() if v > 232_448}
+    assert not over, over
+
+
 def test_one_row_kernels_compile_without_the_tile_orders_divisions():
     """sm_90 PTX (offline compile, no GPU) of bias+relu at 64x8192x8192 with 64-row tiles:
     the hopper kernel has no integer division or remainder at all (the grouped tile order

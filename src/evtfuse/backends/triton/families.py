@@ -562,8 +562,7 @@ class HopperFamily(KernelFamily):
             return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True),
                     TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
         elt = args.A.element_size()
-        out_bytes = sum(args.epilogue.values[o.name].element_size()
-                        for o in full_outputs(args.optimized_dag))
+        out_bytes = self._tile_bytes(args)
         bk = {4: 32, 2: 64, 1: 128}[elt]
         # measured on H100 bf16 (scripts/perf_probe.py, BENCHMARKS.md): 128x256x64 with
         # 3 stages and a 2-way split epilogue wins at 4096^3..8192^3, with or without aux
@@ -609,9 +608,24 @@ class HopperFamily(KernelFamily):
         return fits
 
     @staticmethod
-    def _smem(c: TileConfig, elt: int, out_bytes: int) -> int:
+    def _tile_bytes(args: GemmArguments) -> int:
+        """Shared-memory bytes per element of an epilogue sub-tile: every full aux tile
+        loaded (TMA loads land there) plus the widest stored output (stores are staged
+        there one after another). Offline sm_90 compiles, 128x256 tiles in halves, bytes
+        beyond the A/B ring (flattened loop): alpha-beta (C in, D out) 65,576, relu with an
+        aux output (C in, D and F out) 65,576, BCE (C in) 32,808; an fp32 C with an fp16 D
+        99,352, which the stored outputs alone (2 bytes an element) put at 32,768: that
+        kernel failed to launch (found by the call-sequence fuzz test)."""
+        dag, values = args.optimized_dag, args.epilogue.values
+        loads = sum(values[s.name].element_size() for s in dag.used_operands
+                    if s.kind is OperandKind.FULL)
+        stores = [values[o.name].element_size() for o in full_outputs(dag)]
+        return loads + max(stores, default=0)
+
+    @staticmethod
+    def _smem(c: TileConfig, elt: int, tile_bytes: int) -> int:
         main = c.num_stages * (c.block_m + c.block_n) * c.block_k * elt
-        epi = c.block_m * (c.block_n // c.epi_split) * max(out_bytes, 2)
+        epi = c.block_m * (c.block_n // c.epi_split) * max(tile_bytes, 2)
         return main + epi
 
     def spec(self, args, config, target):
