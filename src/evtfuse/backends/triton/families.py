@@ -608,24 +608,32 @@ class HopperFamily(KernelFamily):
         return fits
 
     @staticmethod
-    def _tile_bytes(args: GemmArguments) -> int:
-        """Shared-memory bytes per element of an epilogue sub-tile: every full aux tile
-        loaded (TMA loads land there) plus the widest stored output (stores are staged
-        there one after another). Offline sm_90 compiles, 128x256 tiles in halves, bytes
-        beyond the A/B ring (flattened loop): alpha-beta (C in, D out) 65,576, relu with an
-        aux output (C in, D and F out) 65,576, BCE (C in) 32,808; an fp32 C with an fp16 D
-        99,352, which the stored outputs alone (2 bytes an element) put at 32,768: that
-        kernel failed to launch (found by the call-sequence fuzz test)."""
+    def _tile_bytes(args: GemmArguments) -> tuple[int, int]:
+        """Bytes per element of an epilogue sub-tile that go through shared memory: the
+        full aux tiles loaded (TMA loads land there) and the outputs stored (staged there
+        for their TMA stores); ``_smem`` says how much of it is live at once."""
         dag, values = args.optimized_dag, args.epilogue.values
         loads = sum(values[s.name].element_size() for s in dag.used_operands
                     if s.kind is OperandKind.FULL)
-        stores = [values[o.name].element_size() for o in full_outputs(dag)]
-        return loads + max(stores, default=0)
+        stores = sum(values[o.name].element_size() for o in full_outputs(dag))
+        return loads, stores
 
     @staticmethod
-    def _smem(c: TileConfig, elt: int, tile_bytes: int) -> int:
+    def _smem(c: TileConfig, elt: int, tile_bytes: tuple[int, int]) -> int:
+        """The A/B ring plus the epilogue's buffers: every loaded and stored sub-tile in a
+        flattened persistent loop (the ring stays live through the epilogue), the stored
+        ones only otherwise (Triton reuses the ring's space for the loads). An upper bound
+        of offline sm_90 compiles, 128x256 tiles in halves, bytes per element beyond the
+        ring, flattened / not: alpha-beta (C in, D out) 4 / 2, relu with an aux output (C
+        in, D and F out) 4 / 2, BCE (C in) 2 / 0, an fp32 C with an fp16 D 6 / 2, D and the
+        fp32 accumulator stored 6; two bf16 loads with bf16 and fp32 stores, in quarters, 8
+        / 6. Counting the stored outputs alone, the plan put the fp32 C case at 180 KB
+        (247 KB compiled) and the accumulator case at 211 KB (246 KB): launches failed
+        (found by the call-sequence fuzz on the GPU)."""
+        loads, stores = tile_bytes
         main = c.num_stages * (c.block_m + c.block_n) * c.block_k * elt
-        epi = c.block_m * (c.block_n // c.epi_split) * max(tile_bytes, 2)
+        per_element = loads + stores if c.flatten else stores
+        epi = c.block_m * (c.block_n // c.epi_split) * max(per_element, 2)
         return main + epi
 
     def spec(self, args, config, target):
