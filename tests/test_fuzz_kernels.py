@@ -64,6 +64,56 @@ def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
         _verify(hopper, args, case)
 
 
+# ------------------------------------------------------------------ CPU tier: sm_90 compiles
+
+_OFFLINE_SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+from hypothesis import HealthCheck, given, seed, settings, strategies as st
+from epilogue_fuzz import cases
+from evtfuse.backends.triton.families import SMEM_LIMIT
+from evtfuse.runtime.offline import compile_for, offered
+found = {{"checked": 0, "over": []}}
+
+@seed({seed})
+@settings(max_examples={examples}, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(case=cases(), bf16=st.booleans())
+def run(case, bf16):
+    args = case.arguments(2048, 2048, 256, torch.bfloat16 if bf16 else torch.float16)
+    seen = set()
+    for fam, cfg in offered(args):  # the first config of each structure
+        kind = (fam.name, cfg.cooperative, cfg.num_warps, cfg.flatten)
+        if kind not in seen:
+            seen.add(kind)
+            got = compile_for(fam, cfg, args).shared_bytes
+            found["checked"] += 1
+            if got > SMEM_LIMIT:
+                found["over"].append([case.source, str(case.outputs), fam.name, cfg.name, got])
+
+run()
+print("RESULT" + json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier (the GPU tier launches them)")
+def test_random_epilogues_kernels_fit_shared_memory_when_compiled():
+    """What an sm_90 GPU would be offered for random epilogues (``runtime.offline.offered``:
+    every family's refusals and orders), compiled without a GPU: the first config of each
+    structure (family, cooperative or not, warps, flattened loop or not) within the
+    232,448 bytes of shared memory. The families plan their stages and epilogue pieces
+    from estimates; four configs past the limit, which failed only at launch, were found
+    by the GPU fuzz tests before this check existed."""
+    import os
+
+    from offline_run import run_offline
+
+    got = run_offline(_OFFLINE_SCRIPT.format(tests=os.path.dirname(__file__), seed=SEED + 11,
+                                             examples=EXAMPLES or 10), timeout=1200)
+    assert got["checked"] >= 10, got
+    assert not got["over"], got["over"]
+
+
 # ------------------------------------------------------------------ GPU tier
 
 GPU_KINDS = [("gluon", "first"), ("gluon", "coop"), ("gluon", "wide"), ("hopper", "first"),

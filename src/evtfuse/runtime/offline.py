@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
-from ..backends.triton.families import KernelFamily, Target, TileConfig
+from ..backends.triton.families import KernelFamily, Target, TileConfig, fill_rank
 from .cache import import_path
 
 
@@ -40,10 +40,21 @@ def _cuobjdump() -> str | None:
     return path if os.path.exists(path) else None
 
 
+def offered(args: GemmArguments, cc: int = 90, sms: int = 132) -> list[tuple[KernelFamily, TileConfig]]:
+    """The (family, config) pairs ``get_kernels`` would offer for ``args`` on a GPU of
+    compute capability ``cc`` with ``sms`` SMs, best first (the families' refusals and
+    ``order_by_fill`` included), for arguments on the CPU."""
+    from .api import FAMILIES
+
+    target = Target("cuda", cc, args.A.device, sms, offline=True)
+    pairs = [(f, c) for f in FAMILIES if f.supports(args, target) for c in f.configs(args, target)]
+    return sorted(pairs, key=lambda fc: fill_rank(args, fc[1], sms))
+
+
 def compile_for(family: KernelFamily, config: TileConfig, args: GemmArguments,
                 cc: int = 90, sms: int = 132) -> Compiled:
     """Generate and compile ``family``'s kernel for ``args`` to a ``cc`` cubin."""
-    target = Target("cuda", cc, args.A.device, sms)
+    target = Target("cuda", cc, args.A.device, sms, offline=True)
     spec = family.spec(args, config, target)
     with tempfile.TemporaryDirectory() as tmp:
         fn = _compiled_kernel_fn(generate(spec), tmp)

@@ -73,6 +73,8 @@ class Target:
     cc: int
     device: torch.device
     sms: int  # persistent kernels launch at most this many programs
+    offline: bool = False  # compiled, never launched (``runtime.offline``): CPU tensors
+    #                        stand for the GPU's, only their dtypes, shapes and strides count
 
 
 def _dims3(t: torch.Tensor) -> tuple[int, int, int]:
@@ -157,7 +159,7 @@ class KernelFamily:
                                "fp16/fp32 on the CPU, bf16 on a GPU")
         if target.kind == INTERPRETER and args.A.device.type != "cpu":
             return Status.fail("the Triton interpreter needs CPU tensors")
-        if target.kind != INTERPRETER and args.A.device.type != "cuda":
+        if target.kind != INTERPRETER and args.A.device.type != "cuda" and not target.offline:
             return Status.fail(f"tensors are on {args.A.device}; kernels need CUDA tensors, or "
                                "TRITON_INTERPRET=1 for CPU tensors")
         why = _fp8_refusal(args, target)
