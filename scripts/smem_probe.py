@@ -25,7 +25,6 @@ import torch  # noqa: E402
 
 from evtfuse import EpilogueArguments, GemmArguments  # noqa: E402
 from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target  # noqa: E402
-from evtfuse.backends.triton.gluon_codegen import buffers  # noqa: E402
 
 # name -> (source, {output: shape kind}); reductions' shapes: row (M, 1), col (N,), all (1,)
 EPILOGUES = {
@@ -63,13 +62,12 @@ def _args(name: str, M: int, N: int, K: int) -> GemmArguments:
 
 
 def _estimate(fam: GluonFamily, args: GemmArguments, cfg) -> int:
-    dag = args.optimized_dag
-    coop = cfg.cooperative
-    bn = fam.CO_BN if coop else fam.BN
-    bm = fam.BM // 2 if coop else fam.BM
-    direct = fam._direct(dag, cfg.epi_split, args.A.element_size(), cfg.num_stages, coop)
-    epi = buffers(dag, direct, cfg.slots).smem_bytes(bm, bn, bn // cfg.epi_split)
-    return epi + cfg.num_stages * (fam.BM + bn) * fam.BK * args.A.element_size()
+    """The family's buffers for ``cfg`` plus its A/B ring (what ``_ring`` plans with)."""
+    dag, elt = args.optimized_dag, args.A.element_size()
+    bn = fam.CO_BN if cfg.cooperative else fam.BN
+    epi = fam._epilogue_smem(dag, cfg.epi_split, fam._config_direct(dag, cfg, elt),
+                             cfg.cooperative, cfg.slots)
+    return epi + cfg.num_stages * (fam.BM + bn) * fam.BK * elt
 
 
 def _one(job) -> str:

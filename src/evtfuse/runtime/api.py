@@ -46,6 +46,11 @@ def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
     target = _target(args, cc)
     if _no_target_reason(target):
         return []
+    return kernels_for(args, target)
+
+
+def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
+    """``get_kernels`` for a given target (``runtime.offline`` asks for an sm_90 GPU's)."""
     kernels: list[Kernel] = []
     for family in FAMILIES:
         if not family.supports(args, target):

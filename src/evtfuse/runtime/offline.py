@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
-from ..backends.triton.families import KernelFamily, Target, TileConfig, fill_rank
+from ..backends.triton.families import KernelFamily, Target, TileConfig
 from .cache import import_path
 
 
@@ -44,11 +44,10 @@ def offered(args: GemmArguments, cc: int = 90, sms: int = 132) -> list[tuple[Ker
     """The (family, config) pairs ``get_kernels`` would offer for ``args`` on a GPU of
     compute capability ``cc`` with ``sms`` SMs, best first (the families' refusals and
     ``order_by_fill`` included), for arguments on the CPU."""
-    from .api import FAMILIES
+    from .api import kernels_for
 
     target = Target("cuda", cc, args.A.device, sms, offline=True)
-    pairs = [(f, c) for f in FAMILIES if f.supports(args, target) for c in f.configs(args, target)]
-    return sorted(pairs, key=lambda fc: fill_rank(args, fc[1], sms))
+    return [(k.family, k.config) for k in kernels_for(args, target)]
 
 
 def compile_for(family: KernelFamily, config: TileConfig, args: GemmArguments,

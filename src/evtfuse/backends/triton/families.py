@@ -564,7 +564,7 @@ class HopperFamily(KernelFamily):
             return [TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, prefetch=True),
                     TileConfig(16, 32, 16, 2, 4, 2, epi_split=1)]
         elt = args.A.element_size()
-        out_bytes = self._tile_bytes(args)
+        tile_bytes = self._tile_bytes(args)
         bk = {4: 32, 2: 64, 1: 128}[elt]
         # measured on H100 bf16 (scripts/perf_probe.py, BENCHMARKS.md): 128x256x64 with
         # 3 stages and a 2-way split epilogue wins at 4096^3..8192^3, with or without aux
@@ -589,10 +589,10 @@ class HopperFamily(KernelFamily):
         for c in cands:
             # wide or many outputs: split the epilogue further rather than overflow shared
             # memory (each stored sub-tile is staged there for its TMA store)
-            while self._smem(c, elt, out_bytes) > SMEM_BUDGET and c.epi_split < 4 \
+            while self._smem(c, elt, tile_bytes) > SMEM_BUDGET and c.epi_split < 4 \
                     and c.block_n // (c.epi_split * 2) >= 32:
                 c = replace(c, epi_split=c.epi_split * 2)
-            if self._smem(c, elt, out_bytes) <= SMEM_BUDGET and c not in fits:
+            if self._smem(c, elt, tile_bytes) <= SMEM_BUDGET and c not in fits:
                 fits.append(c)
         tiles = lambda c: tile_count(args, c)
         sms = _sms(target)
@@ -603,7 +603,7 @@ class HopperFamily(KernelFamily):
         # every program reads its C tile at the same moment after the last k-step
         small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
                            l2_spread=_l2_spread_ok(args))
-        if sms <= tiles(small) <= 2 * sms and self._smem(small, elt, out_bytes) <= SMEM_BUDGET:
+        if sms <= tiles(small) <= 2 * sms and self._smem(small, elt, tile_bytes) <= SMEM_BUDGET:
             # one wave at two programs per SM, tiles taken in launch order (no flattened
             # loop): relu aux at 2048^3 0.0344 ms against 0.0352 for 128x256 (perf_probe)
             fits.insert(1, small)
@@ -943,7 +943,9 @@ class GluonFamily(KernelFamily):
         """The most A/B stages, up to ``config.num_stages``, that ``config``'s kernel fits
         in shared memory with (``with_config`` may ask for 8-warp consumers, which need more
         scratch than the 4-warp config's plan left)."""
-        dag, elt = args.optimized_dag, args.A.element_size()
+        return self._fit_stages(args.optimized_dag, args.A.element_size(), config)
+
+    def _fit_stages(self, dag: Dag, elt: int, config: TileConfig) -> int:
         direct = self._config_direct(dag, config, elt)
         return min(config.num_stages,
                    self._ring(dag, config.epi_split, elt, direct, config.cooperative,
@@ -1093,9 +1095,7 @@ class GluonFamily(KernelFamily):
             if c.epi_split in first:
                 continue
             wide = replace(c, num_warps=8)
-            stages = min(c.num_stages, self._ring(dag, c.epi_split, elt,
-                                                  self._config_direct(dag, c, elt),
-                                                  slots=c.slots, warps=8))
+            stages = self._fit_stages(dag, elt, wide)
             if stages >= GLUON_MIN_STAGES:
                 first[c.epi_split] = replace(wide, num_stages=stages)
         return [first[k] for k in sorted(first)]
