@@ -23,13 +23,31 @@ operands only (exact in both readings).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 
 import evtfuse
 from evtfuse import get_kernels
+
+# more examples, or other ones, when hunting (every fuzz test reads these)
+EXAMPLES = int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0"))
+SEED = int(os.environ.get("EVTFUSE_FUZZ_SEED", "0"))
+
+
+def drawn(default_examples: int, base_seed: int):
+    """hypothesis settings of the fuzz tests: ``default_examples`` (``EVTFUSE_FUZZ_EXAMPLES``
+    instead when set) from the fixed seed ``base_seed`` shifted by ``EVTFUSE_FUZZ_SEED``, so
+    CI runs the same examples every time; no example database."""
+    conf = settings(max_examples=EXAMPLES or default_examples, deadline=None, database=None,
+                    print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+    return lambda fn: seed(base_seed + SEED)(conf(fn))
+
 
 # unary patterns: continuous with a bounded slope where their argument lives (|x| < ~50)
 UNARY = ("relu({})", "leaky_relu({}, 0.1)", "sigmoid({})", "tanh({})", "gelu({})",

@@ -14,15 +14,14 @@ and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import evtfuse
-from epilogue_fuzz import cases
+from epilogue_fuzz import cases, drawn
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
@@ -83,20 +82,13 @@ def _sequence(case, changes, data_seed, device):
         state = {"A": A, "B": B, "kw": kw}
 
 
-def _drawn(default_examples: int):
-    return lambda fn: seed(1123 + int(os.environ.get("EVTFUSE_FUZZ_SEED", "0")))(settings(
-        max_examples=int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0")) or default_examples,
-        deadline=None, database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(fn))
-
-
 SEQUENCES = dict(case=cases(max_steps=2, reductions=True),
                  changes=st.lists(st.sampled_from(CHANGES), min_size=3, max_size=6),
                  data_seed=st.integers(0, 2 ** 16))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier")
-@_drawn(25)
+@drawn(25, base_seed=1123)
 @given(**SEQUENCES)
 def test_call_sequences_match_the_reference(case, changes, data_seed):
     _sequence(case, changes, data_seed, "cpu")
@@ -104,7 +96,7 @@ def test_call_sequences_match_the_reference(case, changes, data_seed):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@_drawn(8)
+@drawn(8, base_seed=1123)
 @given(**SEQUENCES)
 def test_call_sequences_match_the_reference_gpu(case, changes, data_seed):
     """The same on the GPU, where later calls go through the direct launcher."""

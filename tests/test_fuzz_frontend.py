@@ -13,16 +13,15 @@ knows nothing of GPUs); ``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as i
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import evtfuse
-from epilogue_fuzz import cases, pick
+from epilogue_fuzz import cases, drawn, pick
 from evtfuse import EpilogueError
 from evtfuse.errors import UnsupportedError
 
@@ -81,9 +80,7 @@ def mutated(draw):
     return case, "\n".join(lines), operand
 
 
-@seed(20261123 + int(os.environ.get("EVTFUSE_FUZZ_SEED", "0")))
-@settings(max_examples=int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0")) or 80, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@drawn(80, base_seed=20261123)
 @given(mutated(), st.integers(0, 2 ** 16))
 def test_bad_input_gets_an_epilogue_error_and_leaves_outputs_alone(drawn, data_seed):
     case, source, operand = drawn

@@ -22,25 +22,16 @@ import zlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, seed, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, cases, pick
+from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, cases, drawn, pick
 from evtfuse import explain
-
-EXAMPLES = int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0"))
-SEED = int(os.environ.get("EVTFUSE_FUZZ_SEED", "0"))
 
 
 def _drawn(default_examples: int, salt: str):
-    """hypothesis settings for these tests: a fixed seed per test variant (``salt``; so CI
-    runs the same examples every time, and each variant its own), shifted by
-    ``EVTFUSE_FUZZ_SEED``; no example database."""
-    conf = settings(max_examples=EXAMPLES or default_examples, deadline=None, database=None,
-                    print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much])
-    return lambda fn: seed(SEED + zlib.crc32(salt.encode()))(conf(fn))
+    """``epilogue_fuzz.drawn`` with a seed of its own per test variant (``salt``)."""
+    return drawn(default_examples, zlib.crc32(salt.encode()))
 
 
 def _verify(kernel, args, case) -> None:
@@ -69,15 +60,13 @@ def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
 _OFFLINE_SCRIPT = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
-from hypothesis import HealthCheck, given, seed, settings, strategies as st
-from epilogue_fuzz import cases
+from hypothesis import given, strategies as st
+from epilogue_fuzz import cases, drawn
 from evtfuse.backends.triton.families import SMEM_LIMIT
 from evtfuse.runtime.offline import compile_for, offered
 found = {{"checked": 0, "over": []}}
 
-@seed({seed})
-@settings(max_examples={examples}, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@drawn(10, base_seed=11)  # reads EVTFUSE_FUZZ_EXAMPLES and _SEED itself
 @given(case=cases(), bf16=st.booleans())
 def run(case, bf16):
     args = case.arguments(2048, 2048, 256, torch.bfloat16 if bf16 else torch.float16)
@@ -104,12 +93,9 @@ def test_random_epilogues_kernels_fit_shared_memory_when_compiled():
     232,448 bytes of shared memory. The families plan their stages and epilogue pieces
     from estimates; four configs past the limit, which failed only at launch, were found
     by the GPU fuzz tests before this check existed."""
-    import os
-
     from offline_run import run_offline
 
-    got = run_offline(_OFFLINE_SCRIPT.format(tests=os.path.dirname(__file__), seed=SEED + 11,
-                                             examples=EXAMPLES or 10), timeout=1200)
+    got = run_offline(_OFFLINE_SCRIPT.format(tests=os.path.dirname(__file__)), timeout=1200)
     assert got["checked"] >= 10, got
     assert not got["over"], got["over"]
 
