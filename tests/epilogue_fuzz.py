@@ -85,20 +85,29 @@ class Case:
     c_shared: bool = False
 
     def arguments(self, M: int, N: int, K: int, dtype: torch.dtype, device="cpu",
-                  seed: int = 0) -> evtfuse.GemmArguments:
-        """``GemmArguments`` on fresh random data (A and B scaled so |accum| stays ~1)."""
+                  seed: int = 0, inputs: torch.dtype | None = None,
+                  allow_tf32: bool = False) -> evtfuse.GemmArguments:
+        """``GemmArguments`` on fresh random data: operands and full outputs of ``dtype``,
+        A and B of ``inputs`` (default ``dtype``), scaled so |accum| stays ~1; int8 A and B
+        hold -1, 0 and 1 (accumulated in int32: |accum| ~ 0.8 sqrt(K), exact)."""
         g = torch.Generator(device="cpu").manual_seed(seed)
         L = self.batch
         lead = (L,) if L > 1 else ()
+        inputs = inputs or dtype
 
         def rnd(*shape, dt=dtype, scale=1.0):
             return (torch.randn(*shape, generator=g) * scale).to(dt).to(device)
 
+        def ab(*shape):
+            if inputs == torch.int8:
+                return torch.randint(-1, 2, shape, generator=g, dtype=torch.int8).to(device)
+            return rnd(*shape, dt=inputs, scale=K ** -0.25)
+
         def operand(rows, cols, col_major, shared):
             dims = () if shared else lead
             if col_major:
-                return rnd(*dims, cols, rows, scale=K ** -0.25).transpose(-1, -2)
-            return rnd(*dims, rows, cols, scale=K ** -0.25)
+                return ab(*dims, cols, rows).transpose(-1, -2)
+            return ab(*dims, rows, cols)
 
         A = operand(M, K, self.a_col, False)
         B = operand(K, N, self.b_col, self.b_shared)
@@ -130,7 +139,8 @@ class Case:
             if name == "D":
                 out = t
         epi = evtfuse.EpilogueArguments(self.source, **values)
-        return evtfuse.GemmArguments(A, B, out, torch.float32, epi)
+        acc = torch.int32 if inputs == torch.int8 else torch.float32
+        return evtfuse.GemmArguments(A, B, out, acc, epi, allow_tf32=allow_tf32)
 
 
 @st.composite

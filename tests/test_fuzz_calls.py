@@ -7,9 +7,10 @@ epilogue (``epilogue_fuzz.cases``) and a sequence of calls that each change some
 the caches key on, or nothing: new data, the very same objects, new scalar values (ints
 too), another M, a transposed A of the same shape, fp16 instead of fp32, an output
 allocated by ``gemm`` instead of given, the C operand given per row instead of full, an
-unaligned view. Every call's outputs are compared with the reference evaluator. Both
-tiers (on a GPU later calls go through the direct launcher); ``EVTFUSE_FUZZ_EXAMPLES``
-and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
+unaligned view, ``tune="fast"`` (on a GPU the tuner times candidates on scratch
+outputs, then the winner runs on the call's). Every call's outputs are compared with the
+reference evaluator. Both tiers (on a GPU later calls go through the direct launcher);
+``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
 CHANGES = ("new_data", "same_objects", "scalars", "int_scalar", "other_m", "a_transposed",
-           "fp16", "allocate_outputs", "c_per_row", "unaligned_c")
+           "fp16", "allocate_outputs", "c_per_row", "unaligned_c", "tuned")
 
 
 def _call(case, M, N, K, dtype, change, state, seed_, device):
@@ -64,7 +65,8 @@ def _sequence(case, changes, data_seed, device):
         M = 24 if change == "other_m" else 16
         dtype = torch.float16 if change == "fp16" else torch.float32
         A, B, kw = _call(case, M, 24, 16, dtype, change, state, data_seed + step, device)
-        out = evtfuse.gemm(A, B, case.source, tune="none", **kw)
+        tune = "fast" if change == "tuned" else "none"
+        out = evtfuse.gemm(A, B, case.source, tune=tune, **kw)
         outs = out if isinstance(out, tuple) else (out,)
         names = [n for n, _ in case.outputs]
         got = dict(zip(names, outs))
