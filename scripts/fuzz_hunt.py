@@ -8,9 +8,14 @@ repository root:
 
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/fuzz_hunt.py --count 500            # CPU
     PYTHONPATH=src python3 scripts/fuzz_hunt.py --count 100 --kinds gluon:first,gluon:wide  # GPU
+    PYTHONPATH=src python3 scripts/fuzz_hunt.py --count 40 --kinds hopper:first,portable:first \
+        --inputs fp32,tf32,e4m3,int8 --shapes 2600x2056x328                                  # GPU
 
 Kinds are ``family:which`` with which = first (the family's first config), coop (gluon's
-first cooperative config) or wide (gluon's first ping-pong config at 8 warps).
+first cooperative config) or wide (gluon's first ping-pong config at 8 warps). Inputs are
+A's and B's dtype (``same``: the dtype drawn for operands and outputs; or one of
+``epilogue_fuzz.INPUTS``: fp32, tf32, e4m3, e4m3_promoted, e5m2, int8; 8-bit ones
+K-contiguous with K rounded up to 16, as the GPU tests draw them).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, cases, pick  # noqa: E402
+from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, INPUTS, cases, k16, k_major, pick  # noqa: E402
 
 
 def main() -> int:
@@ -37,20 +42,30 @@ def main() -> int:
     p.add_argument("--kinds", default="gluon:first,gluon:coop,gluon:wide,hopper:first" if gpu
                    else "portable:first,hopper:first")
     p.add_argument("--dtypes", default="bf16,fp16" if gpu else "fp16,fp32")
+    p.add_argument("--inputs", default="same",
+                   help="A/B dtypes: same, " + ", ".join(INPUTS))
+    p.add_argument("--shapes", default="", help="MxNxK,... (default: the tests' shapes)")
     a = p.parse_args()
     warnings.filterwarnings("ignore")  # hypothesis: .example() outside a test
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d]
               for d in a.dtypes.split(",")]
     kinds = [tuple(k.split(":")) for k in a.kinds.split(",")]
     shapes, device = (GPU_SHAPES, "cuda") if gpu else (CPU_SHAPES, "cpu")
+    if a.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    inputs = a.inputs.split(",")
     rng = random.Random(a.seed)
     fails, refused, t0 = 0, 0, time.time()
     for i in range(a.count):
         case = cases().example()
-        shape, dtype = rng.choice(shapes), rng.choice(dtypes)
+        shape, dtype, given = rng.choice(shapes), rng.choice(dtypes), rng.choice(inputs)
+        in_dtype, options = INPUTS[given] if given != "same" else (None, {})
+        if in_dtype is not None and in_dtype.itemsize == 1:
+            case, shape = k_major(case), k16(shape)
         for family, which in kinds:
             try:
-                args = case.arguments(*shape, dtype, device=device, seed=i)
+                args = case.arguments(*shape, dtype, device=device, seed=i, inputs=in_dtype,
+                                      **options)
                 kernel = pick(args, family, which, cc=None if gpu or family != "hopper" else 90)
                 if kernel is None:  # the family states why (explain); not a failure
                     refused += 1
@@ -62,7 +77,8 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - every failure is reported
                 err = f"{type(e).__name__}: {str(e)[:800]}"
             fails += 1
-            print(f"===== case {i}: {family}:{which} shape={shape} dtype={dtype}\n{case.source}\n"
+            print(f"===== case {i}: {family}:{which} shape={shape} dtype={dtype} inputs={given}\n"
+                  f"{case.source}\n"
                   f"outputs {case.outputs} C fp32={case.c_fp32} bias fp32={case.bias_fp32}\n{err}",
                   flush=True)
     print(f"{a.count} cases x {len(kinds)} kinds in {time.time() - t0:.0f} s: {fails} failures, "

@@ -23,6 +23,7 @@ operands only (exact in both readings).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -67,6 +68,12 @@ REDUCTIONS = ("sum", "max", "min", "logsumexp")
 CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
 GPU_SHAPES = ((300, 264, 72), (520, 384, 200), (129, 136, 64), (1024, 1000, 136))
 AXES = ("row", "col", "all")  # per-row (M, 1), per-column (N,), whole problem (1,)
+# A and B of the dtypes the gluon family does not take: name -> (A/B dtype, GemmArguments
+# options)
+_E4M3, _E5M2 = getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)
+INPUTS = {"fp32": (torch.float32, {}), "tf32": (torch.float32, {"allow_tf32": True}),
+          "e4m3": (_E4M3, {}), "e4m3_promoted": (_E4M3, {"fp8_fast_accum": False}),
+          "e5m2": (_E5M2, {}), "int8": (torch.int8, {})}
 
 
 @dataclass(frozen=True)
@@ -86,10 +93,11 @@ class Case:
 
     def arguments(self, M: int, N: int, K: int, dtype: torch.dtype, device="cpu",
                   seed: int = 0, inputs: torch.dtype | None = None,
-                  allow_tf32: bool = False) -> evtfuse.GemmArguments:
+                  **options) -> evtfuse.GemmArguments:
         """``GemmArguments`` on fresh random data: operands and full outputs of ``dtype``,
         A and B of ``inputs`` (default ``dtype``), scaled so |accum| stays ~1; int8 A and B
-        hold -1, 0 and 1 (accumulated in int32: |accum| ~ 0.8 sqrt(K), exact)."""
+        hold -1, 0 and 1 (accumulated in int32: |accum| ~ 0.8 sqrt(K), exact). ``options``:
+        GemmArguments' keywords (allow_tf32, fp8_fast_accum)."""
         g = torch.Generator(device="cpu").manual_seed(seed)
         L = self.batch
         lead = (L,) if L > 1 else ()
@@ -140,7 +148,7 @@ class Case:
                 out = t
         epi = evtfuse.EpilogueArguments(self.source, **values)
         acc = torch.int32 if inputs == torch.int8 else torch.float32
-        return evtfuse.GemmArguments(A, B, out, acc, epi, allow_tf32=allow_tf32)
+        return evtfuse.GemmArguments(A, B, out, acc, epi, **options)
 
 
 @st.composite
@@ -211,6 +219,18 @@ def cases(draw, max_steps: int = 3, reductions: bool = True) -> Case:
                 b_col=draw(st.integers(0, 3)) == 0, batch=batch,
                 b_shared=batch > 1 and draw(st.booleans()),
                 c_shared=batch > 1 and draw(st.booleans()))
+
+
+def k_major(case: Case) -> Case:
+    """``case`` with A row-major and B column-major: both K-contiguous, as 8-bit inputs on
+    the tensor cores need (the hopper family refuses other layouts, saying so)."""
+    return dataclasses.replace(case, a_col=False, b_col=True)
+
+
+def k16(shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``shape`` with K a multiple of 16: rows of 8-bit A and B in 16-byte multiples (TMA)."""
+    M, N, K = shape
+    return M, N, -(-K // 16) * 16
 
 
 def pick(args: evtfuse.GemmArguments, family: str, which: str, cc: int | None = None):

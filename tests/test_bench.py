@@ -344,7 +344,7 @@ def test_rotation_count():
 # ----------------------------------------------------------------------------- end to end on CPU
 
 
-def _fake_gemm(A, B, epilogue, tune="fast", **kw):
+def _fake_gemm(A, B, epilogue, tune="fast", allow_tf32=False, fp8_fast_accum=True, **kw):
     """evtfuse.gemm's contract, computed by the reference evaluator (writes in place)."""
     ea = EpilogueArguments(epilogue, **kw)
     res = evtfuse.reference.evaluate(GemmArguments(A, B, epilogue=ea))

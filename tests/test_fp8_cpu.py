@@ -89,3 +89,52 @@ def test_reference_rounds_fp8_outputs_saturating():
     ref = evaluate(args)["D"]
     assert ref.dtype == E4M3
     assert ref.float().abs().max().item() == 448.0 and not ref.float().isnan().any()
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+def test_promoted_fp8_accumulation_is_emitted_only_when_asked(family):
+    """``fp8_fast_accum=False``: each k-step's dot sums in reduced precision and adds to
+    the fp32 accumulator (Triton's ``max_num_imprecise_acc=BLOCK_K``); the default keeps
+    the fast accumulation over all of K, and wider inputs never get the keyword. The two
+    modes are different kernels, tunings and launch plans."""
+    from evtfuse.backends.triton.families import FAMILIES, TileConfig
+    from evtfuse.runtime.kernel import structure_key
+    from evtfuse.runtime.tuner import tuning_key
+
+    fam = next(f for f in FAMILIES if f.name == family)
+    gpu = Target("cuda", 90, torch.device("cpu"), 132, offline=True)
+    cfg = TileConfig(128, 128, 128, 8, 8, 3)
+
+    def dot_lines(in_dtype, **options):
+        args = _args(in_dtype, torch.bfloat16)
+        args = GemmArguments(args.A, args.B, args.epilogue.values["D"],
+                             epilogue=args.epilogue, **options)
+        spec = fam.spec(args, cfg, gpu)
+        return [ln for ln in codegen.generate(spec).splitlines() if "tl.dot(" in ln], spec, args
+
+    fast, fast_spec, fast_args = dot_lines(E4M3)
+    promoted, promoted_spec, promoted_args = dot_lines(E4M3, fp8_fast_accum=False)
+    fp16, _, _ = dot_lines(torch.float16, fp8_fast_accum=False)
+    assert fast and promoted and fp16
+    assert all("max_num_imprecise_acc=BLOCK_K" in ln for ln in promoted)
+    assert not any("max_num_imprecise_acc" in ln for ln in fast + fp16)
+    assert fast_spec.key() != promoted_spec.key()
+    assert tuning_key(fast_args, "fast", None) != tuning_key(promoted_args, "fast", None)
+    assert structure_key(fast_args) != structure_key(promoted_args)
+
+
+def test_compare_allows_fast_fp8_accumulation_error_growing_with_k():
+    """The fast mode's error grows about as sqrt(K) (``verify.FP8_INPUT_TOLERANCE``): an
+    error the size H100 measured at K = 16384 (3.1e-3 of the norm) passes for a fast
+    accumulation over that K and fails for a promoted one, and at K <= 256 the bounds are
+    the promoted ones."""
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(64, 64, generator=g)
+    noisy = ref + 3.1e-3 * torch.randn(64, 64, generator=g)
+    assert compare("D", noisy, ref, torch.float32, input_dtype=E4M3, fp8_fast_k=16384).ok
+    assert not compare("D", noisy, ref, torch.float32, input_dtype=E4M3).ok
+    small = compare("D", noisy, ref, torch.float32, input_dtype=E4M3, fp8_fast_k=128)
+    assert not small.ok and small.tolerance == 2e-3
+    wrong = ref.clone()
+    wrong[5, 7] += 0.5 * float(ref.pow(2).mean().sqrt())  # one element off by half the RMS
+    assert not compare("D", wrong, ref, torch.float32, input_dtype=E4M3, fp8_fast_k=16384).ok

@@ -17,7 +17,6 @@ failure of many fresh cases instead of shrinking the first.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import zlib
 
@@ -26,7 +25,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, cases, drawn, pick
+from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, INPUTS, cases, drawn, k16, k_major, pick
 from evtfuse import explain
 
 
@@ -56,18 +55,6 @@ def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
         _verify(hopper, args, case)
 
 
-def _k_major(case):
-    """``case`` with A row-major and B column-major: both K-contiguous, as 8-bit inputs on
-    the tensor cores need (the hopper family refuses other layouts, saying so)."""
-    return dataclasses.replace(case, a_col=False, b_col=True)
-
-
-def _k16(shape):
-    """``shape`` with K a multiple of 16: rows of 8-bit A and B in 16-byte multiples (TMA)."""
-    M, N, K = shape
-    return M, N, -(-K // 16) * 16
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @_drawn(12, salt="interpreted-int8")
 @given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
@@ -75,12 +62,12 @@ def _k16(shape):
 def test_random_epilogues_interpreted_int8_inputs(case, shape, dtype, data_seed):
     """int8 A and B accumulated in int32, float epilogues and outputs: the portable
     family with the case's layouts, the hopper family with K-contiguous ones."""
-    shape = _k16(shape)
+    shape = k16(shape)
     args = case.arguments(*shape, dtype, seed=data_seed, inputs=torch.int8)
     portable = pick(args, "portable", "first")
     assert portable is not None, explain(args)
     _verify(portable, args, case)
-    hopper_case = _k_major(case)
+    hopper_case = k_major(case)
     args = hopper_case.arguments(*shape, dtype, seed=data_seed, inputs=torch.int8)
     hopper = pick(args, "hopper", "first", cc=90)
     if hopper is not None:
@@ -158,20 +145,15 @@ def test_random_epilogues_gpu(kind, dtype):
     run()
 
 
-# A and B of the dtypes the gluon family does not take: (A/B dtype, TF32 allowed)
-INPUTS = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
-          "e4m3": (getattr(torch, "float8_e4m3fn", None), False),
-          "e5m2": (getattr(torch, "float8_e5m2", None), False), "int8": (torch.int8, False)}
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", ["hopper", "portable"])
 @pytest.mark.parametrize("inputs", list(INPUTS))
 def test_random_epilogues_gpu_other_inputs(family, inputs):
-    """fp32 (IEEE and TF32), fp8 and int8 A and B with operands and outputs of bf16, fp16 or
-    fp32; 8-bit inputs K-contiguous (the tensor cores' layout for them)."""
-    in_dtype, tf32 = INPUTS[inputs]
+    """fp32 (IEEE and TF32), fp8 (fast and promoted accumulation) and int8 A and B with
+    operands and outputs of bf16, fp16 or fp32; 8-bit inputs K-contiguous (the tensor
+    cores' layout for them)."""
+    in_dtype, options = INPUTS[inputs]
     if in_dtype is None:
         pytest.skip("torch without fp8")
     eight_bit = in_dtype.itemsize == 1
@@ -184,9 +166,9 @@ def test_random_epilogues_gpu_other_inputs(family, inputs):
            data_seed=st.integers(0, 2 ** 16))
     def run(case, shape, dtype, data_seed):
         if eight_bit:
-            case, shape = _k_major(case), _k16(shape)
+            case, shape = k_major(case), k16(shape)
         args = case.arguments(*shape, dtype, device="cuda", seed=data_seed, inputs=in_dtype,
-                              allow_tf32=tf32)
+                              **options)
         kernel = pick(args, family, "first")
         assume(kernel is not None)  # a stated refusal (explain) is not a failure
         _verify(kernel, args, case)

@@ -98,11 +98,17 @@ def _identity_epilogue(out: torch.Tensor) -> EpilogueArguments:
 class GemmArguments:
     """``D = epilogue(A @ B, ...)``: A is (M, K) or (L, M, K), B is (K, N) or (L, K, N),
     each row- or column-major; ``out`` is D. ``allow_tf32`` lets fp32 inputs use TF32.
+    ``fp8_fast_accum`` (the default): fp8 inputs accumulate in the tensor cores' reduced
+    precision over the whole of K, as Triton does on Hopper and cuBLAS with
+    ``use_fast_accum=True``; False promotes each k-step's partial sum (BLOCK_K of K) to
+    the fp32 accumulator, as cuBLAS's default: an error that does not grow with K, at a
+    cost in time (docs/dtypes-and-layouts.md).
     """
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                  accumulator_type: torch.dtype = torch.float32,
-                 epilogue: EpilogueArguments | None = None, *, allow_tf32: bool = False):
+                 epilogue: EpilogueArguments | None = None, *, allow_tf32: bool = False,
+                 fp8_fast_accum: bool = True):
         for name, t in (("A", A), ("B", B)):
             if not isinstance(t, torch.Tensor):
                 raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
@@ -130,6 +136,7 @@ class GemmArguments:
         self.A, self.B = A, B
         self.accumulator_type = accumulator_type
         self.allow_tf32 = bool(allow_tf32)
+        self.fp8_fast_accum = bool(fp8_fast_accum)
         self.L, self.M, self.K, self.N = max(la, lb), A.shape[-2], A.shape[-1], B.shape[-1]
         if epilogue is None:
             if out is None:

@@ -375,7 +375,7 @@ class Runner:
         tune = self.cfg.tune
 
         def call(s: InputSet):
-            return gemm(s.A, s.B, epilogue=w.epilogue, tune=tune,
+            return gemm(s.A, s.B, epilogue=w.epilogue, tune=tune, **w.gemm_options(),
                         **w.epilogue_operands(s.ops), **s.outs)
 
         s0 = sets[0]

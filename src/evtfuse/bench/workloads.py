@@ -27,8 +27,9 @@ DTYPES: Mapping[str, torch.dtype] = {
     "fp32": torch.float32,
 }
 FP8 = getattr(torch, "float8_e4m3fn", None)
-# evtfuse's fp8 kernels accumulate as Triton does on Hopper (the tensor cores' fast fp8
-# accumulation); cuBLAS's fp8 peers are measured in the same mode
+# fp8 inputs: evtfuse (``fp8_fast_accum``) and cuBLAS's peers (``use_fast_accum``) are
+# measured in the same accumulation mode: fast, the tensor cores' reduced precision over
+# all of K (evtfuse's default; BENCHMARKS.md, nineteenth session, measures both modes)
 FP8_FAST_ACCUM = True
 
 
@@ -178,7 +179,13 @@ class Workload:
         import evtfuse
 
         epi = evtfuse.EpilogueArguments(self.epilogue, **self.epilogue_operands(ops), **outs)
-        return evtfuse.GemmArguments(A, B, outs.get("D"), torch.float32, epi)
+        return evtfuse.GemmArguments(A, B, outs.get("D"), torch.float32, epi,
+                                     **self.gemm_options())
+
+    def gemm_options(self) -> dict[str, Any]:
+        """evtfuse's keyword options for this workload: fp8 inputs accumulate as the
+        cuBLAS peers are measured (``FP8_FAST_ACCUM``)."""
+        return {"fp8_fast_accum": FP8_FAST_ACCUM} if self.fp8 else {}
 
 
 def _as_tuple(x) -> tuple:

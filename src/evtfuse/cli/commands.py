@@ -45,17 +45,21 @@ OutputOpt = Annotated[Optional[list[str]], typer.Option(
     "--output", help="NAME=KIND[:DTYPE], KIND one of full, row, col, scalar (reductions), none")]
 SeedOpt = Annotated[int, typer.Option(help="random seed of the operands")]
 Tf32Opt = Annotated[bool, typer.Option("--tf32", help="let fp32 inputs use TF32")]
+Fp8AccOpt = Annotated[bool, typer.Option(
+    "--fp8-fast-accum/--fp8-promote",
+    help="fp8 inputs: the tensor cores' fast accumulation over all of K (default), or "
+         "promotion to fp32 every k-step (slower; an error that does not grow with K)")]
 KernelOpt = Annotated[Optional[str], typer.Option("--kernel", help="use the first kernel whose name "
                                                                    "contains this")]
 
 
 def _spec(device, mnkl, ab_dtype, c_dtype, d_dtype, acc_dtype, a_major, b_major, scalar, alpha,
-          beta, operand, output, seed, tf32) -> ProblemSpec:
+          beta, operand, output, seed, tf32, fp8_fast_accum=True) -> ProblemSpec:
     return problem_spec_from_flags(mnkl=mnkl, ab_dtype=ab_dtype, c_dtype=c_dtype, d_dtype=d_dtype,
                                    acc_dtype=acc_dtype, a_major=a_major, b_major=b_major,
                                    scalar=scalar or [], alpha=alpha, beta=beta,
                                    operand=operand or [], output=output or [], seed=seed,
-                                   tf32=tf32, device=device)
+                                   tf32=tf32, fp8_fast_accum=fp8_fast_accum, device=device)
 
 
 def _describe(spec: ProblemSpec, where: str, built: BuiltProblem, device: Device) -> list[str]:
@@ -82,6 +86,7 @@ def run(
     eager: Annotated[bool, typer.Option(
         "--eager/--no-eager", help="also time unfused PyTorch")] = True,
     kernel: KernelOpt = None, seed: SeedOpt = 0, tf32: Tf32Opt = False,
+    fp8_fast_accum: Fp8AccOpt = True,
     tune: Annotated[str, typer.Option(help="fast | exhaustive | none: autotune the kernel "
                                            "choice (kept in the cache) or take the first")] = "fast",
 ):
@@ -94,7 +99,7 @@ def run(
         device = pick_device()
         source, where = resolve_epilogue(epilogue, epilogue_file)
         spec = _spec(device, mnkl, ab_dtype, c_dtype, d_dtype, acc_dtype, a_major, b_major, scalar,
-                     alpha, beta, operand, output, seed, tf32)
+                     alpha, beta, operand, output, seed, tf32, fp8_fast_accum)
         built = build_problem(source, spec, device)
         for line in _describe(spec, where, built, device):
             typer.echo(line)

@@ -91,6 +91,7 @@ class ProblemSpec:
     outputs: dict[str, tuple[str, Any]] = field(default_factory=dict)
     seed: int = 0
     tf32: bool = False
+    fp8_fast_accum: bool = True
 
     @property
     def flops(self) -> float:
@@ -187,7 +188,8 @@ def build_problem(source: str, spec: ProblemSpec, device: Device) -> BuiltProble
     epi = EpilogueArguments(source, **values)
     D = values.get("D")
     args = GemmArguments(A=A, B=B, out=D if isinstance(D, torch.Tensor) else None,
-                         accumulator_type=spec.acc_dtype, epilogue=epi, allow_tf32=spec.tf32)
+                         accumulator_type=spec.acc_dtype, epilogue=epi, allow_tf32=spec.tf32,
+                         fp8_fast_accum=spec.fp8_fast_accum)
     return BuiltProblem(args, epi, A, B, values, table)
 
 
@@ -195,7 +197,7 @@ def problem_spec_from_flags(*, mnkl: str | None, ab_dtype: str | None, c_dtype: 
                             d_dtype: str | None, acc_dtype: str, a_major: str, b_major: str,
                             scalar: list[str], alpha: float | None, beta: float | None,
                             operand: list[str], output: list[str], seed: int, tf32: bool,
-                            device: Device) -> ProblemSpec:
+                            device: Device, fp8_fast_accum: bool = True) -> ProblemSpec:
     default_mnkl = "128,96,64,1" if device.interpreter else "4096,4096,4096,1"
     M, N, K, L = parse_mnkl(mnkl or default_mnkl)
     if device.interpreter and M * N * K * L > 512 ** 3:
@@ -231,4 +233,4 @@ def problem_spec_from_flags(*, mnkl: str | None, ab_dtype: str | None, c_dtype: 
 
     return ProblemSpec(M, N, K, L, ab, c, d, parse_dtype(acc_dtype), a_major, b_major, scalars,
                        kinds(operand, OPERAND_KINDS, "--operand"),
-                       kinds(output, OUTPUT_KINDS, "--output"), seed, tf32)
+                       kinds(output, OUTPUT_KINDS, "--output"), seed, tf32, fp8_fast_accum)

@@ -118,8 +118,8 @@ def _allocate_outputs(parsed, A: torch.Tensor, B: torch.Tensor, given: dict[str,
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
-         tune: str = "fast", allow_tf32: bool = False, cc: int | None = None,
-         deterministic: bool = True, **operands_and_outputs: Any):
+         tune: str = "fast", allow_tf32: bool = False, fp8_fast_accum: bool = True,
+         cc: int | None = None, deterministic: bool = True, **operands_and_outputs: Any):
     """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
     function's return order (one tensor when it returns one).
 
@@ -127,7 +127,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
-    at other tile orders), "none" (the heuristic's first choice). Reductions are always
+    at other tile orders), "none" (the heuristic's first choice). ``allow_tf32``: fp32
+    inputs on TF32 tensor cores; ``fp8_fast_accum``: fp8 inputs summed in the tensor
+    cores' reduced precision over all of K (the default, as ``torch._scaled_mm`` with
+    ``use_fast_accum=True``); False promotes to fp32 every k-step (slower; an error that
+    does not grow with K). Reductions are always
     deterministic (sums and logsumexp: each tile writes its partial result to a workspace
     that is combined in a fixed order; max and min: atomics on the floats' bits, whose
     result does not depend on their order), so ``deterministic=True`` holds for every call;
@@ -142,7 +146,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         epilogue = _IDENTITY
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
     last = _last_call.get(key)
-    if last is not None and last[1] == (tune, allow_tf32, cc) and A is last[2] \
+    if last is not None and last[1] == (tune, allow_tf32, fp8_fast_accum, cc) and A is last[2] \
             and B is last[3] and _same_objects(operands_and_outputs, last[4]):
         # the same tensors as the last call with this epilogue: launch at once
         return _launch(last[8], last[6], last[7], A, B, operands_and_outputs, last[5])
@@ -154,21 +158,22 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         for name in list(operands_and_outputs):
             if name.endswith("_dtype") and name[:-6] in parsed.outputs:
                 dtypes[name[:-6]] = operands_and_outputs.pop(name)
-    fast_key = (id(parsed), tune, allow_tf32, cc, _call_key(A, B, operands_and_outputs),
-                tuple(dtypes.items()))
+    fast_key = (id(parsed), tune, allow_tf32, fp8_fast_accum, cc,
+                _call_key(A, B, operands_and_outputs), tuple(dtypes.items()))
     hit = _fast.get(fast_key)
     if hit is not None and hit[0] is parsed:
         _, plan, shape = hit
         given = dict(operands_and_outputs)
         for name, dt in dtypes.items():  # the <name>_dtype keywords are part of the call
             given[f"{name}_dtype"] = dt
-        _last_call[key] = (parsed, (tune, allow_tf32, cc), A, B, given, dtypes, plan, shape,
-                           parsed.outputs)
+        _last_call[key] = (parsed, (tune, allow_tf32, fp8_fast_accum, cc), A, B, given, dtypes,
+                           plan, shape, parsed.outputs)
         return _launch(parsed.outputs, plan, shape, A, B, operands_and_outputs, dtypes)
     values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
     epi = EpilogueArguments(epilogue, **values)
     acc = torch.float32 if A.dtype.is_floating_point else torch.int32
-    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=allow_tf32)
+    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=allow_tf32,
+                         fp8_fast_accum=fp8_fast_accum)
     kernel = choose_kernel(args, tune=tune, cc=cc)
     plan = kernel.plan(args)
     plan(A, B, values)

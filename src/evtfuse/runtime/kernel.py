@@ -16,7 +16,7 @@ import torch
 
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
-from ..backends.triton.families import KernelFamily, Target, TileConfig
+from ..backends.triton.families import KernelFamily, Target, TileConfig, fp8_promote
 from ..backends.triton.launch import direct_launcher
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
@@ -110,10 +110,11 @@ class Kernel:
             torch.cuda.synchronize(args.A.device)
         ref = evaluate(args, cast=False)
         tf32 = args.allow_tf32 and args.A.dtype == torch.float32 and self.target.kind == "cuda"
+        fast_k = 0 if fp8_promote(args, self.target) else args.K  # fp8 inputs only
         result = VerifyResult(self.name)
         for o in stored:
             result.checks.append(compare(o.name, values[o.name], ref[o.name], o.dtype, tf32,
-                                         args.A.dtype))
+                                         args.A.dtype, fp8_fast_k=fast_k))
         return result
 
 
@@ -174,5 +175,5 @@ def value_key(v) -> object:
 def structure_key(args: GemmArguments) -> tuple:
     values = args.epilogue.values
     return (id(args.epilogue.parsed), args.L, args.M, args.N, args.K, args.allow_tf32,
-            args.accumulator_type, tensor_key(args.A), tensor_key(args.B),
+            args.fp8_fast_accum, args.accumulator_type, tensor_key(args.A), tensor_key(args.B),
             tuple((n, value_key(v)) for n, v in values.items()))

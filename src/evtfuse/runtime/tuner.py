@@ -47,7 +47,7 @@ def tuning_key(args: GemmArguments, tune: str, cc) -> str:
                      if isinstance(v, torch.Tensor))
     return cache.make_key(GENERATOR_VERSION, TUNER_VERSION, signature(args.dag), args.L, args.M, args.N, args.K,
                           str(tensor_key(args.A)), str(tensor_key(args.B)), tensors, args.allow_tf32,
-                          device_name(args.A.device), cc, tune)
+                          args.fp8_fast_accum, device_name(args.A.device), cc, tune)
 
 
 def _time_kernel(kernel, args: GemmArguments) -> float:
@@ -76,7 +76,7 @@ def _scratch(args: GemmArguments) -> GemmArguments:
              if isinstance(v, torch.Tensor)}
     epi = args.epilogue.with_values(**fresh)
     return GemmArguments(args.A, args.B, fresh.get("D"), args.accumulator_type, epi,
-                         allow_tf32=args.allow_tf32)
+                         allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
 
 
 def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):

@@ -61,6 +61,10 @@ class KernelSpec:
     #                              issued together at the top of the tile's epilogue
     warps: int = 4  # gluon: warps of each consumer partition (4: one warpgroup; 8: two,
     #                 64 of the tile's rows each)
+    fp8_promote: bool = False  # fp8 inputs: each k-step's dot sums in the tensor cores'
+    #                            reduced precision, then adds to the fp32 accumulator
+    #                            (Triton's max_num_imprecise_acc = BLOCK_K); False: fast
+    #                            accumulation over the whole of K
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
@@ -68,7 +72,8 @@ class KernelSpec:
                          str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
-                         str(int(self.early_vectors)), str(self.warps), GENERATOR_VERSION])
+                         str(int(self.early_vectors)), str(self.warps),
+                         str(int(self.fp8_promote)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -690,6 +695,12 @@ class _HopperTile(_TritonTile):
         return f"{u}_desc.store([off_m_c, {self.off_n}], ({value}).to({u}_desc.dtype))"
 
 
+def _dot_extra(spec: KernelSpec) -> str:
+    """``tl.dot`` keywords beyond precision and accumulator type: for fp8 inputs with
+    promotion, the K elements summed in reduced precision before each fp32 add."""
+    return "max_num_imprecise_acc=BLOCK_K, " if spec.fp8_promote else ""
+
+
 def _acc_type(spec: KernelSpec) -> str:
     return "tl.int32" if spec.int_acc else "tl.float32"
 
@@ -738,7 +749,8 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I2}    k_left = K - k * BLOCK_K",
         f"{I2}    a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)",
         f"{I2}    b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)",
-        f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype={_acc_type(spec)})",
+        f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, {_dot_extra(spec)}"
+        f"out_dtype={_acc_type(spec)})",
         f"{I2}a_ptrs += BLOCK_K * sa_k",
         f"{I2}b_ptrs += BLOCK_K * sb_k",
         f"{I1}mask = (rm[:, None] < M) & (rn[None, :] < N)",
@@ -906,7 +918,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I3}off_k = ki * BLOCK_K",
         *spread[1],
         f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION, "
-        f"out_dtype={_acc_type(spec)})",
+        f"{_dot_extra(spec)}out_dtype={_acc_type(spec)})",
         # the epilogue recomputes its tile's coordinates: with a flattened loop the
         # mainloop of the next tile may already have started
         f"{I2}tile_c += NUM_SMS",

@@ -177,6 +177,16 @@ class KernelFamily:
         return "ieee"
 
 
+def fp8_promote(args: GemmArguments, target: Target) -> bool:
+    """Whether fp8 inputs' partial sums are promoted to fp32 every k-step
+    (``fp8_fast_accum=False``). On Hopper the tensor cores add fp8 products with fewer
+    bits than fp32: with fast accumulation over all of K the error grows with K (H100,
+    relative norm error 2.1e-4 at K = 256, 1.3e-3 at 4096, 3.1e-3 at 16384), promoted it
+    stays at 1.3e-4 (BENCHMARKS.md, nineteenth session)."""
+    return (args.A.dtype in FP8_DTYPES and not args.fp8_fast_accum
+            and target.kind != INTERPRETER)
+
+
 def _fp8_refusal(args: GemmArguments, target: Target) -> str | None:
     """Why fp8 inputs, operands or outputs cannot run on ``target`` (None: they can)."""
     values = args.epilogue.values
@@ -227,7 +237,8 @@ class PortableFamily(KernelFamily):
 
     def spec(self, args, config, target):
         return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
-                          target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES)
+                          target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
+                          fp8_promote=fp8_promote(args, target))
 
     def plan(self, args, dag, config, target):
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
@@ -655,7 +666,7 @@ class HopperFamily(KernelFamily):
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2,
-                          early_vectors=early)
+                          early_vectors=early, fp8_promote=fp8_promote(args, target))
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
