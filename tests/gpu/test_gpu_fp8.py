@@ -59,10 +59,12 @@ def test_fp8_inputs_per_tensor_and_vector_scales(family, in_dtype, out_dtype, mn
 @pytest.mark.parametrize("family", ["hopper", "portable"])
 def test_fp8_promoted_accumulation_error_does_not_grow_with_k(family):
     """``fp8_fast_accum=False`` promotes each k-step's partial sum to fp32: at K = 8192 its
-    error stays near the 1.3e-4 (relative norm) H100 measured at every K, the fast
-    accumulation's is about ten times that (fp8 products are exact in fp64, so the
-    reference here is exact). Both verify within their documented tolerances."""
-    M, N, K = 512, 384, 8192
+    error stays near the 1.3e-4 (relative norm) H100 measured at every K; the hopper
+    family's fast accumulation (warpgroup MMA) errs about ten times more (fp8 products are
+    exact in fp64, so the reference here is exact). Both verify within their documented
+    tolerances. (Portable tiles of fewer than 64 rows use the older MMA, exact in both
+    modes: 1.4e-7 at 512x384x8192.)"""
+    M, N, K = 1024, 768, 8192
     A, B = _operands(M, N, K, E4M3)
     exact = A.double() @ B.double()
     errors = {}
@@ -75,14 +77,15 @@ def test_fp8_promoted_accumulation_error_does_not_grow_with_k(family):
         assert result, result.report()
         errors[fast] = float((D.double() - exact).norm() / exact.norm())
     assert errors[False] < 3e-4, errors
-    assert errors[False] < errors[True] / 3, errors
+    if family == "hopper":
+        assert errors[False] < errors[True] / 3, errors
 
 
 def test_fp8_gemm_api_promoted_accumulation():
     """``evtfuse.gemm(..., fp8_fast_accum=False)`` through the API's plan caches: the two
     modes in turn on the same tensors give their own results (no cached plan of the other
-    mode is reused)."""
-    M, N, K = 256, 256, 8192
+    mode is reused; at this shape the first kernel is the hopper family's)."""
+    M, N, K = 1024, 1024, 8192
     A, B = _operands(M, N, K, E4M3)
     exact = A.double() @ B.double()
     rel = lambda D: float((D.double() - exact).norm() / exact.norm())  # noqa: E731
