@@ -66,7 +66,10 @@ OPERANDS = ("C", "bias", "rowv", "alpha", "sdev")
 REDUCTIONS = ("sum", "max", "min", "logsumexp")
 # problem sizes: ragged against every tile size, rows of 16-byte multiples (TMA)
 CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
-GPU_SHAPES = ((300, 264, 72), (520, 384, 200), (129, 136, 64), (1024, 1000, 136))
+# (the last: more tiles than two per SM of an H100 at 128x128 and 128x256, so persistent
+# programs and ping-pong consumers each run several tiles)
+GPU_SHAPES = ((300, 264, 72), (520, 384, 200), (129, 136, 64), (1024, 1000, 136),
+              (2600, 2056, 328))
 AXES = ("row", "col", "all")  # per-row (M, 1), per-column (N,), whole problem (1,)
 # A and B of the dtypes the gluon family does not take: name -> (A/B dtype, GemmArguments
 # options)

@@ -8,7 +8,8 @@ the caches key on, or nothing: new data, the very same objects, new scalar value
 too), another M, a transposed A of the same shape, fp16 instead of fp32, an output
 allocated by ``gemm`` instead of given, the C operand given per row instead of full, an
 unaligned view, ``tune="fast"`` (on a GPU the tuner times candidates on scratch
-outputs, then the winner runs on the call's). Every call's outputs are compared with the
+outputs, then the winner runs on the call's), D written in place over C. Operands are
+copied before each call, so the reference reads them as the kernel found them. Every call's outputs are compared with the
 reference evaluator. Both tiers (on a GPU later calls go through the direct launcher);
 ``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
 """
@@ -27,7 +28,7 @@ from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
 CHANGES = ("new_data", "same_objects", "scalars", "int_scalar", "other_m", "a_transposed",
-           "fp16", "allocate_outputs", "c_per_row", "unaligned_c", "tuned")
+           "fp16", "allocate_outputs", "c_per_row", "unaligned_c", "tuned", "d_in_place")
 
 
 def _call(case, M, N, K, dtype, change, state, seed_, device):
@@ -47,6 +48,9 @@ def _call(case, M, N, K, dtype, change, state, seed_, device):
     if change == "unaligned_c" and "C" in kw:
         wide = torch.randn(M, N + 1, device=device).to(kw["C"].dtype)
         kw["C"] = wide[:, 1:]  # rows of N elements at an odd offset
+    if change == "d_in_place" and isinstance(kw.get("D"), torch.Tensor) and "C" in kw \
+            and kw["C"].dtype == kw["D"].dtype and kw["C"].shape == kw["D"].shape:
+        kw["D"] = kw["C"]  # D written over C, each tile after reading it
     if change == "allocate_outputs":
         for name, kind in case.outputs:
             if kind in ("full", "full32") and name != "D":
@@ -65,12 +69,14 @@ def _sequence(case, changes, data_seed, device):
         M = 24 if change == "other_m" else 16
         dtype = torch.float16 if change == "fp16" else torch.float32
         A, B, kw = _call(case, M, 24, 16, dtype, change, state, data_seed + step, device)
+        inputs = {k: v.clone() if k in case.operands and isinstance(v, torch.Tensor) else v
+                  for k, v in kw.items() if not k.endswith("_dtype")}  # before the call
         tune = "fast" if change == "tuned" else "none"
         out = evtfuse.gemm(A, B, case.source, tune=tune, **kw)
         outs = out if isinstance(out, tuple) else (out,)
         names = [n for n, _ in case.outputs]
         got = dict(zip(names, outs))
-        operands = {k: v for k, v in kw.items() if not k.endswith("_dtype")}
+        operands = {k: v for k, v in inputs.items() if k not in names}
         for name, t in got.items():
             operands[name] = t
         ref = evaluate(evtfuse.GemmArguments(
