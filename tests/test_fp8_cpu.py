@@ -138,3 +138,24 @@ def test_compare_allows_fast_fp8_accumulation_error_growing_with_k():
     wrong = ref.clone()
     wrong[5, 7] += 0.5 * float(ref.pow(2).mean().sqrt())  # one element off by half the RMS
     assert not compare("D", wrong, ref, torch.float32, input_dtype=E4M3, fp8_fast_k=16384).ok
+
+
+def test_promoted_fp8_offers_256x128_tiles_first():
+    """With promotion each tile keeps a second accumulator; the hopper family then offers
+    its 256x128 tiles first (measured fastest, BENCHMARKS.md nineteenth session), where
+    the fast accumulation keeps 128x256 first. Problems too small to fill the GPU with
+    256x128 tiles keep the tiles that do."""
+    from evtfuse.runtime.offline import offered
+
+    def first(M, N, K, fast):
+        A = torch.empty(M, K).to(E4M3)
+        B = torch.empty(N, K).to(E4M3).T
+        D = torch.empty(M, N)
+        args = GemmArguments(A, B, D, epilogue=EpilogueArguments(COPY, D=D),
+                             fp8_fast_accum=fast)
+        fam, cfg = offered(args)[0]
+        return fam.name, cfg.block_m, cfg.block_n
+
+    assert first(4096, 4096, 4096, True) == ("hopper", 128, 256)
+    assert first(4096, 4096, 4096, False) == ("hopper", 256, 128)
+    assert first(1024, 1024, 8192, False)[1:] != (256, 128)

@@ -609,7 +609,11 @@ class HopperFamily(KernelFamily):
         sms = _sms(target)
         # small problems: prefer tiles that still fill the GPU (nine in ten SMs: 128 tiles
         # of 128x256 at 2048^3 on 132 SMs do; relu aux there 0.035 ms, 128x128 0.039)
-        fits.sort(key=lambda c: fill_rank(args, c, sms))
+        # promoted fp8 accumulation (a second accumulator per tile): 256x128 tiles led at
+        # 4096^3 and 8192^3 (fp8 scale+amax 0.138 / 1.10-1.15 ms; the 128x256 tiles first
+        # otherwise took 0.241 / 1.86: fp8_accum_probe.py, BENCHMARKS.md nineteenth session)
+        promote = fp8_promote(args, target)
+        fits.sort(key=lambda c: (fill_rank(args, c, sms), promote and c.block_m != 256))
         # aux tiles asked into L2 over the mainloop (codegen._l2_spread_lines): in one wave
         # every program reads its C tile at the same moment after the last k-step
         small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
