@@ -225,6 +225,24 @@ def test_run_with_a_reduction_output():
         assert res.exit_code == 0 and "ok   m:" in res.output, res.output
 
 
+@pytest.mark.parametrize("flag, fast", [([], True), (["--fp8-promote"], False),
+                                        (["--fp8-fast-accum"], True)])
+def test_run_fp8_accumulation_flag_reaches_the_arguments(monkeypatch, flag, fast):
+    """``--fp8-promote`` / ``--fp8-fast-accum`` set ``GemmArguments.fp8_fast_accum`` (fp8
+    itself is refused under the interpreter, exit 3, after the problem is built)."""
+    from evtfuse.cli import commands
+
+    built = []
+    real = commands.build_problem
+    monkeypatch.setattr(commands, "build_problem",
+                        lambda *a: built.append(real(*a)) or built[-1])
+    res = invoke("run", "-e", "def e(accum): D = accum; return D", "--mnkl", "32,32,32",
+                 "--ab-dtype", "e4m3", "--d-dtype", "f32", "--b-major", "k", *flag)
+    assert res.exit_code == 3 and "fp8 needs a GPU" in res.output, res.output
+    assert built and built[0].args.fp8_fast_accum is fast
+    assert built[0].args.A.dtype == torch.float8_e4m3fn
+
+
 @pytest.mark.parametrize("args, message", [
     (["--mnkl", "1,2"], "--mnkl takes M,N,K[,L]"),
     (["--mnkl", "a,b,c"], "as integers"),
@@ -447,6 +465,23 @@ def test_run_and_show_on_a_gpu():
     # the first kernel on an H100 is a gluon one (@gluon.jit), elsewhere a Triton one
     assert res.exit_code == 0 and "def evtfuse_kernel(" in res.output, res.output
     assert "@triton.jit" in res.output or "@gluon.jit" in res.output, res.output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inputs", [["--ab-dtype", "e4m3", "--fp8-promote"],
+                                    ["--ab-dtype", "e4m3", "--mnkl", "1000,1000,1000,2"],
+                                    ["--ab-dtype", "i8", "--acc-dtype", "i32"]],
+                         ids=["fp8-promoted", "fp8-batched", "int8"])
+def test_run_8bit_inputs_on_a_gpu(inputs):
+    """8-bit inputs through ``evtfuse run``: verified, and timed beside eager PyTorch
+    (``torch._scaled_mm`` / ``torch._int_mm``; fp32 where those refuse the shape)."""
+    if "e4m3" in inputs and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 inputs need compute capability 8.9+")
+    res = invoke("run", "-e", "def e(accum, s): D = accum * s; return D", "--mnkl",
+                 "1024,1024,4096,1", "--d-dtype", "bf16", "--b-major", "k", "--scalar", "s=0.5",
+                 "--verify", "--iterations", "3", "--tune", "none", *inputs)
+    assert res.exit_code == 0 and "verify:   PASSED" in res.output, res.output
+    assert "eager torch" in res.output, res.output
 
 
 def test_verify_command_is_run_with_verification():

@@ -108,13 +108,38 @@ def format_report(rep: RunReport, flops: float | None, device: Device) -> list[s
 
 
 def eager_of(args: Any) -> Callable[[], Any]:
-    """Unfused PyTorch: ``A @ B`` in its dtype, then the epilogue op by op (reference evaluator)."""
+    """Unfused PyTorch: ``A @ B`` in its dtype, then the epilogue op by op (reference
+    evaluator). ``torch.matmul`` has no fp8 and no CUDA int8 form: fp8 goes through
+    ``torch._scaled_mm`` (fp32 out, the same accumulation mode), CUDA int8 through
+    ``torch._int_mm``, as a PyTorch user writes them; shapes those refuse (batches, sizes
+    off their multiples of 16 / 8) through fp32."""
     import torch
 
+    from ..optable import FP8_DTYPES
     from ..reference import evaluate
 
+    A, B = args.A, args.B
+    if A.dtype in FP8_DTYPES:
+        one = torch.ones((), device=A.device)
+
+        def product():
+            return torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                    use_fast_accum=args.fp8_fast_accum)
+    elif A.dtype == torch.int8 and A.is_cuda:
+        def product():
+            return torch._int_mm(A, B)
+    else:
+        def product():
+            return torch.matmul(A, B)
+    try:
+        product()
+    except (RuntimeError, NotImplementedError):  # a form the special kernels refuse
+        wide = torch.float32 if A.dtype.itemsize == 1 else A.dtype
+
+        def product():
+            return torch.matmul(A.to(wide), B.to(wide))
+
     def eager():
-        acc = torch.matmul(args.A, args.B)
-        return evaluate(args, accum=acc)
+        return evaluate(args, accum=product())
 
     return eager
