@@ -8,7 +8,8 @@ the caches key on, or nothing: new data, the very same objects, new scalar value
 too), another M, a transposed A of the same shape, fp16 instead of fp32, an output
 allocated by ``gemm`` instead of given, the C operand given per row instead of full, an
 unaligned view, ``tune="fast"`` (on a GPU the tuner times candidates on scratch
-outputs, then the winner runs on the call's), D written in place over C. Operands are
+outputs, then the winner runs on the call's), D written in place over C, int8 A and B,
+and on a GPU fp8 A and B with fast or promoted accumulation. Operands are
 copied before each call, so the reference reads them as the kernel found them. Every call's outputs are compared with the
 reference evaluator. Both tiers (on a GPU later calls go through the direct launcher);
 ``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
@@ -23,12 +24,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import evtfuse
-from epilogue_fuzz import cases, drawn
+from epilogue_fuzz import cases, drawn, k_major
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
 CHANGES = ("new_data", "same_objects", "scalars", "int_scalar", "other_m", "a_transposed",
-           "fp16", "allocate_outputs", "c_per_row", "unaligned_c", "tuned", "d_in_place")
+           "fp16", "allocate_outputs", "c_per_row", "unaligned_c", "tuned", "d_in_place",
+           "int8_inputs", "fp8_inputs", "fp8_promoted")
+# A and B of another dtype, K-contiguous (the layout 8-bit tensor-core kernels take); fp8
+# only on a GPU (the interpreter refuses it: those steps draw new data instead)
+EIGHT_BIT = {"int8_inputs": torch.int8, "fp8_inputs": torch.float8_e4m3fn,
+             "fp8_promoted": torch.float8_e4m3fn}
 
 
 def _call(case, M, N, K, dtype, change, state, seed_, device):
@@ -36,7 +42,12 @@ def _call(case, M, N, K, dtype, change, state, seed_, device):
     call's objects (for "same_objects")."""
     if change == "same_objects" and state:
         return state["A"], state["B"], state["kw"]
-    args = case.arguments(M, N, K, dtype, device=device, seed=seed_)
+    inputs = EIGHT_BIT.get(change)
+    if inputs is not None and (inputs != torch.int8 and device == "cpu"):
+        inputs = None
+    if inputs is not None:
+        case = k_major(case)
+    args = case.arguments(M, N, K, dtype, device=device, seed=seed_, inputs=inputs)
     A, B = args.A, args.B
     if change == "a_transposed":
         A = A.T.contiguous().T  # same shape, column-major
@@ -72,7 +83,8 @@ def _sequence(case, changes, data_seed, device):
         inputs = {k: v.clone() if k in case.operands and isinstance(v, torch.Tensor) else v
                   for k, v in kw.items() if not k.endswith("_dtype")}  # before the call
         tune = "fast" if change == "tuned" else "none"
-        out = evtfuse.gemm(A, B, case.source, tune=tune, **kw)
+        out = evtfuse.gemm(A, B, case.source, tune=tune, fp8_fast_accum=change != "fp8_promoted",
+                           **kw)
         outs = out if isinstance(out, tuple) else (out,)
         names = [n for n, _ in case.outputs]
         got = dict(zip(names, outs))
