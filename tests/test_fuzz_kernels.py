@@ -6,11 +6,13 @@ family's kernel runs it on NaN-poisoned outputs and ``Kernel.verify`` compares e
 output with the reference evaluator. A failure prints the epilogue's source, and
 hypothesis shrinks it to a small one first.
 
-CPU tier: the portable and hopper families under Triton's interpreter, fp16 and fp32, small
-ragged sizes. GPU tier (``gpu`` marker): every family the GPU offers, bf16 and fp16, sizes
-of several tiles with ragged edges; on Hopper the gluon family's ping-pong, cooperative and
-two-warpgroup configs each get their own examples. Examples are drawn from a fixed seed per test
-variant (the same ones every run, so CI is repeatable); ``EVTFUSE_FUZZ_EXAMPLES`` and
+CPU tier: the portable and hopper families under Triton's interpreter, fp16, fp32 and int8
+inputs, small ragged sizes. GPU tier (``gpu`` marker): every family the GPU offers, bf16 and
+fp16, sizes of several tiles with ragged edges (up to several tiles per persistent
+program); on Hopper the gluon family's ping-pong, cooperative and two-warpgroup configs
+each get their own examples; the hopper and portable families also with fp32 (IEEE, TF32),
+fp8 (fast and promoted accumulation) and int8 inputs. Examples are drawn from a fixed seed
+per test variant (the same ones every run, so CI is repeatable); ``EVTFUSE_FUZZ_EXAMPLES`` and
 ``EVTFUSE_FUZZ_SEED`` draw more or other ones; ``scripts/fuzz_hunt.py`` reports every
 failure of many fresh cases instead of shrinking the first.
 """
