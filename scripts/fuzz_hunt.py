@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, INPUTS, cases, k16, k_major, pick  # noqa: E402
+from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, INPUTS, cases, laid_out_for, pick  # noqa: E402
 
 
 def main() -> int:
@@ -60,8 +60,7 @@ def main() -> int:
         case = cases().example()
         shape, dtype, given = rng.choice(shapes), rng.choice(dtypes), rng.choice(inputs)
         in_dtype, options = INPUTS[given] if given != "same" else (None, {})
-        if in_dtype is not None and in_dtype.itemsize == 1:
-            case, shape = k_major(case), k16(shape)
+        case, shape = laid_out_for(in_dtype, case, shape)
         for family, which in kinds:
             try:
                 args = case.arguments(*shape, dtype, device=device, seed=i, inputs=in_dtype,

@@ -236,6 +236,16 @@ def k16(shape: tuple[int, int, int]) -> tuple[int, int, int]:
     return M, N, -(-K // 16) * 16
 
 
+def laid_out_for(inputs: torch.dtype | None, case: Case, shape: tuple[int, int, int]
+                 ) -> tuple[Case, tuple[int, int, int]]:
+    """``case`` and ``shape`` as A and B of dtype ``inputs`` take them on the tensor cores:
+    8-bit ones K-contiguous (``k_major``) with K a multiple of 16 (``k16``), others as
+    drawn."""
+    if inputs is not None and inputs.itemsize == 1:
+        return k_major(case), k16(shape)
+    return case, shape
+
+
 def pick(args: evtfuse.GemmArguments, family: str, which: str, cc: int | None = None):
     """The kernel a fuzz case runs, or None where the family offers none for it (a
     refusal ``explain`` states: shared memory, per-column sums on cooperative tiles, ...):

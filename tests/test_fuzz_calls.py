@@ -9,10 +9,11 @@ too), another M, a transposed A of the same shape, fp16 instead of fp32, an outp
 allocated by ``gemm`` instead of given, the C operand given per row instead of full, an
 unaligned view, ``tune="fast"`` (on a GPU the tuner times candidates on scratch
 outputs, then the winner runs on the call's), D written in place over C, int8 A and B,
-and on a GPU fp8 A and B with fast or promoted accumulation. Operands are
-copied before each call, so the reference reads them as the kernel found them. Every call's outputs are compared with the
-reference evaluator. Both tiers (on a GPU later calls go through the direct launcher);
-``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in ``test_fuzz_kernels.py``.
+and on a GPU fp8 A and B with fast or promoted accumulation. Operands are copied before
+each call, so the reference reads them as the kernel found them. Every call's outputs are
+compared with the reference evaluator. Both tiers (on a GPU later calls go through the
+direct launcher); ``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in
+``test_fuzz_kernels.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import evtfuse
-from epilogue_fuzz import cases, drawn, k_major
+from epilogue_fuzz import cases, drawn, laid_out_for
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
@@ -43,10 +44,9 @@ def _call(case, M, N, K, dtype, change, state, seed_, device):
     if change == "same_objects" and state:
         return state["A"], state["B"], state["kw"]
     inputs = EIGHT_BIT.get(change)
-    if inputs is not None and (inputs != torch.int8 and device == "cpu"):
-        inputs = None
-    if inputs is not None:
-        case = k_major(case)
+    if device == "cpu" and inputs is not torch.int8:
+        inputs = None  # fp8 needs a GPU
+    case, (M, N, K) = laid_out_for(inputs, case, (M, N, K))
     args = case.arguments(M, N, K, dtype, device=device, seed=seed_, inputs=inputs)
     A, B = args.A, args.B
     if change == "a_transposed":

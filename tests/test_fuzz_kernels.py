@@ -27,7 +27,8 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from epilogue_fuzz import CPU_SHAPES, GPU_SHAPES, INPUTS, cases, drawn, k16, k_major, pick
+from epilogue_fuzz import (CPU_SHAPES, GPU_SHAPES, INPUTS, cases, drawn, k16, k_major,
+                           laid_out_for, pick)
 from evtfuse import explain
 
 
@@ -158,8 +159,8 @@ def test_random_epilogues_gpu_other_inputs(family, inputs):
     in_dtype, options = INPUTS[inputs]
     if in_dtype is None:
         pytest.skip("torch without fp8")
-    eight_bit = in_dtype.itemsize == 1
-    if eight_bit and in_dtype != torch.int8 and torch.cuda.get_device_capability() < (8, 9):
+    if in_dtype.itemsize == 1 and in_dtype != torch.int8 \
+            and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 inputs need compute capability 8.9+")
 
     @_drawn(6, salt=f"{family}-{inputs}")
@@ -167,8 +168,7 @@ def test_random_epilogues_gpu_other_inputs(family, inputs):
            dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
            data_seed=st.integers(0, 2 ** 16))
     def run(case, shape, dtype, data_seed):
-        if eight_bit:
-            case, shape = k_major(case), k16(shape)
+        case, shape = laid_out_for(in_dtype, case, shape)
         args = case.arguments(*shape, dtype, device="cuda", seed=data_seed, inputs=in_dtype,
                               **options)
         kernel = pick(args, family, "first")

@@ -7,6 +7,7 @@ the tuner's ``choose_kernel``, ``Kernel.compile/run/verify``, ``evtfuse.referenc
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -121,22 +122,18 @@ def eager_of(args: Any) -> Callable[[], Any]:
     A, B = args.A, args.B
     if A.dtype in FP8_DTYPES:
         one = torch.ones((), device=A.device)
-
-        def product():
-            return torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=torch.float32,
-                                    use_fast_accum=args.fp8_fast_accum)
+        product = functools.partial(torch._scaled_mm, A, B, scale_a=one, scale_b=one,
+                                    out_dtype=torch.float32, use_fast_accum=args.fp8_fast_accum)
     elif A.dtype == torch.int8 and A.is_cuda:
-        def product():
-            return torch._int_mm(A, B)
+        product = functools.partial(torch._int_mm, A, B)
     else:
-        def product():
-            return torch.matmul(A, B)
+        product = functools.partial(torch.matmul, A, B)
     try:
         product()
     except (RuntimeError, NotImplementedError):  # a form the special kernels refuse
         wide = torch.float32 if A.dtype.itemsize == 1 else A.dtype
 
-        def product():
+        def product():  # the conversion is part of what eager PyTorch does per call
             return torch.matmul(A.to(wide), B.to(wide))
 
     def eager():

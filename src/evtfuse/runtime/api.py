@@ -145,8 +145,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if epilogue is None:
         epilogue = _IDENTITY
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
+    options = (tune, allow_tf32, fp8_fast_accum, cc)  # every keyword a plan depends on
     last = _last_call.get(key)
-    if last is not None and last[1] == (tune, allow_tf32, fp8_fast_accum, cc) and A is last[2] \
+    if last is not None and last[1] == options and A is last[2] \
             and B is last[3] and _same_objects(operands_and_outputs, last[4]):
         # the same tensors as the last call with this epilogue: launch at once
         return _launch(last[8], last[6], last[7], A, B, operands_and_outputs, last[5])
@@ -158,16 +159,15 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         for name in list(operands_and_outputs):
             if name.endswith("_dtype") and name[:-6] in parsed.outputs:
                 dtypes[name[:-6]] = operands_and_outputs.pop(name)
-    fast_key = (id(parsed), tune, allow_tf32, fp8_fast_accum, cc,
-                _call_key(A, B, operands_and_outputs), tuple(dtypes.items()))
+    fast_key = (id(parsed), options, _call_key(A, B, operands_and_outputs),
+                tuple(dtypes.items()))
     hit = _fast.get(fast_key)
     if hit is not None and hit[0] is parsed:
         _, plan, shape = hit
         given = dict(operands_and_outputs)
         for name, dt in dtypes.items():  # the <name>_dtype keywords are part of the call
             given[f"{name}_dtype"] = dt
-        _last_call[key] = (parsed, (tune, allow_tf32, fp8_fast_accum, cc), A, B, given, dtypes,
-                           plan, shape, parsed.outputs)
+        _last_call[key] = (parsed, options, A, B, given, dtypes, plan, shape, parsed.outputs)
         return _launch(parsed.outputs, plan, shape, A, B, operands_and_outputs, dtypes)
     values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
     epi = EpilogueArguments(epilogue, **values)
