@@ -493,7 +493,10 @@ def epilogues(draw):
 # scalar tail differently (sigmoid/gelu/softplus differ in the last bits, maximum(0.0, -0.0)
 # in the sign), so a value computed at another position of a bigger tensor may differ.
 # Folding where(literal, a, b) changes the shape an op is applied to; with fewer elements
-# than one vector chunk every op takes torch's scalar path and only the passes can differ.
+# than one vector chunk every element takes the same path, and a single value (a folded
+# constant, a scalar-space node) takes it too (``optable.torch_apply``: torch computes one
+# element by its scalar path, gelu(-1.5) 4e-8 off, which once made this test flaky), so
+# only the passes can differ.
 HL, HM, HN = 2, 2, 3
 _VALUES = None
 

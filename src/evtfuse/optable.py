@@ -358,4 +358,13 @@ def torch_apply(op: OpDef, inputs: list[torch.Tensor],
     """Apply an elementwise/compare/select row in torch (the one reading of its meaning)."""
     if op.category is Category.REDUCE:
         raise TypeError(f"{op.name} is a reduction; its axes come from the output it feeds")
+    if all(t.numel() == 1 for t in inputs):
+        # torch's CPU kernels take a scalar path for one element and a vectorised one for
+        # two or more, which differ in the last bits (gelu(-1.5): -0.10021082 against
+        # -0.10021086; gelu(inf)): a single value (a folded constant, a scalar-space node)
+        # is computed as any element of a tile is, so that where a pass moves it changes
+        # no bit
+        shape = torch.broadcast_shapes(*(t.shape for t in inputs))
+        pair = op.torch_fn(*(t.reshape(1).repeat(2) for t in inputs), **params)
+        return pair[:1].reshape(shape)
     return op.torch_fn(*inputs, **params)
