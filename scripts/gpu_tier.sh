@@ -16,7 +16,8 @@ first="identity or bias_gelu or silu_mul or aux_device or row_vec or all_ops or 
 kfirst="alpha_beta or odd_sizes or all_ops or batched"
 # shard name -> "files|-k expression" (empty expression: every GPU test of the files)
 declare -A shards=(
-  [gluon_a]="$G|not epilogues and not cooperative"
+  [gluon_a]="$G|not epilogues and not cooperative and not batched"
+  [gluon_batched]="$G|batched"
   [gluon_co_a]="$G|cooperative and ($first)"
   [gluon_co_b]="$G|cooperative and not ($first)"
   [gluon_b]="$G|epilogues and ($first)"

@@ -512,3 +512,96 @@ def test_offline_compile_for_sm90(compiled, name, kind):
     assert out["wgmma"] and out["setmaxnreg"]
     # a few spilled scalars are tolerated; a spilled tile (hundreds of accesses) is not
     assert out["spills"] < 100, f"{out['spills']} local-memory accesses: the epilogue spills"
+
+
+# ------------------------------------------------------------------ batched problems (L > 1)
+LB = 3
+BATCHED_SRC = ("def epi(accum, C, alpha, r, bias): Y = accum + bias; "
+               "D = alpha * accum + C * r; return D, Y")
+
+
+def _batched_args():
+    """A with batch slices, B and C shared (weights; an aux tile every batch reads), a
+    per-batch device scalar, a per-batch bf16 row vector, a shared fp32 bias, an fp32
+    second output."""
+    A, B = torch.randn(LB, M, K).to(BF), torch.randn(K, N).to(BF)
+    ops = dict(C=torch.randn(M, N).to(BF),
+               alpha=torch.randn(LB, 1, 1), r=torch.randn(LB, M, 1).to(BF), bias=torch.randn(N),
+               D=torch.empty(LB, M, N, dtype=BF), Y=torch.empty(LB, M, N))
+    return GemmArguments(A, B, ops["D"], epilogue=EpilogueArguments(BATCHED_SRC, **ops))
+
+
+def test_batched_problems_run_batch_by_batch_with_3d_tiles():
+    """The family takes L > 1: tiles run batch by batch through the persistent schedule,
+    a batched A's stages and every aux tile and output move by 3-D TMA blocks, at batch
+    ``bid`` for tensors with slices of their own and at 0 for shared ones (B, C); the
+    per-batch row vector is read from global memory at its batch, the shared bias staged."""
+    from evtfuse.backends.triton.codegen import generate
+
+    args = _batched_args()
+    fam = GluonFamily()
+    offline = Target("cuda", 90, torch.device("cpu"), 132, offline=True)  # CPU tensors allowed
+    assert fam.supports(args, offline), fam.supports(args, offline).reason
+    cfg = next(c for c in fam.configs(args, H100) if not c.cooperative)
+    spec = fam.spec(args, cfg, H100)
+    assert (spec.a_batched, spec.b_batched) == (True, False)
+    src = generate(spec)
+    assert "my_tiles = gl.cdiv(num_pid_m * num_pid_n * L - start, nprog)" in src
+    assert "bid = tile // per_batch" in src
+    assert "a_desc, [bid, off_m, kk * BLOCK_K]" in src
+    assert "b_desc, [kk * BLOCK_K, off_n]" in src
+    assert "u_C_desc, [0, row0, col0]" in src and "u_D_desc, [bid, row0, col0]" in src
+    assert "a_bufs.index(s).reshape([BLOCK_M, BLOCK_K])" in src
+    assert "vb_u_bias" in src and "vb_u_r" not in src
+    assert "tl.load(u_r_ptr + bid64 * u_r_sl" in src
+    b = buffers(args.optimized_dag, batch=True)
+    assert set(b.own_batch) == {"D", "Y"}
+    # the plan's descriptors: 3-D, a leading 1 for the shared C
+    items, _, grid, _ = fam.plan(args, args.optimized_dag, cfg, H100)
+    descs = [it(args.A, args.B, args.epilogue.values) for it in items if callable(it)]
+    shapes = [list(d.shape) for d in descs if hasattr(d, "block_shape")]
+    assert [LB, M, K] in shapes and [1, M, N] in shapes and [LB, M, N] in shapes, shapes
+    assert grid == (min(132, LB * -(-M // 128) * -(-N // 128)),)
+
+
+def test_batched_source_leaves_unbatched_kernels_alone():
+    """A one-batch problem's kernel has none of the batched kernel's indexing."""
+    from evtfuse.backends.triton.codegen import generate
+
+    args = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=0.5)
+    fam = GluonFamily()
+    src = generate(fam.spec(args, fam.configs(args, H100)[0], H100))
+    assert "bid" not in src.replace("bid64", "") and ".reshape([" not in src
+
+
+BATCHED_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import test_gluon_cpu as t
+from evtfuse.runtime.offline import compile_for
+fam, out = t.GluonFamily(), {{}}
+args = t._batched_args()
+seen = set()
+for c in fam.configs(args, t.H100):
+    key = (c.cooperative, c.num_warps, c.slots)
+    if key in seen:
+        continue
+    seen.add(key)
+    try:
+        r = compile_for(fam, c, args)
+        out[c.name] = {{"shared": r.shared_bytes, "spills": r.spills}}
+    except Exception as exc:
+        out[c.name] = {{"error": f"{{type(exc).__name__}}: {{str(exc)[-2000:]}}"}}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_batched_kernels_compile_for_sm90():
+    """The first config of each structure the family offers for the batched case,
+    compiled for sm_90: valid Gluon (3-D blocks viewed in 2-D by the consumers and wgmma),
+    within shared memory, no spilled tile."""
+    got = run_offline(BATCHED_SCRIPT.format(tests=os.path.dirname(__file__)))
+    assert any("_co" in k for k in got) and any("_co" not in k for k in got), got
+    for name, r in got.items():
+        assert "error" not in r, f"{name}: {r['error']}"
+        assert r["shared"] <= SMEM_LIMIT and r["spills"] < 100, (name, r)

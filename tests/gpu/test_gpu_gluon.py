@@ -303,3 +303,116 @@ def test_gemm_tuner_sees_gluon_candidates():
     D = evtfuse.gemm(A, B, ALPHA_BETA, C=C, alpha=1.0, beta=1.0)
     ref = A.float() @ B.float() + C.float()
     torch.testing.assert_close(D.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().mean().item())
+
+
+# ------------------------------------------------------------------ batched problems (L > 1)
+# Tiles run batch by batch through one persistent schedule; batched A/B stages, aux tiles
+# and outputs move by 3-D TMA descriptors (a leading 1 for tensors every batch shares).
+# Ragged M and N: a batch's last row/column tiles must neither read the next batch's rows
+# nor write them (the descriptors' batch dimension clips them, as M and N do).
+
+def _structures(args):
+    """The first kernel of each structure the family offers: ping-pong (4 warps),
+    cooperative, two-warpgroup consumers; the slot-store config too where there is one."""
+    ks = family_kernels(args, "gluon")
+    picks = {}
+    for k in ks:
+        c = k.config
+        key = "coop" if c.cooperative else ("wide" if c.num_warps == 8 else "pingpong")
+        picks.setdefault(key, k)
+        if c.slots:
+            picks.setdefault(key + "_slots", k)
+    return picks
+
+
+def _verify_all(args, need=("pingpong",)):
+    picks = _structures(args)
+    assert set(need) <= set(picks), [k.name for k in family_kernels(args, "gluon")]
+    for k in picks.values():
+        result = k.verify(args)
+        assert result, f"{k.name}: {result.report()}"
+
+
+@pytest.mark.parametrize("layout", ["row", "A_col", "B_col", "both_col"])
+def test_batched_alpha_beta(layout):
+    L, M, N, K = 3, 1000, 776, 264
+    A = _rand(L, K, M, dtype=BF).transpose(1, 2) if layout in ("A_col", "both_col") \
+        else _rand(L, M, K, dtype=BF)
+    B = _rand(L, N, K, dtype=BF).transpose(1, 2) if layout in ("B_col", "both_col") \
+        else _rand(L, K, N, dtype=BF)
+    C = _rand(L, M, N, dtype=BF)
+    D = torch.empty(L, M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.5,
+                                                             beta=-0.5, D=D))
+    # a column-major A has no cooperative tiles (its stage is sliced by rows)
+    _verify_all(args, ("pingpong",) if layout in ("A_col", "both_col") else ("pingpong", "coop"))
+
+
+def test_batched_shared_operands_per_batch_scalars():
+    """B and C shared by every batch (2-D, at batch 0 of their 3-D descriptors), a
+    per-batch device scalar and a per-batch bf16 row vector (read from global memory, not
+    staged), a shared fp32 bias (staged), an fp32 second output."""
+    L, M, N, K = 4, 520, 392, 200
+    A = _rand(L, M, K, dtype=BF)
+    B = _rand(K, N, dtype=BF)
+    C = _rand(M, N, dtype=BF)
+    alpha = _rand(L, 1, 1)
+    rowb = _rand(L, M, 1, dtype=BF)
+    bias = _rand(N)
+    D = torch.empty(L, M, N, device=DEV, dtype=BF)
+    Y = torch.empty(L, M, N, device=DEV, dtype=torch.float32)
+    src = ("def epi(accum, C, alpha, rowb, bias): Y = accum + bias; "
+           "D = alpha * accum + C + rowb; return D, Y")
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, alpha=alpha, rowb=rowb,
+                                                             bias=bias, D=D, Y=Y))
+    _verify_all(args)
+
+
+def test_batched_reductions():
+    """Per-batch per-row logsumexp, per-batch per-column sum, a per-batch sum and a sum over
+    every batch, with D stored."""
+    L, M, N, K = 3, 1000, 776, 264
+    A, B = _rand(L, M, K, dtype=BF), _rand(L, K, N, dtype=BF) * 0.25
+    D = torch.empty(L, M, N, device=DEV, dtype=BF)
+    src = ("def epi(accum): D = accum; lse = logsumexp(accum); cs = sum(accum * 0.5); "
+           "bs = sum(accum); tot = max(abs(accum)); return D, lse, cs, bs, tot")
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        src, D=D, lse=torch.empty(L, M, 1, device=DEV), cs=torch.empty(L, 1, N, device=DEV),
+        bs=torch.empty(L, 1, 1, device=DEV), tot=torch.empty(1, device=DEV)))
+    _verify_all(args)
+
+
+@pytest.mark.parametrize("mnk", [(1000, 776, 264), (2048, 2048, 512)])
+def test_batched_relu_aux_slot_stores(mnk):
+    L = 2
+    M, N, K = mnk
+    A, B = _rand(L, M, K, dtype=BF), _rand(L, K, N, dtype=BF) * 0.25
+    C = _rand(L, M, N, dtype=BF)
+    D = torch.empty(L, M, N, device=DEV, dtype=BF)
+    F = torch.empty(L, M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        EPILOGUES["relu_aux_two_outputs"][0], C=C, alpha=0.75, F=F, D=D))
+    _verify_all(args, ("pingpong", "pingpong_slots"))
+
+
+def test_batched_few_programs_many_tiles(monkeypatch):
+    """5 programs for 3 batches of 48 tiles: a program's tiles cross batches, odd and even
+    counts per consumer."""
+    from evtfuse.backends.triton import families
+
+    L, M, N, K = 3, 1000, 776, 200
+    A, B, C = _rand(L, M, K, dtype=BF), _rand(L, K, N, dtype=BF), _rand(L, M, N, dtype=BF)
+    D = torch.empty(L, M, N, device=DEV, dtype=BF)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0,
+                                                             beta=2.0, D=D))
+    monkeypatch.setattr(families, "_sms", lambda target: 5)
+    for k in _structures(args).values():
+        k._plans.clear()
+        k._last = (None, None)
+        try:
+            assert k.plan(args).grid == (5,)
+            result = k.verify(args)
+            assert result, f"{k.name}: {result.report()}"
+        finally:  # later tests must not reuse the 5-program plan
+            k._plans.clear()
+            k._last = (None, None)

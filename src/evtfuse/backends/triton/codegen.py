@@ -77,9 +77,10 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "35"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "36"  # also part of the tuning key: a new generator re-tunes
 #                           (35: the interpreter's maximum/minimum with a scalar first; gluon
-#                           stages planned with the scratch of per-column reductions)
+#                           stages planned with the scratch of per-column reductions;
+#                           36: the gluon family takes batched problems)
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -117,9 +118,10 @@ STAGED_VECTOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def staged_vector(spec, family: str) -> bool:
     """A per-row/per-column operand the gluon family TMA-loads into shared memory with the
     tile's aux tiles (its consumers then read it there instead of waiting on global loads,
-    whose latency ptxas may leave exposed once per load); other dtypes are read directly."""
+    whose latency ptxas may leave exposed once per load); other dtypes, and vectors with
+    batch slices of their own, are read directly."""
     return family == "gluon" and spec.kind in (OperandKind.PER_ROW, OperandKind.PER_COL) \
-        and spec.dtype in STAGED_VECTOR_DTYPES
+        and spec.dtype in STAGED_VECTOR_DTYPES and not spec.batched
 
 
 def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = (), l2_spread: bool = False

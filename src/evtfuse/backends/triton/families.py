@@ -299,6 +299,11 @@ def _reuse_last(make):
     return get
 
 
+def _batched(t: torch.Tensor) -> bool:
+    """Whether operand A or B has batch slices of its own (a leading dimension above 1)."""
+    return t.dim() == 3 and t.shape[0] > 1
+
+
 def _rebased(make):
     """``make(t)`` validated once per launch plan; later tensors of the plan's structure
     (same shape, strides, dtype and 16-byte alignment: the plan's key) get a copy of that
@@ -657,8 +662,7 @@ class HopperFamily(KernelFamily):
         A, B = args.A, args.B
         a_trans = bool(A.stride(-1) != 1)
         b_trans = bool(B.stride(-1) != 1)
-        a_batched = A.dim() == 3 and A.shape[0] > 1
-        b_batched = B.dim() == 3 and B.shape[0] > 1
+        a_batched, b_batched = _batched(A), _batched(B)
         prefetch = config.prefetch and any(s.kind is OperandKind.FULL
                                            for s in args.optimized_dag.used_operands)
         l2 = config.l2_spread and _l2_spread_ok(args) and target.kind != INTERPRETER
@@ -746,9 +750,11 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
 
 
-def _gluon_full_getter(dag: Dag):
+def _gluon_full_getter(dag: Dag, batch: bool):
     """``descriptor(name, batched, config)`` for ``_epilogue_items``: whole tiles, except
-    outputs staged per column piece and those stored by slot chunk (``gluon_codegen.Buffers``)."""
+    outputs staged per column piece and those stored by slot chunk (``gluon_codegen.Buffers``);
+    in a batched kernel (``batch``) every tile's is 3-D, a leading 1 for tensors without
+    batch slices of their own (``gluon_codegen.Buffers.batch``)."""
     from .gluon_codegen import buffers, slot_columns
 
     pieces = {n for n, _ in buffers(dag).piece_stores}
@@ -759,8 +765,8 @@ def _gluon_full_getter(dag: Dag):
         width = config.block_n // config.epi_split if name in pieces else config.block_n
         if config.slots and name in chunked:  # a chunk of its buffer, of its own dtype
             width = slot_columns(dag.output(name).dtype)
-        make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, False),
-                                                    [_epi_rows(config), width]))
+        block = [1] * batch + [_epi_rows(config), width]
+        make = _rebased(lambda t: _gluon_descriptor(_as2d_or_3d(t, batch), block))
 
         def get(A, B, values):
             return make(values[name])
@@ -857,8 +863,6 @@ class GluonFamily(KernelFamily):
         if args.A.dtype not in (torch.float16, torch.bfloat16):
             return Status.fail(f"A and B are {args.A.dtype}; the gluon family takes fp16 and "
                                "bf16 (the hopper family takes the others)")
-        if args.L > 1:
-            return Status.fail("batched problems (L > 1) run on the hopper family")
         dag = args.optimized_dag
         if vector_outputs(dag):
             return Status.fail(f"per-row/per-column stored output {vector_outputs(dag)[0].name}: "
@@ -1156,7 +1160,8 @@ class GluonFamily(KernelFamily):
                              f"shared memory with this epilogue ({SMEM_LIMIT} bytes on sm_90, "
                              f"buffers and scratch included); at most {fits} do")
         return KernelSpec("gluon", dag, bool(args.A.stride(-1) != 1),
-                          bool(args.B.stride(-1) != 1), False, False, config.epi_split, True,
+                          bool(args.B.stride(-1) != 1), _batched(args.A), _batched(args.B),
+                          config.epi_split, True,
                           direct=direct, coop=config.cooperative, chunk=chunk,
                           tile_n=config.block_n if chunk else 0, warps=config.num_warps)
 
@@ -1165,9 +1170,10 @@ class GluonFamily(KernelFamily):
         bm, bn, bk = config.block_m, config.block_n, config.block_k
         items: list[Any] = [*_operand_getters(spec, config, _gluon_descriptor), args.M, args.N,
                             args.K, args.L]
-        items += _epilogue_items(args, dag, "gluon", config, descriptor=_gluon_full_getter(dag),
+        items += _epilogue_items(args, dag, "gluon", config,
+                                 descriptor=_gluon_full_getter(dag, spec.a_batched or spec.b_batched),
                                  direct=spec.direct)
-        tiles = tile_count(args, config)  # one batch (``supports``)
+        tiles = tile_count(args, config)
         # one whole-output partial per consumer warpgroup, two per program
         red_items, post = _reduction_items(args, dag, config, "gluon", target,
                                            programs=2 * min(_sms(target), tiles))

@@ -28,8 +28,11 @@ The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op tabl
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
 wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
 indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
-(sm_90), fp16/bf16 A and B, one batch, no per-row/per-column stored vectors; per-row/
--column operands of fp16/bf16/fp32 contiguous and 16-byte aligned (they move by TMA).
+(sm_90), fp16/bf16 A and B, no per-row/per-column stored vectors; per-row/-column
+operands of fp16/bf16/fp32 contiguous and 16-byte aligned (they move by TMA; those with
+batch slices of their own are read from global memory instead). Batched problems
+(L > 1): the persistent schedule runs the tiles of every batch, batch by batch; a batched
+A or B and every aux tile and output move by 3-D TMA blocks (``Buffers.batch``).
 Design notes and measurements of the prototype: ``scripts/gluon_probe.py``.
 
 **Cooperative tiles** (``KernelSpec.coop``, CUTLASS's ``KernelTmaWarpSpecializedCooperative``):
@@ -85,6 +88,23 @@ class Buffers:
     direct_stores: tuple[str, ...] = ()
     slot_stores: tuple[tuple[str, str], ...] = ()
     chunked: bool = False  # the consumer stores the tile-staged outputs by chunk
+    # a batched kernel (A or B has batch slices, L > 1): every tile descriptor and buffer
+    # has a leading batch dimension (1 in the buffers; consumers read and write 2-D views,
+    # ``_c`` of a buffer ``_c3``), at batch ``bid`` for the tiles named in ``own_batch``
+    # (tensors with their own slices), at 0 for those shared by every batch
+    batch: bool = False
+    own_batch: tuple[str, ...] = ()
+
+    def at(self, name: str, row: str, col: str) -> str:
+        """The TMA coordinates of the block of tile ``name`` at ``row``, ``col``."""
+        if not self.batch:
+            return f"[{row}, {col}]"
+        return f"[{'bid' if name in self.own_batch else '0'}, {row}, {col}]"
+
+    def view(self, buf: str, rows: str, cols: str) -> str:
+        """``buf`` (one block of a buffer) as the 2-D ``rows`` x ``cols`` block the
+        consumer's loads and stores take."""
+        return f"{buf}.reshape([{rows}, {cols}])" if self.batch else buf
 
     def dtype_of(self, buf: str) -> torch.dtype:
         """The dtype of load buffer ``buf`` (``lb_<operand>``)."""
@@ -112,9 +132,11 @@ class Buffers:
         return tiles + pieces + vectors
 
 
-def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False) -> Buffers:
+def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False, batch: bool = False
+            ) -> Buffers:
     """How ``dag``'s epilogue uses shared memory; ``slots``: outputs without a buffer of
-    their own go into the chunks of a load buffer that already hosts an output (one each)."""
+    their own go into the chunks of a load buffer that already hosts an output (one each);
+    ``batch``: a batched kernel's (``Buffers.batch``)."""
     vectors = tuple((s.name, s.dtype, s.kind is OperandKind.PER_ROW) for s in dag.used_operands
                     if staged_vector(s, "gluon"))
     loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
@@ -133,9 +155,11 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False) -> Buff
             slot.append((o.name, hosts[o.dtype].pop(0)))
         else:
             piece.append((o.name, o.dtype))
+    own = tuple(s.name for s in dag.used_operands if s.kind is OperandKind.FULL and s.batched)
+    own += tuple(o.name for o in full_outputs(dag) if o.batched)
     return Buffers(loads, tuple(tile), tuple(piece), vectors,
                    tuple(o.name for o in full_outputs(dag) if o.name in direct), tuple(slot),
-                   chunked=slots and bool(tile))
+                   chunked=slots and bool(tile), batch=batch, own_batch=own if batch else ())
 
 
 def slot_columns(dtype: torch.dtype) -> int:
@@ -217,7 +241,8 @@ class _GluonTile:
 
     def store_full(self, u: str, value: str, batched: bool) -> str:
         if any(uname(n) == u for n in self.bufs.direct_stores):  # from registers
-            return (f"tl.store({u}_ptr + {self.rm}[:, None].to(tl.int64) * {u}_sm + "
+            bofs = f"bid64 * {u}_sl + " if batched else ""
+            return (f"tl.store({u}_ptr + {bofs}{self.rm}[:, None].to(tl.int64) * {u}_sm + "
                     f"{self.rn}[None, :].to(tl.int64) * {u}_sn, ({value}).to({u}_ptr.dtype.element_ty), "
                     f"mask=({self.rm}[:, None] < M) & ({self.rn}[None, :] < N))")
         slot = {uname(n): buf for n, buf in self.bufs.slot_stores}
@@ -235,12 +260,13 @@ class _GluonTile:
         n = len(self.bufs.piece_stores)
         parity = f"{self.k} % 2" if self.loop else self.k % 2
         buf = f"ob_{u}.index(WHICH * 2 + {parity})"
+        name = next(o for o, _ in self.bufs.piece_stores if uname(o) == u)
         return "; ".join([
             f"tma.store_wait(pendings={2 * n - 1})",
-            f"{buf}.store(({value}).to(ob_{u}.dtype))",
+            f"{self.bufs.view(buf, 'EPI_M', 'SUB_N')}.store(({value}).to(ob_{u}.dtype))",
             "fence_async_shared()",
-            f"tma.async_copy_shared_to_global({u}_desc, [row0, pid_n_c * BLOCK_N "
-            f"+ {self.k} * SUB_N], {buf})",
+            f"tma.async_copy_shared_to_global({u}_desc, "
+            f"{self.bufs.at(name, 'row0', f'pid_n_c * BLOCK_N + {self.k} * SUB_N')}, {buf})",
         ])
 
 
@@ -287,8 +313,11 @@ class _SlotPlan:
         return self.pieces * self.sub_n // self.chunk
 
     def _issue(self, pairs, c: int, indent: str) -> list[str]:
-        return [f"{indent}tma.async_copy_shared_to_global({uname(n)}_desc, [row0, pid_n_c * "
-                f"BLOCK_N + {c} * CH], {buf}_c.slice({c} * CH, CH, dim=1))" for n, buf in pairs]
+        # a batched kernel's buffers: the chunk of the 3-D block (``Buffers.batch``)
+        src, dim = ("_c3", 2) if self.bufs.batch else ("_c", 1)
+        return [f"{indent}tma.async_copy_shared_to_global({uname(n)}_desc, "
+                f"{self.bufs.at(n, 'row0', f'pid_n_c * BLOCK_N + {c} * CH')}, "
+                f"{buf}{src}.slice({c} * CH, CH, dim={dim}))" for n, buf in pairs]
 
     def _flush(self, c: int, pendings: int, indent: str) -> list[str]:
         lines = [f"{indent}tma.store_wait(pendings={pendings})  # chunk {c}'s in-place stores "
@@ -364,13 +393,38 @@ def _lane(n: int, warps: int) -> str:
 
 
 # every partition's view of the persistent schedule: program p takes tiles p, p + nprog, ...
-_PROGRAM = [
-    f"{I1}start = gl.program_id(0)",
-    f"{I1}nprog = gl.num_programs(0)",
-    f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
-    f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
-    f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, nprog)",
-]
+def _program(batch: bool) -> list[str]:
+    """The persistent schedule's sizes (``batch``: the tiles of every batch, batch by batch)."""
+    return [
+        f"{I1}start = gl.program_id(0)",
+        f"{I1}nprog = gl.num_programs(0)",
+        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
+        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
+        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n{' * L' if batch else ''} - start, nprog)",
+    ]
+
+
+def _tile_coords(batch: bool) -> list[str]:
+    """``_ef_tile_coords``: a tile's (batch,) row and column of tiles: grouped order,
+    bands of ``GROUP_M`` row-tiles, within each batch."""
+    head = [
+        "@gluon.jit",
+        "def _ef_tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):",
+    ]
+    if batch:
+        head += [f"{I1}per_batch = num_pid_m * num_pid_n",
+                 f"{I1}bid = tile // per_batch",
+                 f"{I1}tile = tile % per_batch"]
+    return head + [
+        f"{I1}group = GROUP_M * num_pid_n",
+        f"{I1}first_m = (tile // group) * GROUP_M",
+        f"{I1}group_m = gl.minimum(num_pid_m - first_m, GROUP_M)",
+        f"{I1}pid_m = first_m + ((tile % group) % group_m)",
+        f"{I1}pid_n = (tile % group) // group_m",
+        f"{I1}return {'bid, ' if batch else ''}pid_m, pid_n",
+        "",
+        "",
+    ]
 
 
 # when the epilogue-memory warp loads the aux tiles of a program's first two tiles: "eager"
@@ -397,33 +451,46 @@ def _first_loads(staged: bool, tail: str, coop: bool = False) -> list[str]:
             f"{I2}{issue.format(t=1)}"]
 
 
-def _unit_origin(coop: bool) -> list[str]:
-    """``_ef_unit_origin``: the first row and column of an epilogue unit's block. A unit
+def _unit_origin(coop: bool, batch: bool) -> list[str]:
+    """``_ef_unit_origin``: the (batch,) first row and column of an epilogue unit's block. A unit
     is what one consumer's aux and output buffers hold at a time: ping-pong, tile ``u``
     of the program (consumer ``u % 2`` takes it whole); cooperative, half ``u % 2`` (the
     rows of consumer ``u % 2``) of the program's tile ``u // 2``. Either way buffer set
     ``u % 2`` serves unit ``u`` and is reused by unit ``u + 2``."""
     tile, rows = ("start + (u // 2) * nprog", " + (u % 2) * (BLOCK_M // 2)") if coop \
         else ("start + u * nprog", "")
+    bid = "bid, " if batch else ""
     return [
         "@gluon.jit",
         "def _ef_unit_origin(u, start, nprog, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, "
         "BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):",
-        f"{I1}pid_m, pid_n = _ef_tile_coords({tile}, num_pid_m, num_pid_n, GROUP_M)",
-        f"{I1}return pid_m * BLOCK_M{rows}, pid_n * BLOCK_N",
+        f"{I1}{bid}pid_m, pid_n = _ef_tile_coords({tile}, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I1}return {bid}pid_m * BLOCK_M{rows}, pid_n * BLOCK_N",
         "",
         "",
     ]
 
 
-def _coords(trans: bool, row: str, k: str) -> str:
-    return f"[{k}, {row}]" if trans else f"[{row}, {k}]"
+def _coords(trans: bool, row: str, k: str, batched: bool = False) -> str:
+    """An A or B block's TMA coordinates (``batched``: the operand has batch slices)."""
+    b = "bid, " if batched else ""
+    return f"[{b}{k}, {row}]" if trans else f"[{b}{row}, {k}]"
+
+
+def _stage(bufs: str, batched: bool, shape: tuple[str, str]) -> str:
+    """Stage ``s`` of an A/B ring as the 2-D block wgmma reads (a batched operand's
+    blocks are [1, rows, columns])."""
+    if batched:
+        return f"{bufs}.index(s).reshape([{shape[0]}, {shape[1]}])"
+    return f"{bufs}.index(s)"
 
 
 def _kernel_source(spec: KernelSpec) -> str:
     dag = spec.dag
     coop = spec.coop
-    bufs = buffers(dag, spec.direct, slots=bool(spec.chunk))
+    batch = spec.a_batched or spec.b_batched  # L > 1 (``Buffers.batch``)
+    bufs = buffers(dag, spec.direct, slots=bool(spec.chunk), batch=batch)
+    bid = "bid, " if batch else ""
     epi = _Epilogue(spec)
     params = epilogue_params(dag, "gluon", spec.direct)
     # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
@@ -440,33 +507,34 @@ def _kernel_source(spec: KernelSpec) -> str:
     consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
                  "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, EVEN_MN: gl.constexpr"
     consts = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, EVEN_MN"
-    a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K")
-    b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K")
-    a_smem = "a_bufs.index(s).permute((1, 0))" if spec.a_trans else "a_bufs.index(s)"
+    a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K", spec.a_batched)
+    b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K", spec.b_batched)
+    # a batched operand's stage is a [1, rows, columns] block: its 2-D view for wgmma
+    a_stage = _stage("a_bufs", spec.a_batched, ("BLOCK_K", "BLOCK_M") if spec.a_trans
+                     else ("BLOCK_M", "BLOCK_K"))
+    b_stage = _stage("b_bufs", spec.b_batched, ("BLOCK_N", "BLOCK_K") if spec.b_trans
+                     else ("BLOCK_K", "BLOCK_N"))
+    a_smem = f"{a_stage}.permute((1, 0))" if spec.a_trans else a_stage
     if coop:  # the consumer's rows of the stage (the family refuses a column-major A)
-        a_smem = "a_bufs.index(s).slice(WHICH * EPI_M, EPI_M, dim=0)"
-    b_smem = "b_bufs.index(s).permute((1, 0))" if spec.b_trans else "b_bufs.index(s)"
+        a_smem = f"{a_stage}.slice(WHICH * EPI_M, EPI_M, dim=0)"
+    b_smem = f"{b_stage}.permute((1, 0))" if spec.b_trans else b_stage
+    program = _program(batch)
+    # the block sizes _ef_mma_step needs to view a batched operand's stages in 2-D
+    blocks = ", BLOCK_M, BLOCK_N, BLOCK_K" if spec.a_batched or spec.b_batched else ""
+    blocks_sig = ", BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr" \
+        if blocks else ""
     L: list[str] = []
     L += [
-        "@gluon.jit",
-        "def _ef_tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):",
-        f"{I1}group = GROUP_M * num_pid_n",
-        f"{I1}first_m = (tile // group) * GROUP_M",
-        f"{I1}group_m = gl.minimum(num_pid_m - first_m, GROUP_M)",
-        f"{I1}pid_m = first_m + ((tile % group) % group_m)",
-        f"{I1}pid_n = (tile % group) // group_m",
-        f"{I1}return pid_m, pid_n",
-        "",
-        "",
-        *_unit_origin(coop),
+        *_tile_coords(batch),
+        *_unit_origin(coop, batch),
         "@gluon.jit",
         f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts_sig}):",
-        *_PROGRAM,
+        *program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes",
         f"{I1}i = 0",
         f"{I1}for t in range(my_tiles):",
-        f"{I2}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}{bid}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
         f"{I2}off_m = pid_m * BLOCK_M",
         f"{I2}off_n = pid_n * BLOCK_N",
         f"{I2}for kk in range(k_tiles):",
@@ -495,12 +563,13 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     if load_names or vec_names:
         L += [
-            f"{I1}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
+            f"{I1}{bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
             "BLOCK_N, GROUP_M)",
             f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
         ]
-        for u in load_names:
-            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [row0, col0], "
+        for n, _ in bufs.loads:
+            u = uname(n)
+            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, {bufs.at(n, 'row0', 'col0')}, "
                      f"c_ready.index(b), lb_{u}.index(b))")
         for u, row in vec_names:
             at = "row0" if row else "col0"
@@ -513,12 +582,12 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
         "@gluon.jit",
         f"def _ef_mem(c_ready, d_ready, {go}{mem}{sizes}, {consts_sig}):",
-        *_PROGRAM,
+        *program,
         f"{I1}my_units = {'2 * ' if coop else ''}my_tiles",
         *_first_loads(staged, f"{mem}{consts}", coop),
         f"{I1}for t in range(my_units):",
         f"{I2}b = t % 2",
-        f"{I2}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
+        f"{I2}{bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
         "BLOCK_N, GROUP_M)",
         f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
     ]
@@ -526,7 +595,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         if (name, buf) in bufs.consumer_tiles:
             continue  # the consumer stores it by chunk
         u = uname(name)
-        L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, [row0, col0], {buf}.index(b))")
+        L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, {bufs.at(name, 'row0', 'col0')}, "
+                 f"{buf}.index(b))")
     L += [
         f"{I2}if t + 2 < my_units:",
         f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
@@ -543,7 +613,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     L += [
         "@gluon.jit",
         "def _ef_mma_step(i, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES: gl.constexpr, "
-        "WHICH: gl.constexpr, EPI_M: gl.constexpr):",
+        f"WHICH: gl.constexpr, EPI_M: gl.constexpr{blocks_sig}):",
         f"{I1}s = i % NUM_STAGES",
         f"{I1}mbarrier.wait(ready.index(s), (i // NUM_STAGES) & 1)",
         f"{I1}acc = warpgroup_mma({a_smem}, {b_smem}, acc, use_acc=kk > 0, is_async=True)",
@@ -557,15 +627,20 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
         f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, BLOCK_N, 16])",
-        *_PROGRAM,
+        *program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
         *([f"{I1}CH: gl.constexpr = {spec.chunk}  # columns of a store chunk (128 bytes)"]
           if spec.chunk else []),
         f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if coop else ''}  # this consumer's rows of a tile",
-        f"{I1}bid64 = 0",
+        *([] if batch else [f"{I1}bid64 = 0"]),  # batched: each tile's (below)
     ]
-    L += [f"{I1}{name}_c = {name}.index(WHICH)" for name in tile_bufs]
+    for name in tile_bufs:  # the consumer's buffers (a batched kernel's tiles: 2-D views)
+        if batch and name.startswith("lb_"):
+            L += [f"{I1}{name}_c3 = {name}.index(WHICH)",
+                  f"{I1}{name}_c = {bufs.view(f'{name}_c3', 'EPI_M', 'BLOCK_N')}"]
+        else:
+            L.append(f"{I1}{name}_c = {name}.index(WHICH)")
     L += epi.prologue(I1)
     if any(epi.program_reduced(o) for o in reduce_outputs(dag)):
         # whole-output reductions accumulate row sums across this consumer's tiles in the
@@ -591,7 +666,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     L += [
         f"{I2}for kk in range(k_tiles):",
         f"{I3}acc = _ef_mma_step(i0 + kk, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES, "
-        "WHICH, EPI_M)",
+        f"WHICH, EPI_M{blocks})",
     ]
     if staged and coop:
         L += [f"{I3}if WHICH == 0:",
@@ -604,7 +679,8 @@ def _kernel_source(spec: KernelSpec) -> str:
           if staged and not coop else []),
         f"{I2}acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
         f"{I2}mbarrier.arrive(empty.index((i0 + k_tiles - 1) % NUM_STAGES))",
-        f"{I2}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}{bid}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        *([f"{I2}bid64 = bid.to(gl.int64)"] if batch else []),
         f"{I2}row0 = pid_m_c * BLOCK_M{' + WHICH * EPI_M' if coop else ''}  # this consumer's first row",
         f"{I2}mbarrier.wait(c_ready.index(WHICH), r & 1)  # aux tiles in, old outputs out",
     ]
