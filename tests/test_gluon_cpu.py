@@ -370,6 +370,10 @@ CASES = {
                    dict(y="yrow", lse="row", tgt="row", D=None)),
     "row_and_col_vectors": ("def epi(accum, r, bias): D = accum * r + bias; return D",
                             dict(r="rowbf", bias="colbf")),
+    "stored_vectors": ("def epi(accum, r, bias, s): D = accum * r + bias; "
+                       "inv = 1.0 / (r * r + 1.0); b2 = bias * 2.0; s3 = s * 3.0; "
+                       "return D, inv, b2, s3",
+                       dict(r="rowbf", bias="col", s="dev", inv="row", b2="colout", s3="one")),
     "bce": ("def bce(accum, bias, C): f = accum + bias; "
             "t = (1 - C) * (-f) + log(clamp(sigmoid(f), 1e-3, 0.999)); loss = sum(t); D = f; "
             "return D, loss", dict(bias="col", C="full", loss="one", D=None)),

@@ -107,6 +107,13 @@ EPILOGUES = {
     "row_amax": ("def epi(accum): D = accum; amax = max(abs(accum)); return D, amax", {"amax": "rowout"}),
     "col_sum": ("def epi(accum): D = accum; cs = sum(accum * 0.5); return D, cs", {"cs": "colout"}),
     "lse": ("def epi(accum): D = accum; lse = logsumexp(accum * 0.1); return D, lse", {"lse": "rowout"}),
+    # per-row, per-column and scalar values stored as vectors (no reduction): by the
+    # consumer holding the first piece of a tile row / the tiles of row 0
+    "stored_vectors": ("def epi(accum, r, bias, s): D = accum * r + bias; "
+                       "inv = 1.0 / (r * r + 1.0); b2 = bias * 2.0; s3 = s * 3.0; "
+                       "return D, inv, b2, s3",
+                       {"r": "row", "bias": "col", "s": "dev", "inv": "rowout", "b2": "colout",
+                        "s3": "scalarout"}),
     "bce": ("""
 def bce(accum, bias, C):
     f = accum + bias
@@ -416,3 +423,19 @@ def test_batched_few_programs_many_tiles(monkeypatch):
         finally:  # later tests must not reuse the 5-program plan
             k._plans.clear()
             k._last = (None, None)
+
+
+def test_batched_stored_vectors():
+    """Per-batch per-row and scalar values and a shared per-column one stored as vectors
+    (the shared one by batch 0's tiles), per-batch row and column operands."""
+    L, M, N, K = 3, 1000, 776, 264
+    A, B = _rand(L, M, K, dtype=BF), _rand(L, K, N, dtype=BF)
+    r, c, s = _rand(L, M, 1), _rand(L, 1, N, dtype=BF), _rand(L, 1, 1)
+    bias = _rand(N)
+    D = torch.empty(L, M, N, device=DEV, dtype=BF)
+    src = ("def epi(accum, r, c, s, bias): D = accum * r + c * s + bias; rr = r * s; b2 = bias * 2.0; "
+           "s2 = s * s; return D, rr, b2, s2")
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        src, r=r, c=c, s=s, bias=bias, D=D, rr=torch.empty(L, M, 1, device=DEV),
+        b2=torch.empty(N, device=DEV), s2=torch.empty(L, 1, 1, device=DEV)))
+    _verify_all(args, ("pingpong", "coop"))

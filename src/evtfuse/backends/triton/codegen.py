@@ -591,19 +591,19 @@ class _Epilogue:
         """A value that is constant along the axes its (vector/scalar) output lacks."""
         u = uname(o.name)
         v = self._arg(o.node, env, True)
-        conds = [] if o.batched else ["(bid == 0)"]
+        conds = [] if o.batched or not sub.bid else [f"({sub.bid} == 0)"]
         if o.kind is OutputKind.ROW:
-            val = f"tl.reshape({v} + tl.zeros(({sub.bm}, 1), tl.float32), ({sub.bm},))"
+            val = sub.along(v, OutputKind.ROW)
             ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rm} * {u}_sm"
             mask = f"({sub.rm} < M) & ({sub.pid_n} == 0) & ({sub.first_sub})"
         elif o.kind is OutputKind.COL:
-            val = f"tl.reshape({v} + tl.zeros((1, {sub.bn}), tl.float32), ({sub.bn},))"
+            val = sub.along(v, OutputKind.COL)
             ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rn} * {u}_sn"
             mask = f"({sub.rn} < N) & ({sub.pid_m} == 0)"
         else:
-            val = f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), tl.float32), (1,)), axis=0)"
-            ptr = f"{u}_ptr + bid64 * {u}_sl"
-            mask = f"({sub.pid_m} == 0) & ({sub.pid_n} == 0) & ({sub.first_sub})"
+            val, at, only = sub.one(v)
+            ptr = f"{u}_ptr + bid64 * {u}_sl{at}"
+            mask = f"({sub.pid_m} == 0) & ({sub.pid_n} == 0) & ({sub.first_sub}){only}"
         mask = " & ".join([mask] + conds)
         if o.dtype in FP8_DTYPES:
             val = _saturated(val, o.dtype)
@@ -633,6 +633,20 @@ class _TritonTile:
 
     def lane(self) -> str:
         return "tl.arange(0, BLOCK_M)"
+
+    bid = "bid"  # the tile's batch (a stored vector without batch slices: batch 0's)
+
+    def along(self, v: str, kind: OutputKind) -> str:
+        """``v`` (a scalar or a per-row/per-column value) as the tile's 1-D vector of its
+        rows (``kind`` ROW) or columns (COL), for a stored vector output."""
+        if kind is OutputKind.ROW:
+            return f"tl.reshape({v} + tl.zeros(({self.bm}, 1), tl.float32), ({self.bm},))"
+        return f"tl.reshape({v} + tl.zeros((1, {self.bn}), tl.float32), ({self.bn},))"
+
+    def one(self, v: str) -> tuple[str, str, str]:
+        """A scalar value ``v`` as a stored scalar output takes it: (value, pointer offset,
+        mask term) of the one store."""
+        return f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), tl.float32), (1,)), axis=0)", "", ""
 
 
 @dataclass

@@ -864,9 +864,6 @@ class GluonFamily(KernelFamily):
             return Status.fail(f"A and B are {args.A.dtype}; the gluon family takes fp16 and "
                                "bf16 (the hopper family takes the others)")
         dag = args.optimized_dag
-        if vector_outputs(dag):
-            return Status.fail(f"per-row/per-column stored output {vector_outputs(dag)[0].name}: "
-                               "the hopper family stores those")
         values = args.epilogue.values
         tiles = [(s.name, values[s.name]) for s in dag.used_operands if s.kind is OperandKind.FULL]
         tiles += [(o.name, values[o.name]) for o in full_outputs(dag)]

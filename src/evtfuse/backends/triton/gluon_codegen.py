@@ -28,7 +28,7 @@ The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op tabl
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
 wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
 indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
-(sm_90), fp16/bf16 A and B, no per-row/per-column stored vectors; per-row/-column
+(sm_90), fp16/bf16 A and B; per-row/-column
 operands of fp16/bf16/fp32 contiguous and 16-byte aligned (they move by TMA; those with
 batch slices of their own are read from global memory instead). Batched problems
 (L > 1): the persistent schedule runs the tiles of every batch, batch by batch; a batched
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...ir import Dag, OperandKind
+from ...ir import Dag, OperandKind, OutputKind
 from .codegen import (_FOLD_FINISH, _Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
                       launch_dependents_lines, reduce_outputs, staged_vector, uname, vector_load)
 from .prelude import helpers_for
@@ -214,9 +214,23 @@ class _GluonTile:
     mask: str = ""
     all_rn: tuple = ()
     loop: bool = False  # in the runtime piece loop: slices were taken by ``_piece_select``
+    bid: str = ""  # the tile's batch in a batched kernel ("": one batch)
 
     def zeros(self) -> str:
         return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
+
+    def along(self, v: str, kind: OutputKind) -> str:
+        # broadcast over a zero vector in the piece's row/column slice layout (that of
+        # ``rm``/``rn``), then reduced over the axis of size 1: exact, no reshape
+        if kind is OutputKind.ROW:
+            z = f"gl.zeros(({self.bm},), gl.float32, layout=gl.SliceLayout(1, {self.layout}))[:, None]"
+            return f"tl.sum({v} + {z}, axis=1)"
+        z = f"gl.zeros(({self.bn},), gl.float32, layout=gl.SliceLayout(0, {self.layout}))[None, :]"
+        return f"tl.sum({v} + {z}, axis=0)"
+
+    def one(self, v: str) -> tuple[str, str, str]:
+        # the value along the consumer's rows, stored by the lane of its first row
+        return self.along(v, OutputKind.ROW), f" + {self.rm} * 0", f" & ({self.rm} == row0)"
 
     def barrier(self) -> str:
         return "gl.thread_barrier()"  # the consumer warpgroup's own barrier
@@ -703,7 +717,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         if reduce_outputs(dag):
             L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
         sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", suffix="", first_sub="k == 0",
-                         mask="mask", loop=True)
+                         mask="mask", loop=True, bid="bid" if batch else "")
         L += epi.body(sub, I3)
         L += _piece_stores(bufs, len(pieces), I3, plan)
         pieces = []
@@ -719,7 +733,8 @@ def _kernel_source(spec: KernelSpec) -> str:
             L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, suffix=f"_{k}",
                          first_sub="True" if k == 0 else "False", mask=f"mask{k}",
-                         all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
+                         all_rn=tuple(f"rn{j}" for j in range(len(pieces))),
+                         bid="bid" if batch else "")
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
         if plan:
             L += plan.after_piece(k, I2)
