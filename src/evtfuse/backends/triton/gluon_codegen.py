@@ -28,9 +28,9 @@ The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op tabl
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
 wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
 indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
-(sm_90), fp16/bf16 A and B; per-row/-column
-operands of fp16/bf16/fp32 contiguous and 16-byte aligned (they move by TMA; those with
-batch slices of their own are read from global memory instead). Batched problems
+(sm_90), fp16/bf16 A and B; per-row/-column operands of fp16/bf16/fp32 contiguous and
+16-byte aligned (they move by TMA; those with batch slices of their own are read from
+global memory instead); stored per-row/-column vectors (``_GluonTile.along``). Batched problems
 (L > 1): the persistent schedule runs the tiles of every batch, batch by batch; a batched
 A or B and every aux tile and output move by 3-D TMA blocks (``Buffers.batch``).
 Design notes and measurements of the prototype: ``scripts/gluon_probe.py``.
