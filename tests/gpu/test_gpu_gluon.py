@@ -65,25 +65,31 @@ def test_operand_layouts(layout):
     check(args, "gluon", n_configs=1)
 
 
-def test_few_programs_many_tiles(monkeypatch):
-    # 5 programs for 48 tiles: 9-10 tiles each, odd and even counts per consumer
+def _verify_on_programs(kernels, args, monkeypatch, programs=5):
+    """Verify ``kernels`` launched on ``programs`` persistent programs (a GPU of that
+    many SMs), their plans made afresh for it and dropped after."""
     from evtfuse.backends.triton import families
 
+    monkeypatch.setattr(families, "_sms", lambda target: programs)
+    for k in kernels:
+        k._plans.clear()
+        k._last = (None, None)
+        try:
+            assert k.plan(args).grid == (programs,)
+            result = k.verify(args)
+            assert result, f"{k.name}: {result.report()}"
+        finally:  # later tests must not reuse the few-program plan
+            k._plans.clear()
+            k._last = (None, None)
+
+
+def test_few_programs_many_tiles(monkeypatch):
+    # 5 programs for 48 tiles: 9-10 tiles each, odd and even counts per consumer
     M, N, K = 1000, 776, 200
     A, B, C = _rand(M, K, dtype=BF), _rand(K, N, dtype=BF), _rand(M, N, dtype=BF)
     D = torch.empty(M, N, device=DEV, dtype=BF)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0, beta=2.0, D=D))
-    k = family_kernels(args, "gluon")[0]
-    monkeypatch.setattr(families, "_sms", lambda target: 5)
-    k._plans.clear()
-    k._last = (None, None)
-    try:
-        assert k.plan(args).grid == (5,)
-        result = k.verify(args)
-        assert result, result.report()
-    finally:  # later tests must not reuse the 5-program plan
-        k._plans.clear()
-        k._last = (None, None)
+    _verify_on_programs(family_kernels(args, "gluon")[:1], args, monkeypatch)
 
 
 EPILOGUES = {
@@ -405,24 +411,12 @@ def test_batched_relu_aux_slot_stores(mnk):
 def test_batched_few_programs_many_tiles(monkeypatch):
     """5 programs for 3 batches of 48 tiles: a program's tiles cross batches, odd and even
     counts per consumer."""
-    from evtfuse.backends.triton import families
-
     L, M, N, K = 3, 1000, 776, 200
     A, B, C = _rand(L, M, K, dtype=BF), _rand(L, K, N, dtype=BF), _rand(L, M, N, dtype=BF)
     D = torch.empty(L, M, N, device=DEV, dtype=BF)
     args = GemmArguments(A, B, D, epilogue=EpilogueArguments(ALPHA_BETA, C=C, alpha=1.0,
                                                              beta=2.0, D=D))
-    monkeypatch.setattr(families, "_sms", lambda target: 5)
-    for k in _structures(args).values():
-        k._plans.clear()
-        k._last = (None, None)
-        try:
-            assert k.plan(args).grid == (5,)
-            result = k.verify(args)
-            assert result, f"{k.name}: {result.report()}"
-        finally:  # later tests must not reuse the 5-program plan
-            k._plans.clear()
-            k._last = (None, None)
+    _verify_on_programs(_structures(args).values(), args, monkeypatch)
 
 
 def test_batched_stored_vectors():

@@ -214,7 +214,11 @@ class _GluonTile:
     mask: str = ""
     all_rn: tuple = ()
     loop: bool = False  # in the runtime piece loop: slices were taken by ``_piece_select``
-    bid: str = ""  # the tile's batch in a batched kernel ("": one batch)
+
+    @property
+    def bid(self) -> str:
+        """The tile's batch in a batched kernel ("": one batch)."""
+        return "bid" if self.bufs.batch else ""
 
     def zeros(self) -> str:
         return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
@@ -534,7 +538,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     b_smem = f"{b_stage}.permute((1, 0))" if spec.b_trans else b_stage
     program = _program(batch)
     # the block sizes _ef_mma_step needs to view a batched operand's stages in 2-D
-    blocks = ", BLOCK_M, BLOCK_N, BLOCK_K" if spec.a_batched or spec.b_batched else ""
+    blocks = ", BLOCK_M, BLOCK_N, BLOCK_K" if batch else ""
     blocks_sig = ", BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr" \
         if blocks else ""
     L: list[str] = []
@@ -717,7 +721,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         if reduce_outputs(dag):
             L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
         sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", suffix="", first_sub="k == 0",
-                         mask="mask", loop=True, bid="bid" if batch else "")
+                         mask="mask", loop=True)
         L += epi.body(sub, I3)
         L += _piece_stores(bufs, len(pieces), I3, plan)
         pieces = []
@@ -733,8 +737,7 @@ def _kernel_source(spec: KernelSpec) -> str:
             L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, suffix=f"_{k}",
                          first_sub="True" if k == 0 else "False", mask=f"mask{k}",
-                         all_rn=tuple(f"rn{j}" for j in range(len(pieces))),
-                         bid="bid" if batch else "")
+                         all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
         if plan:
             L += plan.after_piece(k, I2)
