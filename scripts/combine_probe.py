@@ -1,4 +1,4 @@
-"""Row amax through the gluon family: the library's atomic folds (``codegen.atomic_folded``),
+"""Row amax through the gluon family: the library's atomic folds (``spec.atomic_folded``),
 and the designs before them: per-tile partials combined after the kernel, or inside it by
 the tile that completes each row block (a ticket per row block), with variants of that
 ticket. Timings, and ``--once VARIANT`` for Nsight Compute. A development probe for the
@@ -26,24 +26,39 @@ Variants (``--variants``, comma-separated):
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import triton.testing
 
-import evtfuse.backends.triton.codegen as cg
-import evtfuse.backends.triton.families as fm
+import evtfuse.backends.triton.spec as sp
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+from evtfuse.backends.triton.epilogue_emit import EpilogueEmitter
+from evtfuse.ir import NodeKind
 
-_DEFAULT = cg.combined_in_kernel
-_FOLDED = cg.atomic_folded
-_VERSION = cg.GENERATOR_VERSION
-_TICKET = cg._Epilogue._ticket
-_COMBINE = cg._Epilogue._combine
+_DEFAULT = sp.combined_in_kernel
+_FOLDED = sp.atomic_folded
+_VERSION = sp.GENERATOR_VERSION
+_TICKET = EpilogueEmitter._ticket
+_COMBINE = EpilogueEmitter._combine
+
+
+def _rebind(name: str, original, value) -> None:
+    """``name`` set to ``value`` in every evtfuse module that imported ``original`` under
+    that name (the emitters and the families each hold their own binding)."""
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("evtfuse.") and \
+                getattr(module, name, None) in (original, _current.get(name, original)):
+            setattr(module, name, value)
+    _current[name] = value
+
+
+_current: dict = {}
 
 
 def _forced(o, family):
     if family == "gluon":
-        return o.node.kind is cg.NodeKind.REDUCE and o.node.op != "logsumexp"
+        return o.node.kind is NodeKind.REDUCE and o.node.op != "logsumexp"
     return _DEFAULT(o, family)
 
 
@@ -66,11 +81,11 @@ def _untaken_ticket(self, o, group, count, barrier, indent):
 
 
 def _combine_only(self, o, sub, indent):
-    cg._Epilogue._ticket = _untaken_ticket
+    EpilogueEmitter._ticket = _untaken_ticket
     try:
         return _COMBINE(self, o, sub, indent)
     finally:
-        cg._Epilogue._ticket = _TICKET
+        EpilogueEmitter._ticket = _TICKET
 
 
 def _both(self, o, sub, indent):
@@ -79,12 +94,12 @@ def _both(self, o, sub, indent):
 
 def _set(variant: str) -> None:
     in_kernel = variant not in ("post", "fold")
-    cg.atomic_folded = fm.atomic_folded = _FOLDED if variant == "fold" else (lambda o: False)
-    cg.combined_in_kernel = fm.combined_in_kernel = _forced if in_kernel else _DEFAULT
-    cg._Epilogue._ticket = _relaxed_ticket if variant == "relaxed" else _TICKET
-    cg._Epilogue._combine = {"no_ticket": _no_combine, "ticket_only": _ticket_only,
+    _rebind("atomic_folded", _FOLDED, _FOLDED if variant == "fold" else (lambda o: False))
+    _rebind("combined_in_kernel", _DEFAULT, _forced if in_kernel else _DEFAULT)
+    EpilogueEmitter._ticket = _relaxed_ticket if variant == "relaxed" else _TICKET
+    EpilogueEmitter._combine = {"no_ticket": _no_combine, "ticket_only": _ticket_only,
                              "combine_only": _combine_only, "both": _both}.get(variant, _COMBINE)
-    cg.GENERATOR_VERSION = f"{_VERSION}-{variant}"  # its own cache key
+    sp.GENERATOR_VERSION = f"{_VERSION}-{variant}"  # its own cache key (KernelSpec.key)
 
 
 def kernel_and_args(shape, variant: str, store_d: bool = True, family: str = "gluon",

@@ -207,7 +207,7 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto",
     128 x each of ``widths`` (each with as many A/B stages as shared memory leaves, at
     least 4, at most 5 (6 for narrower tiles)), or at each of ``stage_counts``; ``direct``
     "all"/"none": every/no full output stored from registers (``KernelSpec.direct``)."""
-    from evtfuse.backends.triton.codegen import full_outputs
+    from evtfuse.backends.triton.spec import full_outputs
     from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, TileConfig
     from evtfuse.backends.triton.gluon_codegen import buffers
     from evtfuse.runtime.kernel import Kernel

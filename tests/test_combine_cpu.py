@@ -109,7 +109,8 @@ def test_a_kernel_lets_only_its_combine_launch_start_early(family, monkeypatch):
     ``_ef_launch_dependents()``; kernels without one (row max folds in the kernel, no
     reduction) and interpreted kernels do not; the plan's combine is a PDL launch exactly
     where the target is a Hopper GPU."""
-    from evtfuse.backends.triton.codegen import combined_after, generate
+    from evtfuse.backends.triton.codegen import generate
+    from evtfuse.backends.triton.spec import combined_after
     from evtfuse.backends.triton.families import (GluonFamily, HopperFamily, PortableFamily,
                                                   Target, TileConfig)
 

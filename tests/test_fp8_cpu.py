@@ -13,6 +13,7 @@ import torch
 
 from evtfuse import EpilogueArguments, GemmArguments, explain, get_kernels
 from evtfuse.backends.triton import codegen
+from evtfuse.backends.triton.spec import KernelSpec
 from evtfuse.backends.triton.families import Target, _fp8_refusal
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
@@ -62,7 +63,7 @@ def test_fp8_inputs_need_cc_89():
 @pytest.mark.parametrize("out_dtype,fmax", [(E4M3, "448.0"), (E5M2, "57344.0")])
 def test_emitter_saturates_fp8_stores(family, out_dtype, fmax):
     args = _args(torch.float16, out_dtype, "def e(accum, s): D = accum * s; return D", s=2.0)
-    spec = codegen.KernelSpec(family, args.optimized_dag, False, True, False, False, 2, True)
+    spec = KernelSpec(family, args.optimized_dag, False, True, False, False, 2, True)
     src = codegen.generate(spec)
     assert "_ef_sat(" in src and f", {fmax})" in src
     assert "def _ef_sat(" in src  # the helper travels with the kernel

@@ -21,7 +21,7 @@ import time
 import torch
 
 from ..arguments import GemmArguments
-from ..backends.triton.codegen import GENERATOR_VERSION
+from ..backends.triton.spec import GENERATOR_VERSION
 from ..errors import UnsupportedError
 from ..ir import signature
 from . import cache

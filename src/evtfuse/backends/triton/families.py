@@ -18,10 +18,9 @@ from ...arguments import GemmArguments
 from ...errors import Status, not_an_operand
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES
-from ..triton.codegen import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded,
-                              check_emittable, combined_in_kernel,
-                              full_outputs, reduce_outputs, staged_vector,
-                              vector_outputs)
+from .codegen import check_emittable
+from .spec import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded, combined_in_kernel,
+                   full_outputs, reduce_outputs, staged_vector, vector_outputs)
 
 INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
@@ -743,7 +742,7 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .codegen import TL_DTYPES
+    from .spec import TL_DTYPES
 
     gl_dtype = getattr(gl, TL_DTYPES[t.dtype].split(".")[1])
     layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)

@@ -24,8 +24,8 @@ cores work on the next tile:
   TMA-store the buffers' outputs by 128-byte column chunk as their pieces finish, and stage
   a second output of the buffer's dtype in each chunk once it has left (``_SlotPlan``).
 
-The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op table's
-spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
+The epilogue itself is the Triton families' (``epilogue_emit.EpilogueEmitter``): the op
+table's spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
 wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
 indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
 (sm_90), fp16/bf16 A and B; per-row/-column operands of fp16/bf16/fp32 contiguous and
@@ -53,9 +53,11 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import Dag, OperandKind, OutputKind
-from .codegen import (_FOLD_FINISH, _Epilogue, KernelSpec, _split_lines, epilogue_params, full_outputs,
-                      launch_dependents_lines, reduce_outputs, staged_vector, uname, vector_load)
+from .codegen import _split_lines, vector_load
+from .epilogue_emit import EpilogueEmitter
 from .prelude import helpers_for
+from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, full_outputs, launch_dependents_lines,
+                   reduce_outputs, staged_vector, uname)
 
 LAYOUT = "mma_layout"
 I1, I2, I3 = "    ", "        ", "            "
@@ -299,7 +301,7 @@ PIECE_LOOP = True
 LOOP_DIRECT = False
 
 
-def _piece_loop(epi: _Epilogue, spec: KernelSpec, bufs: Buffers) -> bool:
+def _piece_loop(epi: EpilogueEmitter, spec: KernelSpec, bufs: Buffers) -> bool:
     # slot outputs wait in registers across pieces: unrolled
     return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and \
         not bufs.slot_stores and all(epi.program_reduced(o) for o in reduce_outputs(spec.dag))
@@ -509,7 +511,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     batch = spec.a_batched or spec.b_batched  # L > 1 (``Buffers.batch``)
     bufs = buffers(dag, spec.direct, slots=bool(spec.chunk), batch=batch)
     bid = "bid, " if batch else ""
-    epi = _Epilogue(spec)
+    epi = EpilogueEmitter(spec)
     params = epilogue_params(dag, "gluon", spec.direct)
     # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
     # rest (piece-staged outputs' descriptors included) to the consumers

@@ -1,0 +1,227 @@
+"""What shapes a generated kernel, and the questions its emitters ask of the DAG.
+
+Layer: backends/triton. ``KernelSpec`` is everything the generated source depends on (its
+hash is the compile cache's key, ``GENERATOR_VERSION`` included); the functions below say
+which outputs are full tiles, stored vectors or reductions, how each reduction is
+combined (in the kernel, by atomic folds, or by a launch after it) and which kernel
+parameters the epilogue takes, in one fixed order that the families' launch plans
+(``families``) and the emitters (``codegen``, ``gluon_codegen``) both follow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from ... import ir
+from ...ir import Dag, NodeKind, OperandKind, OutputKind
+from ...optable import _lit, int_range
+
+TL_DTYPES = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+    torch.int32: "tl.int32", torch.int64: "tl.int64", torch.int16: "tl.int16",
+    torch.bool: "tl.int1",
+}
+TL_DTYPES.update({torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5"})
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything that shapes the generated source (its cache key is a hash of this)."""
+
+    family: str  # "hopper" | "portable"
+    dag: Dag
+    a_trans: bool  # A is column-major (M contiguous)
+    b_trans: bool  # B is column-major (K contiguous)
+    a_batched: bool
+    b_batched: bool
+    epi_split: int  # sub-tiles along N in the epilogue (hopper)
+    cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
+    prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
+    int_acc: bool = False  # int8/uint8 inputs accumulated in int32
+    direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
+    coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
+    chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_codegen._SlotPlan``; 0: none)
+    tile_n: int = 0  # gluon: BLOCK_N, where the store chunks need it
+    l2_spread: bool = False  # hopper: full aux tiles asked into L2 line by line over the
+    #                          mainloop's last k-steps (``_l2_spread_lines``)
+    early_vectors: bool = False  # hopper: every piece's per-row/per-column operand loads
+    #                              issued together at the top of the tile's epilogue
+    warps: int = 4  # gluon: warps of each consumer partition (4: one warpgroup; 8: two,
+    #                 64 of the tile's rows each)
+    fp8_promote: bool = False  # fp8 inputs: each k-step's dot sums in the tensor cores'
+    #                            reduced precision, then adds to the fp32 accumulator
+    #                            (Triton's max_num_imprecise_acc = BLOCK_K); False: fast
+    #                            accumulation over the whole of K
+
+    def key(self) -> str:
+        text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
+                         str(int(self.b_trans)), str(int(self.a_batched)),
+                         str(int(self.b_batched)), str(self.epi_split), str(int(self.cuda)),
+                         str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
+                         str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
+                         str(int(self.early_vectors)), str(self.warps),
+                         str(int(self.fp8_promote)), GENERATOR_VERSION])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+GENERATOR_VERSION = "36"  # also part of the tuning key: a new generator re-tunes
+#                           (35: the interpreter's maximum/minimum with a scalar first; gluon
+#                           stages planned with the scratch of per-column reductions;
+#                           36: the gluon family takes batched problems)
+TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
+_LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
+_FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
+# a fold workspace's resting value: the float32 bits of the reduction's identity, as int32
+FOLD_IDENTITY_BITS = {"max": -8388608, "min": 0x7F800000}  # -inf (0xFF800000), +inf
+_COMBINE_LOADS = 8  # partials loaded per step of an in-kernel per-row/per-column combine
+
+
+# integer output dtypes and the fp32 range they saturate to (the op table's reading)
+INT_OUTPUTS = {dt: int_range(dt) for dt in (torch.int8, torch.uint8, torch.int32)}
+
+
+def _saturated(value: str, dtype: torch.dtype) -> str:
+    """An fp8 store's value clamped to the dtype's largest finite value, NaN kept."""
+    return f"_ef_sat({value}, {_lit(torch.finfo(dtype).max)})"
+
+
+def uname(name: str) -> str:
+    """Kernel-argument prefix for a user operand/output (keeps Triton names free)."""
+    return f"u_{name}"
+
+
+def full_outputs(dag: Dag):
+    return [o for o in dag.outputs if o.kind is OutputKind.FULL]
+
+
+def vector_outputs(dag: Dag):
+    return [o for o in dag.outputs if o.kind in (OutputKind.ROW, OutputKind.COL, OutputKind.SCALAR)
+            and o.node.kind is not NodeKind.REDUCE]
+
+
+STAGED_VECTOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def staged_vector(spec, family: str) -> bool:
+    """A per-row/per-column operand the gluon family TMA-loads into shared memory with the
+    tile's aux tiles (its consumers then read it there instead of waiting on global loads,
+    whose latency ptxas may leave exposed once per load); other dtypes, and vectors with
+    batch slices of their own, are read directly."""
+    return family == "gluon" and spec.kind in (OperandKind.PER_ROW, OperandKind.PER_COL) \
+        and spec.dtype in STAGED_VECTOR_DTYPES and not spec.batched
+
+
+def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = (), l2_spread: bool = False
+                    ) -> list[str]:
+    """Kernel parameters for the epilogue's operands and outputs, in a fixed order
+    (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``;
+    ``l2_spread``: full aux tiles also get their pointer and row stride, ``KernelSpec.l2_spread``)."""
+    params: list[str] = []
+    for spec in dag.used_operands:
+        u = uname(spec.name)
+        if spec.kind is OperandKind.RUNTIME_SCALAR:
+            params.append(u)
+        elif spec.kind is OperandKind.DEVICE_SCALAR:
+            params += [f"{u}_ptr", f"{u}_sl"]
+        elif staged_vector(spec, family):
+            params.append(f"{u}_desc")
+        elif spec.kind is OperandKind.PER_ROW:
+            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm"]
+        elif spec.kind is OperandKind.PER_COL:
+            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sn"]
+        elif family in TMA_FAMILIES:
+            params += [f"{u}_desc"] + ([f"{u}_ptr", f"{u}_sm"] if l2_spread else [])
+        else:
+            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    for o in full_outputs(dag):
+        u = uname(o.name)
+        tma = family in TMA_FAMILIES and o.name not in direct
+        params += [f"{u}_desc"] if tma else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    for o in vector_outputs(dag):
+        u = uname(o.name)
+        params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+    for o in reduce_outputs(dag):
+        u = uname(o.name)
+        if combined_in_kernel(o, family) or atomic_folded(o):
+            params += _written_params(o)
+        else:
+            params += [f"{u}_ws", f"{u}_ws2"] if o.node.op == "logsumexp" else [f"{u}_ws"]
+    return params
+
+
+def _written_params(o) -> list[str]:
+    """The parameters of a reduction output the kernel writes itself: workspace, ticket
+    counter, output pointer, batch stride and (per row/column) element stride."""
+    u = uname(o.name)
+    return [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"] + (
+        [] if o.kind is OutputKind.SCALAR else [f"{u}_os"])
+
+
+def reduce_outputs(dag: Dag):
+    """Outputs computed by a reduction: each tile writes its partial result into a
+    workspace (per-row: [L, tiles along N, M]; per-column: [L, tiles along M, N]; whole
+    output: [L, tiles along M, tiles along N]), combined in a fixed order, so results are
+    deterministic run to run: by the kernel itself (``combined_in_kernel``) or by the
+    launch plan after it (logsumexp)."""
+    return [o for o in dag.outputs if o.node.kind is NodeKind.REDUCE]
+
+
+def atomic_folded(o) -> bool:
+    """Per-row and per-column max/min (every family): each tile folds its partial results
+    into a float32 workspace (one value per row or column, per batch when the output keeps
+    L) with integer atomics on the floats' bits (prelude's ``_ef_fold``). The
+    result does not depend on the order (the bits give a total order, NaN included), so it
+    is deterministic. The last program of the launch to finish (one ticket per program,
+    not per tile) copies the workspace into the output and resets it to the identity for
+    the next launch, so no launch follows the kernel. Like the ticket counters, the
+    workspace belongs to the launch plan: launches of one plan must not overlap (one
+    stream; the same structure launched on concurrent streams is not supported).
+
+    This replaced per-group tickets (the tile that completes a row block combined the
+    block's partials): measured on an H100 (BENCHMARKS.md, fifth session), that design
+    made gluon row amax at 8192x8192x1024 0.21 -> 0.71 ms although the tickets alone cost
+    nothing and the combines alone ~20 us; the combine ran on whichever tile came last,
+    so a late SM took every combine of its row blocks and fell further behind."""
+    return (o.node.kind is NodeKind.REDUCE and o.node.op in FOLD_IDENTITY_BITS
+            and o.kind in (OutputKind.ROW, OutputKind.COL))
+
+
+def combined_in_kernel(o, family: str) -> bool:
+    """Whole-output reductions, and the portable family's per-row/per-column sums: the
+    tile that completes a group of partials (a row block, a column block, the whole
+    output; per batch or over all batches) combines them in a fixed order and stores the
+    output, so no launch follows the kernel. A per-group ticket counter (int32 workspace,
+    reset by that tile) tells it that it is the last. The hopper family keeps whole-output
+    partials per program and combines them after its tile loop.
+
+    The TMA families' per-row/per-column sums (and every logsumexp) are combined after the
+    kernel: per-group tickets are slow at many tiles per group there (see
+    ``atomic_folded``; max and min avoid them with atomic folds)."""
+    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp" or atomic_folded(o):
+        return False
+    if family in TMA_FAMILIES:
+        return o.kind is OutputKind.SCALAR and not o.batched
+    return True
+
+
+def combined_after(dag: Dag, family: str) -> list:
+    """Reduction outputs whose partials the launch plan combines after the kernel (one
+    ``combine.combine_partials`` launch each): neither ``combined_in_kernel`` nor
+    ``atomic_folded``."""
+    return [o for o in reduce_outputs(dag)
+            if not combined_in_kernel(o, family) and not atomic_folded(o)]
+
+
+def launch_dependents_lines(spec: KernelSpec, indent: str) -> list[str]:
+    """A GPU kernel that a combine launch follows lets it start at once (programmatic
+    dependent launch, ``prelude._ef_launch_dependents``): its programs take their place as
+    SMs free and wait for this kernel's memory, so the launch's latency passes under this
+    kernel's tail. Emitted first in the kernel: the dependents start only once every
+    program has run it, so none waits for a program that is not resident yet."""
+    if not spec.cuda or not combined_after(spec.dag, spec.family):
+        return []
+    return [f"{indent}_ef_launch_dependents()"]
