@@ -31,7 +31,8 @@ import torch
 import triton.testing
 
 import evtfuse.backends.triton.codegen as cg
-import evtfuse.backends.triton.families as fm
+import evtfuse.backends.triton.gluon_family as gf
+import evtfuse.backends.triton.launch_items as li
 from evtfuse import EpilogueArguments, GemmArguments, get_kernels
 
 _DEFAULT = cg.combined_in_kernel
@@ -79,8 +80,11 @@ def _both(self, o, sub, indent):
 
 def _set(variant: str) -> None:
     in_kernel = variant not in ("post", "fold")
-    cg.atomic_folded = fm.atomic_folded = _FOLDED if variant == "fold" else (lambda o: False)
-    cg.combined_in_kernel = fm.combined_in_kernel = _forced if in_kernel else _DEFAULT
+    # every module that imported them by name: the plan's workspaces (launch_items) and
+    # the cooperative tiles' refusal (gluon_family) read their own copies
+    cg.atomic_folded = li.atomic_folded = gf.atomic_folded = (
+        _FOLDED if variant == "fold" else (lambda o: False))
+    cg.combined_in_kernel = li.combined_in_kernel = _forced if in_kernel else _DEFAULT
     cg._Epilogue._ticket = _relaxed_ticket if variant == "relaxed" else _TICKET
     cg._Epilogue._combine = {"no_ticket": _no_combine, "ticket_only": _ticket_only,
                              "combine_only": _combine_only, "both": _both}.get(variant, _COMBINE)

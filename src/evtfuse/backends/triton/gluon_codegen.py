@@ -27,7 +27,7 @@ cores work on the next tile:
 The epilogue itself is the Triton emitter's (``codegen._Epilogue``): the op table's
 spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
 wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/column
-indices) need that layout here. Scope (``families.GluonFamily.supports``): Hopper
+indices) need that layout here. Scope (``gluon_family.GluonFamily.supports``): Hopper
 (sm_90), fp16/bf16 A and B; per-row/-column operands of fp16/bf16/fp32 contiguous and
 16-byte aligned (they move by TMA; those with batch slices of their own are read from
 global memory instead); stored per-row/-column vectors (``_GluonTile.along``). Batched problems
