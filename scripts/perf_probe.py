@@ -55,7 +55,7 @@ def main() -> None:
                    "every full output, or none")
     p.add_argument("--coop-chunks", action="store_true",
                    help="gluon cooperative tiles store tile-staged outputs by chunk from the "
-                        "consumer too (families.COOP_CHUNKS)")
+                        "consumer too (gluon_family.COOP_CHUNKS)")
     p.add_argument("--small-m", action="store_true",
                    help="time hopper variants for small M instead of the library's candidates")
     p.add_argument("--portable", action="store_true",
@@ -77,8 +77,8 @@ def main() -> None:
 
         gluon_codegen.COOP_GO = False
     if a.coop_chunks:
-        from evtfuse.backends.triton import families
-        families.COOP_CHUNKS = True
+        from evtfuse.backends.triton import gluon_family
+        gluon_family.COOP_CHUNKS = True
     if a.loop_direct:
         from evtfuse.backends.triton import gluon_codegen
 
@@ -209,7 +209,7 @@ def _gluon_variants(base, args, widths=(128,), stage_counts=None, direct="auto",
     "all"/"none": every/no full output stored from registers (``KernelSpec.direct``)."""
     from evtfuse.backends.triton.spec import full_outputs
     from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, TileConfig
-    from evtfuse.backends.triton.gluon_codegen import buffers
+    from evtfuse.backends.triton.gluon_buffers import buffers
     from evtfuse.runtime.kernel import Kernel
 
     dag = args.optimized_dag

@@ -13,8 +13,9 @@ import torch
 
 from evtfuse import EpilogueArguments, GemmArguments, explain, get_kernels
 from evtfuse.backends.triton import codegen
+from evtfuse.backends.triton.families import Target
+from evtfuse.backends.triton.family_base import _fp8_refusal
 from evtfuse.backends.triton.spec import KernelSpec
-from evtfuse.backends.triton.families import Target, _fp8_refusal
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from evtfuse import EpilogueArguments, GemmArguments, explain
-from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target, _vector_refusal
-from evtfuse.backends.triton.gluon_codegen import buffers
+from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target
+from evtfuse.backends.triton.gluon_buffers import buffers
+from evtfuse.backends.triton.gluon_family import _vector_refusal
 from offline_run import run_offline
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -263,7 +264,7 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
     once D's chunk has left; the consumer stores both by 128-byte chunk (64 bf16 columns)
     and waits on the bulk groups in their issue order; the memory warp only loads."""
     from evtfuse.backends.triton.codegen import generate
-    from evtfuse.backends.triton.gluon_codegen import slot_columns, slots_fit
+    from evtfuse.backends.triton.gluon_buffers import slot_columns, slots_fit
 
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
     b = buffers(two.optimized_dag, slots=True)
@@ -326,11 +327,11 @@ def test_chunks_narrower_than_a_piece(monkeypatch):
     """Cooperative halves are 128 columns a piece: asked for chunks (``COOP_CHUNKS``, a
     probe), each piece issues its two 64-column chunks; slot outputs need whole pieces per
     chunk, so they do not fit there."""
-    from evtfuse.backends.triton import families
+    from evtfuse.backends.triton import gluon_family
     from evtfuse.backends.triton.codegen import generate
-    from evtfuse.backends.triton.gluon_codegen import slots_fit
+    from evtfuse.backends.triton.gluon_buffers import slots_fit
 
-    monkeypatch.setattr(families, "COOP_CHUNKS", True)
+    monkeypatch.setattr(gluon_family, "COOP_CHUNKS", True)  # read by GluonFamily._slotted
     fam = GluonFamily()
     ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
     halves = next(c for c in fam.configs(ab, H100) if c.cooperative and c.epi_split == 2)

@@ -68,9 +68,10 @@ def test_operand_layouts(layout):
 def _verify_on_programs(kernels, args, monkeypatch, programs=5):
     """Verify ``kernels`` launched on ``programs`` persistent programs (a GPU of that
     many SMs), their plans made afresh for it and dropped after."""
-    from evtfuse.backends.triton import families
+    from evtfuse.backends.triton import gluon_family, hopper_family
 
-    monkeypatch.setattr(families, "_sms", lambda target: programs)
+    for module in (gluon_family, hopper_family):  # each family's plan reads its own _sms
+        monkeypatch.setattr(module, "_sms", lambda target: programs)
     for k in kernels:
         k._plans.clear()
         k._last = (None, None)

@@ -66,7 +66,7 @@ def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
 
 def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
     """``kernels`` (in the families' order) with the configs whose tiles leave most of the
-    GPU idle moved behind those that fill it (``families.fill_rank``; a stable sort, so
+    GPU idle moved behind those that fill it (``family_base.fill_rank``; a stable sort, so
     problems that every config fills keep the families' order). At 64x8192x8192 the gluon
     family's 128-row tiles occupy 64 of 132 SMs (relu aux 0.070 ms) and the hopper family's
     64x64 ones 128 (0.0595): the fast tuning's budget must reach those first (a 12 s

@@ -1,7 +1,7 @@
 """Launching a compiled Triton kernel again without the JIT's per-call work.
 
 Layer: backends/triton. Used by the runtime's launch plans (``runtime.kernel.LaunchPlan``)
-and by the combine step after a kernel (``families``).
+and by the combine step after a kernel (``launch_items._combiner``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,204 @@
+"""What every Triton kernel family shares: tile configurations, targets, the base class and
+its checks, and the tile arithmetic the families and the runtime order candidates by.
+
+Layer: backends/triton. A family (``KernelFamily``) answers ``supports(args, target)``
+with a ``Status`` carrying the reason, lists ``configs`` best first (a heuristic; the tuner
+measures), and turns ``GemmArguments`` into a launch plan for the generated kernel
+(``plan``). Invariant: this module imports no family and no launch-argument code (the
+family modules and ``launch_items`` import it); ``families`` is the public entry point.
+``_sms`` is imported by name into ``hopper_family`` and ``gluon_family``: a test that fakes
+the SM count patches it there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...arguments import GemmArguments
+from ...errors import Status
+from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
+from ...optable import FP8_DTYPES
+from .codegen import check_emittable
+from .spec import KernelSpec
+
+
+INTERPRETER = "interpreter"
+SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
+SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scratch need room
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
+FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4  # per program; gluon: per consumer partition (4, or 8: two
+    #                     warpgroups of 64 rows each, ``GluonFamily.WIDE_WORK``)
+    num_stages: int = 3
+    epi_split: int = 1
+    flatten: bool = True
+    warp_specialize: bool = False
+    prefetch: bool = False  # hopper: load full aux tiles before the mainloop
+    ctas_per_sm: int = 1  # hopper: persistent programs per SM (2: one's epilogue overlaps
+    #                       the other's mainloop)
+    cooperative: bool = False  # gluon: both consumer warpgroups on one tile (half the rows
+    #                            each) instead of alternate tiles (ping-pong)
+    l2_spread: bool = False  # hopper: aux tiles asked into L2 over the mainloop's last k-steps
+    slots: bool = False  # gluon: the consumer TMA-stores tile-staged outputs by 128-byte
+    #                      chunk, and a second output of their dtype goes into each chunk
+    #                      once it has left (``gluon_buffers.Buffers.slot_stores``)
+
+    @property
+    def name(self) -> str:
+        extra = f"_e{self.epi_split}" if self.epi_split > 1 else ""
+        extra += "" if self.flatten else "_nf"
+        extra += "_ws" if self.warp_specialize else ""
+        extra += "_pf" if self.prefetch else ""
+        extra += f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else ""
+        extra += "_co" if self.cooperative else ""
+        extra += "_sl" if self.slots else ""
+        extra += "_l2" if self.l2_spread else ""
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}"
+                f"_s{self.num_stages}_g{self.group_m}{extra}")
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "cuda" | INTERPRETER
+    cc: int
+    device: torch.device
+    sms: int  # persistent kernels launch at most this many programs
+    offline: bool = False  # compiled, never launched (``runtime.offline``): CPU tensors
+    #                        stand for the GPU's, only their dtypes, shapes and strides count
+
+
+class KernelFamily:
+    name = "base"
+    description = ""
+
+    def supports(self, args: GemmArguments, target: Target) -> Status:
+        raise NotImplementedError
+
+    def configs(self, args: GemmArguments, target: Target) -> list[TileConfig]:
+        raise NotImplementedError
+
+    def spec(self, args: GemmArguments, config: TileConfig, target: Target) -> KernelSpec:
+        raise NotImplementedError
+
+    def plan(self, args: GemmArguments, dag: Dag, config: TileConfig, target: Target
+             ) -> tuple[list[Any], dict[str, Any], tuple[int, ...], list[Any]]:
+        """(items, constexprs, grid, post) for launches on problems shaped like ``args``.
+
+        ``items`` lists the kernel's positional arguments: a number (sizes, strides) or a
+        workspace tensor is fixed for every problem of this structure; a callable
+        ``get(A, B, values)`` produces a value that changes per call (tensors, descriptors,
+        runtime scalars). ``post`` holds callables ``post(values)`` run after the kernel
+        (combining reduction partials into their outputs).
+        """
+        raise NotImplementedError
+
+    # ---- shared checks
+    @staticmethod
+    def _common(args: GemmArguments, target: Target) -> Status:
+        if args.A.dtype in _INT_DTYPES:
+            if args.accumulator_type != torch.int32:
+                return Status.fail(f"A and B are {args.A.dtype}: pass accumulator_type="
+                                   "torch.int32 (8-bit integers accumulate in int32)")
+        elif args.A.dtype not in _FLOAT_DTYPES + FP8_DTYPES:
+            return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16, "
+                               "fp32, fp8 (e4m3fn, e5m2) and int8 inputs (uint8: Triton's dot has "
+                               "no unsigned 8-bit form)")
+        elif args.accumulator_type != torch.float32:
+            return Status.fail(f"accumulator_type {args.accumulator_type}: float inputs "
+                               "accumulate in torch.float32")
+        if target.kind == INTERPRETER and args.A.dtype == torch.bfloat16:
+            return Status.fail("bf16 under Triton's CPU interpreter gives wrong results; use "
+                               "fp16/fp32 on the CPU, bf16 on a GPU")
+        if target.kind == INTERPRETER and args.A.device.type != "cpu":
+            return Status.fail("the Triton interpreter needs CPU tensors")
+        if target.kind != INTERPRETER and args.A.device.type != "cuda" and not target.offline:
+            return Status.fail(f"tensors are on {args.A.device}; kernels need CUDA tensors, or "
+                               "TRITON_INTERPRET=1 for CPU tensors")
+        why = _fp8_refusal(args, target)
+        if why:
+            return Status.fail(why)
+        why = check_emittable(args.dag)
+        if why:
+            return Status.fail(why)
+        return Status.success()
+
+    @staticmethod
+    def input_precision(args: GemmArguments, target: Target) -> str:
+        if args.A.dtype == torch.float32:
+            return "tf32" if (args.allow_tf32 and target.kind != INTERPRETER) else "ieee"
+        return "ieee"
+
+
+def fp8_promote(args: GemmArguments, target: Target) -> bool:
+    """Whether fp8 inputs' partial sums are promoted to fp32 every k-step
+    (``fp8_fast_accum=False``). On Hopper the tensor cores add fp8 products with fewer
+    bits than fp32: with fast accumulation over all of K the error grows with K (H100,
+    relative norm error 2.1e-4 at K = 256, 1.3e-3 at 4096, 3.1e-3 at 16384), promoted it
+    stays at 1.3e-4 (BENCHMARKS.md, nineteenth session)."""
+    return (args.A.dtype in FP8_DTYPES and not args.fp8_fast_accum
+            and target.kind != INTERPRETER)
+
+
+def _fp8_refusal(args: GemmArguments, target: Target) -> str | None:
+    """Why fp8 inputs, operands or outputs cannot run on ``target`` (None: they can)."""
+    values = args.epilogue.values
+    dag = args.optimized_dag
+    names = [s.name for s in dag.used_operands if s.kind is not OperandKind.RUNTIME_SCALAR]
+    names += [o.name for o in dag.outputs if o.kind is not OutputKind.NONE]
+    fp8 = [n for n in names if getattr(values.get(n), "dtype", None) in FP8_DTYPES]
+    if args.A.dtype in FP8_DTYPES:
+        fp8.insert(0, "A and B")
+    if not fp8:
+        return None
+    if target.kind == INTERPRETER:
+        return (f"{', '.join(fp8)}: fp8 needs a GPU (Triton's CPU interpreter converts fp8 "
+                "wrongly, e.g. 500.0 to 256.0); test the epilogue logic with fp16 on the CPU")
+    if args.A.dtype in FP8_DTYPES and target.cc < FP8_MIN_CC:
+        return (f"fp8 inputs need tensor-core fp8 (compute capability 8.9+); this GPU is "
+                f"{target.cc}")
+    return None
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def even_tiles(args: GemmArguments, config: TileConfig) -> bool:
+    """Whether ``config``'s tiles cover M and N exactly (the kernels' ``EVEN_MN``
+    constexpr: no tile reaches past an edge, so the epilogue's reduction masks fold away)."""
+    return args.M % config.block_m == 0 and args.N % config.block_n == 0
+
+
+def tile_count(args: GemmArguments, config: TileConfig) -> int:
+    """Output tiles of ``config`` for ``args`` (every batch)."""
+    return triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n) * args.L
+
+
+def fill_rank(args: GemmArguments, config: TileConfig, sms: int) -> float:
+    """0 where ``config``'s tiles fill nine in ten of ``sms`` SMs, else 1 plus the share
+    left idle: candidates are ordered by it (stable), within the hopper family and across
+    families (``runtime.api.get_kernels``), so that a tuning budget reaches the configs
+    that fill the GPU first."""
+    tiles = tile_count(args, config)
+    return 0.0 if tiles >= 0.9 * sms else 1.0 + (sms - tiles) / sms
+
+
+def tile_work(dag: Dag) -> int:
+    """The elementwise ops the epilogue runs on every element of the tile."""
+    return sum(1 for n in dag.nodes if n.kind is NodeKind.COMPUTE and n.space is Space.FULL)
+
+
+def _sms(target: Target) -> int:
+    return target.sms

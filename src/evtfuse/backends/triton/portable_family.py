@@ -1,0 +1,62 @@
+"""The portable kernel family: one program per tile, pointer loads with masks.
+
+Layer: backends/triton. Runs on any GPU and under Triton's CPU interpreter, any strides;
+it refuses only what every family refuses (``KernelFamily._common``). Invariant: its
+plan's items follow the portable kernel's parameters (``launch_items``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .family_base import (_INT_DTYPES, INTERPRETER, KernelFamily, TileConfig, even_tiles,
+                          fp8_promote, triton_cdiv)
+from .launch_items import _dims3, _epilogue_items, _get_a, _get_b, _reduction_items
+from .spec import KernelSpec
+
+
+class PortableFamily(KernelFamily):
+    name = "portable"
+    description = "one program per tile, pointer loads with masks (any GPU, any strides; CPU interpreter)"
+
+    def supports(self, args, target):
+        return self._common(args, target)
+
+    def configs(self, args, target):
+        if target.kind == INTERPRETER:
+            small = TileConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1)
+            mid = TileConfig(32, 32, 32, group_m=4, num_warps=1, num_stages=1)
+            return [mid, small]
+        elt = args.A.element_size()
+        bk = {4: 32, 2: 64, 1: 128}[elt]
+        cands = [
+            TileConfig(128, 128, bk, 8, 8, 3),
+            TileConfig(128, 64, bk, 8, 4, 4),
+            TileConfig(64, 128, bk, 8, 4, 4),
+            TileConfig(64, 64, bk, 8, 4, 4),
+            TileConfig(128, 256, bk, 8, 8, 3),
+            TileConfig(32, 64, bk, 8, 4, 4),
+        ]
+        if args.M <= 64:
+            cands.sort(key=lambda c: (c.block_m > 64, -c.block_n))
+        return cands
+
+    def spec(self, args, config, target):
+        return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
+                          target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
+                          fp8_promote=fp8_promote(args, target))
+
+    def plan(self, args, dag, config, target):
+        items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
+                            *_dims3(args.A), *_dims3(args.B)]
+        items += _epilogue_items(args, dag, "portable", config)
+        red_items, post = _reduction_items(args, dag, config, "portable", target)
+        items += red_items
+        grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
+        consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                      GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),
+                      EVEN_K=args.K % config.block_k == 0, ONE_ROW=args.M <= config.block_m,
+                      EVEN_MN=even_tiles(args, config))
+        if target.kind != INTERPRETER:
+            consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
+        return items, consts, grid, post
