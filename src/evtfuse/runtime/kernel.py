@@ -21,7 +21,7 @@ from ..backends.triton.launch import direct_launcher
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import cache
-from .verify import VerifyResult, compare
+from .verify import VerifyResult, accumulation_slack, compare
 
 log = logging.getLogger("evtfuse")
 
@@ -108,13 +108,19 @@ class Kernel:
         self.run(args)
         if args.A.device.type == "cuda":
             torch.cuda.synchronize(args.A.device)
-        ref = evaluate(args, cast=False)
+        accum = torch.matmul(args.A.to(torch.float32), args.B.to(torch.float32)) \
+            if args.A.dtype.is_floating_point else None  # integer products: evaluate's own
+        ref = evaluate(args, accum, cast=False)
+        slack = {} if accum is None else accumulation_slack(
+            lambda acc: evaluate(args, acc, cast=False), accum, ref, args.K,
+            [o.name for o in stored])
         tf32 = args.allow_tf32 and args.A.dtype == torch.float32 and self.target.kind == "cuda"
         fast_k = 0 if fp8_promote(args, self.target) else args.K  # fp8 inputs only
         result = VerifyResult(self.name)
         for o in stored:
             result.checks.append(compare(o.name, values[o.name], ref[o.name], o.dtype, tf32,
-                                         args.A.dtype, fp8_fast_k=fast_k))
+                                         args.A.dtype, fp8_fast_k=fast_k,
+                                         slack=slack.get(o.name)))
         return result
 
 
