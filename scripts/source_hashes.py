@@ -43,7 +43,7 @@ def _short(text: str) -> str:
 
 def _plan_text(args, family, config, target) -> str:
     """The launch plan's constants and every argument that is not a tensor getter."""
-    items, consts, grid, *rest = family.plan(args, args.optimized_dag, config, target)
+    items, consts, grid, _post = family.plan(args, args.optimized_dag, config, target)
     plain = [_plain(i) for i in items if not callable(i)]
     return repr((sorted(consts.items()), plain, repr(grid) if not callable(grid) else "fn",
                  len(items)))

@@ -16,6 +16,14 @@ from .ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
 from .optable import OPS, Category, round_to, torch_apply
 
 
+def accumulator(args, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``A @ B`` of ``GemmArguments`` as the reference takes it: in ``compute_dtype``, or in
+    float64 for integer inputs (their products are exact there up to 2**53)."""
+    if not args.A.dtype.is_floating_point:
+        compute_dtype = torch.float64
+    return torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
+
+
 def _as3d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape((1,) * (3 - t.dim()) + tuple(t.shape))
 
@@ -40,7 +48,7 @@ def evaluate(dag_or_args: Any, accum: torch.Tensor | None = None,
         if not args.A.dtype.is_floating_point:
             compute_dtype = torch.float64  # integer products: exact up to 2**53
         if accum is None:
-            accum = torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
+            accum = accumulator(args, compute_dtype)
         values = args.epilogue.values
     elif isinstance(dag_or_args, EpilogueArguments):
         dag, values = dag_or_args.dag, dag_or_args.values

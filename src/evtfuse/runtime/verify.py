@@ -23,6 +23,7 @@ accumulator moves by that noise, and ``compare`` allows that much more.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -119,7 +120,7 @@ def accumulation_slack(evaluate, accum: torch.Tensor, ref: dict[str, torch.Tenso
     acc = accum.to(torch.float32)
     rms = float(acc.double().pow(2).mean().sqrt()) if acc.numel() else 0.0
     delta = ACC_NOISE * K ** 0.5 * rms
-    if not (delta > 0 and torch.isfinite(torch.tensor(delta))):
+    if not (delta > 0 and math.isfinite(delta)):
         return {}
     g = torch.Generator(device="cpu").manual_seed(0)
     signs = torch.randint(0, 2, acc.shape, generator=g).to(acc.device, torch.float32) * 2 - 1
