@@ -466,60 +466,120 @@ def test_direct_launcher_steps_aside_for_launch_hooks():
     assert _hooked(Chain([print])) and _hooked(print)
 
 
-def test_raw_launch_passes_what_tritons_descriptor_wrapper_passes(monkeypatch):
-    """The launch plans call Triton's C launcher below its tensor-descriptor wrapper
-    (``launch.raw_launcher``) and encode each TMA descriptor once per tensor address
-    (``DescriptorCache``). Checked against the installed Triton's own wrapper
-    (``wrap_handle_tensordesc``) around a recording stand-in for the C launcher, with a
-    counting stand-in for the encoder (the real one needs a GPU): the same arguments
-    reach the C launcher either way, and each tensor is encoded once however often it
+class _Compiled:
+    """The parts of a Triton ``CompiledKernel`` that ``launch.direct_launcher`` reads."""
+
+    def __init__(self, run, signature, metas):
+        from types import SimpleNamespace
+
+        self.run, self.function, self.packed_metadata = run, "function", "meta"
+        self.src = SimpleNamespace(signature=signature)
+        self.metadata = SimpleNamespace(tensordesc_meta=metas)
+
+
+def _launch_fixture(monkeypatch):
+    """A stand-in for the installed Triton's ``CudaLauncher`` around a recording C launch
+    function that takes exactly the arguments Triton's own launcher gives it (else
+    TypeError, as the real one), a counting stand-in for the descriptor encoder and a
+    driver stub (the real ones need a GPU). Returns (launcher, compiled, jit, seen,
+    encoded, Desc)."""
+    from types import SimpleNamespace
+
+    import triton.backends.nvidia.driver as nv
+    from triton.runtime import driver
+
+    encoded, seen, arity = [], [], []
+
+    def encode(desc, meta, *_):
+        encoded.append(desc.base.data_ptr())
+        return [f"map{desc.base.data_ptr()}:{meta['swizzle']}", *desc.shape, *desc.strides]
+
+    def c_launch(*args):
+        if arity and len(args) != arity[0]:
+            raise TypeError(f"function takes exactly {arity[0]} arguments ({len(args)} given)")
+        seen.append([list(a) if isinstance(a, (list, tuple)) else a for a in args])
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 7,
+        allocate_default_profile_scratch=lambda *a: None))
+
+    class Desc:
+        def __init__(self, t):
+            self.base, self.shape, self.strides, self.padding = t, [4, 8], [8, 1], "zero"
+            self.round_f32_to_tf32 = False
+
+    signature = {"a_desc": "tensordesc<bf16[64, 64]>", "M": "i32", "c_desc":
+                 "tensordesc<bf16[64, 32]>", "alpha": "fp32", "BLOCK": "constexpr"}
+    metas = [{"swizzle": 128}, {"swizzle": 64}]
+    run = object.__new__(nv.CudaLauncher)  # Triton's own class, its attributes set here
+    run.__dict__.update(global_scratch_size=0, profile_scratch_size=0, global_scratch_align=1,
+                        profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
+                        num_ctas=1, gsan_enabled=False, arg_annotations=("ann",),
+                        kernel_signature=b"sig",
+                        launch=nv.wrap_handle_tensordesc(c_launch, signature, metas))
+    jit = SimpleNamespace(arg_names=list(signature))
+    return run, _Compiled(run, signature, metas), jit, seen, encoded, Desc, arity
+
+
+def test_raw_launch_passes_what_tritons_own_launcher_passes(monkeypatch):
+    """The launch plans call Triton's C launcher below its Python launcher in the running
+    Triton's convention (``versions.CHANGES["c_launcher"]``) and encode each TMA descriptor
+    once per tensor address (``DescriptorCache``). Checked against the installed Triton's
+    own ``CudaLauncher.__call__`` and descriptor wrapper around a recording C launcher: the
+    same arguments reach it either way, and each tensor is encoded once however often it
     comes back."""
     import triton.backends.nvidia.driver as nv
 
     from evtfuse.backends.triton import launch as L
 
-    encoded = []
-
-    def encode(desc, meta):
-        encoded.append(desc.base.data_ptr())
-        return [f"map{desc.base.data_ptr()}:{meta['swizzle']}", *desc.shape, *desc.strides]
-
-    monkeypatch.setattr(nv, "make_tensordesc_arg", encode)
-    seen = []
-
-    def c_launch(*args):
-        seen.append(list(args))
-
-    class Desc:
-        def __init__(self, t):
-            self.base, self.shape, self.strides, self.padding = t, [4, 8], [8, 1], "zero"
-
-    signature = {"a_desc": "tensordesc<bf16[64, 64]>", "M": "i32", "c_desc":
-                 "tensordesc<bf16[64, 32]>", "alpha": "fp32", "BLOCK": "constexpr"}
-    metas = [{"swizzle": 128}, {"swizzle": 64}]
-
-    class Run:  # the attributes of Triton 3.6's CudaLauncher that the raw path reads
-        global_scratch_size = profile_scratch_size = 0
-        launch_cooperative_grid, launch_pdl = False, True
-        launch = nv.wrap_handle_tensordesc(c_launch, signature, metas)
-
-    c, where = L.raw_launcher(Run())
-    assert c is c_launch and where == {0: metas[0], 2: metas[1]}
-    expand = L.expander(where)
+    run, compiled, jit, seen, encoded, Desc, arity = _launch_fixture(monkeypatch)
+    launch = L.direct_launcher(compiled, jit, (2,), 4, {"BLOCK": 64})
     tensors = [torch.empty(32) for _ in range(3)]
-    head = (2, 1, 1, 0, "function", False, True, None, None, "meta", None, None, None)
     for k in range(7):
-        args = [Desc(tensors[k % 3]), 128, Desc(tensors[(k + 1) % 3]), 0.5, 64]
-        Run.launch(*head, *args)  # Triton's own path
-        c(*head, *expand(args))  # the raw path
+        args = [Desc(tensors[k % 3]), 128, Desc(tensors[(k + 1) % 3]), 0.5]
+        nv.CudaLauncher.__call__(run, 2, 1, 1, 7, "function", "meta", None, None, None,
+                                 *args, 64)  # Triton's own path, as its JIT calls it
+        arity[:] = [len(seen[-1])]
+        assert launch(args) is True
         assert seen[-1] == seen[-2], k
     # Triton's wrapper encoded on every call (14); the raw path once per tensor and slot
     assert len(encoded) == 14 + 6
     # launchers of another shape are called the way Triton calls them
-    Run.launch = lambda *a: None
-    assert L.raw_launcher(Run()) is None
-    Run.launch, Run.global_scratch_size = c_launch, 64
-    assert L.raw_launcher(Run()) is None
+    sig = list(compiled.src.signature.values())
+    assert L.raw_launcher(run, sig, [None, None]) is None  # descriptors without metadata
+    run.global_scratch_size = 64
+    assert L.raw_launcher(run, sig, compiled.metadata.tensordesc_meta) is None
+
+
+def test_a_launcher_of_another_convention_falls_back_and_says_so(monkeypatch, caplog):
+    """Where the running Triton's C launcher takes other arguments than the convention
+    evtfuse expects (Triton 3.7 changed it: "function takes exactly 16 arguments (55
+    given)"), the first launch finds out, launches through Triton's launcher instead and
+    logs it once; the kernel still runs, with Triton's own arguments."""
+    import logging
+
+    import triton.backends.nvidia.driver as nv
+
+    from evtfuse.backends.triton import launch as L
+    from evtfuse.backends.triton import versions
+
+    run, compiled, jit, seen, encoded, Desc, arity = _launch_fixture(monkeypatch)
+    wrong = "flat" if versions.spelling("c_launcher") == "packed" else "packed"
+    monkeypatch.setattr(versions, "spelling", lambda name, version=None: wrong)
+    monkeypatch.setattr(L, "_logged", set())
+    launch = L.direct_launcher(compiled, jit, (2,), 4, {"BLOCK": 64})
+    t = torch.empty(32)
+    args = [Desc(t), 128, Desc(t), 0.5]
+    nv.CudaLauncher.__call__(run, 2, 1, 1, 7, "function", "meta", None, None, None, *args, 64)
+    arity[:] = [len(seen[-1])]
+    with caplog.at_level(logging.WARNING, logger="evtfuse"):
+        for _ in range(3):
+            assert launch(args) is True
+            assert seen[-1] == seen[0]
+    assert len(seen) == 4
+    warned = [r for r in caplog.records if "does not fit Triton" in r.getMessage()]
+    assert len(warned) == 1 and "raw launch path" in warned[0].getMessage()
 
 
 def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D", c_major=False):

@@ -11,10 +11,12 @@ __version__ = "0.1.0"
 
 from . import logs, ops, reference  # noqa: F401
 from .arguments import EpilogueArguments, GemmArguments
+from .backends.triton.versions import check_installed
 from .errors import EpilogueError, Status, UnsupportedError
 from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels
 
 logs.setup_from_environment()
+check_installed()  # a warning when the installed Triton is outside the tested range
 
 __all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
            "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "fuse", "ops",

@@ -204,8 +204,8 @@ def _search(args: GemmArguments, kernels, tune: str):
         try:
             k.run(args)  # compile, warm up
             times[k.name] = [_time_kernel(k, args)]
-        except Exception as exc:  # a config the compiler rejects (resources) is skipped
-            log.info("candidate %s failed: %s", k.name, str(exc).splitlines()[0][:200])
+        except Exception as exc:
+            _report_failure(k, exc)
             continue
         ran.append(k)
     bar.close()
@@ -219,6 +219,20 @@ def _search(args: GemmArguments, kernels, tune: str):
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
     return best
+
+
+def _report_failure(kernel, exc: BaseException) -> None:
+    """A candidate that failed is skipped. A config over the GPU's resources (shared
+    memory, registers, threads: Triton's ``OutOfResources``) is expected; any other failure
+    to compile or launch is a bug, logged as a warning to report, never a silent reason to
+    run a slower kernel."""
+    first = (str(exc).splitlines() or [""])[0][:200]
+    if type(exc).__name__ == "OutOfResources":
+        log.info("candidate %s skipped: %s", kernel.name, first)
+    else:
+        log.warning("candidate %s failed (%s: %s); skipped. This is a bug in evtfuse: please "
+                    "report it with EVTFUSE_LOG=debug output", kernel.name,
+                    type(exc).__name__, first)
 
 
 # Tile orders (GROUP_M: row-tiles per band of the persistent tile order) the exhaustive

@@ -66,7 +66,7 @@ class _TritonTile:
 
     def one(self, v: str) -> tuple[str, str, str]:
         """A scalar value ``v`` as a stored scalar output takes it: (value, pointer offset,
-        mask term) of the one store."""
+        mask condition, "" for none) of the one store."""
         return f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), tl.float32), (1,)), axis=0)", "", ""
 
 

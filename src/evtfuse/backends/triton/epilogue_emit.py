@@ -21,6 +21,17 @@ from .spec import (_COMBINE_LOADS, _FOLD_FINISH, _LD_L2, FOLD_IDENTITY_BITS, INT
                    vector_outputs)
 
 
+def all_of(*conds: str) -> str:
+    """A mask: every condition of ``conds`` (Triton expressions, tensors or scalars). Two or
+    more are written ``((a) & (b) ...) != 0``: Triton 3.9's CPU interpreter gives `&` of a
+    boolean tensor and a scalar condition integer data that tl.load and tl.store refuse as
+    a mask (versions.WORKAROUNDS["interpreter_scalar_and"]); the GPU compiler folds the
+    comparison away."""
+    if len(conds) == 1:
+        return conds[0]
+    return "(" + " & ".join(f"({c})" for c in conds) + ") != 0"
+
+
 class EpilogueEmitter:
     """Emits the epilogue of one DAG: program-level scalars once, the rest per sub-tile."""
 
@@ -253,7 +264,7 @@ class EpilogueEmitter:
             # _COMBINE_LOADS loads in flight per step, combined in ascending order (one L2
             # round trip per partial made a 64-tile row's combine cost ~25 us on an H100)
             loads = [f"{body}p{k}_{u} = tl.load({u}_ws + {base} + (j0 + {k}) * {extent} + {i}, "
-                     f"mask=({mask}) & (j0 + {k} < {count}), other={ident}, {_LD_L2})"
+                     f"mask={all_of(mask, f'j0 + {k} < {count}')}, other={ident}, {_LD_L2})"
                      for k in range(_COMBINE_LOADS)]
             lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {i}, mask={mask}, {_LD_L2})",
                       f"{inner}for j0 in range(1, {count}, {_COMBINE_LOADS}):",
@@ -376,20 +387,21 @@ class EpilogueEmitter:
         """A value that is constant along the axes its (vector/scalar) output lacks."""
         u = uname(o.name)
         v = self._arg(o.node, env, True)
-        conds = [] if o.batched or not sub.bid else [f"({sub.bid} == 0)"]
+        conds = [] if o.batched or not sub.bid else [f"{sub.bid} == 0"]
         if o.kind is OutputKind.ROW:
             val = sub.along(v, OutputKind.ROW)
             ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rm} * {u}_sm"
-            mask = f"({sub.rm} < M) & ({sub.pid_n} == 0) & ({sub.first_sub})"
+            conds = [f"{sub.rm} < M", f"{sub.pid_n} == 0", sub.first_sub, *conds]
         elif o.kind is OutputKind.COL:
             val = sub.along(v, OutputKind.COL)
             ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rn} * {u}_sn"
-            mask = f"({sub.rn} < N) & ({sub.pid_m} == 0)"
+            conds = [f"{sub.rn} < N", f"{sub.pid_m} == 0", *conds]
         else:
             val, at, only = sub.one(v)
             ptr = f"{u}_ptr + bid64 * {u}_sl{at}"
-            mask = f"({sub.pid_m} == 0) & ({sub.pid_n} == 0) & ({sub.first_sub}){only}"
-        mask = " & ".join([mask] + conds)
+            conds = [f"{sub.pid_m} == 0", f"{sub.pid_n} == 0", sub.first_sub,
+                     *filter(None, [only]), *conds]
+        mask = all_of(*conds)
         if o.dtype in FP8_DTYPES:
             val = _saturated(val, o.dtype)
         return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]

@@ -23,6 +23,7 @@ from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES
 from .codegen import check_emittable
 from .spec import KernelSpec
+from .versions import interpreter_refusal
 
 
 INTERPRETER = "interpreter"
@@ -123,6 +124,9 @@ class KernelFamily:
                                "fp16/fp32 on the CPU, bf16 on a GPU")
         if target.kind == INTERPRETER and args.A.device.type != "cpu":
             return Status.fail("the Triton interpreter needs CPU tensors")
+        why = interpreter_refusal() if target.kind == INTERPRETER else None
+        if why:
+            return Status.fail(why)
         if target.kind != INTERPRETER and args.A.device.type != "cuda" and not target.offline:
             return Status.fail(f"tensors are on {args.A.device}; kernels need CUDA tensors, or "
                                "TRITON_INTERPRET=1 for CPU tensors")

@@ -57,6 +57,10 @@ from .gluon_buffers import Buffers, buffers
 from .prelude import helpers_for
 from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, launch_dependents_lines,
                    reduce_outputs, uname)
+from .versions import gluon_names
+
+# Gluon's spellings for the running Triton (versions.py: they changed in 3.7 and 3.8)
+TMA_LOAD, TMA_STORE, CTA_BARRIER = (gluon_names()[k] for k in ("tma_load", "tma_store", "cta_barrier"))
 
 LAYOUT = "mma_layout"
 I1, I2, I3 = "    ", "        ", "            "
@@ -102,10 +106,10 @@ class _GluonTile:
 
     def one(self, v: str) -> tuple[str, str, str]:
         # the value along the consumer's rows, stored by the lane of its first row
-        return self.along(v, OutputKind.ROW), f" + {self.rm} * 0", f" & ({self.rm} == row0)"
+        return self.along(v, OutputKind.ROW), f" + {self.rm} * 0", f"{self.rm} == row0"
 
     def barrier(self) -> str:
-        return "gl.thread_barrier()"  # the consumer warpgroup's own barrier
+        return f"{CTA_BARRIER}()"  # the consumer warpgroup's own barrier
 
     def lane(self) -> str:
         return f"({self.rm} - row0)"
@@ -151,7 +155,7 @@ class _GluonTile:
             f"tma.store_wait(pendings={2 * n - 1})",
             f"{self.bufs.view(buf, 'EPI_M', 'SUB_N')}.store(({value}).to(ob_{u}.dtype))",
             "fence_async_shared()",
-            f"tma.async_copy_shared_to_global({u}_desc, "
+            f"{TMA_STORE}({u}_desc, "
             f"{self.bufs.at(name, 'row0', f'pid_n_c * BLOCK_N + {self.k} * SUB_N')}, {buf})",
         ])
 
@@ -201,7 +205,7 @@ class _SlotPlan:
     def _issue(self, pairs, c: int, indent: str) -> list[str]:
         # a batched kernel's buffers: the chunk of the 3-D block (``Buffers.batch``)
         src, dim = ("_c3", 2) if self.bufs.batch else ("_c", 1)
-        return [f"{indent}tma.async_copy_shared_to_global({uname(n)}_desc, "
+        return [f"{indent}{TMA_STORE}({uname(n)}_desc, "
                 f"{self.bufs.at(n, 'row0', f'pid_n_c * BLOCK_N + {c} * CH')}, "
                 f"{buf}{src}.slice({c} * CH, CH, dim={dim}))" for n, buf in pairs]
 
@@ -428,8 +432,8 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I3}mbarrier.wait(empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)",
         f"{I3}bar = ready.index(s)",
         f"{I3}mbarrier.expect(bar, nbytes)",
-        f"{I3}tma.async_copy_global_to_shared(a_desc, {a_k}, bar, a_bufs.index(s))",
-        f"{I3}tma.async_copy_global_to_shared(b_desc, {b_k}, bar, b_bufs.index(s))",
+        f"{I3}{TMA_LOAD}(a_desc, {a_k}, bar, a_bufs.index(s))",
+        f"{I3}{TMA_LOAD}(b_desc, {b_k}, bar, b_bufs.index(s))",
         f"{I3}i += 1",
         "",
         "",
@@ -455,11 +459,11 @@ def _kernel_source(spec: KernelSpec) -> str:
         ]
         for n, _ in bufs.loads:
             u = uname(n)
-            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, {bufs.at(n, 'row0', 'col0')}, "
+            L.append(f"{I1}{TMA_LOAD}({u}_desc, {bufs.at(n, 'row0', 'col0')}, "
                      f"c_ready.index(b), lb_{u}.index(b))")
         for u, row in vec_names:
             at = "row0" if row else "col0"
-            L.append(f"{I1}tma.async_copy_global_to_shared({u}_desc, [{at}], c_ready.index(b), "
+            L.append(f"{I1}{TMA_LOAD}({u}_desc, [{at}], c_ready.index(b), "
                      f"vb_{u}.index(b))")
     else:
         L.append(f"{I1}mbarrier.arrive(c_ready.index(b))")
@@ -481,7 +485,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         if (name, buf) in bufs.consumer_tiles:
             continue  # the consumer stores it by chunk
         u = uname(name)
-        L.append(f"{I2}tma.async_copy_shared_to_global({u}_desc, {bufs.at(name, 'row0', 'col0')}, "
+        L.append(f"{I2}{TMA_STORE}({u}_desc, {bufs.at(name, 'row0', 'col0')}, "
                  f"{buf}.index(b))")
     L += [
         f"{I2}if t + 2 < my_units:",
@@ -616,9 +620,9 @@ def _kernel_source(spec: KernelSpec) -> str:
     if piece_bufs:
         L.append(f"{I1}tma.store_wait(pendings=0)")
     L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
-                            lane=_lane(32 * spec.warps, spec.warps), barrier="gl.thread_barrier()")
+                            lane=_lane(32 * spec.warps, spec.warps), barrier=f"{CTA_BARRIER}()")
     L += epi.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH, spec.warps),
-                         barrier="gl.thread_barrier()")
+                         barrier=f"{CTA_BARRIER}()")
     L += ["", ""]
     call = f"{cons_args}, {sizes}"
     for which in (0, 1):
