@@ -3,7 +3,9 @@
 # takes ~20 min cold, more than a 10-minute device call). Usage, on the GPU machine from
 # the repository root:  scripts/gpu_tier.sh LOGDIR [TIMEOUT_S] [SHARD ...]
 # Each shard gets its own evtfuse cache; logs go to LOGDIR/<shard>.log; prints one summary
-# line per shard and exits non-zero if any shard failed or timed out.
+# line per shard and exits non-zero if any shard failed or timed out. Another Triton:
+# TRITON_DIR=/opt/t371 (a folder holding that release's unpacked `triton` package) goes
+# ahead of src on PYTHONPATH.
 set -u
 out=${1:?log folder}
 limit=${2:-540}
@@ -37,7 +39,7 @@ for name in "${!shards[@]}"; do
   sel=${shards[$name]#*|}
   read -r -a args <<< "$files"
   [[ -n $sel ]] && args+=(-k "$sel")
-  ( EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=src timeout "$limit" \
+  ( EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout "$limit" \
       python3 -m pytest -q -m gpu -p no:cacheprovider "${args[@]}" > "$out/$name.log" 2>&1
     echo "rc=$?" >> "$out/$name.log" ) &
   pids+=($!)
