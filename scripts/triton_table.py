@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
         ms = [r.get("ms") if r.get("status") == "ok" else None for r in row]
         for n, r in zip(names, row):
             if r.get("status") != "ok":
-                failed.append(f"{key[0]} {key[1]} on {n}: {r.get('status')} {r.get('error', '')}"[:300])
+                failed.append(f"{key[0]} {key[1]} on {n}: {r.get('status') or 'not measured'} {r.get('error', '')}"[:300])
         ratios = []
         for n, m in zip(names[1:], ms[1:]):
             if m and ms[0]:
