@@ -212,6 +212,8 @@ TRIGGERS = [
     (lambda: _outputs_sharing_memory(), "share memory; each output needs its own buffer"),
     (lambda: _output_overlapping_input(),
      "only a full-shaped output may alias a full-shaped input exactly"),
+    (lambda: GemmArguments(A, B, torch.zeros(1, N).expand(M, N)),
+     "more than one element of the written-to tensor refers to a single memory location"),
 ]
 
 
