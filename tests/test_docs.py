@@ -243,3 +243,16 @@ def test_errors_md_explains_explain_reasons(monkeypatch):
         "def e(accum): D = accum; return D", D=D)))
     assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in text
     assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in ERRORS_MD
+
+
+def test_errors_md_explains_the_cache_folder_error(tmp_path, monkeypatch):
+    from evtfuse.errors import ConfigError
+    from evtfuse.runtime import cache
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(afile))
+    with pytest.raises(ConfigError) as exc:
+        cache.cache_dir()
+    phrase = "is not a usable directory: it exists and is not a folder"
+    assert phrase in str(exc.value) and phrase in ERRORS_MD
