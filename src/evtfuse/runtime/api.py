@@ -3,7 +3,9 @@
 Layer: runtime. ``get_kernels`` asks every family whether it supports the arguments and
 returns its configurations as ``Kernel`` objects, best first. ``gemm`` allocates missing
 outputs, picks a kernel by autotuning on first use for the (epilogue, shapes, dtypes,
-layouts, GPU) and remembers the choice on disk (``runtime.tuner``).
+layouts, GPU) and remembers the choice on disk (``runtime.tuner``). Invariant: its
+cached paths serve a call only after the memory checks of ``GemmArguments`` hold for the
+call's tensors as they are now (``memory.tensor_state``).
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     result does not depend on their order), so ``deterministic=True`` holds for every call;
     ``False`` is refused until a faster non-deterministic path exists. The first call for a
     structure (epilogue, shapes, strides, dtypes) validates, tunes and builds a launch plan;
-    later calls only fetch tensors and launch.
+    later calls fetch tensors, check that no output meets another tensor at its new address
+    (tensors passed again: that none changed in place since), and launch; a call that
+    fails those checks is validated from scratch, and raises what the first call would.
     """
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
