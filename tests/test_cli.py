@@ -403,11 +403,14 @@ def test_cache_list_and_clear(tmp_path):
     res = invoke("cache", "list")
     assert res.exit_code == 0 and "no entries" in res.output
     assert str(tmp_path / "cache") in res.output  # EVTFUSE_CACHE_DIR is honoured
-    cache.store_choice("k1", {"kernel": "portable_32x32x32", "ms": 1.25})
-    cache.store_choice("k2", {"kernel": "hopper_128x256x64", "ms": 0.5})
+    problem = {"M": 64, "N": 64, "K": 32, "L": 1, "dtype": "torch.float16", "epilogue": "epi",
+               "tune": "fast", "device": "cpu"}  # what the tuner writes beside the kernel
+    cache.store_choice("k1", {"kernel": "portable_32x32x32", "ms": 1.25, **problem})
+    cache.store_choice("k2", {"kernel": "hopper_128x256x64", "ms": 0.5, **problem})
     res = invoke("cache", "list")
     assert res.exit_code == 0, res.output
-    assert "portable_32x32x32  ms=1.25" in res.output and "hopper_128x256x64" in res.output
+    assert "portable_32x32x32  K=32, L=1, M=64" in res.output and "ms=1.25" in res.output
+    assert "hopper_128x256x64" in res.output
     assert "2 entries" in res.output
     res = invoke("cache", "clear")
     assert res.exit_code == 0 and "removed 2 files" in res.output

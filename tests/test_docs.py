@@ -212,6 +212,8 @@ TRIGGERS = [
     (lambda: _outputs_sharing_memory(), "share memory; each output needs its own buffer"),
     (lambda: _output_overlapping_input(),
      "only a full-shaped output may alias a full-shaped input exactly"),
+    (lambda: GemmArguments(A, B, torch.zeros(1, N).expand(M, N)),
+     "more than one element of the written-to tensor refers to a single memory location"),
 ]
 
 
@@ -241,3 +243,16 @@ def test_errors_md_explains_explain_reasons(monkeypatch):
         "def e(accum): D = accum; return D", D=D)))
     assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in text
     assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in ERRORS_MD
+
+
+def test_errors_md_explains_the_cache_folder_error(tmp_path, monkeypatch):
+    from evtfuse.errors import ConfigError
+    from evtfuse.runtime import cache
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(afile))
+    with pytest.raises(ConfigError) as exc:
+        cache.cache_dir()
+    phrase = "is not a usable directory: it exists and is not a folder"
+    assert phrase in str(exc.value) and phrase in ERRORS_MD

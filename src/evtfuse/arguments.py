@@ -2,7 +2,9 @@
 
 Layer: frontend (the user's view of an operation). Construction parses and validates
 everything it can and raises ``EpilogueError`` before any kernel exists; nothing here
-touches an output tensor. The DAG for a problem shape is built once and kept.
+touches an output tensor. The DAG for a problem shape is built once and kept while the
+tensors stay as they were: a tensor changed in place since (``A.t_()``, ``D.set_(...)``,
+moved to other memory) is validated again (``GemmArguments.checked_state``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from . import ir
 from .errors import EpilogueError
+from .memory import has_internal_overlap, overlap, state_of
 from .optable import OPS, Category
 from .frontend import (EpilogueSource, ParsedEpilogue, bind, check_names, parse_epilogue,
                        problem_shape_of)
@@ -31,7 +34,8 @@ class EpilogueArguments:
         self.parsed: ParsedEpilogue = parse_epilogue(epilogue)
         check_names(self.parsed, operands_and_outputs)
         self.values: dict[str, Any] = dict(operands_and_outputs)
-        self._dags: dict[tuple[int, int, int], ir.Dag] = {}
+        # per problem shape: (the values' state when bound, the DAG)
+        self._dags: dict[tuple[int, int, int], tuple[list, ir.Dag]] = {}
         self._problem: tuple[int, int, int] | None = None
         # a full-shaped D tells (L, M, N); a D that is a reduction (e.g. (M, 1)) does not:
         # then binding waits for GemmArguments, which knows the problem
@@ -41,12 +45,16 @@ class EpilogueArguments:
 
     # -- binding
     def bind(self, problem: tuple[int, int, int]) -> ir.Dag:
-        """The DAG for output shape (L, M, N) (built once per shape); validates shapes."""
+        """The DAG for output shape (L, M, N); validates shapes. Built once per shape, and
+        again when a value changed since (another tensor, or one changed in place)."""
         problem = tuple(int(p) for p in problem)  # type: ignore[assignment]
-        dag = self._dags.get(problem)
-        if dag is None:
+        state = state_of(self.values.values())
+        hit = self._dags.get(problem)
+        if hit is not None and hit[0] == state:
+            dag = hit[1]
+        else:
             dag = bind(self.parsed, self.values, problem)
-            self._dags[problem] = dag
+            self._dags[problem] = (state, dag)
         self._problem = problem
         return dag
 
@@ -55,7 +63,7 @@ class EpilogueArguments:
         if self._problem is None:
             raise EpilogueError("the problem shape is not known yet: pass a full-shaped D, or "
                                 "put these EpilogueArguments into GemmArguments")
-        return self._dags[self._problem]
+        return self._dags[self._problem][1]
 
     @property
     def operand_names(self) -> tuple[str, ...]:
@@ -109,27 +117,7 @@ class GemmArguments:
                  accumulator_type: torch.dtype = torch.float32,
                  epilogue: EpilogueArguments | None = None, *, allow_tf32: bool = False,
                  fp8_fast_accum: bool = True):
-        for name, t in (("A", A), ("B", B)):
-            if not isinstance(t, torch.Tensor):
-                raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
-                                    variable=name)
-            if t.dim() not in (2, 3):
-                raise EpilogueError(f"{name} must have 2 or 3 dimensions ((M, K) / (L, M, K) for "
-                                    f"A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",
-                                    variable=name)
-        if A.shape[-1] != B.shape[-2]:
-            raise EpilogueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: A's K "
-                                f"({A.shape[-1]}) differs from B's K ({B.shape[-2]})", variable="B")
-        la = A.shape[0] if A.dim() == 3 else 1
-        lb = B.shape[0] if B.dim() == 3 else 1
-        if la != lb and 1 not in (la, lb):
-            raise EpilogueError(f"A has batch {la} and B has batch {lb}; they must match or "
-                                "one must be 1", variable="B")
-        if A.dtype != B.dtype:
-            raise EpilogueError(f"A is {A.dtype} and B is {B.dtype}; they must have one dtype",
-                                variable="B")
-        if A.device != B.device:
-            raise EpilogueError(f"A is on {A.device} and B on {B.device}", variable="B")
+        self.L, self.M, self.K, self.N = _problem_of(A, B)
         if not isinstance(accumulator_type, torch.dtype):
             raise EpilogueError(f"accumulator_type must be a torch.dtype, not "
                                 f"{accumulator_type!r}", variable="accumulator_type")
@@ -137,7 +125,6 @@ class GemmArguments:
         self.accumulator_type = accumulator_type
         self.allow_tf32 = bool(allow_tf32)
         self.fp8_fast_accum = bool(fp8_fast_accum)
-        self.L, self.M, self.K, self.N = max(la, lb), A.shape[-2], A.shape[-1], B.shape[-1]
         if epilogue is None:
             if out is None:
                 raise EpilogueError("GemmArguments needs out (D) when no epilogue is given",
@@ -153,7 +140,8 @@ class GemmArguments:
         self.epilogue = epilogue
         self.dag = epilogue.bind(self.problem)
         self._optimized: ir.Dag | None = None
-        self._check_tensors()
+        _check_memory(self.A, self.B, epilogue, self.dag)
+        self._state = self._current_state()
 
     @property
     def problem(self) -> tuple[int, int, int]:
@@ -167,46 +155,90 @@ class GemmArguments:
             self._optimized = optimize(self.dag)
         return self._optimized
 
-    def _check_tensors(self) -> None:
-        dev = self.A.device
-        values = self.epilogue.values
-        for name, v in values.items():
-            if isinstance(v, torch.Tensor) and v.device != dev:
-                raise EpilogueError(f"{name} is on {v.device} but A and B are on {dev}",
-                                    variable=name)
-        outs = [(n, values[n]) for n in self.epilogue.output_names
-                if isinstance(values[n], torch.Tensor)]
-        ins = [(n, values[n]) for n in self.epilogue.operand_names
-               if isinstance(values[n], torch.Tensor)] + [("A", self.A), ("B", self.B)]
-        for i, (on, o) in enumerate(outs):
-            for pn, p in outs[i + 1:]:
-                if _overlap(o, p):
-                    raise EpilogueError(f"outputs {on} and {pn} share memory; each output needs "
-                                        "its own buffer", variable=pn)
-            for inn, t in ins:
-                if not _overlap(o, t):
-                    continue
-                same = (o.data_ptr() == t.data_ptr() and o.shape == t.shape
-                        and o.stride() == t.stride() and inn not in ("A", "B"))
-                out_kind = self.dag.output(on).kind if on in [x.name for x in self.dag.outputs] else None
-                if not (same and out_kind is ir.OutputKind.FULL):
-                    raise EpilogueError(f"output {on} overlaps input {inn}; only a full-shaped "
-                                        f"output may alias a full-shaped input exactly (in place)",
-                                        variable=on)
+    def _current_state(self) -> list:
+        return state_of([self.A, self.B, *self.epilogue.values.values()])
+
+    def checked_state(self) -> list:
+        """The state of every tensor (``memory.tensor_state``) these arguments were last
+        validated at. When a tensor changed since (``A.t_()``, ``D.set_(...)``, a value
+        replaced), everything is validated again first, as the constructor does (an
+        ``EpilogueError`` leaves them unvalidated, so the next call raises it again).
+        Launch-plan caches key on the object this returns."""
+        now = self._current_state()
+        if now == self._state:
+            return self._state
+        L, M, K, N = _problem_of(self.A, self.B)
+        dag = self.epilogue.bind((L, M, N))
+        _check_memory(self.A, self.B, self.epilogue, dag)
+        if dag is not self.dag:
+            self._optimized = None
+        self.L, self.M, self.K, self.N, self.dag = L, M, K, N, dag
+        self._state = now
+        return now
 
     def operands(self) -> Mapping[str, Any]:
         return self.epilogue.operands()
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, a1 = a.data_ptr(), a.data_ptr() + _span(a)
-    b0, b1 = b.data_ptr(), b.data_ptr() + _span(b)
-    return a0 < b1 and b0 < a1
+def _problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int]:
+    """(L, M, K, N) of A @ B; ``EpilogueError`` naming A or B when they do not make one."""
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor):
+            raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
+                                variable=name)
+        if t.dim() not in (2, 3):
+            raise EpilogueError(f"{name} must have 2 or 3 dimensions ((M, K) / (L, M, K) for "
+                                f"A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",
+                                variable=name)
+    if A.shape[-1] != B.shape[-2]:
+        raise EpilogueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: A's K "
+                            f"({A.shape[-1]}) differs from B's K ({B.shape[-2]})", variable="B")
+    la = A.shape[0] if A.dim() == 3 else 1
+    lb = B.shape[0] if B.dim() == 3 else 1
+    if la != lb and 1 not in (la, lb):
+        raise EpilogueError(f"A has batch {la} and B has batch {lb}; they must match or "
+                            "one must be 1", variable="B")
+    if A.dtype != B.dtype:
+        raise EpilogueError(f"A is {A.dtype} and B is {B.dtype}; they must have one dtype",
+                            variable="B")
+    if A.device != B.device:
+        raise EpilogueError(f"A is on {A.device} and B on {B.device}", variable="B")
+    return max(la, lb), A.shape[-2], A.shape[-1], B.shape[-1]
 
 
-def _span(t: torch.Tensor) -> int:
-    return (sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0) + 1) * t.element_size()
+def _check_memory(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueArguments,
+                  dag: ir.Dag) -> None:
+    """Every tensor on A's device; no output whose elements share memory with each other
+    (torch refuses such in-place writes too), with another output, or with an input,
+    except a full-shaped output that is exactly a full-shaped operand (in place)."""
+    dev = A.device
+    values = epilogue.values
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor) and v.device != dev:
+            raise EpilogueError(f"{name} is on {v.device} but A and B are on {dev}",
+                                variable=name)
+    outs = [(n, values[n]) for n in epilogue.output_names if isinstance(values[n], torch.Tensor)]
+    ins = [(n, values[n]) for n in epilogue.operand_names
+           if isinstance(values[n], torch.Tensor)] + [("A", A), ("B", B)]
+    kinds = {o.name: o.kind for o in dag.outputs}
+    for on, o in outs:
+        if has_internal_overlap(o.shape, o.stride()):
+            raise EpilogueError(
+                f"output {on}: more than one element of the written-to tensor refers to a "
+                f"single memory location (shape {tuple(o.shape)}, strides {o.stride()}); "
+                "give each element of an output its own memory (torch.empty, .contiguous())",
+                variable=on)
+    for i, (on, o) in enumerate(outs):
+        for pn, p in outs[i + 1:]:
+            if overlap(o, p):
+                raise EpilogueError(f"outputs {on} and {pn} share memory; each output needs "
+                                    "its own buffer", variable=pn)
+        for inn, t in ins:
+            if not overlap(o, t):
+                continue
+            same = (o.data_ptr() == t.data_ptr() and o.shape == t.shape
+                    and o.stride() == t.stride() and inn not in ("A", "B"))
+            if not (same and kinds.get(on) is ir.OutputKind.FULL):
+                raise EpilogueError(f"output {on} overlaps input {inn}; only a full-shaped "
+                                    f"output may alias a full-shaped input exactly (in place)",
+                                    variable=on)

@@ -1,7 +1,8 @@
 """Errors and Status objects shared by every layer.
 
 ``EpilogueError`` is what a user sees for a bad epilogue or bad arguments: a ValueError
-whose text names the variable and, for source errors, the line. ``Status`` is the
+whose text names the variable and, for source errors, the line; ``ConfigError`` the same
+for a setting (an environment variable). ``Status`` is the
 answer of ``supports``-style questions: truthy on success, and carrying the reason when
 falsy, so that ``explain`` can say why every candidate was refused.
 """
@@ -47,6 +48,15 @@ def not_an_operand(name: str, value: object) -> EpilogueError:
 
 class UnsupportedError(RuntimeError):
     """No kernel can run these arguments; the text says why for every family."""
+
+
+class ConfigError(ValueError):
+    """A setting evtfuse cannot work with (an environment variable such as
+    ``EVTFUSE_CACHE_DIR``); ``variable`` names it and the text says what to change."""
+
+    def __init__(self, message: str, *, variable: str):
+        self.variable = variable
+        super().__init__(message)
 
 
 @dataclass(frozen=True)

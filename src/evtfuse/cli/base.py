@@ -1,8 +1,8 @@
 """What every ``evtfuse`` command shares: the exit codes, ``CliError`` and how it is reported.
 
-Layer: cli. A command raises ``CliError(message, code)`` (or lets an ``EpilogueError`` /
-``UnsupportedError`` through, see ``_user_errors``) and ends with ``_fail``: the message
-goes to stderr as ``error: ...`` and the process exits with the code.
+Layer: cli. A command raises ``CliError(message, code)`` (or lets an ``EpilogueError``,
+``UnsupportedError`` or ``ConfigError`` through, see ``_user_errors``) and ends with
+``_fail``: the message goes to stderr as ``error: ...`` and the process exits with the code.
 """
 
 from __future__ import annotations
@@ -30,6 +30,6 @@ def _fail(exc: CliError) -> None:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from ..errors import EpilogueError, UnsupportedError
+    from ..errors import ConfigError, EpilogueError, UnsupportedError
 
-    return (EpilogueError, UnsupportedError)
+    return (EpilogueError, UnsupportedError, ConfigError)

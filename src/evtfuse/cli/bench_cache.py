@@ -1,13 +1,14 @@
 """``evtfuse bench`` (hands its arguments to ``evtfuse.bench.main``) and ``evtfuse cache list | clear``.
 
 Layer: cli. Both reach optional parts of evtfuse and say so (exit status 4) when they are
-missing.
+missing; an unusable cache folder (``EVTFUSE_CACHE_DIR``) is bad input (exit status 2).
 """
 
 from __future__ import annotations
 
 import typer
 
+from ..errors import ConfigError
 from .base import EXIT_MISSING, CliError, _fail
 
 
@@ -50,8 +51,12 @@ def cache_list():
         cache = _cache_module()
     except CliError as exc:
         _fail(exc)
-    entries = cache.list_entries()
-    typer.echo(f"cache: {cache.cache_dir()}")
+    try:
+        entries = cache.list_entries()  # malformed records are skipped, with a warning
+        folder = cache.cache_dir()
+    except ConfigError as exc:  # an unusable EVTFUSE_CACHE_DIR
+        _fail(CliError(str(exc)))
+    typer.echo(f"cache: {folder}")
     if not entries:
         typer.echo("no entries")
         return
@@ -68,5 +73,9 @@ def cache_clear():
         cache = _cache_module()
     except CliError as exc:
         _fail(exc)
-    n = cache.clear()
-    typer.echo(f"removed {n} file{'s' if n != 1 else ''} from {cache.cache_dir().parent}")
+    try:
+        n = cache.clear()
+        root = cache.cache_dir().parent
+    except ConfigError as exc:
+        _fail(CliError(str(exc)))
+    typer.echo(f"removed {n} file{'s' if n != 1 else ''} from {root}")

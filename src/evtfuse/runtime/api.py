@@ -3,7 +3,9 @@
 Layer: runtime. ``get_kernels`` asks every family whether it supports the arguments and
 returns its configurations as ``Kernel`` objects, best first. ``gemm`` allocates missing
 outputs, picks a kernel by autotuning on first use for the (epilogue, shapes, dtypes,
-layouts, GPU) and remembers the choice on disk (``runtime.tuner``).
+layouts, GPU) and remembers the choice on disk (``runtime.tuner``). Invariant: its
+cached paths serve a call only after the memory checks of ``GemmArguments`` hold for the
+call's tensors as they are now (``memory.tensor_state``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
 from ..errors import EpilogueError, UnsupportedError
 from ..frontend import EpilogueSource, parse_epilogue
 from ..ir import OutputKind
+from ..memory import byte_span, tensor_state
 from .device import interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
 from .tuner import choose_kernel
@@ -137,7 +140,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     result does not depend on their order), so ``deterministic=True`` holds for every call;
     ``False`` is refused until a faster non-deterministic path exists. The first call for a
     structure (epilogue, shapes, strides, dtypes) validates, tunes and builds a launch plan;
-    later calls only fetch tensors and launch.
+    later calls fetch tensors, check that no output meets another tensor at its new address
+    (tensors passed again: that none changed in place since), and launch; a call that
+    fails those checks is validated from scratch, and raises what the first call would.
     """
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
@@ -147,10 +152,13 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
     options = (tune, allow_tf32, fp8_fast_accum, cc)  # every keyword a plan depends on
     last = _last_call.get(key)
-    if last is not None and last[1] == options and A is last[2] \
-            and B is last[3] and _same_objects(operands_and_outputs, last[4]):
-        # the same tensors as the last call with this epilogue: launch at once
-        return _launch(last[8], last[6], last[7], A, B, operands_and_outputs, last[5])
+    if last is not None and last.options == options and A is last.A and B is last.B \
+            and _same_objects(operands_and_outputs, last.given) \
+            and list(map(tensor_state, last.tensors)) == last.state:
+        # the same tensors as the last call with this epilogue, none of them changed in
+        # place since (address, shape, strides, storage): launch at once
+        return _launch(last.outputs, last.plan, last.shape, A, B, operands_and_outputs,
+                       last.dtypes)
     parsed = _parsed_cache.get(key)
     if parsed is None:
         parsed = _parsed_cache[key] = parse_epilogue(epilogue)
@@ -159,16 +167,17 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         for name in list(operands_and_outputs):
             if name.endswith("_dtype") and name[:-6] in parsed.outputs:
                 dtypes[name[:-6]] = operands_and_outputs.pop(name)
-    fast_key = (id(parsed), options, _call_key(A, B, operands_and_outputs),
-                tuple(dtypes.items()))
+    call_key, tensors, state = _call_key(A, B, operands_and_outputs)
+    fast_key = (id(parsed), options, call_key, tuple(dtypes.items()))
     hit = _fast.get(fast_key)
-    if hit is not None and hit[0] is parsed:
-        _, plan, shape = hit
+    if hit is not None and hit.parsed is parsed and hit.disjoint(state):
         given = dict(operands_and_outputs)
         for name, dt in dtypes.items():  # the <name>_dtype keywords are part of the call
             given[f"{name}_dtype"] = dt
-        _last_call[key] = (parsed, options, A, B, given, dtypes, plan, shape, parsed.outputs)
-        return _launch(parsed.outputs, plan, shape, A, B, operands_and_outputs, dtypes)
+        _last_call[key] = _LastCall(options, A, B, given, dtypes, hit.plan, hit.shape,
+                                    parsed.outputs, tensors, state)
+        return _launch(parsed.outputs, hit.plan, hit.shape, A, B, operands_and_outputs, dtypes)
+    # first call of this structure, or tensors that now overlap: validate everything
     values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
     epi = EpilogueArguments(epilogue, **values)
     acc = torch.float32 if A.dtype.is_floating_point else torch.int32
@@ -179,35 +188,94 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     plan(A, B, values)
     if len(_fast) > 1024:
         _fast.clear()
-    shape = _output_shape(A, B)
-    _fast[fast_key] = (parsed, plan, shape)
+    names = ["A", "B", *(n for n, v in operands_and_outputs.items() if isinstance(v, torch.Tensor))]
+    _fast[fast_key] = _Structure(parsed, plan, _output_shape(A, B),
+                                 _overlap_pairs(names, tensors, parsed.outputs))
     results = tuple(values[n] for n in parsed.outputs)
     return results[0] if len(results) == 1 else results
 
 
 _IDENTITY = "def identity(accum):\n    D = accum\n    return D"
-_fast: dict[tuple, tuple] = {}
+_fast: dict[tuple, "_Structure"] = {}
 # per epilogue, the last call's objects: a loop passing the same tensors again skips even
 # the structure key (it keeps those tensors alive until the next call)
-_last_call: dict[Any, tuple] = {}
+_last_call: dict[Any, "_LastCall"] = {}
 
 
-def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple:
+class _Structure:
+    """A validated call structure's plan, the shape of the outputs ``gemm`` allocates, and
+    the memory checks a later call of the structure repeats: the byte spans of each given
+    output and each other tensor at another address (``pairs``: positions in the call's
+    tensors and their spans, fixed by the structure's shapes, strides and dtypes)."""
+
+    __slots__ = ("parsed", "plan", "shape", "pairs")
+
+    def __init__(self, parsed, plan, shape: tuple, pairs: tuple):
+        self.parsed, self.plan, self.shape, self.pairs = parsed, plan, shape, pairs
+
+    def disjoint(self, state: list) -> bool:
+        """Whether the call's tensors (their ``tensor_state``) pass ``GemmArguments``'s
+        overlap checks as the structure's first call did: no given output meets another
+        tensor (same-address pairs are part of the structure, checked when it was first
+        seen). Else the call is validated from scratch, which says what overlaps."""
+        for i, j, si, sj in self.pairs:  # memory.ranges_meet, inline: spans are nonzero here
+            a, b = state[i][0], state[j][0]
+            if a < b + sj and b < a + si:
+                return False
+        return True
+
+
+def _overlap_pairs(names: list[str], tensors: list, outputs: tuple) -> tuple:
+    """``_Structure.pairs`` for a validated call: each given output against every other
+    tensor at another address (A and B first, then the keywords' tensors, as ``_call_key``
+    lists them), with their byte spans; an empty tensor meets nothing."""
+    spans = [byte_span(t) for t in tensors]
+    ptrs = [t.data_ptr() for t in tensors]
+    pairs = []
+    for i, n in enumerate(names):
+        if n not in outputs or not spans[i]:
+            continue
+        for j in range(len(tensors)):
+            if j != i and spans[j] and ptrs[j] != ptrs[i] and (j > i or names[j] not in outputs):
+                pairs.append((i, j, spans[i], spans[j]))
+    return tuple(pairs)
+
+
+class _LastCall:
+    """The last call of an epilogue: its objects, plan and the state of its tensors."""
+
+    __slots__ = ("options", "A", "B", "given", "dtypes", "plan", "shape", "outputs",
+                 "tensors", "state")
+
+    def __init__(self, options, A, B, given, dtypes, plan, shape, outputs, tensors, state):
+        self.options, self.A, self.B, self.given, self.dtypes = options, A, B, given, dtypes
+        self.plan, self.shape, self.outputs = plan, shape, outputs
+        self.tensors, self.state = tensors, state
+
+
+def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple[tuple, list, list]:
     """What a cached launch plan depends on in a call's tensors and values, in one pass:
     each tensor's ``kernel.tensor_key`` (dtype, shape, strides, 16-byte alignment, device)
     and which tensors share an address (numbered by first appearance), each other value
-    as None or "scalar" (``kernel.value_key``). Per call with new tensors, so kept lean
-    (host time per ``gemm`` call, BENCHMARKS.md thirteenth session)."""
+    as None or "scalar" (``kernel.value_key``); with the call's tensors and their
+    ``tensor_state`` (address, shape, strides, storage size), for the memory checks. Per
+    call with new tensors, so kept lean (host time per ``gemm`` call, BENCHMARKS.md
+    thirteenth session)."""
     seen: dict[int, int] = {}
     parts = []
+    tensors = []
+    state = []
     for n, v in (("A", A), ("B", B), *named.items()):  # no keyword can be named A or B
         if isinstance(v, torch.Tensor):
-            p = v.data_ptr()
-            parts.append((n, v.dtype, v.shape, v.stride(), not p & 15, v.device,
+            st = tensor_state(v)
+            p = st[0]
+            parts.append((n, v.dtype, st[1], st[2], not p & 15, v.device,
                           seen.setdefault(p, len(seen))))
+            tensors.append(v)
+            state.append(st)
         else:
             parts.append((n, None if v is None else "scalar"))
-    return tuple(parts)
+    return tuple(parts), tensors, state
 
 
 def _same_objects(now: dict, before: dict) -> bool:

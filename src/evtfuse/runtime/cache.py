@@ -4,23 +4,31 @@ Layer: runtime. Everything lives under ``cache_dir()`` (``EVTFUSE_CACHE_DIR``, e
 ``~/.cache/evtfuse``), in a sub-folder named by a version key (evtfuse, Triton and torch
 versions), so an upgrade never reads stale entries. Writes are atomic (temp file in the
 same folder, then ``os.replace``), so concurrent processes see a whole file or none.
-Keys fail closed: ``make_key`` refuses values it cannot represent exactly.
+Keys fail closed: ``make_key`` refuses values it cannot represent exactly. Nothing read
+back is trusted: a kernel module runs from the source evtfuse generated (compiled here,
+never from bytecode beside the file), and an entry that is not a regular file holding
+what evtfuse writes is absent (read without blocking, so a FIFO cannot hang a reader).
+A root that cannot be used raises ``ConfigError`` naming ``EVTFUSE_CACHE_DIR``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
+import linecache
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..errors import ConfigError
 
 log = logging.getLogger("evtfuse")
 
@@ -32,10 +40,68 @@ def _version_key() -> str:
     return f"v{__version__}-triton{triton.__version__}-torch{torch.__version__.split('+')[0]}"
 
 
-def cache_dir() -> Path:
+def _root() -> tuple[Path, str]:
+    """The cache root and how to name it in a message."""
     root = os.environ.get("EVTFUSE_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "evtfuse"
+    if root:
+        return Path(root), f"EVTFUSE_CACHE_DIR={root}"
+    base = Path.home() / ".cache" / "evtfuse"
+    return base, f"the cache folder {base} (EVTFUSE_CACHE_DIR is not set)"
+
+
+def _unusable(why: str) -> ConfigError:
+    _, name = _root()
+    return ConfigError(f"{name} is not a usable directory: {why}; set EVTFUSE_CACHE_DIR to a "
+                       "folder evtfuse can create and write", variable="EVTFUSE_CACHE_DIR")
+
+
+def cache_dir() -> Path:
+    """This version's cache folder; ``ConfigError`` when the root exists but is not a
+    folder (or cannot be looked at)."""
+    base, _ = _root()
+    try:
+        mode = os.stat(base).st_mode
+    except FileNotFoundError:
+        mode = None  # created on the first write
+    except OSError as exc:
+        raise _unusable(exc.strerror or str(exc)) from None
+    if mode is not None and not stat.S_ISDIR(mode):
+        raise _unusable("it exists and is not a folder")
     return base / _version_key()
+
+
+def _write(path: Path, text: str) -> None:
+    """``atomic_write`` into the cache; a failure is the cache folder's ``ConfigError``."""
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        raise _unusable(f"cannot write {path} ({exc.strerror or exc})") from None
+
+
+def read_regular(path: Path, limit: int) -> str:
+    """The UTF-8 text of ``path`` if it is a regular file of at most ``limit`` bytes. Opened
+    without blocking (a FIFO in its place would block ``open`` until a writer came) and
+    checked before reading; OSError when missing or not a regular file, ValueError when
+    too long or not UTF-8."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path} holds {info.st_size} bytes, more than {limit}")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise ValueError(f"{path} holds more than {limit} bytes")
+        return b"".join(chunks).decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -77,57 +143,106 @@ _loaded: dict[str, Any] = {}
 
 
 def load_module(key: str, source: str):
-    """Write ``source`` as ``kernels/<key>.py`` (once) and import it."""
+    """Write ``source`` as ``kernels/k<key>.py`` (unless the file holds it already) and run
+    ``source`` itself as the module (``import_source``): what is on disk is a record
+    for people and for Triton's ``inspect``, never what runs."""
     mod = _loaded.get(key)
     if mod is not None:
         return mod
     path = cache_dir() / "kernels" / f"k{key}.py"
-    if not path.exists() or path.read_text() != source:
-        atomic_write(path, source)
-    mod = import_path(f"evtfuse_generated_k{key}", path)
+    try:
+        same = read_regular(path, len(source.encode()) + 1) == source
+    except (OSError, ValueError):
+        same = False  # missing, or something else in its place: written anew
+    if not same:
+        _write(path, source)
+    mod = import_source(f"evtfuse_generated_k{key}", path, source)
     _loaded[key] = mod
     return mod
 
 
-def import_path(name: str, path) -> Any:
-    """Import the Python file ``path`` as module ``name`` (registered in sys.modules:
-    Triton's JIT reads its functions' source through it)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
+def import_source(name: str, path, source: str) -> Any:
+    """Run ``source`` as module ``name`` whose file is ``path``, without the import system
+    (which would run bytecode from ``__pycache__`` when its header matches the file, and
+    write some): compiled here, registered in ``sys.modules`` and in ``linecache``, so
+    that Triton's JIT, which reads its functions' source through ``inspect``, reads this
+    very text whatever the file holds later."""
+    filename = str(path)
+    code = compile(source, filename, "exec", dont_inherit=True)
+    mod = types.ModuleType(name)
+    mod.__file__ = filename
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    exec(code, mod.__dict__)  # noqa: S102 - evtfuse's own generated code, never user text
     return mod
 
 
 # ---------------------------------------------------------------- tuning choices
 
+# what a tuning record holds (the tuner writes these; other keys may follow): a record
+# that lacks one or holds another type is not one evtfuse wrote, and is ignored
+TUNING_FIELDS: dict[str, type] = {"kernel": str, "M": int, "N": int, "K": int, "L": int,
+                                  "dtype": str, "epilogue": str, "tune": str, "device": str}
+RECORD_LIMIT = 1 << 16  # bytes: a record is a few hundred
+
+
+def record_problem(record: Any) -> str | None:
+    """Why ``record`` is not a tuning record evtfuse wrote (None: it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for field, kind in TUNING_FIELDS.items():
+        if field not in record:
+            return f"no {field!r}"
+        value = record[field]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{field!r} is {value!r}, not {kind.__name__}"
+    return None
+
+
 def _tuning_path(key: str) -> Path:
     return cache_dir() / "tuning" / f"{key}.json"
 
 
-def load_choice(key: str) -> dict | None:
-    path = _tuning_path(key)
+def _read_record(path: Path) -> dict | None:
+    """The record in ``path``; None (logged, unless simply missing) when there is none or
+    it is unreadable or malformed."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = json.loads(read_regular(path, RECORD_LIMIT))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        log.warning("tuning record %s ignored: %s", path, exc)
+        return None
+    why = record_problem(record)
+    if why:
+        log.warning("tuning record %s ignored: %s", path, why)
+        return None
+    return record
+
+
+def load_choice(key: str) -> dict | None:
+    return _read_record(_tuning_path(key))
 
 
 def store_choice(key: str, record: dict) -> None:
-    atomic_write(_tuning_path(key), json.dumps(record, indent=1, sort_keys=True))
-    log.debug("tuning choice stored: %s -> %s", key, record.get("kernel"))
+    why = record_problem(record)
+    if why:  # fail closed: never write what load_choice would ignore
+        raise ValueError(f"not a tuning record ({why}): {record!r}")
+    _write(_tuning_path(key), json.dumps(record, indent=1, sort_keys=True))
+    log.debug("tuning choice stored: %s -> %s", key, record["kernel"])
 
 
 def list_entries() -> list[dict]:
-    """Tuning choices on disk (one dict each, with its file)."""
+    """Tuning choices on disk (one dict each, with its file); malformed ones are skipped."""
     out = []
     folder = cache_dir() / "tuning"
-    if folder.is_dir():
-        for p in sorted(folder.glob("*.json")):
-            try:
-                rec = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
+    try:
+        paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    except OSError as exc:
+        raise _unusable(f"cannot list {folder} ({exc.strerror or exc})") from None
+    for p in paths:
+        rec = _read_record(p)
+        if rec is not None:
             rec["file"] = str(p)
             out.append(rec)
     return out

@@ -34,7 +34,7 @@ class Kernel:
         self.name = f"{family.name}_{config.name}"
         self._fns: dict[str, Any] = {}
         self._plans: dict[tuple, LaunchPlan] = {}
-        self._last: tuple = (None, None)
+        self._last: tuple = (None, None, None)  # (arguments, their checked state, plan)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.target.kind} cc={self.target.cc})"
@@ -70,9 +70,15 @@ class Kernel:
         return fn
 
     def plan(self, args: GemmArguments) -> "LaunchPlan":
-        """The launch plan for problems shaped like ``args`` (checked, compiled, cached)."""
-        if args is self._last[0]:  # the same arguments object run again
-            return self._last[1]
+        """The launch plan for problems shaped like ``args`` (checked, compiled, cached).
+
+        ``args`` is validated again first when one of its tensors changed since it was
+        (``GemmArguments.checked_state``): a plan is reused for the same arguments object
+        only while its tensors are as they were."""
+        state = args.checked_state()
+        last = self._last
+        if args is last[0] and state is last[1]:  # the same arguments, unchanged, run again
+            return last[2]
         key = structure_key(args)
         plan = self._plans.get(key)
         if plan is None or plan.parsed is not args.epilogue.parsed:
@@ -83,7 +89,7 @@ class Kernel:
             if len(self._plans) > 512:
                 self._plans.clear()
             self._plans[key] = plan
-        self._last = (args, plan)
+        self._last = (args, state, plan)
         return plan
 
     def run(self, args: GemmArguments) -> None:
@@ -99,6 +105,7 @@ class Kernel:
         """Run on NaN-poisoned outputs and compare every stored output with the reference."""
         from ..reference import accumulator, evaluate
 
+        self.plan(args)  # validates (again, if a tensor changed) before anything is written
         values = args.epilogue.values
         stored = [o for o in args.dag.outputs if o.kind is not OutputKind.NONE]
         if poison:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
 from ..backends.triton.families import KernelFamily, Target, TileConfig
-from .cache import import_path
+from .cache import import_source
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def _compiled_kernel_fn(source: str, folder: str):
     path = os.path.join(folder, "offline_kernel.py")
     with open(path, "w") as f:
         f.write(source)
-    return import_path(f"evtfuse_offline_{abs(hash(source))}", path).evtfuse_kernel
+    return import_source(f"evtfuse_offline_{abs(hash(source))}", path, source).evtfuse_kernel
 
 
 def _specialized(names: list[str], values: list) -> tuple[dict, dict, dict]:

@@ -108,12 +108,17 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         chosen = _search(args, kernels, tune)
         if tune == "exhaustive":
             chosen = _refine_tile_order(args, chosen, kernels)
-        cache.store_choice(key, {"kernel": chosen.name, "M": args.M, "N": args.N, "K": args.K,
-                                 "L": args.L, "dtype": str(args.A.dtype),
-                                 "epilogue": args.epilogue.parsed.name, "tune": tune,
-                                 "device": device_name(args.A.device)})
+        cache.store_choice(key, tuning_record(args, chosen, tune))
     _memory[key] = chosen
     return chosen
+
+
+def tuning_record(args: GemmArguments, chosen, tune: str) -> dict:
+    """What the disk keeps of a choice (``cache.TUNING_FIELDS``): the kernel, and the
+    problem it was timed on for ``evtfuse cache list``."""
+    return {"kernel": chosen.name, "M": int(args.M), "N": int(args.N), "K": int(args.K),
+            "L": int(args.L), "dtype": str(args.A.dtype), "epilogue": args.epilogue.parsed.name,
+            "tune": tune, "device": device_name(args.A.device)}
 
 
 ROUNDS = 4  # timing rounds over all candidates, interleaved
