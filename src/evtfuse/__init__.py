@@ -14,10 +14,11 @@ from .arguments import EpilogueArguments, GemmArguments
 from .backends.triton.versions import check_installed
 from .errors import EpilogueError, Status, UnsupportedError
 from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels
+from . import nn  # noqa: E402,F401  (evtfuse.nn.Linear; needs the runtime above)
 
 logs.setup_from_environment()
 check_installed()  # a warning when the installed Triton is outside the tested range
 
 __all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
            "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "fuse", "ops",
-           "reference", "__version__"]
+           "reference", "nn", "__version__"]

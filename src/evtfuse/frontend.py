@@ -316,11 +316,25 @@ def _callee_name(func: ast.expr) -> str | None:
 EpilogueSource = Union[str, Callable[..., Any]]
 
 
-def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
-    """Parse and check an epilogue given as a function or as source text."""
+@dataclass(frozen=True)
+class EpilogueText:
+    """An epilogue as data: its source text, the line of the user's file its first line
+    is (0 for a string), and what error messages call it. What crosses the boundary of the
+    PyTorch operator (``runtime.torch_op``) instead of the function."""
+
+    source: str
+    line_offset: int
+    where: str
+    from_function: bool
+
+
+def epilogue_text(epilogue: EpilogueSource) -> EpilogueText:
+    """The source of an epilogue given as a function or as source text (read, never run)."""
+    if isinstance(epilogue, EpilogueText):
+        return epilogue
     if isinstance(epilogue, str):
-        source, offset, where = epilogue, 0, "the epilogue string"
-    elif callable(epilogue):
+        return EpilogueText(epilogue, 0, "the epilogue string", False)
+    if callable(epilogue):
         try:
             # the source and its first line come together: for a decorated function
             # (functools.wraps) __code__ is the wrapper's, while the source is the original's
@@ -328,12 +342,19 @@ def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
         except (OSError, TypeError) as exc:
             raise EpilogueError(f"cannot read the source of {epilogue!r} ({exc}); pass the "
                                 "epilogue as a string instead") from None
-        source = textwrap.dedent("".join(raw_lines))
-        offset = max(first_line - 1, 0)
-        where = getattr(epilogue, "__name__", "the epilogue")
-    else:
-        raise EpilogueError(f"the epilogue must be a function or a source string, not "
-                            f"{type(epilogue).__name__}")
+        return EpilogueText(textwrap.dedent("".join(raw_lines)), max(first_line - 1, 0),
+                            getattr(epilogue, "__name__", "the epilogue"), True)
+    raise EpilogueError(f"the epilogue must be a function or a source string, not "
+                        f"{type(epilogue).__name__}")
+
+
+def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> ParsedEpilogue:
+    """Parse and check an epilogue given as a function, as source text or as an
+    ``EpilogueText`` (an already parsed one is returned as it is)."""
+    if isinstance(epilogue, ParsedEpilogue):
+        return epilogue
+    text = epilogue_text(epilogue)
+    source, offset, where = text.source, text.line_offset, text.where
     try:
         module = ast.parse(source)
     except SyntaxError as exc:
@@ -354,7 +375,7 @@ def parse_epilogue(epilogue: EpilogueSource) -> ParsedEpilogue:
     if fn.decorator_list:
         fn = ast.FunctionDef(fn.name, fn.args, fn.body, [], fn.returns, fn.type_comment,
                              lineno=fn.lineno, col_offset=fn.col_offset)
-    parser = _Parser(source, offset, where if isinstance(epilogue, str) else fn.name)
+    parser = _Parser(source, offset, fn.name if text.from_function else where)
     return parser.parse_function(fn)
 
 
@@ -444,26 +465,32 @@ def classify_output(name: str, value: Any, problem: tuple[int, int, int],
 
 def check_names(parsed: ParsedEpilogue, given: Mapping[str, Any]) -> None:
     """Every parameter and output provided (the documented message), nothing unexpected."""
-    for p in parsed.params:
+    check_given(parsed.name, parsed.params, parsed.outputs, given)
+
+
+def check_given(fn_name: str, params: tuple[str, ...], outputs: tuple[str, ...],
+                given: Mapping[str, Any]) -> None:
+    """``check_names`` from the epilogue's names alone (what ``gemm`` knows of it as
+    constants under torch.compile)."""
+    for p in params:
         if p not in given:
             raise EpilogueError(f"Argument {p} is not provided in the kwargs of the "
                                 "EpilogueArguments constructor", variable=p)
-    for o in parsed.outputs:
+    for o in outputs:
         if o not in given:
             raise EpilogueError(f"Argument {o} is not provided in the kwargs of the "
                                 "EpilogueArguments constructor", variable=o)
-    expected = set(parsed.params) | set(parsed.outputs)
     for k in given:
-        if k == "accum" and k not in expected:
+        if k in params or k in outputs:
+            continue
+        if k == "accum":
             raise EpilogueError(
-                f"Argument accum is given a tensor, but {parsed.name} does not return accum: "
+                f"Argument accum is given a tensor, but {fn_name} does not return accum: "
                 "the accumulator is stored only as a returned output (return ..., accum)",
                 variable=k)
-        if k not in expected:
-            raise EpilogueError(
-                f"Argument {k} is not a parameter or an output of the epilogue function "
-                f"{parsed.name}({', '.join(['accum', *parsed.params])}) -> "
-                f"{', '.join(parsed.outputs)}", variable=k)
+        raise EpilogueError(
+            f"Argument {k} is not a parameter or an output of the epilogue function "
+            f"{fn_name}({', '.join(['accum', *params])}) -> {', '.join(outputs)}", variable=k)
 
 
 def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, int, int]) -> ir.Dag:

@@ -17,12 +17,13 @@ import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
 from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
-from ..errors import EpilogueError, UnsupportedError
-from ..frontend import EpilogueSource, parse_epilogue
+from ..errors import EpilogueError, UnsupportedError, not_an_operand
+from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
 from .device import interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
+from .torch_op import Layout, check_no_grad, layout_text
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
@@ -108,16 +109,23 @@ def _output_shape(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
     return (M, N)
 
 
-def _allocate_outputs(parsed, A: torch.Tensor, B: torch.Tensor, given: dict[str, Any],
-                      dtypes: dict[str, torch.dtype]) -> dict[str, Any]:
-    """Missing outputs are full (L, M, N) tensors in A's dtype (or ``<name>_dtype``)."""
-    shape = _output_shape(A, B)
-    out = dict(given)
-    for name in parsed.outputs:
-        if name not in out:
-            dtype = dtypes.get(name, A.dtype)
-            out[name] = torch.empty(shape, dtype=dtype, device=A.device)
-    return out
+@torch.compiler.assume_constant_result
+def _epilogue_of(epilogue) -> tuple:
+    """(source, first line, name, from a function, its name, params, outputs) of an
+    epilogue, parsed and checked once per function or string: constants, under
+    torch.compile too (the function is read here, never traced)."""
+    key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
+    hit = _epilogues.get(key)
+    if hit is None:
+        text = epilogue_text(epilogue)
+        parsed = parse_epilogue(text)
+        hit = _epilogues[key] = (text.source, text.line_offset, text.where, text.from_function,
+                                 parsed.name, parsed.params, parsed.outputs)
+        _parsed_cache[(text.source, text.line_offset, text.where)] = parsed
+    return hit
+
+
+_epilogues: dict[Any, tuple] = {}
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
@@ -138,61 +146,136 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     deterministic (sums and logsumexp: each tile writes its partial result to a workspace
     that is combined in a fixed order; max and min: atomics on the floats' bits, whose
     result does not depend on their order), so ``deterministic=True`` holds for every call;
-    ``False`` is refused until a faster non-deterministic path exists. The first call for a
-    structure (epilogue, shapes, strides, dtypes) validates, tunes and builds a launch plan;
-    later calls fetch tensors, check that no output meets another tensor at its new address
+    ``False`` is refused until a faster non-deterministic path exists.
+
+    The call is one PyTorch operator, ``torch.ops.evtfuse.gemm`` (``runtime.torch_op``):
+    this function only sorts its arguments and allocates the missing outputs, in code
+    torch.compile traces without a graph break. The first call for a structure
+    (epilogue, shapes, strides, dtypes) validates, tunes and builds a launch plan; later
+    calls fetch tensors, check that no output meets another tensor at its new address
     (tensors passed again: that none changed in place since), and launch; a call that
     fails those checks is validated from scratch, and raises what the first call would.
     """
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
-    if epilogue is None:
-        epilogue = _IDENTITY
-    key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
-    options = (tune, allow_tf32, fp8_fast_accum, cc)  # every keyword a plan depends on
+    source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(
+        _IDENTITY if epilogue is None else epilogue)
+    named = operands_and_outputs
+    dtypes = {}
+    for name in outputs:  # <name>_dtype keywords pick an allocated output's dtype
+        if f"{name}_dtype" in named:
+            if named is operands_and_outputs:
+                named = dict(named)
+            dtypes[name] = named.pop(f"{name}_dtype")
+    check_no_grad(A, B, named)
+    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    shape = None
+    for name in outputs:
+        if name not in named:
+            shape = shape or _output_shape(A, B)
+            outs.append(torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device))
+            onames.append(name)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
+                         where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
+    torch.ops.evtfuse.gemm.default(A, B, source, layout, tensors, scalars, outs)
+    if len(outputs) == 1:
+        return outs[0] if onames else None
+    got = dict(zip(onames, outs))
+    return tuple(got.get(n) for n in outputs)
+
+
+def _sort(named: dict, fn_name: str, params: tuple, outputs: tuple) -> tuple:
+    """A call's operands and outputs by kind, as the operator's lists take them: (tensors,
+    their names, names passed None, scalars, their names, outputs given, their names)."""
+    tensors, tnames, nones, scalars, snames, outs, onames = [], [], [], [], [], [], []
+    for name, v in named.items():
+        if isinstance(v, torch.Tensor):
+            if name in outputs:
+                outs.append(v)
+                onames.append(name)
+            else:
+                tensors.append(v)
+                tnames.append(name)
+        elif v is None:
+            nones.append(name)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            scalars.append(v)
+            snames.append(name)
+        else:
+            check_given(fn_name, params, outputs, {**named, **dict.fromkeys(outputs)})
+            raise not_an_operand(name, v)
+    return tensors, tnames, nones, scalars, snames, outs, onames
+
+
+def run_kernel_through_op(kernel: Kernel, args: GemmArguments) -> None:
+    """``Kernel.run`` under torch.compile: one ``torch.ops.evtfuse.gemm`` call naming the
+    kernel (the arguments' outputs are all given)."""
+    source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(args.epilogue.epilogue)
+    named = args.epilogue.values
+    check_no_grad(args.A, args.B, named)
+    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    options = ("none", args.allow_tf32, args.fp8_fast_accum, kernel.target.cc)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
+                         where, from_fn, options, kernel.name)
+    torch.ops.evtfuse.gemm.default(args.A, args.B, source, layout, tensors, scalars, outs)
+
+
+def _run_named(A, B, parsed, lay: Layout, values: dict) -> None:
+    """The operator's implementation for a call naming its kernel (``Kernel.run`` under
+    torch.compile)."""
+    args = GemmArguments(A, B, values.get("D"),
+                         torch.float32 if A.dtype.is_floating_point else torch.int32,
+                         EpilogueArguments(parsed, **values), allow_tf32=lay.allow_tf32,
+                         fp8_fast_accum=lay.fp8_fast_accum)
+    for k in get_kernels(args, None if lay.cc < 0 else lay.cc):
+        if k.name == lay.kernel:
+            k.run(args)
+            return
+    raise UnsupportedError(f"kernel {lay.kernel} does not support these arguments:\n"
+                           f"{explain(args)}")
+
+
+def run_values(A: torch.Tensor, B: torch.Tensor, source: str, lay: Layout,
+               values: dict[str, Any]) -> None:
+    """The eager implementation of ``torch.ops.evtfuse.gemm``: every output of the
+    epilogue ``source`` in place, for ``values`` (every operand and output by name)."""
+    key = (source, lay.line, lay.where)
+    options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, None if lay.cc < 0 else lay.cc)
     last = _last_call.get(key)
     if last is not None and last.options == options and A is last.A and B is last.B \
-            and _same_objects(operands_and_outputs, last.given) \
+            and _same_objects(values, last.given) \
             and list(map(tensor_state, last.tensors)) == last.state:
         # the same tensors as the last call with this epilogue, none of them changed in
         # place since (address, shape, strides, storage): launch at once
-        return _launch(last.outputs, last.plan, last.shape, A, B, operands_and_outputs,
-                       last.dtypes)
+        last.plan(A, B, values)
+        return
     parsed = _parsed_cache.get(key)
     if parsed is None:
-        parsed = _parsed_cache[key] = parse_epilogue(epilogue)
-    dtypes = {}
-    if any(k.endswith("_dtype") for k in operands_and_outputs):
-        for name in list(operands_and_outputs):
-            if name.endswith("_dtype") and name[:-6] in parsed.outputs:
-                dtypes[name[:-6]] = operands_and_outputs.pop(name)
-    call_key, tensors, state = _call_key(A, B, operands_and_outputs)
-    fast_key = (id(parsed), options, call_key, tuple(dtypes.items()))
+        parsed = _parsed_cache[key] = parse_epilogue(
+            EpilogueText(source, lay.line, lay.where, lay.from_function))
+    if lay.kernel:
+        _run_named(A, B, parsed, lay, values)
+        return
+    call_key, tensors, state = _call_key(A, B, values)
+    fast_key = (id(parsed), options, call_key)
     hit = _fast.get(fast_key)
     if hit is not None and hit.parsed is parsed and hit.disjoint(state):
-        given = dict(operands_and_outputs)
-        for name, dt in dtypes.items():  # the <name>_dtype keywords are part of the call
-            given[f"{name}_dtype"] = dt
-        _last_call[key] = _LastCall(options, A, B, given, dtypes, hit.plan, hit.shape,
-                                    parsed.outputs, tensors, state)
-        return _launch(parsed.outputs, hit.plan, hit.shape, A, B, operands_and_outputs, dtypes)
+        _last_call[key] = _LastCall(options, A, B, values, hit.plan, tensors, state)
+        hit.plan(A, B, values)
+        return
     # first call of this structure, or tensors that now overlap: validate everything
-    values = _allocate_outputs(parsed, A, B, operands_and_outputs, dtypes)
-    epi = EpilogueArguments(epilogue, **values)
+    epi = EpilogueArguments(parsed, **values)
     acc = torch.float32 if A.dtype.is_floating_point else torch.int32
-    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=allow_tf32,
-                         fp8_fast_accum=fp8_fast_accum)
-    kernel = choose_kernel(args, tune=tune, cc=cc)
+    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=lay.allow_tf32,
+                         fp8_fast_accum=lay.fp8_fast_accum)
+    kernel = choose_kernel(args, tune=lay.tune, cc=options[3])
     plan = kernel.plan(args)
     plan(A, B, values)
     if len(_fast) > 1024:
         _fast.clear()
-    names = ["A", "B", *(n for n, v in operands_and_outputs.items() if isinstance(v, torch.Tensor))]
-    _fast[fast_key] = _Structure(parsed, plan, _output_shape(A, B),
-                                 _overlap_pairs(names, tensors, parsed.outputs))
-    results = tuple(values[n] for n in parsed.outputs)
-    return results[0] if len(results) == 1 else results
+    names = ["A", "B", *(n for n, v in values.items() if isinstance(v, torch.Tensor))]
+    _fast[fast_key] = _Structure(parsed, plan, _overlap_pairs(names, tensors, parsed.outputs))
 
 
 _IDENTITY = "def identity(accum):\n    D = accum\n    return D"
@@ -203,15 +286,14 @@ _last_call: dict[Any, "_LastCall"] = {}
 
 
 class _Structure:
-    """A validated call structure's plan, the shape of the outputs ``gemm`` allocates, and
-    the memory checks a later call of the structure repeats: the byte spans of each given
+    """A validated call structure's plan and the memory checks a later call of the structure repeats: the byte spans of each given
     output and each other tensor at another address (``pairs``: positions in the call's
     tensors and their spans, fixed by the structure's shapes, strides and dtypes)."""
 
-    __slots__ = ("parsed", "plan", "shape", "pairs")
+    __slots__ = ("parsed", "plan", "pairs")
 
-    def __init__(self, parsed, plan, shape: tuple, pairs: tuple):
-        self.parsed, self.plan, self.shape, self.pairs = parsed, plan, shape, pairs
+    def __init__(self, parsed, plan, pairs: tuple):
+        self.parsed, self.plan, self.pairs = parsed, plan, pairs
 
     def disjoint(self, state: list) -> bool:
         """Whether the call's tensors (their ``tensor_state``) pass ``GemmArguments``'s
@@ -244,12 +326,10 @@ def _overlap_pairs(names: list[str], tensors: list, outputs: tuple) -> tuple:
 class _LastCall:
     """The last call of an epilogue: its objects, plan and the state of its tensors."""
 
-    __slots__ = ("options", "A", "B", "given", "dtypes", "plan", "shape", "outputs",
-                 "tensors", "state")
+    __slots__ = ("options", "A", "B", "given", "plan", "tensors", "state")
 
-    def __init__(self, options, A, B, given, dtypes, plan, shape, outputs, tensors, state):
-        self.options, self.A, self.B, self.given, self.dtypes = options, A, B, given, dtypes
-        self.plan, self.shape, self.outputs = plan, shape, outputs
+    def __init__(self, options, A, B, given, plan, tensors, state):
+        self.options, self.A, self.B, self.given, self.plan = options, A, B, given, plan
         self.tensors, self.state = tensors, state
 
 
@@ -289,21 +369,6 @@ def _same_objects(now: dict, before: dict) -> bool:
                 or v is None or w is None:
             return False  # another tensor, dtype or None: check the structure
     return True
-
-
-def _launch(outputs: tuple, plan, shape, A, B, given: dict, dtypes: dict):
-    values = given
-    if dtypes:
-        values = {k: v for k, v in given.items() if not (k.endswith("_dtype") and k[:-6] in dtypes)}
-    for name in outputs:
-        if name not in values:
-            if values is given:
-                values = dict(given)
-            values[name] = torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device)
-    plan(A, B, values)
-    if len(outputs) == 1:
-        return values[outputs[0]]
-    return tuple(values[n] for n in outputs)
 
 
 class Fused:

@@ -1,0 +1,108 @@
+"""Modules a PyTorch model can hold: ``evtfuse.nn.Linear`` and ``fuse_activations``.
+
+Layer: library, above the runtime (``evtfuse.gemm``, one ``torch.ops.evtfuse.gemm`` call a
+forward). ``Linear`` is a ``torch.nn.Linear`` (same parameters, same state dict, same
+initialisation) whose output goes through an epilogue: ``epilogue(x @ weight.T,
+bias=bias, **operands)`` over any leading batch dimensions of ``x``, in one fused kernel.
+The default epilogue is ``accum + bias`` (``accum`` without a bias).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .frontend import EpilogueSource, parse_epilogue
+from .runtime.api import gemm
+
+BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
+NO_BIAS = "def linear(accum):\n    D = accum\n    return D"
+# the activations fuse_activations folds into the Linear before them, by module type
+_ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.SiLU: "silu", torch.nn.Sigmoid: "sigmoid",
+                torch.nn.Tanh: "tanh"}
+
+
+def with_activation(op: str, bias: bool = True) -> str:
+    """The epilogue ``op(accum + bias)`` (``op(accum)`` without a bias), as source text."""
+    if bias:
+        return f"def linear_{op}(accum, bias):\n    D = {op}(accum + bias)\n    return D"
+    return f"def linear_{op}(accum):\n    D = {op}(accum)\n    return D"
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` with a fused epilogue.
+
+    ``Linear(in_features, out_features, bias=True, epilogue=None, device=None, dtype=None,
+    **operands)``: the epilogue's first parameter is ``accum`` (``x @ weight.T``, fp32), a
+    parameter named ``bias`` receives the module's bias, the others come from
+    ``operands`` given here (numbers: runtime scalars) or to ``forward(x, **operands)``
+    (tensors shaped for the flattened ``(tokens, out_features)`` output). It returns
+    ``D`` (and any other outputs, in its return order), reshaped to ``x``'s leading
+    dimensions when full-shaped. Gradients are not computed yet: call it under
+    ``torch.no_grad()`` / ``torch.inference_mode()`` (evtfuse raises otherwise).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 epilogue: EpilogueSource | None = None, device=None, dtype=None,
+                 **operands: Any):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.epilogue = epilogue if epilogue is not None else (BIAS if bias else NO_BIAS)
+        parsed = parse_epilogue(self.epilogue)
+        if "bias" in parsed.params and self.bias is None:
+            raise ValueError(f"the epilogue {parsed.name} takes a bias, and this Linear has "
+                             "none (bias=False)")
+        self._takes_bias = "bias" in parsed.params
+        self._name = parsed.name
+        self.operands = operands
+
+    def forward(self, x: torch.Tensor, **operands: Any):
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.in_features)
+        if self._takes_bias:
+            operands["bias"] = self.bias
+        out = gemm(flat, self.weight.t(), self.epilogue, **self.operands, **operands)
+        shape = (*lead, self.out_features)
+        if isinstance(out, tuple):
+            return tuple(_unflatten(o, flat, shape) for o in out)
+        return _unflatten(out, flat, shape)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, epilogue={self._name}"
+
+
+def _unflatten(out, flat: torch.Tensor, shape: tuple):
+    full = isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == flat.shape[0]
+    return out.reshape(shape) if full else out
+
+
+def fuse_activations(module: torch.nn.Module) -> torch.nn.Module:
+    """Replace, in every ``torch.nn.Sequential`` of ``module`` (in place; also returned), each
+    ``torch.nn.Linear`` followed by a ReLU, SiLU, Sigmoid, Tanh or GELU module with one
+    ``evtfuse.nn.Linear`` computing both (the same parameters, shared), and the activation
+    with ``torch.nn.Identity``: the same outputs, one kernel instead of two."""
+    for child in module.modules():
+        if not isinstance(child, torch.nn.Sequential):
+            continue
+        names = list(child._modules)
+        for first, second in zip(names, names[1:]):
+            lin, act = child._modules[first], child._modules[second]
+            op = _activation_op(act)
+            if op is None or type(lin) is not torch.nn.Linear:
+                continue
+            fused = Linear(lin.in_features, lin.out_features, lin.bias is not None,
+                           epilogue=with_activation(op, lin.bias is not None),
+                           device=lin.weight.device, dtype=lin.weight.dtype)
+            fused.weight, fused.bias = lin.weight, lin.bias
+            child._modules[first] = fused
+            child._modules[second] = torch.nn.Identity()
+    return module
+
+
+def _activation_op(act: torch.nn.Module) -> str | None:
+    if isinstance(act, torch.nn.GELU):
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    return _ACTIVATIONS.get(type(act))
+
+
+__all__ = ["Linear", "fuse_activations", "with_activation"]

@@ -1,0 +1,157 @@
+"""evtfuse's fused GEMM as a PyTorch operator: ``torch.ops.evtfuse.gemm``.
+
+Layer: runtime, between the public calls (``api.gemm``, ``Fused``, ``evtfuse.nn``) and the
+eager implementation (``api.run_values``). Schema::
+
+    evtfuse::gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
+                  Scalar[] scalars, Tensor(a!)[] outs) -> ()
+
+``epilogue`` is the epilogue's source text and ``layout`` says how to read the rest (which
+name each tensor, scalar and output has, where the source came from, the call's options):
+both are plain strings, so torch.compile, torch.export and the dispatcher see hashable
+data and never a Python function to trace. Every output is passed in ``outs`` (``gemm``
+allocates the missing ones before the call, in traceable torch code), so the operator
+only mutates its declared outputs and returns nothing: Inductor may fuse around it but
+never inside it. The fake (meta) implementation checks the call's shapes and runs
+nothing. Until autograd lands, a call that would need a gradient raises
+(``check_no_grad``) instead of returning a result detached from the graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import EpilogueError
+
+SCHEMA = ("gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
+          "Scalar[] scalars, Tensor(a!)[] outs) -> ()")
+_lib = torch.library.Library("evtfuse", "DEF")
+_lib.define(SCHEMA)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an ``evtfuse::gemm`` call's lists map to the epilogue's names, and its options.
+
+    ``tensors``: names of the tensor operands (and outputs passed as None, not stored:
+    ``nones``), in the order of the op's ``tensors`` list; ``scalars``: names of the
+    runtime scalars; ``outs``: names of the stored outputs, in the order of ``outs``;
+    ``line``/``where``: the epilogue's first line in its file and its name (for error
+    messages); ``kernel``: a kernel to run (``Kernel.run``), or "" to let the tuner pick.
+    """
+
+    tensors: tuple[str, ...]
+    nones: tuple[str, ...]
+    scalars: tuple[str, ...]
+    outs: tuple[str, ...]
+    line: int = 0
+    where: str = ""
+    from_function: bool = False
+    tune: str = "fast"
+    allow_tf32: bool = False
+    fp8_fast_accum: bool = True
+    cc: int = -1
+    kernel: str = ""
+
+    def text(self) -> str:
+        """The layout as the op's ``layout`` string (names are identifiers: no separators)."""
+        return ";".join([
+            "v1", "t=" + ",".join(self.tensors), "n=" + ",".join(self.nones),
+            "s=" + ",".join(self.scalars), "o=" + ",".join(self.outs), f"line={self.line}",
+            f"where={self.where}", f"fn={int(self.from_function)}", f"tune={self.tune}", f"tf32={int(self.allow_tf32)}",
+            f"fp8fast={int(self.fp8_fast_accum)}", f"cc={self.cc}", f"kernel={self.kernel}"])
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_layout(text: str) -> Layout:
+    """The ``Layout`` of a ``layout`` string (cached: a loop passes the same string)."""
+    parts = text.split(";")
+    if not parts or parts[0] != "v1":
+        raise ValueError(f"evtfuse::gemm: unknown layout {text[:60]!r}")
+    f = dict(p.split("=", 1) for p in parts[1:])
+    names = lambda k: tuple(n for n in f[k].split(",") if n)  # noqa: E731
+    return Layout(names("t"), names("n"), names("s"), names("o"), int(f["line"]), f["where"],
+                  f["fn"] == "1", f["tune"], f["tf32"] == "1", f["fp8fast"] == "1", int(f["cc"]),
+                  f["kernel"])
+
+
+@torch.compiler.assume_constant_result  # a constant under torch.compile: not traced
+def layout_text(tensors: tuple, nones: tuple, scalars: tuple, outs: tuple, line: int,
+                where: str, from_function: bool, options: tuple, kernel: str = "") -> str:
+    """The ``layout`` string for these names and options (cached per call structure)."""
+    key = (tensors, nones, scalars, outs, line, where, from_function, options, kernel)
+    hit = _layouts.get(key)
+    if hit is None:
+        if len(_layouts) > 4096:
+            _layouts.clear()
+        hit = _layouts[key] = _layout_text(*key)
+    return hit
+
+
+_layouts: dict[tuple, str] = {}
+
+
+def _layout_text(tensors, nones, scalars, outs, line, where, from_function, options, kernel):
+    tune, allow_tf32, fp8_fast_accum, cc = options
+    if not isinstance(tune, str) or any(c in tune for c in ";=,"):
+        raise ValueError(f"tune must be \"fast\", \"exhaustive\" or \"none\", not {tune!r}")
+    return Layout(tensors, nones, scalars, outs, line, where, bool(from_function), tune,
+                  bool(allow_tf32), bool(fp8_fast_accum), -1 if cc is None else int(cc),
+                  kernel).text()
+
+
+def values_of(layout: Layout, tensors: list, scalars: list, outs: list) -> dict[str, Any]:
+    """The epilogue's operands and outputs by name, as ``EpilogueArguments`` takes them."""
+    values: dict[str, Any] = dict(zip(layout.tensors, tensors))
+    values.update(zip(layout.scalars, scalars))
+    values.update(zip(layout.outs, outs))
+    for name in layout.nones:
+        values[name] = None
+    return values
+
+
+def check_no_grad(A: torch.Tensor, B: torch.Tensor, named: dict[str, Any]) -> None:
+    """Autograd through evtfuse is not implemented yet: a call that would need a gradient
+    (grad mode on, an input that requires grad) raises instead of silently returning a
+    result detached from the graph."""
+    if not torch.is_grad_enabled():
+        return
+    needs = [n for n, v in (("A", A), ("B", B), *named.items())
+             if isinstance(v, torch.Tensor) and v.requires_grad]
+    if needs:
+        raise NotImplementedError(
+            f"evtfuse.gemm: {', '.join(needs)} require{'s' if len(needs) == 1 else ''} grad, "
+            "and evtfuse does not compute gradients yet; its result would be detached from "
+            "the autograd graph. Call it under torch.no_grad() (inference), or detach the "
+            "inputs if no gradient should flow through this GEMM.")
+
+
+def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> None:
+    from .api import run_values
+
+    lay = parse_layout(layout)
+    run_values(A, B, epilogue, lay, values_of(lay, tensors, scalars, outs))
+
+
+def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> None:
+    """Runs nothing: checks what can be checked of the call's shapes (fake and meta
+    tensors have no memory, so no overlap check), as the real call would refuse it."""
+    if A.dim() not in (2, 3) or B.dim() not in (2, 3):
+        raise EpilogueError(f"A and B must be 2-D or 3-D (batched); got A {tuple(A.shape)}, "
+                            f"B {tuple(B.shape)}")
+    torch._check(A.shape[-1] == B.shape[-2],
+                 lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
+    return None
+
+
+_lib.impl("gemm", _impl, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::gemm", _fake, lib=_lib)
+
+
+def call(A: torch.Tensor, B: torch.Tensor, epilogue: str, layout: str, tensors: list,
+         scalars: list, outs: list) -> None:
+    torch.ops.evtfuse.gemm.default(A, B, epilogue, layout, tensors, scalars, outs)

@@ -1,0 +1,75 @@
+"""``evtfuse.nn``: a ``Linear`` that is a ``torch.nn.Linear`` (state dict, parameters) with a
+fused epilogue, and ``fuse_activations``; on the CPU through Triton's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse.nn import Linear, fuse_activations
+
+IN, OUT = 24, 16
+
+
+def _close(got, want, tol=1e-4):
+    assert got.shape == want.shape
+    assert torch.allclose(got.double(), want.double(), atol=tol, rtol=tol), (got - want).abs().max()
+
+
+def test_loads_a_torch_linear_state_dict_and_matches_it_over_batch_dimensions():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(IN, OUT)
+    lin = Linear(IN, OUT)
+    lin.load_state_dict(ref.state_dict())
+    assert set(lin.state_dict()) == {"weight", "bias"}
+    x = torch.randn(2, 5, IN)
+    with torch.no_grad():
+        _close(lin(x), ref(x))
+    assert "epilogue=linear" in repr(lin)
+
+
+def test_without_bias_and_with_an_epilogue_of_its_own():
+    torch.manual_seed(1)
+    plain = Linear(IN, OUT, bias=False)
+    assert plain.bias is None
+    x = torch.randn(7, IN)
+    with torch.no_grad():
+        _close(plain(x), x @ plain.weight.T)
+    epi = "def e(accum, bias, scale):\n    D = gelu_tanh(accum + bias) * scale\n    return D"
+    lin = Linear(IN, OUT, epilogue=epi, scale=0.5)
+    with torch.no_grad():
+        want = torch.nn.functional.gelu(x @ lin.weight.T + lin.bias, approximate="tanh") * 0.5
+        _close(lin(x), want)
+    assert "epilogue=e" in repr(lin)
+    with pytest.raises(ValueError, match="takes a bias"):
+        Linear(IN, OUT, bias=False, epilogue=epi, scale=0.5)
+
+
+def test_parameters_requiring_grad_raise_until_autograd_lands():
+    lin = Linear(IN, OUT)
+    with pytest.raises(NotImplementedError, match="B, bias require grad"):
+        lin(torch.randn(3, IN))
+
+
+def test_fuse_activations_swaps_linear_activation_pairs():
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, 32), torch.nn.GELU(approximate="tanh"),
+                                torch.nn.Linear(32, OUT), torch.nn.ReLU())
+    x = torch.randn(6, IN)
+    with torch.no_grad():
+        want = model(x)
+        fuse_activations(model)
+        assert isinstance(model[0], Linear) and isinstance(model[1], torch.nn.Identity)
+        assert isinstance(model[2], Linear) and isinstance(model[3], torch.nn.Identity)
+        _close(model(x), want)
+
+
+def test_a_compiled_model_of_evtfuse_linears_matches_eager():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(Linear(IN, 32, epilogue=evtfuse.nn.with_activation("silu")),
+                                Linear(32, OUT)).requires_grad_(False)
+    x = torch.randn(2, 4, IN)
+    want = model(x)
+    got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    _close(got, want)

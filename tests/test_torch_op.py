@@ -1,0 +1,190 @@
+"""evtfuse inside PyTorch programs (CPU, Triton's interpreter): the ``torch.ops.evtfuse.gemm``
+operator, torch.compile with no graph break (static and dynamic shapes), torch.export,
+meta and fake tensors, and the clear error for calls that would need a gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse.ops import relu
+
+M, N, K = 32, 16, 24
+
+
+def _data(m=M, dtype=torch.float32):
+    g = torch.Generator().manual_seed(m)
+    A = torch.randn(m, K, generator=g, dtype=dtype)
+    B = torch.randn(K, N, generator=g, dtype=dtype) / K ** 0.5
+    C = torch.randn(m, N, generator=g, dtype=dtype)
+    return A, B, C
+
+
+def epi(accum, C, alpha):
+    F = alpha * accum + C
+    D = relu(F)
+    return D, F
+
+
+def _eager(A, B, C, alpha):
+    F = alpha * (A.double() @ B.double()) + C.double()
+    return torch.relu(F), F
+
+
+def _close(got, want):
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.allclose(g.double(), w, atol=1e-4, rtol=1e-4)
+
+
+def test_the_operator_is_registered_with_its_schema():
+    schema = str(torch.ops.evtfuse.gemm.default._schema)
+    assert schema.startswith("evtfuse::gemm(Tensor A, Tensor B, str epilogue, str layout")
+    assert "Tensor(a!)[] outs" in schema and schema.endswith("-> ()")
+
+
+def test_the_operator_called_directly_writes_its_outputs():
+    from evtfuse.runtime.torch_op import layout_text
+
+    A, B, C = _data()
+    D = torch.full((M, N), float("nan"))
+    layout = layout_text(("C",), (), ("alpha",), ("D",), 0, "the epilogue string", False,
+                         ("fast", False, True, None))
+    src = "def e(accum, C, alpha):\n    D = alpha * accum + C\n    return D"
+    torch.ops.evtfuse.gemm(A, B, src, layout, [C], [2.0], [D])
+    _close([D], [2.0 * (A.double() @ B.double()) + C.double()])
+
+
+def _f(A, B, C, alpha):
+    D, F = evtfuse.gemm(A, B, epi, C=C, alpha=alpha, F_dtype=torch.float32)
+    return D * 2.0, F
+
+
+def test_compile_fullgraph_matches_eager_without_graph_breaks():
+    A, B, C = _data()
+    explained = torch._dynamo.explain(_f)(A, B, C, 1.5)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(_f, fullgraph=True, backend="aot_eager")
+    D2, F = compiled(A, B, C, 1.5)
+    D, F0 = _eager(A, B, C, 1.5)
+    _close([D2, F], [2.0 * D, F0])
+
+
+def test_compile_with_inductor_gives_eager_results():
+    torch._dynamo.reset()
+    A, B, C = _data()
+    D2, F = torch.compile(_f, fullgraph=True)(A, B, C, 0.5)
+    D, F0 = _eager(A, B, C, 0.5)
+    _close([D2, F], [2.0 * D, F0])
+
+
+def test_dynamic_shapes_compile_once_for_every_m():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(_f, fullgraph=True, dynamic=True, backend=counter)
+    for m in (32, 48, 80):
+        A, B, C = _data(m)
+        D2, F = compiled(A, B, C, 1.0)
+        D, F0 = _eager(A, B, C, 1.0)
+        _close([D2, F], [2.0 * D, F0])
+    assert counter.frame_count == 1
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(K, N) / K ** 0.5, requires_grad=False)
+        self.C = torch.nn.Buffer(torch.randn(1, N).expand(M, N).contiguous())
+
+    def forward(self, x):
+        D, F = evtfuse.gemm(x, self.W, epi, C=self.C, alpha=1.0)
+        return D + 1.0
+
+
+def test_export_runs_and_matches_eager():
+    block = _Block()
+    x = _data()[0]
+    exported = torch.export.export(block, (x,))
+    assert any("evtfuse.gemm" in str(n.target) for n in exported.graph.nodes)
+    got = exported.module()(x)
+    want = _eager(x, block.W.detach(), block.C, 1.0)[0] + 1.0
+    _close([got], [want])
+
+
+def test_meta_tensors_get_outputs_of_the_right_shapes_without_running():
+    A, B, C = (torch.empty(s, device="meta") for s in ((M, K), (K, N), (M, N)))
+    D, F = evtfuse.gemm(A, B, epi, C=C, alpha=1.0, F_dtype=torch.float16)
+    assert D.device.type == "meta" and D.shape == (M, N) and D.dtype == torch.float32
+    assert F.shape == (M, N) and F.dtype == torch.float16
+
+
+def test_fake_tensors_trace_without_a_misleading_overlap_error():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        A, B, C = torch.randn(M, K), torch.randn(K, N), torch.randn(M, N)
+        D, F = evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+    assert D.shape == (M, N) and F.shape == (M, N)
+
+
+def test_fake_implementation_refuses_mismatched_inner_dimensions():
+    A, B, C = torch.empty(M, K, device="meta"), torch.empty(K + 1, N, device="meta"), None
+    with pytest.raises(RuntimeError, match="A @ B"):
+        evtfuse.gemm(A, B, "def e(accum):\n    D = accum\n    return D")
+
+
+@pytest.mark.parametrize("which", ["A", "B", "C"])
+def test_inputs_requiring_grad_raise_instead_of_detaching(which):
+    A, B, C = _data()
+    dict(A=A, B=B, C=C)[which].requires_grad_(True)
+    with pytest.raises(NotImplementedError, match=f"{which} requires grad.*detached"):
+        evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+    with torch.no_grad():
+        D, F = evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+    _close([D, F], _eager(A.detach(), B.detach(), C.detach(), 1.0))
+
+
+def test_fused_and_unstored_outputs_go_through_the_operator():
+    A, B, C = _data()
+    f = evtfuse.fuse(epi)
+    D, F = torch.compile(lambda a, b, c: f(a, b, C=c, alpha=2.0, F=None), fullgraph=True,
+                         backend="aot_eager")(A, B, C)
+    assert F is None
+    _close([D], [_eager(A, B, C, 2.0)[0]])
+
+
+def test_argument_errors_keep_their_messages():
+    A, B, C = _data()
+    with pytest.raises(evtfuse.EpilogueError, match="Argument alpha is not provided"):
+        evtfuse.gemm(A, B, epi, C=C)
+    with pytest.raises(evtfuse.EpilogueError, match="Argument alpha must be a number"):
+        evtfuse.gemm(A, B, epi, C=C, alpha="2")
+    with pytest.raises(evtfuse.EpilogueError, match="Argument beta is not a parameter"):
+        evtfuse.gemm(A, B, epi, C=C, alpha=1.0, beta=2.0)
+
+
+def test_kernel_run_under_compile_is_one_operator_naming_its_kernel():
+    from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+
+    A, B, C = _data()
+    D, F = torch.empty(M, N), torch.empty(M, N)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(epi, C=C, alpha=1.5, D=D, F=F))
+    kernel = get_kernels(args)[-1]  # not the first: the named one must be the one that runs
+
+    def f(scale):  # the arguments, built outside, reach the compiled code as a closure
+        kernel.run(args)
+        return D * scale
+
+    gm = []
+
+    def backend(graph, inputs):
+        gm.append(graph)
+        return graph.forward
+
+    D.fill_(float("nan"))
+    got = torch.compile(f, fullgraph=True, backend=backend)(torch.ones(()))
+    _close([got, F], _eager(A, B, C, 1.5))
+    calls = [n for n in gm[0].graph.nodes if "evtfuse.gemm" in str(n.target)]
+    assert len(calls) == 1 and f"kernel={kernel.name}" in str(calls[0].args)
