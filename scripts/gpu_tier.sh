@@ -26,6 +26,7 @@ declare -A shards=(
   [kernels_b]="$K|not ($kfirst)"
   [cast_fp8]="tests/gpu/test_gpu_cast.py tests/gpu/test_gpu_fp8.py|"
   [cli_examples]="tests/test_cli.py tests/test_examples.py|"
+  [names]="tests/gpu/test_gpu_names.py|"
   [fuzz_gluon]="tests/test_fuzz_kernels.py|gluon"
   [fuzz_other]="tests/test_fuzz_kernels.py tests/test_fuzz_calls.py|not gluon and not other_inputs"
   [fuzz_inputs]="tests/test_fuzz_kernels.py|other_inputs"

@@ -178,7 +178,7 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
 
 
 def _output_items(args: GemmArguments, o) -> list[Any]:
-    """A reduction output the kernel writes itself (``{u}_out, {u}_osl[, {u}_os]`` of
+    """A reduction output the kernel writes itself (roles "out", "osl"[, "os"] of
     ``spec.epilogue_params``): its getter, batch stride, and row/column stride."""
     strides = _strides_lmn(args.epilogue.values[o.name])
     items = [_value_getter(o.name), strides[0] if o.batched else 0]
