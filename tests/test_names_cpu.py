@@ -28,6 +28,7 @@ from evtfuse import EpilogueArguments, GemmArguments, explain, get_kernels
 from evtfuse.backends.triton.codegen import generate
 from evtfuse.backends.triton.families import HopperFamily, TileConfig
 from evtfuse.backends.triton.names import GENERATED, ROLES, Names
+from evtfuse.runtime import cache
 from evtfuse.runtime.kernel import Kernel
 from evtfuse.runtime.offline import offered
 from offline_run import run_offline
@@ -283,6 +284,16 @@ def test_the_namer_builds_distinct_identifiers():
         with pytest.raises((KeyError, ValueError)):
             bad()
     assert names.table()[1] == "u1 = x_0 (operand, per-row vector f16)"
+
+
+def test_a_module_that_does_not_import_is_not_left_in_the_cache():
+    key = "names-test-broken-module"
+    path = cache.cache_dir() / "kernels" / f"k{key}.py"
+    with pytest.raises(SyntaxError):
+        cache.load_module(key, "def evtfuse_kernel(a, a):\n    pass\n")
+    assert not path.exists()
+    mod = cache.load_module(key, "def evtfuse_kernel(a, b):\n    return a + b\n")
+    assert mod.evtfuse_kernel(1, 2) == 3 and path.exists()
 
 
 _GLUON_SCRIPT = """

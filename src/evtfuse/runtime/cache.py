@@ -77,14 +77,20 @@ _loaded: dict[str, Any] = {}
 
 
 def load_module(key: str, source: str):
-    """Write ``source`` as ``kernels/<key>.py`` (once) and import it."""
+    """Write ``source`` as ``kernels/<key>.py`` (once) and import it; a module that does
+    not import is removed again, so the cache never holds one."""
     mod = _loaded.get(key)
     if mod is not None:
         return mod
     path = cache_dir() / "kernels" / f"k{key}.py"
     if not path.exists() or path.read_text() != source:
         atomic_write(path, source)
-    mod = import_path(f"evtfuse_generated_k{key}", path)
+    try:
+        mod = import_path(f"evtfuse_generated_k{key}", path)
+    except BaseException:
+        sys.modules.pop(f"evtfuse_generated_k{key}", None)
+        path.unlink(missing_ok=True)
+        raise
     _loaded[key] = mod
     return mod
 
