@@ -320,3 +320,18 @@ def test_gluon_kernels_with_suffix_names_compile_for_sm_90():
     x's consumer buffer and x_c's buffers) and D beside D_desc."""
     got = run_offline(_GLUON_SCRIPT.format(tests=os.path.dirname(__file__)), timeout=900)
     assert set(got) == {"x_and_x_0", "vector_x_and_x_c", "D_and_D_desc"}, got
+
+
+def test_fuzzed_names_are_accepted_by_the_frontend():
+    """Every name the fuzzer may draw (``epilogue_fuzz.NAME_POOL``) is one the frontend
+    takes as an operand and as an output, so a fuzz case never fails for its names."""
+    from epilogue_fuzz import NAME_POOL
+
+    for name in NAME_POOL:
+        src = f"def epi(accum, {name}): D = accum * {name}; return D"
+        D = torch.empty(4, 16)
+        args = GemmArguments(torch.randn(4, 8), torch.randn(8, 16), D,
+                             epilogue=EpilogueArguments(src, **{name: 0.5, "D": D}))
+        assert args.optimized_dag.used_operands[0].name == name
+        src = f"def epi(accum): D = accum; {name} = sum(accum); return D, {name}"
+        EpilogueArguments(src, D=torch.empty(4, 16), **{name: torch.empty(4, 1)}).bind((1, 4, 16))
