@@ -29,8 +29,8 @@ from ...optable import FP8_DTYPES, OPS
 from .epilogue_emit import EpilogueEmitter
 from .names import User
 from .prelude import helpers_for
-from .spec import (INT_OUTPUTS, TL_DTYPES, KernelSpec, epilogue_params, launch_dependents_lines,
-                   reduce_outputs)
+from .spec import (INT_OUTPUTS, TL_DTYPES, KernelSpec, epilogue_params, int64_lines,
+                   launch_dependents_lines, reduce_outputs)
 
 
 def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
@@ -151,8 +151,9 @@ def _acc_type(spec: KernelSpec) -> str:
 
 def _portable_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
+    roles = epilogue_params(spec.names, spec.dag, "portable")
     params = ", ".join(["A", "B", "M", "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
-                       + [p for p, _ in epilogue_params(spec.names, spec.dag, "portable")])
+                       + [p for p, _ in roles])
     I1, I2 = "    ", "        "
     lines = [
         "@triton.jit",
@@ -161,6 +162,8 @@ def _portable_source(spec: KernelSpec) -> str:
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
         "                   EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr, EVEN_MN: tl.constexpr):",
         *launch_dependents_lines(spec, I1),
+        # rows of A and B are int64 already; their k-steps (rk * sa_k, BLOCK_K * sa_k) not
+        *int64_lines(spec, roles, I1, fixed=("sa_k", "sb_k")),
         f"{I1}pid = tl.program_id(0)",
         f"{I1}bid = tl.program_id(1)",
         f"{I1}bid64 = bid.to(tl.int64)",
@@ -205,7 +208,8 @@ def _portable_source(spec: KernelSpec) -> str:
     helper: list[str] = []
     if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
         names = ", ".join(epi.fold_names() + ["M", "N", "L"])
-        helper = ["@triton.jit(noinline=True)", f"def _ef_fold_finish({names}):", *finish, "", ""]
+        helper = ["@triton.jit(noinline=True)", f"def _ef_fold_finish({names}):",
+                  *int64_lines(spec, epi.fold_params(), I1), *finish, "", ""]
         lines.append(f"{I1}_ef_fold_finish({names})")
     return "\n".join(helper + lines) + "\n"
 
@@ -276,8 +280,8 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
 
 def _hopper_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
-    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + [
-        p for p, _ in epilogue_params(spec.names, spec.dag, "hopper", l2_spread=spec.l2_spread)])
+    roles = epilogue_params(spec.names, spec.dag, "hopper", l2_spread=spec.l2_spread)
+    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + [p for p, _ in roles])
     I1, I2, I3 = "    ", "        ", "            "
     a_idx = "[bid, off_m, off_k]" if spec.a_batched else "[off_m, off_k]"
     if spec.a_trans:
@@ -321,6 +325,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr, EVEN_MN: tl.constexpr):",
         f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
         *launch_dependents_lines(spec, I1),
+        *int64_lines(spec, roles, I1),
         f"{I1}start = tl.program_id(0)",
         f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
         f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",

@@ -114,10 +114,14 @@ class EpilogueEmitter:
             ]
         return lines
 
-    def fold_names(self) -> list[str]:
-        """The kernel parameters ``fold_finish`` reads (see ``epilogue_params``)."""
-        return [self.names(o.name, r) for o in reduce_outputs(self.dag) if atomic_folded(o)
+    def fold_params(self) -> list[tuple[str, str]]:
+        """The kernel parameters ``fold_finish`` reads, with their roles (see
+        ``epilogue_params``)."""
+        return [(self.names(o.name, r), r) for o in reduce_outputs(self.dag) if atomic_folded(o)
                 for r in written_roles(o)]
+
+    def fold_names(self) -> list[str]:
+        return [p for p, _ in self.fold_params()]
 
     @staticmethod
     def _program_level(n: Node) -> bool:
@@ -257,7 +261,9 @@ class EpilogueEmitter:
             mask = f"{i} < {extent}"
             # _COMBINE_LOADS loads in flight per step, combined in ascending order (one L2
             # round trip per partial made a 64-tile row's combine cost ~25 us on an H100)
-            loads = [f"{body}{u('p', k)} = tl.load({ws} + {base} + (j0 + {k}) * {extent} + {i}, "
+            # a workspace of 2^31 partials or more (``KernelSpec.int64``): the step in 64 bits
+            j = "tl.cast(j0, tl.int64)" if self.spec.int64 else "j0"
+            loads = [f"{body}{u('p', k)} = tl.load({ws} + {base} + ({j} + {k}) * {extent} + {i}, "
                      f"mask=({mask}) & (j0 + {k} < {count}), other={ident}, {_LD_L2})"
                      for k in range(_COMBINE_LOADS)]
             lines += [f"{inner}{cm} = tl.load({ws} + {base} + {i}, mask={mask}, {_LD_L2})",

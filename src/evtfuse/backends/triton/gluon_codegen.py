@@ -56,8 +56,8 @@ from .epilogue_emit import EpilogueEmitter
 from .gluon_buffers import Buffers, buffers
 from .prelude import helpers_for
 from .names import Names, User
-from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, launch_dependents_lines,
-                   reduce_outputs)
+from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, int64_lines,
+                   launch_dependents_lines, reduce_outputs)
 
 LAYOUT = "mma_layout"
 I1, I2, I3 = "    ", "        ", "            "
@@ -518,6 +518,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
         f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, BLOCK_N, 16])",
+        *int64_lines(spec, [r for r in roles if r[0] in consumer_params], I1),
         *program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",

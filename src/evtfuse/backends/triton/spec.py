@@ -58,6 +58,9 @@ class KernelSpec:
     #                            reduced precision, then adds to the fp32 accumulator
     #                            (Triton's max_num_imprecise_acc = BLOCK_K); False: fast
     #                            accumulation over the whole of K
+    int64: bool = False  # element offsets in 64 bits (``int64_lines``): some tensor the
+    #                      kernel addresses through pointers reaches past 2^31 - 1 elements
+    #                      (``launch_items.needs_int64``); in int32 they would wrap
 
     @cached_property
     def names(self) -> Names:
@@ -72,7 +75,7 @@ class KernelSpec:
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
                          str(int(self.early_vectors)), str(self.warps),
-                         str(int(self.fp8_promote)), GENERATOR_VERSION])
+                         str(int(self.fp8_promote)), str(int(self.int64)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -80,7 +83,7 @@ GENERATOR_VERSION = "37"  # also part of the tuning key: a new generator re-tune
 #                           (35: the interpreter's maximum/minimum with a scalar first; gluon
 #                           stages planned with the scratch of per-column reductions;
 #                           36: the gluon family takes batched problems; 37: identifiers by
-#                           number, ``names``)
+#                           number, ``names``; 64-bit offsets past 2^31 elements, ``int64``)
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -159,6 +162,21 @@ def written_roles(o) -> tuple[str, ...]:
     """The parameters of a reduction output the kernel writes itself: workspace, ticket
     counter, output pointer, batch stride and (per row/column) element stride."""
     return ("ws", "cnt", "out", "osl") + (() if o.kind is OutputKind.SCALAR else ("os",))
+
+
+# strides among the roles: cast to int64 at a kernel's top where ``KernelSpec.int64``
+STRIDE_ROLES = ("sl", "sm", "sn", "osl", "os")
+
+
+def int64_lines(spec: KernelSpec, params, indent: str, fixed: tuple[str, ...] = ()) -> list[str]:
+    """Where ``spec.int64``: each stride among ``params`` ((identifier, role) pairs) and the
+    ``fixed`` stride parameters rebound to int64 at the top of a function, so that every
+    element offset (an index times a stride, in int32 otherwise) is computed in 64 bits.
+    ``tl.cast``: Triton passes a stride equal to 1 as a constant, which has no ``.to``."""
+    if not spec.int64:
+        return []
+    strides = list(fixed) + [p for p, role in params if role in STRIDE_ROLES]
+    return [f"{indent}{p} = tl.cast({p}, tl.int64)" for p in strides]
 
 
 def reduce_outputs(dag: Dag):
