@@ -186,7 +186,7 @@ def _expr(draw, names: list[str], depth: int) -> str:
 
 # names operands and outputs may take besides the canonical ones (``user_names``): the
 # identifiers generated kernels use or used (parameters, locals, helpers, the namer's own
-# forms), Triton's and Gluon's module names, Python builtins and op names
+# forms), Triton's and Gluon's module names, Python builtins, op names, non-ASCII names
 NAME_POOL = (
     "x", "x_0", "x_1", "u0", "u1", "u2", "u0_ptr", "u1_sm", "u2_ve_0", "v0", "v1_0", "s0",
     "u_C", "ve_u_x_0", "pf_u_C_0", "lb_u_C_c", "racc_u_R0_s", "pacc_u_R0", "hold_u_F_0",
@@ -198,7 +198,7 @@ NAME_POOL = (
     "k", "ki", "i", "j0", "f0", "pc", "PL", "WHICH", "row0", "col0", "start", "tile",
     "tile_c", "mma_layout", "dtype", "ready", "order", "evtfuse_kernel", "_ef_sigmoid",
     "_ef_fold_finish", "pf_steps", "pf_r", "range", "float", "int", "min", "max", "print",
-    "relu", "exp", "where", "sum",
+    "relu", "exp", "where", "sum", "α", "x_α",  # non-ASCII: the header's table holds them
 )
 # suffixes and prefixes of the kernels' former identifiers, built onto another drawn name
 NAME_SUFFIXES = ("_0", "_1", "_s", "_c", "_c3", "_ptr", "_sl", "_sm", "_sn", "_desc", "_ws",
