@@ -54,8 +54,8 @@ from ...ir import OperandKind, OutputKind
 from .codegen import _split_lines, vector_load
 from .epilogue_emit import EpilogueEmitter
 from .gluon_buffers import Buffers, buffers
-from .prelude import helpers_for
 from .names import Names, User
+from .prelude import helpers_for
 from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, int64_lines,
                    launch_dependents_lines, reduce_outputs)
 

@@ -11,7 +11,9 @@ to identifiers is one to one. A DAG node's value is ``v<k>`` or ``v<k>_<piece>``
 ``k`` of ``Dag.nodes``; a piece of the tile's epilogue), a program-level scalar ``s<k>``.
 Every other identifier of generated code is fixed text of the emitters (``M``, ``acc``,
 ``rm``, ``tl``, ``_ef_`` helpers, ...), and none of those has these forms
-(``GENERATED``; tests/test_names_cpu.py checks every kernel the fuzz draws).
+(``GENERATED``). tests/test_names_cpu.py checks that renaming every operand and output
+changes no line of any family's kernels below the header, and the fuzzer draws names
+like the kernels' own (``tests/epilogue_fuzz.py``: ``user_names``).
 """
 
 from __future__ import annotations
