@@ -78,7 +78,8 @@ def main() -> int:
             fails += 1
             print(f"===== case {i}: {family}:{which} shape={shape} dtype={dtype} inputs={given}\n"
                   f"{case.source}\n"
-                  f"outputs {case.outputs} C fp32={case.c_fp32} bias fp32={case.bias_fp32}\n{err}",
+                  f"outputs {case.outputs} names {dict(case.names)} C fp32={case.c_fp32} "
+                  f"bias fp32={case.bias_fp32}\n{err}",
                   flush=True)
     print(f"{a.count} cases x {len(kinds)} kinds in {time.time() - t0:.0f} s: {fails} failures, "
           f"{refused} refused by their family")

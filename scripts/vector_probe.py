@@ -29,14 +29,15 @@ from evtfuse.runtime.tuner import choose_kernel
 
 CASES = {"bias_relu": ("def epi(accum, bias): D = relu(accum + bias); return D", False),
          "gelu_bias": ("def epi(accum, bias): D = gelu_tanh(accum + bias); return D", True)}
-_VEC = re.compile(r"^\s+(rn\d+ = off_n_c\b.*|v\d+_\d+ = tl\.load\(u_bias_ptr.*)$")
+# generated names (backends/triton/names.py): bias is operand u0, D output u1 in both cases
+_VEC = re.compile(r"^\s+(rn\d+ = off_n_c\b.*|v\d+_\d+ = tl\.load\(u0_ptr.*)$")
 
 
 def _moved(src: str, where: str) -> str | None:
     """``src`` with the epilogue's vector loads (and their column indices) moved to the
     start of the epilogue (``top``) or before the tile's mainloop (``tile``); None when the
     source has no such loads or no place to put them."""
-    if re.search(r"^\s+ve_\w+ = tl\.load\(", src, re.M):
+    if re.search(r"^\s+u\d+_ve\w* = tl\.load\(", src, re.M):
         return None  # loaded at the epilogue's top already (KernelSpec.early_vectors)
     lines = src.splitlines()
     vec = [ln for ln in lines if _VEC.match(ln)]
@@ -71,10 +72,10 @@ def _one_piece_ahead(lines: list[str]) -> str | None:
     for ln in lines:
         if _VEC.match(ln) and int(re.search(r"(?:rn|_)(\d+) = ", ln).group(1)) > 0:
             continue  # piece 0's stay; the others move up
-        if ln.strip().startswith("u_D_desc.store(") and piece + 1 in by_piece:
+        if ln.strip().startswith("u1_desc.store(") and piece + 1 in by_piece:
             out += by_piece[piece + 1]
             piece += 1
-        elif ln.strip().startswith("u_D_desc.store("):
+        elif ln.strip().startswith("u1_desc.store("):
             piece += 1
         out.append(ln)
     return "\n".join(out) + "\n"

@@ -11,6 +11,14 @@ random data for any M, N, K, dtype and device.
 Problems are batched (L = 2, B and C shared by the batches or not) in a quarter of the
 cases, and A or B column-major in a quarter each.
 
+The operands and outputs (all but ``D``) take drawn names (``user_names``): kept, taken
+from ``NAME_POOL`` (names of the generated kernels' own identifiers, Triton's, Python's
+builtins, op names), or built from another drawn name with one of evtfuse's suffixes or
+prefixes (``x`` and ``x_0``, ``C`` and ``C_ptr``, ``u_C``), so that no user name can meet
+a generated one (``backends/triton/names.py``). ``Case.source`` is the renamed source;
+``Case.operands`` and ``Case.outputs`` keep the canonical names, and ``Case.arguments``
+passes the values under the drawn ones (``Case.names``).
+
 The epilogues are numerically tame on purpose, so that a kernel may differ from the
 reference only by what ``runtime.verify``'s tolerances allow and a larger difference is a
 bug: every op is continuous with a bounded slope on the values it sees (no comparison of
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +102,7 @@ class Case:
     batch: int = 1  # L; with 2, B and C are shared by the batches or not
     b_shared: bool = False
     c_shared: bool = False
+    names: tuple[tuple[str, str], ...] = ()  # canonical name -> the name in ``source``
 
     def arguments(self, M: int, N: int, K: int, dtype: torch.dtype, device="cpu",
                   seed: int = 0, inputs: torch.dtype | None = None,
@@ -149,6 +159,7 @@ class Case:
             values[name] = t
             if name == "D":
                 out = t
+        values = {dict(self.names).get(k, k): v for k, v in values.items()}
         epi = evtfuse.EpilogueArguments(self.source, **values)
         acc = torch.int32 if inputs == torch.int8 else torch.float32
         return evtfuse.GemmArguments(A, B, out, acc, epi, **options)
@@ -173,9 +184,66 @@ def _expr(draw, names: list[str], depth: int) -> str:
     return f"where({draw(st.sampled_from(conds))}, {sub()}, {sub()})"
 
 
+# names operands and outputs may take besides the canonical ones (``user_names``): the
+# identifiers generated kernels use or used (parameters, locals, helpers, the namer's own
+# forms), Triton's and Gluon's module names, Python builtins, op names, non-ASCII names
+NAME_POOL = (
+    "x", "x_0", "x_1", "u0", "u1", "u2", "u0_ptr", "u1_sm", "u2_ve_0", "v0", "v1_0", "s0",
+    "u_C", "ve_u_x_0", "pf_u_C_0", "lb_u_C_c", "racc_u_R0_s", "pacc_u_R0", "hold_u_F_0",
+    "x_ptr", "x_sm", "D_ptr", "D_sm", "D_desc", "R_ws", "R_ws2", "R_cnt", "R_out", "R_os",
+    "tl", "triton", "gl", "gluon", "tma", "mbarrier", "math", "M", "N", "K", "L", "A", "B",
+    "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUB_N", "EPI_M", "GROUP_M", "EVEN_MN", "NUM_SMS",
+    "pid", "pid_m", "pid_n", "pid_m_c", "off_m_c", "acc", "acc_l0", "rm", "rn", "rn0",
+    "rk", "mask", "mask0", "bid", "bid64", "num_pid_m", "a_desc", "b_desc", "sa_m", "sb_k",
+    "k", "ki", "i", "j0", "f0", "pc", "PL", "WHICH", "row0", "col0", "start", "tile",
+    "tile_c", "mma_layout", "dtype", "ready", "order", "evtfuse_kernel", "_ef_sigmoid",
+    "_ef_fold_finish", "pf_steps", "pf_r", "range", "float", "int", "min", "max", "print",
+    "relu", "exp", "where", "sum", "α", "x_α",  # non-ASCII: the header's table holds them
+)
+# suffixes and prefixes of the kernels' former identifiers, built onto another drawn name
+NAME_SUFFIXES = ("_0", "_1", "_s", "_c", "_c3", "_ptr", "_sl", "_sm", "_sn", "_desc", "_ws",
+                 "_ws2", "_cnt", "_out", "_osl", "_os")
+NAME_PREFIXES = ("u_", "ve_", "pf_", "lb_", "vb_", "ob_", "rv_", "racc_", "pacc_", "pm_", "st_")
+# names a drawn one must not take: the epilogue's own, and its intermediate values
+_TAKEN = {"accum", "D", "epi", "t0", "t1", "t2"}
+
+
 @st.composite
-def cases(draw, max_steps: int = 3, reductions: bool = True) -> Case:
-    """An epilogue of 1-``max_steps`` assignments and one to four outputs."""
+def user_names(draw, canonical: list[str]) -> dict[str, str]:
+    """New names for ``canonical`` (operands and outputs, D and accum aside), in order:
+    each kept, drawn from ``NAME_POOL``, or an earlier one's new name with one of
+    ``NAME_SUFFIXES`` or ``NAME_PREFIXES``; all distinct."""
+    out: dict[str, str] = {}
+    for name in canonical:
+        taken = _TAKEN | set(canonical) - {name} | set(out.values())
+        how = draw(st.sampled_from(("keep", "pool", "pool", "derived", "derived")))
+        if how == "derived" and out:
+            base = draw(st.sampled_from(sorted(out.values())))
+            if draw(st.booleans()):
+                new = base + draw(st.sampled_from(NAME_SUFFIXES))
+            else:
+                new = draw(st.sampled_from(NAME_PREFIXES)) + base
+        elif how in ("pool", "derived"):
+            new = draw(st.sampled_from(NAME_POOL))
+        else:
+            new = name
+        if new in taken:
+            new = name
+        out[name] = new
+    return {k: v for k, v in out.items() if k != v}
+
+
+def _renamed(src: str, names: dict[str, str]) -> str:
+    """``src`` with each identifier in ``names`` replaced (one pass: no chains)."""
+    if not names:
+        return src
+    return re.sub(r"\b[A-Za-z_]\w*\b", lambda m: names.get(m.group(0), m.group(0)), src)
+
+
+@st.composite
+def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True) -> Case:
+    """An epilogue of 1-``max_steps`` assignments and one to four outputs; ``named``: its
+    operands and outputs take drawn names (``user_names``)."""
     operands = [n for n in OPERANDS if draw(st.booleans())]
     names = ["accum", *operands]
     body: list[str] = []
@@ -217,11 +285,13 @@ def cases(draw, max_steps: int = 3, reductions: bool = True) -> Case:
     src = "\n".join([f"def epi({', '.join(['accum', *used])}):", *(f"    {b}" for b in body),
                      f"    return {ret}"])
     batch = draw(st.sampled_from((1, 1, 1, 2)))
-    return Case(src, tuple(used), tuple(outputs), c_fp32=draw(st.booleans()),
+    renamed = draw(user_names([*used, *(n for n, _ in outputs if n not in ("D", "accum"))])) \
+        if named else {}
+    return Case(_renamed(src, renamed), tuple(used), tuple(outputs), c_fp32=draw(st.booleans()),
                 bias_fp32=draw(st.booleans()), a_col=draw(st.integers(0, 3)) == 0,
                 b_col=draw(st.integers(0, 3)) == 0, batch=batch,
                 b_shared=batch > 1 and draw(st.booleans()),
-                c_shared=batch > 1 and draw(st.booleans()))
+                c_shared=batch > 1 and draw(st.booleans()), names=tuple(renamed.items()))
 
 
 def k_major(case: Case) -> Case:

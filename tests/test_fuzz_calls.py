@@ -102,7 +102,7 @@ def _sequence(case, changes, data_seed, device):
         state = {"A": A, "B": B, "kw": kw}
 
 
-SEQUENCES = dict(case=cases(max_steps=2, reductions=True),
+SEQUENCES = dict(case=cases(max_steps=2, reductions=True, named=False),  # values by canonical name
                  changes=st.lists(st.sampled_from(CHANGES), min_size=3, max_size=6),
                  data_seed=st.integers(0, 2 ** 16))
 

@@ -39,7 +39,7 @@ def _drawn(default_examples: int, salt: str):
 
 def _verify(kernel, args, case) -> None:
     result = kernel.verify(args)
-    assert result, f"{case.source}\noutputs {case.outputs}\n{result.report()}"
+    assert result, f"{case.source}\noutputs {case.outputs} names {dict(case.names)}\n{result.report()}"
 
 
 # ------------------------------------------------------------------ CPU tier

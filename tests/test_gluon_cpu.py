@@ -16,6 +16,7 @@ from evtfuse.backends.triton.families import SMEM_LIMIT, GluonFamily, Target
 from evtfuse.backends.triton.gluon_buffers import buffers
 from evtfuse.backends.triton.gluon_family import _vector_refusal
 from evtfuse.backends.triton.versions import spelling
+from evtfuse.backends.triton.names import Names
 from offline_run import run_offline
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -51,7 +52,7 @@ def test_refusals_on_hopper_target():
 
 def test_output_shares_a_load_buffer_of_its_dtype():
     b = buffers(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0).optimized_dag)
-    assert b.tile_stores == (("D", "lb_u_C"),) and not b.piece_stores  # D staged in C's buffer
+    assert b.tile_stores == (("D", "C"),) and not b.piece_stores  # D staged in C's buffer
     assert b.smem_bytes(128, 128, 64) == 2 * 128 * 128 * 2
     b = buffers(_args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0,
                       D=torch.empty(M, N)).optimized_dag)  # fp32 D: staged per piece
@@ -246,14 +247,16 @@ def test_quarters_run_in_a_runtime_loop_where_the_body_allows():
                 loss=torch.empty(1), D=None)
     consumer = _function(source(bce, 4), "_ef_consumer")
     assert "for k in range(4):" in consumer and consumer.count("_ef_log_sigmoid_cuda(") == 1
+    c_buf = Names.of(bce.optimized_dag)("C", "lbc")  # the consumer's buffer of C
     for j in range(4):  # each piece's C slice, once
-        assert consumer.count(f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).load(PL)") == 1
+        assert consumer.count(f"{c_buf}.slice({j} * SUB_N, SUB_N, dim=1).load(PL)") == 1
     halves = _function(source(bce, 2), "_ef_consumer")
     assert "for k in range(" not in halves and halves.count("_ef_log_sigmoid_cuda(") == 2
     ab = _args(ALPHA_BETA, C=torch.randn(M, N).to(BF), alpha=1.0, beta=1.0)
     consumer = _function(source(ab, 4), "_ef_consumer")
+    nm = Names.of(ab.optimized_dag)
     for j in range(4):  # D, staged in C's buffer, goes into its slice after the body
-        assert f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_u_D)" in consumer
+        assert f"{nm('C', 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1).store({nm('D', 'st')})" in consumer
     amax = _args(CASES["row_amax"][0], amax=torch.empty(M, 1))  # per-row partials: unrolled
     assert "for k in range(" not in _function(source(amax, 4), "_ef_consumer")
     aux = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=torch.half))
@@ -270,7 +273,7 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
 
     two = _args(RELU_AUX, C=torch.randn(M, N).to(BF), alpha=0.5, F=torch.empty(M, N, dtype=BF))
     b = buffers(two.optimized_dag, slots=True)
-    assert b.slot_stores == (("F", "lb_u_C"),) and b.consumer_tiles == (("D", "lb_u_C"),)
+    assert b.slot_stores == (("F", "C"),) and b.consumer_tiles == (("D", "C"),)
     assert not b.piece_stores and b.smem_bytes(128, 128, 32) == 2 * 128 * 128 * 2  # C's tiles only
     assert slot_columns(BF) == 64 and slot_columns(torch.float32) == 32
     assert slots_fit(b, 128, 32) and slots_fit(b, 128, 64) and not slots_fit(b, 128, 128)
@@ -280,20 +283,23 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
     assert cfg.slots and cfg.name.endswith("_sl")
     src = generate(fam.spec(two, cfg, H100))
     consumer, mem = _function(src, "_ef_consumer"), _function(src, "_ef_mem")
-    assert "u_D_desc" not in mem and STORE not in mem
+    nm = Names.of(two.optimized_dag)
+    c_buf = nm("C", "lbc")
+    assert nm("D", "desc") not in mem and STORE not in mem
     lines = [ln.strip() for ln in consumer.splitlines()]
     stores = [ln for ln in lines if ln.startswith((STORE, "tma.store_wait",
-                                                   "hold_u_F", "lb_u_C_c.slice"))
+                                                   nm("F", "hold"), f"{c_buf}.slice"))
               and ".load(" not in ln]
-    chunk = lambda d, c: (f"{STORE}(u_{d}_desc, [row0, pid_n_c * BLOCK_N + "
-                          f"{c} * CH], lb_u_C_c.slice({c} * CH, CH, dim=1))")
-    d_piece = lambda j: f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store((v7_{j}).to(lb_u_C_c.dtype))"
-    f_piece = lambda j: f"lb_u_C_c.slice({j} * SUB_N, SUB_N, dim=1).store(hold_u_F_{j})"
+    chunk = lambda d, c: (f"{STORE}({nm(d, 'desc')}, [row0, pid_n_c * BLOCK_N + "
+                          f"{c} * CH], {c_buf}.slice({c} * CH, CH, dim=1))")
+    d_piece = lambda j: f"{c_buf}.slice({j} * SUB_N, SUB_N, dim=1).store((v7_{j}).to({c_buf}.dtype))"
+    f_piece = lambda j: f"{c_buf}.slice({j} * SUB_N, SUB_N, dim=1).store({nm('F', 'hold', j)})"
+    hold = lambda j: f"{nm('F', 'hold', j)} = (v6_{j}).to({c_buf}.dtype)"
     assert [ln.split("  #")[0] for ln in stores] == [
-        d_piece(0), "hold_u_F_0 = (v6_0).to(lb_u_C_c.dtype)",
-        d_piece(1), "hold_u_F_1 = (v6_1).to(lb_u_C_c.dtype)", chunk("D", 0),
-        d_piece(2), "hold_u_F_2 = (v6_2).to(lb_u_C_c.dtype)",
-        d_piece(3), "hold_u_F_3 = (v6_3).to(lb_u_C_c.dtype)", chunk("D", 1),
+        d_piece(0), hold(0),
+        d_piece(1), hold(1), chunk("D", 0),
+        d_piece(2), hold(2),
+        d_piece(3), hold(3), chunk("D", 1),
         "tma.store_wait(pendings=1)", f_piece(0), f_piece(1), chunk("F", 0),  # D0 done, D1 may run
         "tma.store_wait(pendings=1)", f_piece(2), f_piece(3), chunk("F", 1),  # D1 done, F0 may run
         "tma.store_wait(pendings=0)"]  # before the memory warp may reload C
@@ -310,15 +316,17 @@ def test_slot_stores_share_the_load_buffer_chunk_by_chunk():
     assert fam.spec(ab, cfgs[0], H100).chunk == 64  # a 64-column half is one chunk
     src = generate(fam.spec(ab, cfgs[0], H100))
     consumer, mem = _function(src, "_ef_consumer"), _function(src, "_ef_mem")
-    assert consumer.count(f"{STORE}(u_D_desc") == 2
-    assert consumer.count("tma.store_wait(") == 1 and "u_D_desc" not in mem
+    nm = Names.of(ab.optimized_dag)
+    d_desc = nm("D", "desc")
+    assert consumer.count(f"{STORE}({d_desc}") == 2
+    assert consumer.count("tma.store_wait(") == 1 and d_desc not in mem
     loop = _function(generate(fam.spec(ab, cfgs[4], H100)), "_ef_consumer")
     assert "for k in range(4):" in loop
-    branches = loop.split("lb_u_C_c.slice(")[1:]  # the loop's bottom: the slice stores, by piece
-    issued = [b.count(f"{STORE}(u_D_desc") for b in branches
-              if b.startswith(tuple(f"{j} * SUB_N, SUB_N, dim=1).store(st_u_D)" for j in range(4)))]
+    branches = loop.split(f"{nm('C', 'lbc')}.slice(")[1:]  # the loop's bottom: the slice stores, by piece
+    issued = [b.count(f"{STORE}({d_desc}") for b in branches
+              if b.startswith(tuple(f"{j} * SUB_N, SUB_N, dim=1).store({nm('D', 'st')})" for j in range(4)))]
     assert issued == [0, 1, 0, 1]
-    assert f"{STORE}(u_D_desc, [row0, col0]" in _function(
+    assert f"{STORE}({d_desc}, [row0, col0]" in _function(
         generate(fam.spec(ab, cfgs[2], H100)), "_ef_mem")
     # relu with an aux output: the cooperative tiles stage F in C's chunks too
     coop = [c for c in fam.configs(two, H100) if c.cooperative]
@@ -557,10 +565,11 @@ def test_batched_problems_run_batch_by_batch_with_3d_tiles():
     assert "bid = tile // per_batch" in src
     assert "a_desc, [bid, off_m, kk * BLOCK_K]" in src
     assert "b_desc, [kk * BLOCK_K, off_n]" in src
-    assert "u_C_desc, [0, row0, col0]" in src and "u_D_desc, [bid, row0, col0]" in src
+    nm = spec.names
+    assert f"{nm('C', 'desc')}, [0, row0, col0]" in src and f"{nm('D', 'desc')}, [bid, row0, col0]" in src
     assert "a_bufs.index(s).reshape([BLOCK_M, BLOCK_K])" in src
-    assert "vb_u_bias" in src and "vb_u_r" not in src
-    assert "tl.load(u_r_ptr + bid64 * u_r_sl" in src
+    assert nm("bias", "vb") in src and nm("r", "vb") not in src
+    assert f"tl.load({nm('r', 'ptr')} + bid64 * {nm('r', 'sl')}" in src
     b = buffers(args.optimized_dag, batch=True)
     assert set(b.own_batch) == {"D", "Y"}
     # the plan's descriptors: 3-D, a leading 1 for the shared C

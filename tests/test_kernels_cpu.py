@@ -775,11 +775,12 @@ def test_two_per_sm_config_loads_its_vectors_at_the_epilogues_top(batched):
     cfg = TileConfig(32, 32, 16, 2, 4, 2, epi_split=2, flatten=False, ctas_per_sm=2)
     two, one = Kernel(HopperFamily(), cfg, target), Kernel(HopperFamily(), replace(cfg, ctas_per_sm=1), target)
     src = two.source(args)
-    assert src.count("tl.load(u_bias_ptr") == 2 and src.count("tl.load(u_s_ptr") == 1, src
-    for name in ("ve_u_bias_0 = tl.load(", "ve_u_bias_1 = tl.load(", "ve_u_s = tl.load("):
-        assert name in src, name
-    assert src.index("ve_u_bias_1 = tl.load(") < src.index("u_D_desc.store(")
-    assert "ve_" not in one.source(args)
+    nm = HopperFamily().spec(args, cfg, target).names
+    assert src.count(f"tl.load({nm('bias', 'ptr')}") == 2 and src.count(f"tl.load({nm('s', 'ptr')}") == 1, src
+    for name in (nm("bias", "ve", 0), nm("bias", "ve", 1), nm("s", "ve")):
+        assert f"{name} = tl.load(" in src, name
+    assert src.index(f"{nm('bias', 've', 1)} = tl.load(") < src.index(f"{nm('D', 'desc')}.store(")
+    assert "_ve" not in one.source(args)
     for k in (two, one):
         result = k.verify(args)
         assert result, result.report()

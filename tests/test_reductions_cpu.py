@@ -261,9 +261,11 @@ def test_fold_reset_waits_for_every_threads_copy(family):
     args = GemmArguments(rand(M, K, dtype=torch.bfloat16), rand(K, N, dtype=torch.bfloat16),
                          None, epilogue=EpilogueArguments(src, D=None, c=c))
     target = families.Target("cuda", 90, args.A.device, 132)
-    lines = codegen.generate(fam.spec(args, fam.configs(args, target)[0], target)).splitlines()
-    load = next(i for i, ln in enumerate(lines) if "= tl.load(u_c_ws + fo_u_c" in ln)
-    reset = next(i for i, ln in enumerate(lines) if ln.strip().startswith("tl.store(u_c_ws + fo_u_c"))
+    spec = fam.spec(args, fam.configs(args, target)[0], target)
+    lines = codegen.generate(spec).splitlines()
+    at = f"{spec.names('c', 'ws')} + {spec.names('c', 'fo')}"
+    load = next(i for i, ln in enumerate(lines) if f"= tl.load({at}" in ln)
+    reset = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"tl.store({at}"))
     assert load < reset
     assert any("barrier()" in ln for ln in lines[load + 1:reset]), "\n".join(lines[load:reset + 1])
 
@@ -289,8 +291,10 @@ def test_max_min_combine_on_a_gpu_is_one_instruction(family):
         kinds.append((families.INTERPRETER, ("_ef_maximum", "_ef_minimum")))
     for kind, combiners in kinds:
         target = families.Target(kind, 90, args.A.device, 132)
-        code = codegen.generate(fam.spec(args, fam.configs(args, target)[0], target))
-        reduced = [ln for ln in code.splitlines() if "tl.reduce(rv_" in ln]
+        spec = fam.spec(args, fam.configs(args, target)[0], target)
+        code = codegen.generate(spec)
+        values = tuple(f"tl.reduce({spec.names(o, 'rv')}" for o in ("r", "c"))  # and pieces
+        reduced = [ln for ln in code.splitlines() if any(v in ln for v in values)]
         assert reduced and all(any(f", {c})" in ln for c in combiners) for ln in reduced), reduced
         if kind == "cuda":
             assert "propagate_nan=tl.PropagateNan.ALL" in helpers_for("_ef_maximum_nan")

@@ -145,7 +145,8 @@ _loaded: dict[str, Any] = {}
 def load_module(key: str, source: str):
     """Write ``source`` as ``kernels/k<key>.py`` (unless the file holds it already) and run
     ``source`` itself as the module (``import_source``): what is on disk is a record
-    for people and for Triton's ``inspect``, never what runs."""
+    for people and for Triton's ``inspect``, never what runs. A module that does not
+    import is removed again, so the cache never holds one."""
     mod = _loaded.get(key)
     if mod is not None:
         return mod
@@ -156,7 +157,12 @@ def load_module(key: str, source: str):
         same = False  # missing, or something else in its place: written anew
     if not same:
         _write(path, source)
-    mod = import_source(f"evtfuse_generated_k{key}", path, source)
+    try:
+        mod = import_source(f"evtfuse_generated_k{key}", path, source)
+    except BaseException:
+        sys.modules.pop(f"evtfuse_generated_k{key}", None)
+        path.unlink(missing_ok=True)
+        raise
     _loaded[key] = mod
     return mod
 

@@ -27,23 +27,28 @@ from ... import ir
 from ...ir import Dag, NodeKind, OperandKind, OutputKind
 from ...optable import FP8_DTYPES, OPS
 from .epilogue_emit import EpilogueEmitter
+from .names import User
 from .prelude import helpers_for
-from .spec import (INT_OUTPUTS, TL_DTYPES, KernelSpec, epilogue_params, launch_dependents_lines,
-                   reduce_outputs, uname)
+from .spec import (INT_OUTPUTS, TL_DTYPES, KernelSpec, epilogue_params, int64_lines,
+                   launch_dependents_lines, reduce_outputs)
 
-def vector_load(u: str, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
+
+def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
     """A per-row or per-column operand read from global memory, broadcast over the tile."""
     if kind is OperandKind.PER_ROW:
-        return f"tl.load({u}_ptr + {bofs} + {rm} * {u}_sm, mask={rm} < M, other=0.0).to(tl.float32)[:, None]"
-    return f"tl.load({u}_ptr + {bofs} + {rn} * {u}_sn, mask={rn} < N, other=0.0).to(tl.float32)[None, :]"
+        return (f"tl.load({u('ptr')} + {bofs} + {rm} * {u('sm')}, mask={rm} < M, other=0.0)"
+                ".to(tl.float32)[:, None]")
+    return (f"tl.load({u('ptr')} + {bofs} + {rn} * {u('sn')}, mask={rn} < N, other=0.0)"
+            ".to(tl.float32)[None, :]")
 
 
 class _TritonTile:
     """What a Triton tile (portable or hopper) spells the same way: the emitter asks a
     tile for tile-shaped zeros, the program's barrier, a BLOCK_M-wide index vector and
-    its per-row/per-column operands."""
+    its per-row/per-column operands. ``u``: the operand's or output's identifiers
+    (``names.User``)."""
 
-    def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
+    def load_vector(self, u: User, kind: OperandKind, bofs: str) -> str:
         return vector_load(u, kind, bofs, self.rm, self.rn)
 
     def zeros(self) -> str:
@@ -80,19 +85,20 @@ class _PortableTile(_TritonTile):
     pid_m: str = "pid_m"
     pid_n: str = "pid_n"
     first_sub: str = "True"
-    suffix: str = ""
+    piece: int | None = None  # one piece: the whole tile
     mask: str = "mask"
     all_rn: tuple = ("rn",)
 
-    def load_full(self, u: str, batched: bool) -> str:
-        b = f"bid64 * {u}_sl + " if batched else ""
-        return (f"tl.load({u}_ptr + {b}{self.rm}[:, None] * {u}_sm + {self.rn}[None, :] * {u}_sn, "
-                f"mask=mask, other=0.0).to(tl.float32)")
+    def _offsets(self, u: User, batched: bool) -> str:
+        b = f"bid64 * {u('sl')} + " if batched else ""
+        return f"{u('ptr')} + {b}{self.rm}[:, None] * {u('sm')} + {self.rn}[None, :] * {u('sn')}"
 
-    def store_full(self, u: str, value: str, batched: bool) -> str:
-        b = f"bid64 * {u}_sl + " if batched else ""
-        return (f"tl.store({u}_ptr + {b}{self.rm}[:, None] * {u}_sm + {self.rn}[None, :] * {u}_sn, "
-                f"({value}).to({u}_ptr.dtype.element_ty), mask=mask)")
+    def load_full(self, u: User, batched: bool) -> str:
+        return f"tl.load({self._offsets(u, batched)}, mask=mask, other=0.0).to(tl.float32)"
+
+    def store_full(self, u: User, value: str, batched: bool) -> str:
+        return (f"tl.store({self._offsets(u, batched)}, "
+                f"({value}).to({u('ptr')}.dtype.element_ty), mask=mask)")
 
 
 @dataclass
@@ -100,7 +106,7 @@ class _HopperTile(_TritonTile):
     acc: str
     rn: str
     off_n: str
-    suffix: str
+    piece: int  # the sub-tile's number (left to right)
     first_sub: str
     rm: str = "rm"
     bm: str = "BLOCK_M"
@@ -110,26 +116,27 @@ class _HopperTile(_TritonTile):
     prefetched: bool = False
     mask: str = ""
     all_rn: tuple = ()
-    early_vectors: bool = False  # the vectors were loaded at the epilogue's top (ve_ names)
+    early_vectors: bool = False  # the vectors were loaded at the epilogue's top (role "ve")
 
-    def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
+    def load_vector(self, u: User, kind: OperandKind, bofs: str) -> str:
         if not self.early_vectors:
             return super().load_vector(u, kind, bofs)
-        return _early_vector_name(u, kind, self.suffix)
+        return _early_vector_name(u, kind, self.piece)
 
-    def load_full(self, u: str, batched: bool) -> str:
+    def load_full(self, u: User, batched: bool) -> str:
         if self.prefetched:
-            return f"pf_{u}{self.suffix}.to(tl.float32)"
+            return f"{u('pf', self.piece)}.to(tl.float32)"
         if batched:
-            return (f"{u}_desc.load([bid, off_m_c, {self.off_n}]).reshape(BLOCK_M, SUB_N)"
+            return (f"{u('desc')}.load([bid, off_m_c, {self.off_n}]).reshape(BLOCK_M, SUB_N)"
                     f".to(tl.float32)")
-        return f"{u}_desc.load([off_m_c, {self.off_n}]).to(tl.float32)"
+        return f"{u('desc')}.load([off_m_c, {self.off_n}]).to(tl.float32)"
 
-    def store_full(self, u: str, value: str, batched: bool) -> str:
+    def store_full(self, u: User, value: str, batched: bool) -> str:
+        desc = u("desc")
         if batched:
-            return (f"{u}_desc.store([bid, off_m_c, {self.off_n}], "
-                    f"({value}).to({u}_desc.dtype).reshape(1, BLOCK_M, SUB_N))")
-        return f"{u}_desc.store([off_m_c, {self.off_n}], ({value}).to({u}_desc.dtype))"
+            return (f"{desc}.store([bid, off_m_c, {self.off_n}], "
+                    f"({value}).to({desc}.dtype).reshape(1, BLOCK_M, SUB_N))")
+        return f"{desc}.store([off_m_c, {self.off_n}], ({value}).to({desc}.dtype))"
 
 
 def _dot_extra(spec: KernelSpec) -> str:
@@ -144,8 +151,9 @@ def _acc_type(spec: KernelSpec) -> str:
 
 def _portable_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
+    roles = epilogue_params(spec.names, spec.dag, "portable")
     params = ", ".join(["A", "B", "M", "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
-                       + epilogue_params(spec.dag, "portable"))
+                       + [p for p, _ in roles])
     I1, I2 = "    ", "        "
     lines = [
         "@triton.jit",
@@ -154,6 +162,8 @@ def _portable_source(spec: KernelSpec) -> str:
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
         "                   EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr, EVEN_MN: tl.constexpr):",
         *launch_dependents_lines(spec, I1),
+        # rows of A and B are int64 already; their k-steps (rk * sa_k, BLOCK_K * sa_k) not
+        *int64_lines(spec, roles, I1, fixed=("sa_k", "sb_k")),
         f"{I1}pid = tl.program_id(0)",
         f"{I1}bid = tl.program_id(1)",
         f"{I1}bid64 = bid.to(tl.int64)",
@@ -198,7 +208,8 @@ def _portable_source(spec: KernelSpec) -> str:
     helper: list[str] = []
     if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
         names = ", ".join(epi.fold_names() + ["M", "N", "L"])
-        helper = ["@triton.jit(noinline=True)", f"def _ef_fold_finish({names}):", *finish, "", ""]
+        helper = ["@triton.jit(noinline=True)", f"def _ef_fold_finish({names}):",
+                  *int64_lines(spec, epi.fold_params(), I1), *finish, "", ""]
         lines.append(f"{I1}_ef_fold_finish({names})")
     return "\n".join(helper + lines) + "\n"
 
@@ -251,9 +262,9 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
     for op in spec.dag.used_operands:
         if op.kind is not OperandKind.FULL:
             continue
-        u = uname(op.name)
+        u = spec.names.user(op.name)
         line = 128 // (op.dtype.itemsize if op.dtype is not None else 2)  # elements per line
-        before.append(f"{i2}pf_{u} = {u}_ptr + (off_m + pf_r).to(tl.int64) * {u}_sm + off_n")
+        before.append(f"{i2}{u('l2')} = {u('ptr')} + (off_m + pf_r).to(tl.int64) * {u('sm')} + off_n")
         inside += [
             f"{i3}for pf_c in tl.static_range(0, BLOCK_N, {line}):",
             # line (row r, column piece c) is number (c / line) * BLOCK_M + r of the tile's
@@ -262,15 +273,15 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
             f"{i3}    pf_sel = ((pf_id * pf_steps) // (BLOCK_M * (BLOCK_N // {line})) == pf_j) "
             f"& (off_m + pf_r < M) & (off_n + pf_c < N)",
             f"{i3}    tl.inline_asm_elementwise({_PREFETCH_L2}, \"=r,l,r\", "
-            f"[pf_{u} + pf_c, pf_sel.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)",
+            f"[{u('l2')} + pf_c, pf_sel.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)",
         ]
     return before, inside
 
 
 def _hopper_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
-    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + epilogue_params(spec.dag, "hopper",
-                                                                             l2_spread=spec.l2_spread))
+    roles = epilogue_params(spec.names, spec.dag, "hopper", l2_spread=spec.l2_spread)
+    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + [p for p, _ in roles])
     I1, I2, I3 = "    ", "        ", "            "
     a_idx = "[bid, off_m, off_k]" if spec.a_batched else "[off_m, off_k]"
     if spec.a_trans:
@@ -314,6 +325,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr, EVEN_MN: tl.constexpr):",
         f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
         *launch_dependents_lines(spec, I1),
+        *int64_lines(spec, roles, I1),
         f"{I1}start = tl.program_id(0)",
         f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
         f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
@@ -340,14 +352,14 @@ def _hopper_source(spec: KernelSpec) -> str:
         for spec_op in spec.dag.used_operands:
             if spec_op.kind is not OperandKind.FULL:
                 continue
-            u = uname(spec_op.name)
+            u = spec.names.user(spec_op.name)
             for s in range(spec.epi_split):
                 off = f"off_n + {s} * (BLOCK_N // {spec.epi_split})"
                 if spec_op.batched:
-                    lines.append(f"{I2}pf_{u}_{s} = {u}_desc.load([bid, off_m, {off}])"
+                    lines.append(f"{I2}{u('pf', s)} = {u('desc')}.load([bid, off_m, {off}])"
                                  f".reshape(BLOCK_M, BLOCK_N // {spec.epi_split})")
                 else:
-                    lines.append(f"{I2}pf_{u}_{s} = {u}_desc.load([off_m, {off}])")
+                    lines.append(f"{I2}{u('pf', s)} = {u('desc')}.load([off_m, {off}])")
     spread = _l2_spread_lines(spec, I2, I3) if spec.l2_spread else ([], [])
     lines += spread[0]
     lines += [
@@ -374,7 +386,7 @@ def _hopper_source(spec: KernelSpec) -> str:
     for s, piece in enumerate(pieces):
         off_n = piece_n[s]
         rn = f"rn{s}"
-        sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", suffix=f"_{s}",
+        sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", piece=s,
                           first_sub="True" if s == 0 else "False", prefetched=spec.prefetch,
                           mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))),
                           early_vectors=spec.early_vectors)
@@ -388,10 +400,10 @@ def _hopper_source(spec: KernelSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _early_vector_name(u: str, kind: OperandKind, suffix: str) -> str:
+def _early_vector_name(u: User, kind: OperandKind, piece: int) -> str:
     """The variable an early vector load goes into (``_early_vector_lines``): one per
-    piece (``suffix`` "_0", "_1", ...) for a per-column operand, one per tile per-row."""
-    return f"ve_{u}" if kind is OperandKind.PER_ROW else f"ve_{u}{suffix}"
+    piece for a per-column operand, one per tile per-row."""
+    return u("ve") if kind is OperandKind.PER_ROW else u("ve", piece)
 
 
 def _early_vector_lines(spec: KernelSpec, piece_n: list[str], indent: str) -> list[str]:
@@ -404,11 +416,11 @@ def _early_vector_lines(spec: KernelSpec, piece_n: list[str], indent: str) -> li
     for op in spec.dag.used_operands:
         if op.kind not in (OperandKind.PER_ROW, OperandKind.PER_COL):
             continue
-        u = uname(op.name)
-        bofs = f"bid64 * {u}_sl" if op.batched else "0"
+        u = spec.names.user(op.name)
+        bofs = f"bid64 * {u('sl')}" if op.batched else "0"
         pieces = [0] if op.kind is OperandKind.PER_ROW else range(len(piece_n))
         for s in pieces:
-            name = _early_vector_name(u, op.kind, f"_{s}")
+            name = _early_vector_name(u, op.kind, s)
             lines.append(f"{indent}{name} = {vector_load(u, op.kind, bofs, 'rm', f'rn{s}')}")
     return lines
 
@@ -418,6 +430,8 @@ def generate(spec: KernelSpec) -> str:
     header = (
         f'"""evtfuse generated kernel ({spec.family}); key {spec.key()}.\n\n'
         + "\n".join("  " + line for line in ir.format_dag(spec.dag).splitlines())
+        + "\n\nOperands and outputs by number (``backends/triton/names.py``):\n"
+        + "\n".join("  " + line for line in spec.names.table())
         + '\n"""\n'
     )
     if spec.family == "gluon":

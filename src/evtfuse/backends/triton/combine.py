@@ -70,7 +70,7 @@ def _nan_min(a, b):
 def _parts(ptr, base, t0, T, EXT, idx, lanes, parts, other):
     """Partials t0 .. t0 + PARTS - 1 of this program's results, ``other`` past the end."""
     mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
-    return tl.load(ptr + base + (t0 + parts)[:, None] * EXT + idx[None, :], mask=mask,
+    return tl.load(ptr + base + (t0 + parts)[:, None].to(tl.int64) * EXT + idx[None, :], mask=mask,
                    other=other)
 
 
@@ -93,7 +93,7 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
         s = tl.zeros((BLOCK,), tl.float32)
         for t0 in range(0, T, PARTS):  # ws and ws2 at the same offsets, computed once
             mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
-            offs = base + (t0 + parts)[:, None] * EXT + idx[None, :]
+            offs = base + (t0 + parts)[:, None].to(tl.int64) * EXT + idx[None, :]
             x = tl.load(ws + offs, mask=mask, other=float("-inf"))
             w = tl.load(ws2 + offs, mask=mask, other=0.0)
             mx = _nan_max(m, tl.reduce(x, 0, _nan_max))
@@ -115,4 +115,5 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
         for t0 in range(0, T, PARTS):
             x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("inf"))
             r = _nan_min(r, tl.reduce(x, 0, _nan_min))
-    tl.store(out + b * osl + idx * os, r.to(out.dtype.element_ty), mask=lanes)
+    # offsets in 64 bits: a strided output (a column of a wide tensor) may reach past 2^31
+    tl.store(out + b * osl + idx.to(tl.int64) * os, r.to(out.dtype.element_ty), mask=lanes)

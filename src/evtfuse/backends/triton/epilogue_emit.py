@@ -6,7 +6,8 @@ passes in (``codegen._PortableTile`` / ``_HopperTile``, ``gluon_codegen._GluonTi
 how that family loads and stores full tiles; the emitter computes the values, the
 per-row/per-column/scalar operands and outputs, and every reduction's per-tile partials
 and their combination (tickets, atomic folds, program-level sums), the same way for all.
-Program-level scalars are emitted once, the rest once per sub-tile.
+Program-level scalars are emitted once, the rest once per sub-tile. Every identifier it
+writes for an operand, an output or a node comes from the kernel's namer (``spec.names``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import torch
 from ...ir import Node, NodeKind, OperandKind, OutputKind, Space
 from ...optable import FP8_DTYPES, OPS, Category, _lit
 from .spec import (_COMBINE_LOADS, _FOLD_FINISH, _LD_L2, FOLD_IDENTITY_BITS, INT_OUTPUTS,
-                   TMA_FAMILIES, KernelSpec, _saturated, _written_params, atomic_folded,
-                   combined_in_kernel, full_outputs, reduce_outputs, uname,
-                   vector_outputs)
+                   TMA_FAMILIES, KernelSpec, _saturated, atomic_folded, combined_in_kernel,
+                   full_outputs, reduce_outputs, vector_outputs, written_roles)
 
 
 def all_of(*conds: str) -> str:
@@ -38,6 +38,7 @@ class EpilogueEmitter:
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.dag = spec.dag
+        self.names = spec.names
         self.hoisted: dict[int, str] = {}
 
     @property
@@ -60,13 +61,13 @@ class EpilogueEmitter:
         lines = []
         for o in reduce_outputs(self.dag):
             if self.program_reduced(o):
-                u = uname(o.name)
+                u = self.names.user(o.name)
                 ident = _lit(OPS[o.node.op].reduce_identity)
                 zeros = f"tl.sum({like}, axis=1)" if like else "tl.zeros((BLOCK_M,), tl.float32)"
                 full = f"{zeros} + {ident}" if like else f"tl.full((BLOCK_M,), {ident}, tl.float32)"
-                lines.append(f"{indent}pacc_{u} = {full}")
+                lines.append(f"{indent}{u('pacc')} = {full}")
                 if o.node.op == "logsumexp":
-                    lines.append(f"{indent}pacc_{u}_s = {zeros}")
+                    lines.append(f"{indent}{u('paccs')} = {zeros}")
         return lines
 
     def program_finish(self, indent: str, slot: str = "start", count: str = "tl.num_programs(0)",
@@ -78,17 +79,18 @@ class EpilogueEmitter:
         for o in reduce_outputs(self.dag):
             if not self.program_reduced(o):
                 continue
-            u = uname(o.name)
+            u = self.names.user(o.name)
             row = OPS[o.node.op]
+            ws, pacc = u("ws"), u("pacc")
             if o.node.op == "logsumexp":
-                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pacc_{u}, pacc_{u}_s)")
-                lines.append(f"{indent}tl.store({u}_ws + {slot}, pm_{u})")
-                lines.append(f"{indent}tl.store({u}_ws2 + {slot}, ps_{u})")
+                lines.append(f"{indent}{u('pm')}, {u('ps')} = _ef_lse_reduce({pacc}, {u('paccs')})")
+                lines.append(f"{indent}tl.store({ws} + {slot}, {u('pm')})")
+                lines.append(f"{indent}tl.store({u('ws2')} + {slot}, {u('ps')})")
             elif o.node.op == "sum":
-                lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.sum(pacc_{u}, axis=0))")
+                lines.append(f"{indent}tl.store({ws} + {slot}, tl.sum({pacc}, axis=0))")
             else:
                 comb = row.combiner(self.spec.cuda)
-                lines.append(f"{indent}tl.store({u}_ws + {slot}, tl.reduce(pacc_{u}, 0, {comb}))")
+                lines.append(f"{indent}tl.store({ws} + {slot}, tl.reduce({pacc}, 0, {comb}))")
             if combined_in_kernel(o, self.spec.family):
                 lines += self._combine_scalar(o, lane, "0", "0", count, barrier, indent)
         return lines
@@ -102,29 +104,35 @@ class EpilogueEmitter:
         for o in reduce_outputs(self.dag):
             if not atomic_folded(o):
                 continue
-            u = uname(o.name)
+            u = self.names.user(o.name)
             ext = "M" if o.kind is OutputKind.ROW else "N"
             total = f"L * {ext}" if o.batched else ext
             inner, body = indent + "    ", indent + "        "
+            fo, fm, fb, ws, out = u("fo"), u("fm"), u("fb"), u("ws"), u("out")
             lines += self._ticket(o, "0", count, barrier, indent)  # one counter per output
             lines += [
                 f"{inner}for f0 in range(0, {total}, {_FOLD_FINISH}):",
-                f"{body}fo_{u} = f0 + {lane}",
-                f"{body}fm_{u} = fo_{u} < {total}",
-                f"{body}fb_{u} = tl.load({u}_ws + fo_{u}, mask=fm_{u}, {_LD_L2})",
-                f"{body}tl.store({u}_out + (fo_{u} // {ext}) * {u}_osl + (fo_{u} % {ext}) * {u}_os, "
-                f"fb_{u}.to(tl.float32, bitcast=True).to({u}_out.dtype.element_ty), mask=fm_{u})",
+                f"{body}{fo} = f0 + {lane}",
+                f"{body}{fm} = {fo} < {total}",
+                f"{body}{fb} = tl.load({ws} + {fo}, mask={fm}, {_LD_L2})",
+                f"{body}tl.store({out} + ({fo} // {ext}) * {u('osl')} + ({fo} % {ext}) * {u('os')}, "
+                f"{fb}.to(tl.float32, bitcast=True).to({out}.dtype.element_ty), mask={fm})",
                 # Triton may give the reset another layout than the load (it did for 16-bit
                 # outputs on sm_90: a thread reset elements before the thread that loads
                 # them had read them), so every thread's loads come before any reset
                 f"{body}{barrier}",
-                f"{body}tl.store({u}_ws + fo_{u}, {FOLD_IDENTITY_BITS[o.node.op]}, mask=fm_{u})",
+                f"{body}tl.store({ws} + {fo}, {FOLD_IDENTITY_BITS[o.node.op]}, mask={fm})",
             ]
         return lines
 
+    def fold_params(self) -> list[tuple[str, str]]:
+        """The kernel parameters ``fold_finish`` reads, with their roles (see
+        ``epilogue_params``)."""
+        return [(self.names(o.name, r), r) for o in reduce_outputs(self.dag) if atomic_folded(o)
+                for r in written_roles(o)]
+
     def fold_names(self) -> list[str]:
-        """The kernel parameters ``fold_finish`` reads (see ``epilogue_params``)."""
-        return [p for o in reduce_outputs(self.dag) if atomic_folded(o) for p in _written_params(o)]
+        return [p for p, _ in self.fold_params()]
 
     @staticmethod
     def _program_level(n: Node) -> bool:
@@ -138,7 +146,7 @@ class EpilogueEmitter:
             if not self._program_level(n):
                 continue
             expr = self._expr(n, self.hoisted, sub=None)
-            name = f"s{k}"
+            name = self.names.hoisted(k)
             if n.kind is NodeKind.CONST:
                 self.hoisted[id(n)] = expr  # literals stay inline
                 continue
@@ -174,12 +182,12 @@ class EpilogueEmitter:
         raise NotImplementedError(f"the Triton emitter has no code for {n.kind.value} nodes yet")
 
     def _load(self, spec, sub) -> str:
-        u = uname(spec.name)
+        u = self.names.user(spec.name)
         if spec.kind is OperandKind.RUNTIME_SCALAR:
-            return u
-        bofs = f"bid64 * {u}_sl" if spec.batched else "0"
+            return u()
+        bofs = f"bid64 * {u('sl')}" if spec.batched else "0"
         if spec.kind is OperandKind.DEVICE_SCALAR:
-            return f"tl.load({u}_ptr + {bofs}).to(tl.float32)"
+            return f"tl.load({u('ptr')} + {bofs}).to(tl.float32)"
         if spec.kind in (OperandKind.PER_ROW, OperandKind.PER_COL):
             return sub.load_vector(u, spec.kind, bofs)
         return sub.load_full(u, spec.batched)
@@ -199,7 +207,7 @@ class EpilogueEmitter:
                     single_use and n.kind is NodeKind.COMPUTE and len(expr) < 60):
                 env[id(n)] = expr if n.kind is not NodeKind.COMPUTE else f"({expr})"
                 continue
-            name = f"v{k}{sub.suffix}"
+            name = self.names.value(k, sub.piece)
             lines.append(f"{indent}{name} = {expr}")
             env[id(n)] = name
         for o in full_outputs(self.dag):
@@ -214,7 +222,7 @@ class EpilogueEmitter:
                     v = f"_ef_round_sat({v}, {lo}, {hi})"
             elif o.dtype in FP8_DTYPES:  # saturate (satfinite), NaN kept, as CUTLASS does
                 v = _saturated(v, o.dtype)
-            lines.append(indent + sub.store_full(uname(o.name), v, o.batched))
+            lines.append(indent + sub.store_full(self.names.user(o.name), v, o.batched))
         for o in vector_outputs(self.dag):
             lines += self._store_vector(o, env, sub, indent)
         for o in reduce_outputs(self.dag):
@@ -230,16 +238,17 @@ class EpilogueEmitter:
         are ordered before it (barrier, then a release at GPU scope); the last of ``count``
         tickets acquires the others' partials, resets the counter for the next launch and
         runs the lines that follow (indented one more level)."""
-        u = uname(o.name)
+        u = self.names.user(o.name)
         return [f"{indent}{barrier}",
-                f"{indent}tk_{u} = tl.atomic_add({u}_cnt + {group}, 1, sem=\"acq_rel\", scope=\"gpu\")",
-                f"{indent}if tk_{u} == {count} - 1:",
-                f"{indent}    tl.atomic_xchg({u}_cnt + {group}, 0)"]
+                f"{indent}{u('tk')} = tl.atomic_add({u('cnt')} + {group}, 1, sem=\"acq_rel\", scope=\"gpu\")",
+                f"{indent}if {u('tk')} == {count} - 1:",
+                f"{indent}    tl.atomic_xchg({u('cnt')} + {group}, 0)"]
 
     def _combine(self, o, sub, indent: str) -> list[str]:
         """Lines run after a tile's partials are stored: the last tile of the group
         combines the group's partials (ascending order) into the output."""
-        u = uname(o.name)
+        u = self.names.user(o.name)
+        ws, cm, out = u("ws"), u("cm"), u("out")
         b = "bid64 * " if o.batched else "0 * "
         if o.kind is OutputKind.SCALAR:
             count = "num_pid_m * num_pid_n" if o.batched else "num_pid_m * num_pid_n * L"
@@ -263,42 +272,46 @@ class EpilogueEmitter:
             mask = f"{i} < {extent}"
             # _COMBINE_LOADS loads in flight per step, combined in ascending order (one L2
             # round trip per partial made a 64-tile row's combine cost ~25 us on an H100)
-            loads = [f"{body}p{k}_{u} = tl.load({u}_ws + {base} + (j0 + {k}) * {extent} + {i}, "
+            # a workspace of 2^31 partials or more (``KernelSpec.int64``): the step in 64 bits
+            j = "tl.cast(j0, tl.int64)" if self.spec.int64 else "j0"
+            loads = [f"{body}{u('p', k)} = tl.load({ws} + {base} + ({j} + {k}) * {extent} + {i}, "
                      f"mask={all_of(mask, f'j0 + {k} < {count}')}, other={ident}, {_LD_L2})"
                      for k in range(_COMBINE_LOADS)]
-            lines += [f"{inner}cm_{u} = tl.load({u}_ws + {base} + {i}, mask={mask}, {_LD_L2})",
+            lines += [f"{inner}{cm} = tl.load({ws} + {base} + {i}, mask={mask}, {_LD_L2})",
                       f"{inner}for j0 in range(1, {count}, {_COMBINE_LOADS}):",
                       *loads,
-                      *[f"{body}cm_{u} = {comb}(cm_{u}, p{k}_{u})" for k in range(_COMBINE_LOADS)],
-                      f"{inner}tl.store({u}_out + {b}{u}_osl + {i} * {u}_os, "
-                      f"cm_{u}.to({u}_out.dtype.element_ty), mask={mask})"]
+                      *[f"{body}{cm} = {comb}({cm}, {u('p', k)})" for k in range(_COMBINE_LOADS)],
+                      f"{inner}tl.store({out} + {b}{u('osl')} + {i} * {u('os')}, "
+                      f"{cm}.to({out}.dtype.element_ty), mask={mask})"]
         return lines
 
     def _combine_scalar(self, o, lane: str, group: str, base: str, count: str, barrier: str,
                         indent: str) -> list[str]:
         """The whole-output case: ``count`` partials at ``base``, read ``lane``-wide."""
-        u = uname(o.name)
+        u = self.names.user(o.name)
+        ws, cm, ln, out = u("ws"), u("cm"), u("ln"), u("out")
         row = OPS[o.node.op]
         ident = _lit(row.reduce_identity)
         inner = indent + "    "
         comb = row.combiner(self.spec.cuda)
-        total = f"tl.sum(cm_{u}, axis=0)" if o.node.op == "sum" else f"tl.reduce(cm_{u}, 0, {comb})"
+        total = f"tl.sum({cm}, axis=0)" if o.node.op == "sum" else f"tl.reduce({cm}, 0, {comb})"
         lines = self._ticket(o, group, count, barrier, indent)
-        lines += [f"{inner}ln_{u} = {lane}",
-                  f"{inner}cm_{u} = tl.load({u}_ws + {base} + ln_{u}, mask=ln_{u} < {count}, "
+        lines += [f"{inner}{ln} = {lane}",
+                  f"{inner}{cm} = tl.load({ws} + {base} + {ln}, mask={ln} < {count}, "
                   f"other={ident}, {_LD_L2})",
-                  f"{inner}for j0 in range(ln_{u}.shape[0], {count}, ln_{u}.shape[0]):",
-                  f"{inner}    cm_{u} = {comb}(cm_{u}, tl.load({u}_ws + {base} + j0 + ln_{u}, "
-                  f"mask=j0 + ln_{u} < {count}, other={ident}, {_LD_L2}))",
-                  f"{inner}tl.store({u}_out + {group} * {u}_osl, ({total}).to({u}_out.dtype.element_ty))"]
+                  f"{inner}for j0 in range({ln}.shape[0], {count}, {ln}.shape[0]):",
+                  f"{inner}    {cm} = {comb}({cm}, tl.load({ws} + {base} + j0 + {ln}, "
+                  f"mask=j0 + {ln} < {count}, other={ident}, {_LD_L2}))",
+                  f"{inner}tl.store({out} + {group} * {u('osl')}, ({total}).to({out}.dtype.element_ty))"]
         return lines
 
     def _reduce(self, o, env, sub, indent, first: bool, last: bool) -> list[str]:
         """This sub-tile's part of a reduction output; partials go to the workspace."""
         n = o.node
         row = OPS[n.op]
-        u = uname(o.name)
-        acc_name = f"racc_{u}"
+        u = self.names.user(o.name)
+        acc_name, acc_s = u("racc"), u("raccs")
+        ws, ws2, pm, ps, pacc, pacc_s = u("ws"), u("ws2"), u("pm"), u("ps"), u("pacc"), u("paccs")
         v = self._arg(n.inputs[0], env, True)
         if n.inputs[0].space is not Space.FULL:
             v = f"({v} + {sub.zeros()})"
@@ -315,8 +328,8 @@ class EpilogueEmitter:
             keep = f"({sub.rm}[:, None] < M)"
         else:
             keep = sub.mask
-        lines = [f"{indent}rv_{u}{sub.suffix} = tl.where(({keep}) | EVEN_MN, {v}, {ident})"]
-        rv = f"rv_{u}{sub.suffix}"
+        rv = u("rv", sub.piece)
+        lines = [f"{indent}{rv} = tl.where(({keep}) | EVEN_MN, {v}, {ident})"]
         lse = n.op == "logsumexp"
         comb = row.combiner(self.spec.cuda)
 
@@ -333,35 +346,35 @@ class EpilogueEmitter:
         ws_one = f"(bid64 * num_pid_m + {sub.pid_m}) * num_pid_n + {sub.pid_n}"
         if o.kind is OutputKind.COL:  # each sub-tile holds its own columns: store now
             if lse:
-                lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 0)")
-                lines.append(f"{indent}tl.store({u}_ws + {ws_col}, pm_{u}, mask={sub.rn} < N)")
-                lines.append(f"{indent}tl.store({u}_ws2 + {ws_col}, ps_{u}, mask={sub.rn} < N)")
+                lines.append(f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 0)")
+                lines.append(f"{indent}tl.store({ws} + {ws_col}, {pm}, mask={sub.rn} < N)")
+                lines.append(f"{indent}tl.store({ws2} + {ws_col}, {ps}, mask={sub.rn} < N)")
             elif atomic_folded(o):
                 b = "bid64 * N + " if o.batched else ""
-                lines.append(f"{indent}_ef_fold({u}_ws + {b}{sub.rn}, {part(0, rv)}, "
+                lines.append(f"{indent}_ef_fold({ws} + {b}{sub.rn}, {part(0, rv)}, "
                              f"{sub.rn} < N, {n.op == 'max'})")
             else:
-                lines.append(f"{indent}tl.store({u}_ws + {ws_col}, {part(0, rv)}, "
+                lines.append(f"{indent}tl.store({ws} + {ws_col}, {part(0, rv)}, "
                              f"mask={sub.rn} < N)")
             return lines
         if self.program_reduced(o):
             if lse:
-                lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 1)")
-                lines.append(f"{indent}pacc_{u}, pacc_{u}_s = _ef_lse_combine(pacc_{u}, "
-                             f"pacc_{u}_s, pm_{u}, ps_{u})")
+                lines.append(f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 1)")
+                lines.append(f"{indent}{pacc}, {pacc_s} = _ef_lse_combine({pacc}, "
+                             f"{pacc_s}, {pm}, {ps})")
             else:
-                lines.append(f"{indent}pacc_{u} = {combine(f'pacc_{u}', part(1, rv))}")
+                lines.append(f"{indent}{pacc} = {combine(pacc, part(1, rv))}")
             return lines
         # per-row and whole-output partials combine across the tile's sub-tiles first
         if lse:
-            lines.append(f"{indent}pm_{u}, ps_{u} = {self._lse_part}({rv}, 1)")
+            lines.append(f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 1)")
             if o.kind is OutputKind.SCALAR:
-                lines.append(f"{indent}pm_{u}, ps_{u} = _ef_lse_reduce(pm_{u}, ps_{u})")
+                lines.append(f"{indent}{pm}, {ps} = _ef_lse_reduce({pm}, {ps})")
             if first:
-                lines.append(f"{indent}{acc_name}, {acc_name}_s = pm_{u}, ps_{u}")
+                lines.append(f"{indent}{acc_name}, {acc_s} = {pm}, {ps}")
             else:
-                lines.append(f"{indent}{acc_name}, {acc_name}_s = _ef_lse_combine({acc_name}, "
-                             f"{acc_name}_s, pm_{u}, ps_{u})")
+                lines.append(f"{indent}{acc_name}, {acc_s} = _ef_lse_combine({acc_name}, "
+                             f"{acc_s}, {pm}, {ps})")
         else:
             p = part(1, rv)
             if o.kind is OutputKind.SCALAR:
@@ -370,38 +383,39 @@ class EpilogueEmitter:
         if last:
             if atomic_folded(o):
                 b = "bid64 * M + " if o.batched else ""
-                lines.append(f"{indent}_ef_fold({u}_ws + {b}{sub.rm}, {acc_name}, "
+                lines.append(f"{indent}_ef_fold({ws} + {b}{sub.rm}, {acc_name}, "
                              f"{sub.rm} < M, {n.op == 'max'})")
             elif o.kind is OutputKind.ROW:
-                lines.append(f"{indent}tl.store({u}_ws + {ws_row}, {acc_name}, mask={sub.rm} < M)")
+                lines.append(f"{indent}tl.store({ws} + {ws_row}, {acc_name}, mask={sub.rm} < M)")
                 if lse:
-                    lines.append(f"{indent}tl.store({u}_ws2 + {ws_row}, {acc_name}_s, "
+                    lines.append(f"{indent}tl.store({ws2} + {ws_row}, {acc_s}, "
                                  f"mask={sub.rm} < M)")
             else:
-                lines.append(f"{indent}tl.store({u}_ws + {ws_one}, {acc_name})")
+                lines.append(f"{indent}tl.store({ws} + {ws_one}, {acc_name})")
                 if lse:
-                    lines.append(f"{indent}tl.store({u}_ws2 + {ws_one}, {acc_name}_s)")
+                    lines.append(f"{indent}tl.store({ws2} + {ws_one}, {acc_s})")
         return lines
 
     def _store_vector(self, o, env, sub, indent) -> list[str]:
         """A value that is constant along the axes its (vector/scalar) output lacks."""
-        u = uname(o.name)
+        u = self.names.user(o.name)
+        ptr0, sl = u("ptr"), u("sl")
         v = self._arg(o.node, env, True)
         conds = [] if o.batched or not sub.bid else [f"{sub.bid} == 0"]
         if o.kind is OutputKind.ROW:
             val = sub.along(v, OutputKind.ROW)
-            ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rm} * {u}_sm"
+            ptr = f"{ptr0} + bid64 * {sl} + {sub.rm} * {u('sm')}"
             conds = [f"{sub.rm} < M", f"{sub.pid_n} == 0", sub.first_sub, *conds]
         elif o.kind is OutputKind.COL:
             val = sub.along(v, OutputKind.COL)
-            ptr = f"{u}_ptr + bid64 * {u}_sl + {sub.rn} * {u}_sn"
+            ptr = f"{ptr0} + bid64 * {sl} + {sub.rn} * {u('sn')}"
             conds = [f"{sub.rn} < N", f"{sub.pid_m} == 0", *conds]
         else:
             val, at, only = sub.one(v)
-            ptr = f"{u}_ptr + bid64 * {u}_sl{at}"
+            ptr = f"{ptr0} + bid64 * {sl}{at}"
             conds = [f"{sub.pid_m} == 0", f"{sub.pid_n} == 0", sub.first_sub,
                      *filter(None, [only]), *conds]
         mask = all_of(*conds)
         if o.dtype in FP8_DTYPES:
             val = _saturated(val, o.dtype)
-        return [f"{indent}tl.store({ptr}, ({val}).to({u}_ptr.dtype.element_ty), mask={mask})"]
+        return [f"{indent}tl.store({ptr}, ({val}).to({ptr0}.dtype.element_ty), mask={mask})"]

@@ -130,7 +130,7 @@ class KernelFamily:
         if target.kind != INTERPRETER and args.A.device.type != "cuda" and not target.offline:
             return Status.fail(f"tensors are on {args.A.device}; kernels need CUDA tensors, or "
                                "TRITON_INTERPRET=1 for CPU tensors")
-        why = _fp8_refusal(args, target)
+        why = _fp8_refusal(args, target) or _size_refusal(args)
         if why:
             return Status.fail(why)
         why = check_emittable(args.dag)
@@ -172,6 +172,19 @@ def _fp8_refusal(args: GemmArguments, target: Target) -> str | None:
     if args.A.dtype in FP8_DTYPES and target.cc < FP8_MIN_CC:
         return (f"fp8 inputs need tensor-core fp8 (compute capability 8.9+); this GPU is "
                 f"{target.cc}")
+    return None
+
+
+def _size_refusal(args: GemmArguments) -> str | None:
+    """Why the problem's sizes pass what the kernels' int32 index arithmetic takes (row and
+    column indices, tile counts, the rows or columns of every batch a fold runs over);
+    element offsets past 2^31 are 64-bit where needed (``launch_items.needs_int64``)."""
+    limit = 2 ** 31
+    if max(args.M, args.N, args.K) >= limit:
+        return f"M, N and K must each be below 2^31 (M={args.M}, N={args.N}, K={args.K})"
+    if args.L * max(args.M, args.N) >= limit:
+        return (f"L x M and L x N must be below 2^31 (L={args.L}, M={args.M}, N={args.N}); "
+                "split the batch")
     return None
 
 

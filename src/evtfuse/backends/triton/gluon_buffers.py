@@ -15,16 +15,18 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import Dag, OperandKind
-from .spec import full_outputs, staged_vector, uname
+from .spec import full_outputs, staged_vector
 
 
 @dataclass(frozen=True)
 class Buffers:
-    """Shared-memory buffers of the epilogue.
+    """Shared-memory buffers of the epilogue. Every name here is a user's (an operand's or
+    output's); the emitter asks the kernel's namer for the identifiers of buffers and
+    descriptors (``names.Names``, roles "lb", "vb", "ob", "desc").
 
     ``loads`` (operand name, dtype): whole-tile buffers, two (one per consumer), filled by
     TMA ahead of the epilogue by the epilogue-memory warp. ``tile_stores`` (output name,
-    load buffer): an output of a load's dtype is staged in that load's buffer (the tile
+    the name of the load whose buffer hosts it): an output of a load's dtype is staged in that load's buffer (the tile
     was read into registers before any output is written) and stored by the same warp.
     ``piece_stores`` (output name, dtype): the other outputs are staged per column piece
     in two buffers per consumer and TMA-stored by the consumer itself, so they cost
@@ -33,8 +35,8 @@ class Buffers:
     tiles, ``BLOCK_M`` or ``BLOCK_N`` elements per consumer (``codegen.staged_vector``).
     ``direct_stores``: outputs the consumer stores from registers with masked global
     stores (``KernelSpec.direct``, chosen by ``GluonFamily`` where the shared memory their
-    pieces would take costs A/B stages): no buffer. ``slot_stores`` (output name, load
-    buffer; ``KernelSpec.chunk``): a second output of a load buffer's dtype, staged in the
+    pieces would take costs A/B stages): no buffer. ``slot_stores`` (output name, host
+    load; ``KernelSpec.chunk``): a second output of a load buffer's dtype, staged in the
     buffer's 128-byte column chunks once the chunk's in-place output has left; the
     consumer TMA-stores both by chunk (``_SlotPlan``), so it costs no shared memory."""
 
@@ -63,9 +65,9 @@ class Buffers:
         consumer's loads and stores take."""
         return f"{buf}.reshape([{rows}, {cols}])" if self.batch else buf
 
-    def dtype_of(self, buf: str) -> torch.dtype:
-        """The dtype of load buffer ``buf`` (``lb_<operand>``)."""
-        return next(dt for n, dt in self.loads if f"lb_{uname(n)}" == buf)
+    def dtype_of(self, load: str) -> torch.dtype:
+        """The dtype of the buffer of load ``load`` (an operand's name)."""
+        return next(dt for n, dt in self.loads if n == load)
 
     @property
     def consumer_tiles(self) -> tuple[tuple[str, str], ...]:
@@ -74,11 +76,13 @@ class Buffers:
         return self.tile_stores if self.chunked else ()
 
     @property
-    def own(self) -> list[tuple[str, str]]:
-        """Every buffer allocated: (buffer name, the descriptor that gives its layout)."""
-        out = [(f"lb_{uname(n)}", f"{uname(n)}_desc") for n, _ in self.loads]
-        out += [(f"vb_{uname(n)}", f"{uname(n)}_desc") for n, _, _ in self.vectors]
-        out += [(f"ob_{uname(n)}", f"{uname(n)}_desc") for n, _ in self.piece_stores]
+    def own(self) -> list[tuple[str, str, int]]:
+        """Every buffer allocated: (the operand's or output's name, the buffer's role in
+        ``names.ROLES``, how many): two of each tile and vector (one per consumer), four
+        piece buffers (two per consumer). Its layout is that of the name's descriptor."""
+        out = [(n, "lb", 2) for n, _ in self.loads]
+        out += [(n, "vb", 2) for n, _, _ in self.vectors]
+        out += [(n, "ob", 4) for n, _ in self.piece_stores]
         return out
 
     def smem_bytes(self, block_m: int, block_n: int, sub_n: int) -> int:
@@ -106,7 +110,7 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False, batch: 
         match = next((ld for ld in free if ld[1] == o.dtype), None)
         if match is not None:
             free.remove(match)
-            tile.append((o.name, f"lb_{uname(match[0])}"))
+            tile.append((o.name, match[0]))
             hosts.setdefault(o.dtype, []).append(tile[-1][1])
         elif slots and hosts.get(o.dtype):
             slot.append((o.name, hosts[o.dtype].pop(0)))

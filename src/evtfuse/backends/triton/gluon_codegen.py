@@ -54,9 +54,10 @@ from ...ir import OperandKind, OutputKind
 from .codegen import _split_lines, vector_load
 from .epilogue_emit import EpilogueEmitter
 from .gluon_buffers import Buffers, buffers
+from .names import Names, User
 from .prelude import helpers_for
-from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, launch_dependents_lines,
-                   reduce_outputs, uname)
+from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, int64_lines,
+                   launch_dependents_lines, reduce_outputs)
 from .versions import gluon_names
 
 # Gluon's spellings for the running Triton (versions.py: they changed in 3.7 and 3.8)
@@ -76,7 +77,7 @@ class _GluonTile:
     acc: str
     layout: str
     rn: str
-    suffix: str
+    piece: int | None  # the piece's number (None: in the piece loop, one body for all)
     first_sub: str
     rm: str = "rm"
     bm: str = "EPI_M"  # the consumer's rows of the tile (``row0`` the first)
@@ -114,49 +115,49 @@ class _GluonTile:
     def lane(self) -> str:
         return f"({self.rm} - row0)"
 
-    def load_full(self, u: str, batched: bool) -> str:
+    def load_full(self, u: User, batched: bool) -> str:
         if self.loop:
-            return f"ld_{u}.to(tl.float32)"
-        return f"lb_{u}_c.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
+            return f"{u('ld')}.to(tl.float32)"
+        return f"{u('lbc')}.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
 
-    def load_vector(self, u: str, kind: OperandKind, bofs: str) -> str:
-        if not any(uname(n) == u for n, _, _ in self.bufs.vectors):
+    def load_vector(self, u: User, kind: OperandKind, bofs: str) -> str:
+        if not any(n == u.name for n, _, _ in self.bufs.vectors):
             return vector_load(u, kind, bofs, self.rm, self.rn)
         if kind is OperandKind.PER_ROW:
-            return f"vb_{u}_c.load(gl.SliceLayout(1, {self.layout})).to(tl.float32)[:, None]"
+            return f"{u('vbc')}.load(gl.SliceLayout(1, {self.layout})).to(tl.float32)[:, None]"
         if self.loop:
-            return f"lv_{u}.to(tl.float32)[None, :]"
-        return (f"vb_{u}_c.slice({self.k} * SUB_N, SUB_N).load(gl.SliceLayout(0, {self.layout}))"
+            return f"{u('lv')}.to(tl.float32)[None, :]"
+        return (f"{u('vbc')}.slice({self.k} * SUB_N, SUB_N).load(gl.SliceLayout(0, {self.layout}))"
                 f".to(tl.float32)[None, :]")
 
-    def store_full(self, u: str, value: str, batched: bool) -> str:
-        if any(uname(n) == u for n in self.bufs.direct_stores):  # from registers
-            bofs = f"bid64 * {u}_sl + " if batched else ""
-            return (f"tl.store({u}_ptr + {bofs}{self.rm}[:, None].to(tl.int64) * {u}_sm + "
-                    f"{self.rn}[None, :].to(tl.int64) * {u}_sn, ({value}).to({u}_ptr.dtype.element_ty), "
+    def store_full(self, u: User, value: str, batched: bool) -> str:
+        if u.name in self.bufs.direct_stores:  # from registers
+            bofs = f"bid64 * {u('sl')} + " if batched else ""
+            return (f"tl.store({u('ptr')} + {bofs}{self.rm}[:, None].to(tl.int64) * {u('sm')} + "
+                    f"{self.rn}[None, :].to(tl.int64) * {u('sn')}, "
+                    f"({value}).to({u('ptr')}.dtype.element_ty), "
                     f"mask=({self.rm}[:, None] < M) & ({self.rn}[None, :] < N))")
-        slot = {uname(n): buf for n, buf in self.bufs.slot_stores}
-        if u in slot:  # held until its chunk's in-place output has left (``_SlotPlan``)
-            return f"hold_{u}_{self.k} = ({value}).to({slot[u]}_c.dtype)"
-        tile = {uname(n): buf for n, buf in self.bufs.tile_stores}
-        if u in tile:  # stored later: whole by the epilogue-memory warp, or by chunk (``_SlotPlan``)
-            buf = f"{tile[u]}_c"
+        slot = dict(self.bufs.slot_stores)
+        if u.name in slot:  # held until its chunk's in-place output has left (``_SlotPlan``)
+            return f"{u('hold', self.k)} = ({value}).to({u.names(slot[u.name], 'lbc')}.dtype)"
+        tile = dict(self.bufs.tile_stores)
+        if u.name in tile:  # stored later: whole by the epilogue-memory warp, or by chunk (``_SlotPlan``)
+            buf = u.names(tile[u.name], "lbc")
             if self.loop:  # stored into its slice after the body (``_piece_stores``)
-                return f"st_{u} = ({value}).to({buf}.dtype)"
+                return f"{u('st')} = ({value}).to({buf}.dtype)"
             return f"{buf}.slice({self.k} * SUB_N, SUB_N, dim=1).store(({value}).to({buf}.dtype))"
         # staged in one of this consumer's two piece buffers, stored by TMA from here: the
         # buffer's previous store (two pieces ago) is done once at most 2n - 1 of the n
         # piece outputs' later stores are pending (bulk groups complete in order)
         n = len(self.bufs.piece_stores)
         parity = f"{self.k} % 2" if self.loop else self.k % 2
-        buf = f"ob_{u}.index(WHICH * 2 + {parity})"
-        name = next(o for o, _ in self.bufs.piece_stores if uname(o) == u)
+        buf = f"{u('ob')}.index(WHICH * 2 + {parity})"
         return "; ".join([
             f"tma.store_wait(pendings={2 * n - 1})",
-            f"{self.bufs.view(buf, 'EPI_M', 'SUB_N')}.store(({value}).to(ob_{u}.dtype))",
+            f"{self.bufs.view(buf, 'EPI_M', 'SUB_N')}.store(({value}).to({u('ob')}.dtype))",
             "fence_async_shared()",
-            f"{TMA_STORE}({u}_desc, "
-            f"{self.bufs.at(name, 'row0', f'pid_n_c * BLOCK_N + {self.k} * SUB_N')}, {buf})",
+            f"{TMA_STORE}({u('desc')}, "
+            f"{self.bufs.at(u.name, 'row0', f'pid_n_c * BLOCK_N + {self.k} * SUB_N')}, {buf})",
         ])
 
 
@@ -182,7 +183,7 @@ class _SlotPlan:
     """The consumer's chunked TMA stores of slot outputs (``Buffers.slot_stores``) and of
     the in-place outputs of their buffers. A chunk is ``per`` pieces (``CH`` columns, 128
     bytes). Once a chunk's last piece has run, its in-place outputs (written there as the
-    pieces ran) leave by TMA; the slot outputs' pieces stay in registers (``hold_*``) until
+    pieces ran) leave by TMA; the slot outputs' pieces stay in registers (role "hold") until
     the next chunk's in-place stores are issued, then wait for their chunk's in-place
     stores to have read the buffer (bulk groups complete in order), take the chunk and
     leave. Per chunk ``c``: in-place ``c`` (``T`` groups, one per consumer-stored tile),
@@ -193,6 +194,7 @@ class _SlotPlan:
     pieces: int
     sub_n: int  # columns of a piece
     chunk: int  # columns of a chunk
+    names: Names
 
     @property
     def per(self) -> int:  # pieces per chunk (0: a piece holds several chunks)
@@ -204,18 +206,18 @@ class _SlotPlan:
 
     def _issue(self, pairs, c: int, indent: str) -> list[str]:
         # a batched kernel's buffers: the chunk of the 3-D block (``Buffers.batch``)
-        src, dim = ("_c3", 2) if self.bufs.batch else ("_c", 1)
-        return [f"{indent}{TMA_STORE}({uname(n)}_desc, "
+        role, dim = ("lbc3", 2) if self.bufs.batch else ("lbc", 1)
+        return [f"{indent}{TMA_STORE}({self.names(n, 'desc')}, "
                 f"{self.bufs.at(n, 'row0', f'pid_n_c * BLOCK_N + {c} * CH')}, "
-                f"{buf}{src}.slice({c} * CH, CH, dim={dim}))" for n, buf in pairs]
+                f"{self.names(host, role)}.slice({c} * CH, CH, dim={dim}))" for n, host in pairs]
 
     def _flush(self, c: int, pendings: int, indent: str) -> list[str]:
         lines = [f"{indent}tma.store_wait(pendings={pendings})  # chunk {c}'s in-place stores "
                  "have read it"]
-        for n, buf in self.bufs.slot_stores:
+        for n, host in self.bufs.slot_stores:
             for j in range(c * self.per, (c + 1) * self.per):
-                lines.append(f"{indent}{buf}_c.slice({j} * SUB_N, SUB_N, dim=1)"
-                             f".store(hold_{uname(n)}_{j})")
+                lines.append(f"{indent}{self.names(host, 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1)"
+                             f".store({self.names(n, 'hold', j)})")
         return [*lines, f"{indent}fence_async_shared()", *self._issue(self.bufs.slot_stores, c, indent)]
 
     def after_piece(self, k: int, indent: str) -> list[str]:
@@ -252,27 +254,28 @@ def _by_piece(count: int, indent: str, body) -> list[str]:
     return lines
 
 
-def _piece_select(bufs: Buffers, pieces: list[str], indent: str) -> list[str]:
+def _piece_select(names: Names, bufs: Buffers, pieces: list[str], indent: str) -> list[str]:
     """At the top of the piece loop: piece ``k`` of the accumulator and the slices of the
     aux tiles and column vectors it needs."""
     def select(j: int) -> list[str]:
         return [f"pc = {pieces[j]}",
-                *(f"ld_{uname(n)} = lb_{uname(n)}_c.slice({j} * SUB_N, SUB_N, dim=1).load(PL)"
+                *(f"{names(n, 'ld')} = {names(n, 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1).load(PL)"
                   for n, _ in bufs.loads),
-                *(f"lv_{uname(n)} = vb_{uname(n)}_c.slice({j} * SUB_N, SUB_N)"
+                *(f"{names(n, 'lv')} = {names(n, 'vbc')}.slice({j} * SUB_N, SUB_N)"
                   f".load(gl.SliceLayout(0, PL))" for n, _, row in bufs.vectors if not row)]
 
     return _by_piece(len(pieces), indent, select)
 
 
-def _piece_stores(bufs: Buffers, count: int, indent: str, plan: _SlotPlan | None = None) -> list[str]:
+def _piece_stores(names: Names, bufs: Buffers, count: int, indent: str,
+                  plan: _SlotPlan | None = None) -> list[str]:
     """At the bottom of the piece loop: the values of outputs staged in a load's tile
     buffer go into their slice (and, chunked, leave as their chunk completes)."""
     if not bufs.tile_stores:
         return []
     return _by_piece(count, indent, lambda j: [
-        *(f"{buf}_c.slice({j} * SUB_N, SUB_N, dim=1).store(st_{uname(n)})"
-          for n, buf in bufs.tile_stores),
+        *(f"{names(host, 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1).store({names(n, 'st')})"
+          for n, host in bufs.tile_stores),
         *(plan.after_piece(j, "") if plan else [])])
 
 
@@ -382,17 +385,21 @@ def _kernel_source(spec: KernelSpec) -> str:
     bufs = buffers(dag, spec.direct, slots=bool(spec.chunk), batch=batch)
     bid = "bid, " if batch else ""
     epi = EpilogueEmitter(spec)
-    params = epilogue_params(dag, "gluon", spec.direct)
+    names = spec.names
+    roles = epilogue_params(names, dag, "gluon", spec.direct)
+    params = [p for p, _ in roles]
     # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
     # rest (piece-staged outputs' descriptors included) to the consumers
-    piece_descs = {f"{uname(n)}_desc" for n, _ in
+    piece_descs = {names(n, "desc") for n, _ in
                    bufs.piece_stores + bufs.slot_stores + bufs.consumer_tiles}
-    descs = [p for p in params if p.endswith("_desc") and p not in piece_descs]
-    consumer_params = [p for p in params if not p.endswith("_desc") or p in piece_descs]
-    tile_bufs = [f"lb_{uname(n)}" for n, _ in bufs.loads] + [f"vb_{uname(n)}" for n, _, _ in bufs.vectors]
-    piece_bufs = [f"ob_{uname(n)}" for n, _ in bufs.piece_stores]
-    load_names = [uname(n) for n, _ in bufs.loads]
-    vec_names = [(uname(n), row) for n, _, row in bufs.vectors]
+    descs = [p for p, role in roles if role == "desc" and p not in piece_descs]
+    consumer_params = [p for p, role in roles if role != "desc" or p in piece_descs]
+    # the consumer's view of each buffer of tiles and vectors (roles "lbc", "vbc")
+    tile_bufs = [(n, "lb") for n, _ in bufs.loads] + [(n, "vb") for n, _, _ in bufs.vectors]
+    tile_buf_names = [names(n, role) for n, role in tile_bufs]
+    piece_bufs = [names(n, "ob") for n, _ in bufs.piece_stores]
+    load_names = [n for n, _ in bufs.loads]
+    vec_names = [(n, row) for n, _, row in bufs.vectors]
     sizes = "M, N, K, L"
     consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
                  "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, EVEN_MN: gl.constexpr"
@@ -439,9 +446,9 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
     ]
     # ---- epilogue-memory partition: aux tiles in, outputs out
-    load_bytes = " + ".join(f"{u}_desc.block_type.nbytes"
-                            for u in load_names + [v for v, _ in vec_names]) or "0"
-    mem = "".join(f"{a}, " for a in descs + tile_bufs)  # the memory warp's own arguments
+    load_bytes = " + ".join(f"{names(n, 'desc')}.block_type.nbytes"
+                            for n in load_names + [v for v, _ in vec_names]) or "0"
+    mem = "".join(f"{a}, " for a in descs + tile_buf_names)  # the memory warp's own arguments
     # the one-shot barrier of MEM_FIRST
     staged = bool(load_names or vec_names) and (COOP_GO if coop else MEM_FIRST == "second")
     go = "c_go, " if staged else ""
@@ -458,13 +465,12 @@ def _kernel_source(spec: KernelSpec) -> str:
             f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
         ]
         for n, _ in bufs.loads:
-            u = uname(n)
-            L.append(f"{I1}{TMA_LOAD}({u}_desc, {bufs.at(n, 'row0', 'col0')}, "
-                     f"c_ready.index(b), lb_{u}.index(b))")
-        for u, row in vec_names:
+            L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, {bufs.at(n, 'row0', 'col0')}, "
+                     f"c_ready.index(b), {names(n, 'lb')}.index(b))")
+        for n, row in vec_names:
             at = "row0" if row else "col0"
-            L.append(f"{I1}{TMA_LOAD}({u}_desc, [{at}], c_ready.index(b), "
-                     f"vb_{u}.index(b))")
+            L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, [{at}], c_ready.index(b), "
+                     f"{names(n, 'vb')}.index(b))")
     else:
         L.append(f"{I1}mbarrier.arrive(c_ready.index(b))")
     L += [
@@ -481,12 +487,11 @@ def _kernel_source(spec: KernelSpec) -> str:
         "BLOCK_N, GROUP_M)",
         f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
     ]
-    for name, buf in bufs.tile_stores:
-        if (name, buf) in bufs.consumer_tiles:
+    for name, host in bufs.tile_stores:
+        if (name, host) in bufs.consumer_tiles:
             continue  # the consumer stores it by chunk
-        u = uname(name)
-        L.append(f"{I2}{TMA_STORE}({u}_desc, {bufs.at(name, 'row0', 'col0')}, "
-                 f"{buf}.index(b))")
+        L.append(f"{I2}{TMA_STORE}({names(name, 'desc')}, {bufs.at(name, 'row0', 'col0')}, "
+                 f"{names(host, 'lb')}.index(b))")
     L += [
         f"{I2}if t + 2 < my_units:",
         f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
@@ -498,7 +503,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     ]
     # ---- consumers
     cons_args = ", ".join(["a_bufs", "b_bufs", "ready", "empty", "c_ready", "d_ready", "order"]
-                          + (["c_go"] if staged else []) + tile_bufs + piece_bufs
+                          + (["c_go"] if staged else []) + tile_buf_names + piece_bufs
                           + consumer_params)
     L += [
         "@gluon.jit",
@@ -517,6 +522,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
         f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, BLOCK_N, 16])",
+        *int64_lines(spec, [r for r in roles if r[0] in consumer_params], I1),
         *program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
@@ -525,12 +531,13 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if coop else ''}  # this consumer's rows of a tile",
         *([] if batch else [f"{I1}bid64 = 0"]),  # batched: each tile's (below)
     ]
-    for name in tile_bufs:  # the consumer's buffers (a batched kernel's tiles: 2-D views)
-        if batch and name.startswith("lb_"):
-            L += [f"{I1}{name}_c3 = {name}.index(WHICH)",
-                  f"{I1}{name}_c = {bufs.view(f'{name}_c3', 'EPI_M', 'BLOCK_N')}"]
+    for n, role in tile_bufs:  # the consumer's buffers (a batched kernel's tiles: 2-D views)
+        if batch and role == "lb":
+            L += [f"{I1}{names(n, 'lbc3')} = {names(n, 'lb')}.index(WHICH)",
+                  f"{I1}{names(n, 'lbc')} = {bufs.view(names(n, 'lbc3'), 'EPI_M', 'BLOCK_N')}"]
         else:
-            L.append(f"{I1}{name}_c = {name}.index(WHICH)")
+            mine = {"lb": "lbc", "vb": "vbc"}[role]
+            L.append(f"{I1}{names(n, mine)} = {names(n, role)}.index(WHICH)")
     L += epi.prologue(I1)
     if any(epi.program_reduced(o) for o in reduce_outputs(dag)):
         # whole-output reductions accumulate row sums across this consumer's tiles in the
@@ -578,7 +585,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     # a 128x128 fp32 tile is 128 registers per thread, which leaves too few for
     # transcendental-heavy epilogues (ptxas spills)
     split_lines, pieces = _split_lines(spec.epi_split, I2, rows="EPI_M")
-    plan = _SlotPlan(bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk) \
+    plan = _SlotPlan(bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk, names) \
         if spec.chunk else None
     L += split_lines
     if _piece_loop(epi, spec, bufs):
@@ -586,16 +593,16 @@ def _kernel_source(spec: KernelSpec) -> str:
             f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
             f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, PL))",
             f"{I2}for k in range({len(pieces)}):",
-            *_piece_select(bufs, pieces, I3),
+            *_piece_select(names, bufs, pieces, I3),
             f"{I3}rn = pid_n_c * BLOCK_N + k * SUB_N + gl.arange(0, SUB_N, "
             "layout=gl.SliceLayout(0, PL))",
         ]
         if reduce_outputs(dag):
             L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
-        sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", suffix="", first_sub="k == 0",
+        sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", piece=None, first_sub="k == 0",
                          mask="mask", loop=True)
         L += epi.body(sub, I3)
-        L += _piece_stores(bufs, len(pieces), I3, plan)
+        L += _piece_stores(names, bufs, len(pieces), I3, plan)
         pieces = []
     for k, piece in enumerate(pieces):
         layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
@@ -607,7 +614,7 @@ def _kernel_source(spec: KernelSpec) -> str:
         ]
         if reduce_outputs(dag):
             L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
-        sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, suffix=f"_{k}",
+        sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, piece=k,
                          first_sub="True" if k == 0 else "False", mask=f"mask{k}",
                          all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
         L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
@@ -647,9 +654,9 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I1}b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, "
         "b_desc.layout)",
     ]
-    for name, desc in bufs.own:
-        count = 4 if name.startswith("ob_") else 2  # piece buffers: 2 per consumer
-        L.append(f"{I1}{name} = gl.allocate_shared_memory({desc}.dtype, [{count}] + "
+    for name, role, count in bufs.own:
+        desc = names(name, "desc")
+        L.append(f"{I1}{names(name, role)} = gl.allocate_shared_memory({desc}.dtype, [{count}] + "
                  f"{desc}.block_type.shape, {desc}.layout)")
     L += [
         f"{I1}ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())",

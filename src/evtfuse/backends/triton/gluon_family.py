@@ -23,7 +23,8 @@ from .family_base import (SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles
                           tile_work)
 from .gluon_buffers import buffers, chunk_columns, slots_fit
 from .launch_items import (_batched, _epilogue_items, _gluon_descriptor, _gluon_full_getter,
-                           _operand_getters, _reduction_items, _tma_refusal, _vector_view)
+                           _operand_getters, _reduction_items, _tma_refusal, _vector_view,
+                           needs_int64)
 from .spec import KernelSpec, atomic_folded, full_outputs, reduce_outputs, staged_vector
 
 
@@ -390,7 +391,8 @@ class GluonFamily(KernelFamily):
                           bool(args.B.stride(-1) != 1), _batched(args.A), _batched(args.B),
                           config.epi_split, True,
                           direct=direct, coop=config.cooperative, chunk=chunk,
-                          tile_n=config.block_n if chunk else 0, warps=config.num_warps)
+                          tile_n=config.block_n if chunk else 0, warps=config.num_warps,
+                          int64=needs_int64(args, self.name, config, direct))
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

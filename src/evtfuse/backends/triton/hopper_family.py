@@ -18,7 +18,7 @@ from ...ir import OperandKind
 from .family_base import (_INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, tile_count)
 from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
-                           _reduction_items, _tma_refusal)
+                           _reduction_items, _tma_refusal, needs_int64)
 from .spec import KernelSpec, full_outputs
 
 
@@ -140,7 +140,8 @@ class HopperFamily(KernelFamily):
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2,
-                          early_vectors=early, fp8_promote=fp8_promote(args, target))
+                          early_vectors=early, fp8_promote=fp8_promote(args, target),
+                          int64=needs_int64(args, self.name, config))
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

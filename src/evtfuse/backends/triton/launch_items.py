@@ -24,6 +24,10 @@ from .gluon_buffers import buffers, slot_columns
 from .spec import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded, combined_in_kernel,
                    full_outputs, reduce_outputs, staged_vector, vector_outputs)
 
+INT32_MAX = 2 ** 31 - 1
+TMA_STRIDE_BYTES = 2 ** 40  # a TMA descriptor's strides are below 2^40 bytes (cuTensorMapEncodeTiled)
+TMA_DIM = 2 ** 31  # its dimensions: below 2^32 in the hardware, passed as int32 by Triton 3.6
+
 
 def _dims3(t: torch.Tensor) -> tuple[int, int, int]:
     """(sl, s_row, s_col) strides of a 2-D/3-D operand; sl = 0 when not batched."""
@@ -178,7 +182,7 @@ def _epilogue_items(args: GemmArguments, dag: Dag, family: str, config: TileConf
 
 
 def _output_items(args: GemmArguments, o) -> list[Any]:
-    """A reduction output the kernel writes itself (``{u}_out, {u}_osl[, {u}_os]`` of
+    """A reduction output the kernel writes itself (roles "out", "osl"[, "os"] of
     ``spec.epilogue_params``): its getter, batch stride, and row/column stride."""
     strides = _strides_lmn(args.epilogue.values[o.name])
     items = [_value_getter(o.name), strides[0] if o.batched else 0]
@@ -288,7 +292,8 @@ def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
 def _tma_ok(view: torch.Tensor, name: str) -> str | None:
     """Why ``view`` cannot be a TMA tensor as a descriptor takes it (rows along its last
     dimension): a 16-byte aligned base, a unit last stride and 16-byte aligned strides
-    elsewhere, dimensions of size 1 aside (``_tma_strides``)."""
+    elsewhere, dimensions of size 1 aside (``_tma_strides``), strides below ``TMA_STRIDE_BYTES``
+    and dimensions below ``TMA_DIM``."""
     elt = view.element_size()
     if view.data_ptr() % 16:
         return f"{name}'s data pointer is not 16-byte aligned"
@@ -301,6 +306,11 @@ def _tma_ok(view: torch.Tensor, name: str) -> str | None:
         if (st * elt) % 16:
             return (f"{name}'s stride {st} ({st * elt} bytes) is not a multiple of 16 bytes "
                     f"(shape {shape}); TMA needs 16-byte aligned rows")
+        if st * elt >= TMA_STRIDE_BYTES:
+            return (f"{name}'s stride {st} ({st * elt} bytes) is 2^40 bytes or more; a TMA "
+                    "descriptor's strides are below 2^40 bytes")
+    if any(d >= TMA_DIM for d in shape):
+        return f"{name} has a dimension of 2^31 or more (shape {shape}); TMA dimensions are int32"
     return None
 
 
@@ -413,3 +423,39 @@ def _gluon_vector_getter(name: str, kind: OperandKind, config: TileConfig):
     def get(A, B, values):
         return make(values[name])
     return get
+
+
+def _largest_offset(t: torch.Tensor) -> int:
+    """The offset, in elements, of ``t``'s element farthest from its first."""
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
+def needs_int64(args: GemmArguments, family: str, config: TileConfig,
+                direct: tuple[str, ...] = ()) -> bool:
+    """Whether ``family``'s kernel for ``args`` must compute element offsets in 64 bits
+    (``KernelSpec.int64``): a tensor it addresses through pointers (A and B in the
+    portable family; operands and outputs that do not move by TMA, ``direct`` outputs
+    included; the reduction workspaces of ``config``'s tiles) has an element past
+    2^31 - 1 from its first. An offset is an index times a stride, which Triton computes
+    in int32 where both are (strides below 2^31 arrive as int32): a fp32 D of 16384 x 152064
+    (an LM head's logits) or a C with a row stride of 2^30 wrapped to a negative offset.
+    Smaller problems keep int32 arithmetic."""
+    dag, values = args.optimized_dag, args.epilogue.values
+    tma = family in TMA_FAMILIES
+    tensors = [] if tma else [args.A, args.B]
+    for s in dag.used_operands:
+        if s.kind is OperandKind.RUNTIME_SCALAR or staged_vector(s, family) \
+                or (tma and s.kind is OperandKind.FULL):
+            continue
+        tensors.append(values[s.name])
+    for o in dag.outputs:
+        t = values.get(o.name)
+        if t is None or (tma and o.kind is OutputKind.FULL and o.name not in direct):
+            continue
+        tensors.append(t)
+    if any(_largest_offset(t) > INT32_MAX for t in tensors):
+        return True
+    if not reduce_outputs(dag):
+        return False
+    mt, nt = triton_cdiv(args.M, config.block_m), triton_cdiv(args.N, config.block_n)
+    return args.L * max(nt * args.M, mt * args.N, mt * nt) > INT32_MAX  # partials

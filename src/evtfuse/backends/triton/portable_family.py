@@ -11,7 +11,7 @@ from typing import Any
 
 from .family_base import (_INT_DTYPES, INTERPRETER, KernelFamily, TileConfig, even_tiles,
                           fp8_promote, triton_cdiv)
-from .launch_items import _dims3, _epilogue_items, _get_a, _get_b, _reduction_items
+from .launch_items import _dims3, _epilogue_items, _get_a, _get_b, _reduction_items, needs_int64
 from .spec import KernelSpec
 
 
@@ -44,7 +44,8 @@ class PortableFamily(KernelFamily):
     def spec(self, args, config, target):
         return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
                           target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
-                          fp8_promote=fp8_promote(args, target))
+                          fp8_promote=fp8_promote(args, target),
+                          int64=needs_int64(args, self.name, config))
 
     def plan(self, args, dag, config, target):
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,

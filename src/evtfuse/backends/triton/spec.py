@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from ... import ir
 from ...ir import Dag, NodeKind, OperandKind, OutputKind
 from ...optable import _lit, int_range
+from .names import Names
 
 TL_DTYPES = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
@@ -56,6 +58,15 @@ class KernelSpec:
     #                            reduced precision, then adds to the fp32 accumulator
     #                            (Triton's max_num_imprecise_acc = BLOCK_K); False: fast
     #                            accumulation over the whole of K
+    int64: bool = False  # element offsets in 64 bits (``int64_lines``): some tensor the
+    #                      kernel addresses through pointers reaches past 2^31 - 1 elements
+    #                      (``launch_items.needs_int64``); in int32 they would wrap
+
+    @cached_property
+    def names(self) -> Names:
+        """The numbers of the DAG's operands and outputs, and every identifier the
+        emitters build from them (``names.Names``)."""
+        return Names.of(self.dag)
 
     def key(self) -> str:
         text = "|".join([self.family, ir.signature(self.dag), str(int(self.a_trans)),
@@ -64,14 +75,15 @@ class KernelSpec:
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
                          str(int(self.early_vectors)), str(self.warps),
-                         str(int(self.fp8_promote)), GENERATOR_VERSION])
+                         str(int(self.fp8_promote)), str(int(self.int64)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "37"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "38"  # also part of the tuning key: a new generator re-tunes
 #                           (35: the interpreter's maximum/minimum with a scalar first; gluon
 #                           stages planned with the scratch of per-column reductions;
-#                           36: the gluon family takes batched problems)
+#                           36: the gluon family takes batched problems; 37: identifiers by
+#                           number, ``names``; 64-bit offsets past 2^31 elements, ``int64``)
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
@@ -87,11 +99,6 @@ INT_OUTPUTS = {dt: int_range(dt) for dt in (torch.int8, torch.uint8, torch.int32
 def _saturated(value: str, dtype: torch.dtype) -> str:
     """An fp8 store's value clamped to the dtype's largest finite value, NaN kept."""
     return f"_ef_sat({value}, {_lit(torch.finfo(dtype).max)})"
-
-
-def uname(name: str) -> str:
-    """Kernel-argument prefix for a user operand/output (keeps Triton names free)."""
-    return f"u_{name}"
 
 
 def full_outputs(dag: Dag):
@@ -115,50 +122,61 @@ def staged_vector(spec, family: str) -> bool:
         and spec.dtype in STAGED_VECTOR_DTYPES and not spec.batched
 
 
-def epilogue_params(dag: Dag, family: str, direct: tuple[str, ...] = (), l2_spread: bool = False
-                    ) -> list[str]:
-    """Kernel parameters for the epilogue's operands and outputs, in a fixed order
+def epilogue_params(names: Names, dag: Dag, family: str, direct: tuple[str, ...] = (),
+                    l2_spread: bool = False) -> list[tuple[str, str | None]]:
+    """Kernel parameters for the epilogue's operands and outputs, in a fixed order, each
+    as (identifier, its role in ``names.ROLES``; None: a runtime scalar's value)
     (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``;
     ``l2_spread``: full aux tiles also get their pointer and row stride, ``KernelSpec.l2_spread``)."""
-    params: list[str] = []
+    roles: list[tuple[str, str | None]] = []
     for spec in dag.used_operands:
-        u = uname(spec.name)
         if spec.kind is OperandKind.RUNTIME_SCALAR:
-            params.append(u)
+            got: list[str | None] = [None]
         elif spec.kind is OperandKind.DEVICE_SCALAR:
-            params += [f"{u}_ptr", f"{u}_sl"]
+            got = ["ptr", "sl"]
         elif staged_vector(spec, family):
-            params.append(f"{u}_desc")
+            got = ["desc"]
         elif spec.kind is OperandKind.PER_ROW:
-            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm"]
+            got = ["ptr", "sl", "sm"]
         elif spec.kind is OperandKind.PER_COL:
-            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sn"]
+            got = ["ptr", "sl", "sn"]
         elif family in TMA_FAMILIES:
-            params += [f"{u}_desc"] + ([f"{u}_ptr", f"{u}_sm"] if l2_spread else [])
+            got = ["desc"] + (["ptr", "sm"] if l2_spread else [])
         else:
-            params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+            got = ["ptr", "sl", "sm", "sn"]
+        roles += [(spec.name, r) for r in got]
     for o in full_outputs(dag):
-        u = uname(o.name)
         tma = family in TMA_FAMILIES and o.name not in direct
-        params += [f"{u}_desc"] if tma else [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+        roles += [(o.name, r) for r in (["desc"] if tma else ["ptr", "sl", "sm", "sn"])]
     for o in vector_outputs(dag):
-        u = uname(o.name)
-        params += [f"{u}_ptr", f"{u}_sl", f"{u}_sm", f"{u}_sn"]
+        roles += [(o.name, r) for r in ("ptr", "sl", "sm", "sn")]
     for o in reduce_outputs(dag):
-        u = uname(o.name)
         if combined_in_kernel(o, family) or atomic_folded(o):
-            params += _written_params(o)
+            roles += [(o.name, r) for r in written_roles(o)]
         else:
-            params += [f"{u}_ws", f"{u}_ws2"] if o.node.op == "logsumexp" else [f"{u}_ws"]
-    return params
+            roles += [(o.name, r) for r in (("ws", "ws2") if o.node.op == "logsumexp" else ("ws",))]
+    return [(names(n, r), r) for n, r in roles]
 
 
-def _written_params(o) -> list[str]:
+def written_roles(o) -> tuple[str, ...]:
     """The parameters of a reduction output the kernel writes itself: workspace, ticket
     counter, output pointer, batch stride and (per row/column) element stride."""
-    u = uname(o.name)
-    return [f"{u}_ws", f"{u}_cnt", f"{u}_out", f"{u}_osl"] + (
-        [] if o.kind is OutputKind.SCALAR else [f"{u}_os"])
+    return ("ws", "cnt", "out", "osl") + (() if o.kind is OutputKind.SCALAR else ("os",))
+
+
+# strides among the roles: cast to int64 at a kernel's top where ``KernelSpec.int64``
+STRIDE_ROLES = ("sl", "sm", "sn", "osl", "os")
+
+
+def int64_lines(spec: KernelSpec, params, indent: str, fixed: tuple[str, ...] = ()) -> list[str]:
+    """Where ``spec.int64``: each stride among ``params`` ((identifier, role) pairs) and the
+    ``fixed`` stride parameters rebound to int64 at the top of a function, so that every
+    element offset (an index times a stride, in int32 otherwise) is computed in 64 bits.
+    ``tl.cast``: Triton passes a stride equal to 1 as a constant, which has no ``.to``."""
+    if not spec.int64:
+        return []
+    strides = list(fixed) + [p for p, role in params if role in STRIDE_ROLES]
+    return [f"{indent}{p} = tl.cast({p}, tl.int64)" for p in strides]
 
 
 def reduce_outputs(dag: Dag):
