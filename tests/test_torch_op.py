@@ -188,3 +188,36 @@ def test_kernel_run_under_compile_is_one_operator_naming_its_kernel():
     _close([got, F], _eager(A, B, C, 1.5))
     calls = [n for n in gm[0].graph.nodes if "evtfuse.gemm" in str(n.target)]
     assert len(calls) == 1 and f"kernel={kernel.name}" in str(calls[0].args)
+
+
+def test_each_stream_gets_its_own_workspaces(monkeypatch):
+    """Two CUDA streams running one launch plan at once must not share its reduction
+    workspaces and ticket counters: a plan keeps one set per stream, made on first use
+    (and, under CUDA graph capture, in the graph's pool). Streams stubbed on the CPU."""
+    from evtfuse.backends.triton.launch_items import StreamLocal
+
+    stream = [11]
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: stream[0],
+                        raising=False)
+    made = []
+    local = StreamLocal(torch.device("cuda", 0), lambda: made.append(1) or [torch.zeros(3)])
+    first = local.getter(0)(None, None, None)
+    assert local.getter(0)(None, None, None) is first and len(made) == 1
+    stream[0] = 22
+    second = local.getter(0)(None, None, None)
+    assert second is not first and len(made) == 2
+    stream[0] = 11
+    assert local.getter(0)(None, None, None) is first
+
+
+def test_device_guard_switches_to_the_tensors_device(monkeypatch):
+    from types import SimpleNamespace
+
+    from evtfuse.runtime.device import device_guard
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    on1 = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
+    guard = device_guard(on1)
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    assert device_guard(SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))) is None
+    assert device_guard(torch.empty(1)) is None

@@ -21,7 +21,7 @@ from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
-from .device import interpreter_enabled, sm_count, target_of
+from .device import device_guard, interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
 from .torch_op import Layout, check_no_grad, layout_text
 from .tuner import choose_kernel
@@ -239,7 +239,17 @@ def _run_named(A, B, parsed, lay: Layout, values: dict) -> None:
 def run_values(A: torch.Tensor, B: torch.Tensor, source: str, lay: Layout,
                values: dict[str, Any]) -> None:
     """The eager implementation of ``torch.ops.evtfuse.gemm``: every output of the
-    epilogue ``source`` in place, for ``values`` (every operand and output by name)."""
+    epilogue ``source`` in place, for ``values`` (every operand and output by name), on
+    the tensors' device (and that device's current stream), whichever is current."""
+    guard = device_guard(A)
+    if guard is None:
+        _run_values(A, B, source, lay, values)
+        return
+    with guard:
+        _run_values(A, B, source, lay, values)
+
+
+def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
     key = (source, lay.line, lay.where)
     options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, None if lay.cc < 0 else lay.cc)
     last = _last_call.get(key)

@@ -24,6 +24,14 @@ def use_interpreter() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def device_guard(A: torch.Tensor):
+    """``torch.cuda.device(A.device)`` where A is on a CUDA device other than the current
+    one (Triton launches on the current device and its current stream), else None."""
+    if A.is_cuda and A.device.index != torch.cuda.current_device():
+        return torch.cuda.device(A.device)
+    return None
+
+
 def target_of(device: torch.device, cc: int | None = None) -> tuple[str, int]:
     """(kind, cc): ("cuda", 90) for an H100, (INTERPRETER, cc or 0) for CPU tensors."""
     if device.type == "cuda":

@@ -21,6 +21,7 @@ from ..backends.triton.launch import direct_launcher
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import cache
+from .device import device_guard
 from .verify import VerifyResult, accumulation_slack, compare
 
 log = logging.getLogger("evtfuse")
@@ -104,7 +105,12 @@ class Kernel:
 
             run_kernel_through_op(self, args)
             return
-        self.plan(args)(args.A, args.B, args.epilogue.values)
+        guard = device_guard(args.A)
+        if guard is None:
+            self.plan(args)(args.A, args.B, args.epilogue.values)
+            return
+        with guard:
+            self.plan(args)(args.A, args.B, args.epilogue.values)
 
     def verify(self, args: GemmArguments, poison: bool = True) -> VerifyResult:
         """Run on NaN-poisoned outputs and compare every stored output with the reference."""

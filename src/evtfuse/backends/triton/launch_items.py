@@ -191,11 +191,40 @@ def _output_items(args: GemmArguments, o) -> list[Any]:
     return items
 
 
+class StreamLocal:
+    """Tensors a launch plan keeps between calls (reduction workspaces, ticket counters),
+    one set per CUDA stream of the plan's device, made by ``make`` the first time a stream
+    runs the plan: two streams running the same plan at once never share them. A set made
+    while a CUDA graph is being captured is allocated in the graph's memory pool and
+    initialised by the graph on every replay (``make``'s fills are captured with it). Under
+    the interpreter there is one set."""
+
+    __slots__ = ("index", "make", "sets")
+
+    def __init__(self, device: torch.device, make):
+        self.index = device.index if device.type == "cuda" else None
+        self.make = make
+        self.sets: dict[int, list] = {}
+        self.current()  # the plan's first set, on the stream that builds it
+
+    def current(self) -> list:
+        stream = 0 if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
+        got = self.sets.get(stream)
+        if got is None:
+            got = self.sets[stream] = self.make()
+        return got
+
+    def getter(self, i: int):
+        """A plan item: the current stream's i-th tensor."""
+        return lambda A, B, values: self.current()[i]
+
+
 def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: str,
                      target: Target, programs: int = 0):
-    """Workspaces for reduction partials (allocated once per plan) and the steps that
-    combine them, in a fixed order, into each output. ``programs`` > 0: a persistent
-    kernel keeps whole-output, non-batched reductions per program (one partial each)."""
+    """Workspaces for reduction partials (``StreamLocal``: allocated once per plan and
+    stream) and the steps that combine them, in a fixed order, into each output.
+    ``programs`` > 0: a persistent kernel keeps whole-output, non-batched reductions per
+    program (one partial each)."""
     from .combine import pdl_enabled
 
     pdl = target.kind != INTERPRETER and pdl_enabled(target.cc // 10)
@@ -204,45 +233,61 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
     mt = triton_cdiv(args.M, config.block_m)
     nt = triton_cdiv(args.N, config.block_n)
     dev = args.A.device
+    made: list[tuple] = []  # (shape, dtype, fill or None) of each workspace, in order
+
+    def new(shape, dtype=torch.float32, fill=None) -> int:
+        made.append((tuple(shape), dtype, fill))
+        return len(made) - 1
+
+    steps = []
     for o in reduce_outputs(dag):
         if atomic_folded(o):  # a float32 value per row/column (per batch), kept as int32 bits
             extent = args.M if o.kind is OutputKind.ROW else args.N
-            ws = torch.full(((args.L if o.batched else 1) * extent,), FOLD_IDENTITY_BITS[o.node.op],
-                            device=dev, dtype=torch.int32)
-            items += [ws, torch.zeros(1, device=dev, dtype=torch.int32), *_output_items(args, o)]
+            ws = new(((args.L if o.batched else 1) * extent,), torch.int32,
+                     FOLD_IDENTITY_BITS[o.node.op])
+            steps.append(("items", [ws, new((1,), torch.int32, 0)], o))
             continue
         shape = {OutputKind.ROW: (args.L, nt, args.M), OutputKind.COL: (args.L, mt, args.N),
                  OutputKind.SCALAR: (args.L, mt, nt)}[o.kind]
         per_program = programs > 0 and o.kind is OutputKind.SCALAR and not o.batched
         if per_program:
             shape = (programs,)
-        ws = torch.empty(shape, device=dev, dtype=torch.float32)
+        ws = new(shape)
         if combined_in_kernel(o, family):  # the kernel combines: ticket counters, the output
             groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
-            cnt = torch.zeros((args.L if o.batched else 1) * groups, device=dev, dtype=torch.int32)
-            items += [ws, cnt, *_output_items(args, o)]
+            steps.append(("items", [ws, new(((args.L if o.batched else 1) * groups,),
+                                            torch.int32, 0)], o))
             continue
         lse = o.node.op == "logsumexp"
-        ws2 = torch.empty(shape, device=dev, dtype=torch.float32) if lse else None
-        items += [ws, ws2] if lse else [ws]
-        post.append(_combiner(o.name, o.node.op, ws, ws2, o.kind, o.batched and not per_program,
-                              pdl))
+        steps.append(("combine", [ws, new(shape) if lse else None], o, per_program))
+    local = StreamLocal(dev, lambda: [
+        torch.empty(shape, device=dev, dtype=dt) if fill is None
+        else torch.full(shape, fill, device=dev, dtype=dt) for shape, dt, fill in made])
+    for kind, spaces, o, *rest in steps:
+        if kind == "items":
+            items += [*(local.getter(i) for i in spaces), *_output_items(args, o)]
+            continue
+        items += [local.getter(i) for i in spaces if i is not None]
+        post.append(_combiner(o.name, o.node.op, local, *spaces, o.kind,
+                              o.batched and not rest[0], pdl))
     return items, post
 
 
-def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, kind,
+def _combiner(name: str, op: str, local: StreamLocal, ws: int, ws2: int | None, kind,
               batched: bool, pdl: bool = False):
     """The combine step after the kernel (``combine.combine_partials``, one launch, a fixed
     order): logsumexp's (max, sum of exp) partials, the TMA families' per-row/per-column
-    sums and batched whole-output reductions. The workspace is viewed as (batches kept,
-    partials per result, results). ``pdl``: a programmatic dependent launch (the kernel
-    before it lets it start early, ``spec.launch_dependents_lines``)."""
+    sums and batched whole-output reductions. ``ws``/``ws2``: the partials' positions in
+    ``local``'s sets, each viewed as (batches kept, partials per result, results).
+    ``pdl``: a programmatic dependent launch (the kernel before it lets it start early,
+    ``spec.launch_dependents_lines``)."""
     from .combine import combine_partials, launch_shape
     from .launch import direct_launcher
 
-    ext = ws.shape[-1] if kind in (OutputKind.ROW, OutputKind.COL) else 1
-    b = ws.shape[0] if batched else 1
-    t = ws.numel() // (b * ext)
+    first = local.current()[ws]
+    ext = first.shape[-1] if kind in (OutputKind.ROW, OutputKind.COL) else 1
+    b = first.shape[0] if batched else 1
+    t = first.numel() // (b * ext)
     block, parts, warps = launch_shape(t, ext)
     consts = {"OP": op, "BLOCK": block, "PARTS": parts, "PDL": pdl}
     grid = (triton_cdiv(ext, block), b)
@@ -251,8 +296,9 @@ def _combiner(name: str, op: str, ws: torch.Tensor, ws2: torch.Tensor | None, ki
     def combine(values) -> None:
         out = values[name]
         sl, sm, sn = _strides_lmn(out)
-        pos = [ws, ws if ws2 is None else ws2, out, t, ext, sl if batched else 0,
-               {OutputKind.ROW: sm, OutputKind.COL: sn}.get(kind, 0)]
+        spaces = local.current()
+        pos = [spaces[ws], spaces[ws if ws2 is None else ws2], out, t, ext,
+               sl if batched else 0, {OutputKind.ROW: sm, OutputKind.COL: sn}.get(kind, 0)]
         launch = state.get("launch")
         if launch is None or not launch(pos):
             compiled = combine_partials[grid](*pos, **consts, num_warps=warps, launch_pdl=pdl)

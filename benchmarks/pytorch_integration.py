@@ -1,0 +1,172 @@
+"""evtfuse inside PyTorch programs, measured on a GPU: three numbers, every peer in the
+same run (BENCHMARKS.md, "Inside PyTorch").
+
+    PYTHONPATH=src python3 benchmarks/pytorch_integration.py --out bench_out/pytorch.json
+
+1. ``compiled``: a function calling ``evtfuse.gemm`` (alpha-beta, 4096^3 bf16) eager and
+   under ``torch.compile(fullgraph=True)``: time per call (``do_bench``, median) and the
+   host time per call (back-to-back calls, wall clock over a synchronised loop), and
+   the compiled function's first call.
+2. ``graphs``: a launch-bound layer (M=64, 4096x4096, bias + gelu_tanh) under
+   ``torch.compile(mode="reduce-overhead")`` against the evtfuse kernel's own GPU time
+   (torch.profiler), beside torch.compile's own fusion of the same layer (reduce-overhead)
+   and cuBLASLt (``torch._addmm_activation``, in a CUDA graph).
+3. ``mlp``: Linear -> gelu_tanh -> Linear, 4096 -> 14336 -> 4096, 8192 tokens, bf16,
+   inference: ``evtfuse.nn.Linear`` under torch.compile against the two bare cuBLAS GEMMs
+   (``x @ W.T``) and ``torch.nn.Linear`` under
+   ``torch.compile(mode="max-autotune-no-cudagraphs")``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import triton.testing
+
+import evtfuse
+
+BF = torch.bfloat16
+AB = "def ab(accum, C, alpha, beta):\n    D = alpha * accum + beta * C\n    return D"
+GELU = "def layer(accum, bias):\n    D = gelu_tanh(accum + bias)\n    return D"
+
+
+def _ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def _host_us(fn, n=200) -> float:
+    """Wall time per call of ``n`` back-to-back calls; the GPU is kept ahead by a sleep
+    kernel so the host's enqueue cost is what is timed."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))  # ~0.1-0.2 s of GPU work queued first
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def compiled_call() -> dict:
+    M = N = K = 4096
+    A, B, C = (torch.randn(s, device="cuda", dtype=BF) for s in ((M, K), (K, N), (M, N)))
+    D = torch.empty(M, N, device="cuda", dtype=BF)
+
+    def f(A, B, C, D):
+        return evtfuse.gemm(A, B, AB, C=C, alpha=1.0, beta=0.5, D=D)
+
+    f(A, B, C, D)  # tune and compile evtfuse's kernel first
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True)
+    t = time.perf_counter()
+    cf(A, B, C, D)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t
+    out = {"first_compiled_call_s": first}
+    for name, fn in (("eager", f), ("compiled", cf)):
+        out[f"{name}_ms"] = _ms(lambda: fn(A, B, C, D))
+        out[f"{name}_host_us"] = statistics.median(_host_us(lambda: fn(A, B, C, D))
+                                                   for _ in range(5))
+    return out
+
+
+def _profiled_kernel_ms(fn, name_part: str, n=50) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    times = [e.device_time_total for e in prof.key_averages() if name_part in e.key]
+    return sum(times) / n / 1e3
+
+
+def graphs() -> dict:
+    M, N, K = 64, 4096, 4096
+    x = torch.randn(M, K, device="cuda", dtype=BF)
+    W = torch.randn(N, K, device="cuda", dtype=BF) / K ** 0.5
+    bias = torch.randn(N, device="cuda", dtype=BF)
+
+    def ev(x):
+        return evtfuse.gemm(x, W.t(), GELU, bias=bias)
+
+    def eager(x):
+        return torch.nn.functional.gelu(x @ W.t() + bias, approximate="tanh")
+
+    ev(x)
+    torch._dynamo.reset()
+    ro = torch.compile(ev, mode="reduce-overhead", fullgraph=True)
+    tc = torch.compile(eager, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        ro(x), tc(x)
+    out = {"evtfuse_reduce_overhead_ms": _ms(lambda: ro(x)),
+           "evtfuse_kernel_ms": _profiled_kernel_ms(lambda: ev(x), "evtfuse"),
+           "torch_compile_reduce_overhead_ms": _ms(lambda: tc(x))}
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch._addmm_activation(bias, x, W.t(), use_gelu=True)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        torch._addmm_activation(bias, x, W.t(), use_gelu=True)
+    out["cublaslt_graph_ms"] = _ms(g.replay)
+    out["ratio_reduce_overhead_to_kernel"] = (out["evtfuse_reduce_overhead_ms"]
+                                              / out["evtfuse_kernel_ms"])
+    return out
+
+
+def mlp() -> dict:
+    T, H, F = 8192, 4096, 14336
+    x = torch.randn(T, H, device="cuda", dtype=BF)
+    up = torch.nn.Linear(H, F, device="cuda", dtype=BF)
+    down = torch.nn.Linear(F, H, device="cuda", dtype=BF)
+    ref = torch.nn.Sequential(up, torch.nn.GELU(approximate="tanh"), down).requires_grad_(False)
+    ev = torch.nn.Sequential(
+        evtfuse.nn.Linear(H, F, epilogue=evtfuse.nn.with_activation("gelu_tanh"),
+                          device="cuda", dtype=BF),
+        evtfuse.nn.Linear(F, H, device="cuda", dtype=BF)).requires_grad_(False)
+    ev.load_state_dict({"0.weight": up.weight, "0.bias": up.bias, "1.weight": down.weight,
+                        "1.bias": down.bias})
+    h = torch.empty(T, F, device="cuda", dtype=BF)
+    with torch.inference_mode():
+        ev(x)  # tune both GEMMs
+        cev = torch.compile(ev, fullgraph=True)
+        cref = torch.compile(ref, mode="max-autotune-no-cudagraphs")
+        want = ref(x)
+        err = ((cev(x).float() - want.float()).norm() / want.float().norm()).item()
+        cref(x)
+        W1, W2 = up.weight, down.weight
+        out = {"rel_err": err,
+               "evtfuse_compiled_ms": _ms(lambda: cev(x)),
+               "two_cublas_gemms_ms": _ms(lambda: (torch.mm(x, W1.t(), out=h), h @ W2.t())),
+               "torch_linear_max_autotune_ms": _ms(lambda: cref(x))}
+    out["ratio_to_two_gemms"] = out["evtfuse_compiled_ms"] / out["two_cublas_gemms_ms"]
+    out["ratio_to_max_autotune"] = out["evtfuse_compiled_ms"] / out["torch_linear_max_autotune_ms"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out/pytorch.json")
+    p.add_argument("--only", default="compiled,graphs,mlp")
+    a = p.parse_args()
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": triton.__version__}
+    for name in a.only.split(","):
+        results[name] = {"compiled": compiled_call, "graphs": graphs, "mlp": mlp}[name]()
+        print(name, json.dumps(results[name], indent=1), flush=True)
+    import os
+
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
