@@ -36,7 +36,7 @@ declare -A shards=(
   [fuzz_other]="tests/test_fuzz_kernels.py tests/test_fuzz_calls.py|not gluon and not other_inputs"
   [fuzz_inputs]="tests/test_fuzz_kernels.py|other_inputs"
   [safety_cache]="tests/gpu/test_gpu_call_safety.py tests/gpu/test_gpu_cache.py|"
-  [torch]="tests/gpu/test_gpu_torch.py tests/test_torch_op.py tests/test_nn.py|"
+  [torch]="tests/gpu/test_gpu_torch.py|"
 )
 pids=()
 for name in "${!shards[@]}"; do
