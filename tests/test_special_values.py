@@ -4,7 +4,9 @@ interpreter, each against torch's own function (``special_values.TORCH_OWN``), w
 exceptions the rows document (``special_values.EXCEPTIONS``) checked as stated.
 
 Reductions: lines holding special values reduced per row, per column and over the whole
-output (batched and not) by both interpreted families.
+output (batched and not) by both interpreted families; and reductions over an empty axis
+(M = 0 or N = 0), which give the reduction's identity as torch does (sum 0,
+logsumexp -inf; max -inf and min +inf, where torch raises).
 """
 
 from __future__ import annotations
@@ -174,3 +176,70 @@ def test_whole_output_reductions_of_special_lines(family, op):
         want, free = expected(op, [X], {}, dims=(0, 1))
         bad = mismatches(R, want.reshape(1), free.reshape(1))
         assert not bad.any(), f"{family}: {op} of line {name!r}: got {R.item()}, torch {want.item()}"
+
+
+# ------------------------------------------------------------------ empty axes
+
+IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "logsumexp": float("-inf")}
+
+
+@pytest.mark.parametrize("lmn", [(1, 0, 24), (1, 40, 0), (2, 0, 24), (1, 0, 0)],
+                         ids=["M=0", "N=0", "M=0,L=2", "M=N=0"])
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+def test_reductions_over_an_empty_axis_give_the_identity(lmn, family):
+    """Outputs of a reduction over no element hold its identity (torch's for sum and
+    logsumexp; -inf for max, +inf for min, where torch raises), also where the output
+    itself has elements (a per-column result when M = 0); the reference evaluator and
+    ``Kernel.verify`` agree."""
+    L, M, N = lmn
+    lead = (L,) if L != 1 else ()
+    X = torch.randn(*lead, M, N)
+    outs = {}
+    for op in IDENTITY:
+        outs[f"r_{op}"] = torch.full((*lead, M, 1), 7.0)
+        outs[f"c_{op}"] = torch.full((*lead, 1, N) if lead else (N,), 7.0)
+        outs[f"a_{op}"] = torch.full((1,), 7.0)
+    body = "; ".join(f"{k} = {k[2:]}(x)" for k in outs)
+    src = f"def epi(accum, X): x = accum + X; D = x; {body}; return D, {', '.join(outs)}"
+    A, B = torch.randn(*lead, M, 16), torch.randn(16, N)
+    D = torch.empty(*lead, M, N)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, X=X, D=D, **outs))
+    if family == "hopper" and N == 0:  # TMA rows of 0 bytes: refused, and explain says why
+        assert not [k for k in get_kernels(args, cc=90) if k.family.name == "hopper"]
+        assert "16-byte aligned rows" in explain(args, cc=90)
+        return
+    kernel = _kernel(args, family)
+    kernel.run(args)
+    assert outs["a_sum"].numel() == 1  # the whole-output results always have an element
+    for name, t in outs.items():
+        assert torch.equal(t, torch.full_like(t, IDENTITY[name[2:]])), (name, t)
+    ref = evaluate(args)
+    for name, t in outs.items():
+        assert torch.equal(ref[name].reshape(t.shape), t), name
+    result = kernel.verify(args)
+    assert result, result.report()
+
+
+def test_identities_are_the_rows_and_torchs():
+    for op, value in IDENTITY.items():
+        assert OPS[op].reduce_identity == value
+    empty = torch.zeros(0)
+    assert torch.sum(empty).item() == IDENTITY["sum"]
+    assert torch.logsumexp(empty, 0).item() == IDENTITY["logsumexp"]
+    with pytest.raises((IndexError, RuntimeError)):
+        torch.amax(empty, 0)  # torch has no identity for max: evtfuse's is -inf
+
+
+def test_k_zero_is_an_accumulator_of_zeros():
+    """K = 0 is no empty axis of the output: the accumulator is 0 and reductions see it."""
+    M, N = 24, 40
+    A, B = torch.zeros(M, 0), torch.zeros(0, N)
+    s, m = torch.empty(M, 1), torch.empty(N)
+    args = GemmArguments(A, B, None, epilogue=EpilogueArguments(
+        "def epi(accum): D = accum; s = sum(accum + 1.0); m = logsumexp(accum); return D, s, m",
+        D=None, s=s, m=m))
+    kernel = _kernel(args, "portable")
+    result = kernel.verify(args)
+    assert result, result.report()
+    assert torch.equal(s, torch.full_like(s, float(N)))
+    torch.testing.assert_close(m, torch.full_like(m, float(torch.log(torch.tensor(float(M))))))

@@ -435,8 +435,8 @@ def classify_output(name: str, value: Any, problem: tuple[int, int, int],
     batched, has_m, has_n = _dims(name, tuple(value.shape), problem, "Output", "")
     if reduction:
         padded = (1,) * (3 - value.dim()) + tuple(value.shape)
-        has_m = has_m and padded[1] > 1
-        has_n = has_n and padded[2] > 1
+        has_m = has_m and padded[1] != 1  # M = 0: an empty (0, 1) result, not a scalar
+        has_n = has_n and padded[2] != 1
     kind = {(True, True): OutputKind.FULL, (True, False): OutputKind.ROW,
             (False, True): OutputKind.COL, (False, False): OutputKind.SCALAR}[(has_m, has_n)]
     return kind, value.dtype, batched

@@ -187,6 +187,17 @@ def _t_leaky_relu(x, slope):
     return torch.where(x > 0, x, x * slope)  # torch's formula: -0.0 * slope, 0.0 * slope
 
 
+def _reduction(fn, identity: float):
+    """A reduction over ``dims`` (keepdim) that gives ``identity`` over an empty axis (torch's
+    amax and amin raise there)."""
+    def reduce(x: torch.Tensor, dims) -> torch.Tensor:
+        if x.numel() == 0:
+            shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
+            return torch.full(shape, identity, dtype=x.dtype, device=x.device)
+        return fn(x, dims)
+    return reduce
+
+
 def _t_maximum(a, b):
     # NaN-propagating like torch.maximum, and the same on every element: torch's CPU kernel
     # returns +0.0 or -0.0 for maximum(0.0, -0.0) depending on the element's position (its
@@ -362,17 +373,23 @@ _ROWS: tuple[OpDef, ...] = (
     # ---- reductions: axes come from the shape of the output they feed ----
     # torch_fn(x, dims) reduces with keepdim; ``triton`` names the combine helper of two
     # partial results; ``reduce_identity`` fills masked-off elements
-    OpDef("sum", 1, lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), "_ef_add", Category.REDUCE,
-          reduce_identity=0.0, doc="sum (0.0, not -0.0, of -0.0 terms, as torch)"),
-    OpDef("max", 1, lambda x, dims: x.amax(dim=tuple(dims), keepdim=True), "_ef_maximum",
+    # ``torch_fn`` gives ``reduce_identity`` over an empty axis (M = 0, say), as the kernels do
+    OpDef("sum", 1, _reduction(lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), 0.0),
+          "_ef_add", Category.REDUCE, reduce_identity=0.0,
+          doc="sum (0 over no element; 0.0, not -0.0, of -0.0 terms, as torch)"),
+    OpDef("max", 1, _reduction(lambda x, dims: x.amax(dim=tuple(dims), keepdim=True),
+                               float("-inf")), "_ef_maximum",
           Category.REDUCE, reduce_identity=float("-inf"), triton_cuda="_ef_maximum_nan",
-          doc="maximum (NaN-propagating; of 0.0 and -0.0 either zero)"),
-    OpDef("min", 1, lambda x, dims: x.amin(dim=tuple(dims), keepdim=True), "_ef_minimum",
+          doc="maximum (NaN-propagating; -inf over no element; of 0.0 and -0.0 either zero)"),
+    OpDef("min", 1, _reduction(lambda x, dims: x.amin(dim=tuple(dims), keepdim=True),
+                               float("inf")), "_ef_minimum",
           Category.REDUCE, reduce_identity=float("inf"), triton_cuda="_ef_minimum_nan",
-          doc="minimum (NaN-propagating; of 0.0 and -0.0 either zero)"),
-    OpDef("logsumexp", 1, lambda x, dims: torch.logsumexp(x, dim=tuple(dims), keepdim=True),
+          doc="minimum (NaN-propagating; +inf over no element; of 0.0 and -0.0 either zero)"),
+    OpDef("logsumexp", 1, _reduction(lambda x, dims: torch.logsumexp(x, dim=tuple(dims),
+                                                                     keepdim=True), float("-inf")),
           "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
-          doc="log(sum(exp(x))), computed with a running max (+inf where an x is +inf)"),
+          doc="log(sum(exp(x))), computed with a running max (+inf where an x is +inf, "
+              "-inf over no element)"),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}

@@ -138,13 +138,17 @@ class _Evaluator:
         L, M, N = self.acc3.shape
         result: dict[str, torch.Tensor] = {}
         for o in self.dag.outputs:
-            v = self._float(self.value(o.node)).expand(L, M, N)
+            v = _as3d(self._float(self.value(o.node)))
             # keep the axes the output has; the value is constant along the others (a
-            # reduction already collapsed them, anything else was checked by the frontend)
+            # reduction already collapsed them, anything else was checked by the frontend),
+            # so one slice of them is the value, also where the problem has none (M = 0:
+            # a per-column result still has N values)
             keep_l = o.batched or o.kind is OutputKind.NONE
             keep_m = o.kind in (OutputKind.FULL, OutputKind.NONE, OutputKind.ROW)
             keep_n = o.kind in (OutputKind.FULL, OutputKind.NONE, OutputKind.COL)
-            v = v[: L if keep_l else 1, : M if keep_m else 1, : N if keep_n else 1]
+            keep = (keep_l, keep_m, keep_n)
+            v = v[tuple(slice(None) if k else slice(0, 1) for k in keep)]
+            v = v.expand(*(full if k else size for k, full, size in zip(keep, (L, M, N), v.shape)))
             if o.name in shapes:
                 v = v.reshape(shapes[o.name])
             if cast and o.dtype is not None:
