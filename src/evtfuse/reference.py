@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .errors import scalar_value
 from .ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
 from .optable import OPS, Category, round_to, torch_apply
 
@@ -84,8 +85,14 @@ class _Evaluator:
     def value(self, n: Node) -> torch.Tensor:
         v = self.cache.get(id(n))
         if v is None:
-            v = self._compute(n)
-            self.cache[id(n)] = v
+            # the nodes ``n`` depends on first, in the DAG's order (inputs before users): no
+            # recursion, so a chain of thousands of assignments evaluates as a short one
+            for m in self.dag.nodes:
+                if id(m) not in self.cache:
+                    self.cache[id(m)] = self._compute(m)
+                if m is n:
+                    break
+            v = self.cache[id(n)]
         return v
 
     def _float(self, t: torch.Tensor) -> torch.Tensor:
@@ -107,7 +114,8 @@ class _Evaluator:
                 raise KeyError(f"no value for operand {spec.name}")
             raw = self.values[spec.name]
             if spec.kind is OperandKind.RUNTIME_SCALAR:
-                return torch.tensor(float(raw), dtype=self.dtype, device=self.device)
+                return torch.tensor(scalar_value(spec.name, raw), dtype=self.dtype,
+                                    device=self.device)
             return _as3d(raw.to(self.device).to(self.dtype))
         if n.kind is NodeKind.COMPUTE:
             row = OPS[n.op]
