@@ -191,7 +191,22 @@ EXCEPTIONS: tuple[Exception_, ...] = (
                _fused, "on a GPU a * b + c is one fused multiply-add, rounded once: where "
                "a * b overflows and c brings the sum back in range it is finite",
                "rounded once", gpu_only=True),
+    # the GPU spellings on MUFU.EX2 / MUFU.RCP without subnormal handling (triton_cuda)
+    Exception_("sigmoid", lambda ins, p: torch.sigmoid(ins[0]) < TINY,
+               lambda ins, p: torch.zeros_like(ins[0]),
+               "on a GPU results below 2^-126 flush to 0", "flush to 0", gpu_only=True),
+    Exception_("silu", lambda ins, p: torch.sigmoid(ins[0]) < TINY,
+               lambda ins, p: ins[0] * 0.0,
+               "on a GPU x * sigmoid(x) with sigmoid(x) flushed to 0 below 2^-126",
+               "flush", gpu_only=True),
+    Exception_("log_sigmoid", lambda ins, p: ins[0] > 87.33,
+               lambda ins, p: torch.zeros_like(ins[0]),
+               "on a GPU exp(-|x|) below 2^-126 flushes to 0: log_sigmoid(x) is 0 where it "
+               "is a denormal (x > 87.3)", "flush", gpu_only=True),
 )
+
+# relative tolerances of the GPU spellings that are approximations (triton_cuda)
+GPU_RTOL = {"tanh": 1e-3, "gelu_tanh": 1e-3}  # MUFU.TANH: relative error about 2^-11
 
 
 def expected(name: str, ins: list[torch.Tensor], params: dict, gpu: bool = False,
@@ -293,6 +308,18 @@ def epilogue_source(row: OpDef, params: dict) -> str:
             f"    D = {expression(row, params)}\n    return D")
 
 
+def group_source(cases: list[tuple[OpDef, dict]]) -> tuple[str, list[str]]:
+    """One epilogue applying several rows of one arity to X, Y, Z: outputs D, D1, D2, ...
+    (one kernel for several checks where compiling each is slow)."""
+    names = ["D"] + [f"D{k}" for k in range(1, len(cases))]
+    arity = cases[0][0].arity
+    assert all(row.arity == arity for row, _ in cases)
+    body = [f"    {n} = {expression(row, p)}" for n, (row, p) in zip(names, cases)]
+    src = "\n".join([f"def epi(accum, {', '.join(ARGS[:arity])}):", *body,
+                     f"    return {', '.join(names)}"])
+    return src, names
+
+
 def elementwise_rows() -> list[OpDef]:
     return [r for r in OPS.values() if r.category is not Category.REDUCE]
 
@@ -306,31 +333,39 @@ def reduction_rows() -> list[OpDef]:
 N_COLS = 32  # elements laid out as (M, 32) tiles
 
 
-def gemm_arguments(source: str, ins: list[torch.Tensor], device="cpu", dtype=torch.float32
+def gemm_arguments(source: str, ins: list[torch.Tensor], device="cpu", dtype=torch.float32,
+                   ab_dtype: torch.dtype | None = None, outputs: tuple[str, ...] = ("D",)
                    ) -> tuple[evtfuse.GemmArguments, torch.Tensor]:
     """``GemmArguments`` that apply the epilogue to full operands X, Y, Z holding ``ins``
-    (padded with 1.0), and the output D (fp32 unless ``dtype``)."""
+    (padded with 1.0), and the output D (fp32 unless ``dtype``; ``outputs``: all the
+    epilogue's, like D, in the arguments' values); A and B (zeros, of ``ab_dtype``,
+    default ``dtype``) only give the problem its shape."""
     n = ins[0].numel()
     M = max(1, -(-n // N_COLS))
     pad = lambda t: torch.cat([t, torch.ones(M * N_COLS - n)]).reshape(M, N_COLS)  # noqa: E731
     values = {a: pad(t).to(dtype).to(device) for a, t in zip(ARGS, ins)}
     D = torch.empty(M, N_COLS, dtype=dtype, device=device)
-    A = torch.zeros(M, 16, dtype=dtype, device=device)
-    B = torch.zeros(16, N_COLS, dtype=dtype, device=device)
-    epi = evtfuse.EpilogueArguments(source, D=D, **values)
+    A = torch.zeros(M, 16, dtype=ab_dtype or dtype, device=device)
+    B = torch.zeros(16, N_COLS, dtype=ab_dtype or dtype, device=device)
+    outputs = {name: D if name == "D" else torch.empty_like(D) for name in outputs}
+    epi = evtfuse.EpilogueArguments(source, **outputs, **values)
     return evtfuse.GemmArguments(A, B, D, torch.float32, epi), D
 
 
 POISON = -1234.5  # outputs are filled with it first: an unwritten element shows
 
 
-def run_kernel(kernel, args, D, n: int) -> torch.Tensor:
-    """The first ``n`` elements of D after ``kernel`` ran on ``args``."""
-    D.fill_(POISON)
+def run_kernel(kernel, args, D, n: int, outputs: tuple[str, ...] = ("D",)):
+    """The first ``n`` elements of D after ``kernel`` ran on ``args`` (with several
+    ``outputs``: a list of each one's)."""
+    values = args.epilogue.values
+    for name in outputs:
+        values[name].fill_(POISON)
     kernel.run(args)
     if D.is_cuda:
         torch.cuda.synchronize()
-    return D.float().flatten()[:n].cpu()
+    got = [values[name].float().flatten()[:n].cpu() for name in outputs]
+    return got[0] if outputs == ("D",) else got
 
 
 # ---------------------------------------------------------------- reductions

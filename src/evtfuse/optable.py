@@ -325,7 +325,8 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("log_sigmoid", 1, torch.nn.functional.logsigmoid, "_ef_log_sigmoid({0})",
           triton_cuda="_ef_log_sigmoid_cuda({0})",
           doc="log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), without the rounding of "
-              "sigmoid (also what log(sigmoid(x)) becomes)"),
+              "sigmoid (also what log(sigmoid(x)) becomes; on a GPU exp(-|x|) below 2^-126 "
+              "flushes to 0: 0 above x = 87.3)"),
     OpDef("tanh", 1, torch.tanh, "_ef_tanh({0})", triton_cuda="_ef_tanh_cuda({0})",
           doc="hyperbolic tangent"),
     OpDef("gelu", 1, _t_gelu, "_ef_gelu({0})",
@@ -334,7 +335,9 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("gelu_tanh", 1, _t_gelu_tanh, "_ef_gelu_tanh({0})",
           triton_cuda="_ef_gelu_tanh_cuda({0})", doc="GELU, tanh approximation"),
     OpDef("silu", 1, torch.nn.functional.silu, "({0} * _ef_sigmoid({0}))",
-          triton_cuda="({0} * _ef_sigmoid_cuda({0}))", doc="x * sigmoid(x)"),
+          triton_cuda="({0} * _ef_sigmoid_cuda({0}))",
+          doc="x * sigmoid(x) (on a GPU: -0.0 below x = -87.3, where sigmoid's results "
+              "below 2^-126 flush to 0)"),
     OpDef("hardswish", 1, _t_hardswish,
           "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
           doc="x * clamp(x + 3, 0, 6) / 6"),
