@@ -352,6 +352,47 @@ def gemm_arguments(source: str, ins: list[torch.Tensor], device="cpu", dtype=tor
     return evtfuse.GemmArguments(A, B, D, torch.float32, epi), D
 
 
+def vector_arguments(source: str, arity: int, device="cpu", dtype=torch.float32,
+                     ab_dtype: torch.dtype | None = None, outputs: tuple[str, ...] = ("D",)):
+    """For two- and three-argument rows: X a full operand, Y a per-row one (M, 1), Z a
+    per-column one (N,), still meeting every pair of ``VALUES`` (every triple of
+    ``VALUES3``), rounded to ``dtype``. With n values: M = n; X[i, j] = pool[j % n] and
+    Y[i] = pool[i]; two arguments: N = n rounded up to a multiple of 8 (16-byte rows);
+    three: N = n^2, Z[j] = pool[j // n]. One full operand, not two or three (the gluon
+    family's shared memory holds no more beside its stages). Returns the arguments, D and
+    the inputs of each element, flat."""
+    pool = VALUES if arity == 2 else VALUES3
+    v = torch.tensor(pool, dtype=torch.float32).to(dtype).float()
+    n = len(v)
+    N = -(-n // 8) * 8 if arity == 2 else n * n
+    X = v[torch.arange(N) % n].reshape(1, N).expand(n, N).contiguous()
+    ops = {"X": X, "Y": v.reshape(n, 1)}
+    ins = [X.flatten(), v.reshape(n, 1).expand(n, N).flatten()]
+    if arity == 3:
+        ops["Z"] = v.repeat_interleave(n)
+        ins.append(ops["Z"].reshape(1, N).expand(n, N).flatten())
+    D = torch.empty(n, N, dtype=dtype, device=device)
+    outs = {name: D if name == "D" else torch.empty_like(D) for name in outputs}
+    A = torch.zeros(n, 16, dtype=ab_dtype or dtype, device=device)
+    B = torch.zeros(16, N, dtype=ab_dtype or dtype, device=device)
+    epi = evtfuse.EpilogueArguments(source, **{k: t.to(dtype).to(device) for k, t in ops.items()},
+                                    **outs)
+    return evtfuse.GemmArguments(A, B, D, torch.float32, epi), D, ins
+
+
+def for_dtype(v: float, dtype: torch.dtype) -> float:
+    """A special value of fp32 as its counterpart in ``dtype``: the largest finite value, the
+    smallest normal, and denormals scaled to stay denormals; other values as they are."""
+    fi = torch.finfo(dtype)
+    if abs(v) == FMAX:
+        return math.copysign(fi.max, v)
+    if abs(v) == TINY:
+        return math.copysign(fi.tiny, v)
+    if 0 < abs(v) < TINY:
+        return v / TINY * fi.tiny
+    return v
+
+
 POISON = -1234.5  # outputs are filled with it first: an unwritten element shows
 
 
@@ -401,12 +442,14 @@ def line(values: tuple, pad: float, length: int) -> torch.Tensor:
     return t
 
 
-def line_matrix(length: int) -> torch.Tensor:
-    """One line per row, then copies of the first line up to a multiple of 4 rows (fp32
-    rows of 16-byte multiples when the matrix is transposed, as TMA needs)."""
-    rows = [line(v, p, length) for _, v, p in LINES]
-    rows += [rows[0]] * (-len(rows) % 4)
-    return torch.stack(rows)
+def line_matrix(length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """One line per row (its values ``for_dtype``), then copies of the first line up to a
+    multiple of 8 rows (rows of 16-byte multiples when the matrix is transposed, as TMA
+    needs), in ``dtype``."""
+    rows = [line(tuple(for_dtype(x, dtype) for x in v), for_dtype(p, dtype), length)
+            for _, v, p in LINES]
+    rows += [rows[0]] * (-len(rows) % 8)
+    return torch.stack(rows).to(dtype)
 
 
 def reduction_source(op: str) -> str:

@@ -20,10 +20,11 @@ from evtfuse import ir, passes
 from evtfuse.ir import NodeKind, Output, OutputKind
 from evtfuse.optable import OPS, Category
 from evtfuse.reference import evaluate
-from special_values import (EXCEPTIONS, LINES, check, elementwise_rows, epilogue_source,
-                            expected, gemm_arguments, inputs_for, line, line_matrix,
-                            mismatches, missing_rows, param_id, param_sets, reduction_rows,
-                            reduction_source, report, run_kernel)
+from special_values import (EXCEPTIONS, LINES, check, elementwise_rows,
+                            epilogue_source, expected, gemm_arguments, group_source,
+                            inputs_for, line, line_matrix, mismatches, missing_rows,
+                            param_id, param_sets, reduction_rows, reduction_source, report,
+                            run_kernel, vector_arguments)
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier"),
@@ -102,6 +103,20 @@ def test_hopper_kernel(name):
     args, D = gemm_arguments(epilogue_source(row, params), ins)
     got = run_kernel(_kernel(args, "hopper"), args, D, ins[0].numel())
     check(f"hopper kernel {name}({param_id(params)})", got, ins, name, params)
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("arity", [2, 3])
+def test_rows_with_vector_operands(family, arity):
+    """Every pair (triple) through a full, a per-row (and a per-column) operand: the
+    vector loads, and the layout the GPU tier gives the gluon family."""
+    cases = [(row, p) for row in elementwise_rows() if row.arity == arity
+             for p in param_sets(row)]
+    src, names = group_source(cases)
+    args, D, ins = vector_arguments(src, arity, outputs=tuple(names))
+    got = run_kernel(_kernel(args, family), args, D, ins[0].numel(), tuple(names))
+    for out, (row, params) in zip(got, cases):
+        check(f"{family} {row.name} (vectors)", out, ins, row.name, params)
 
 
 def test_fp16_operands_and_outputs():

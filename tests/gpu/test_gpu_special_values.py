@@ -19,9 +19,9 @@ from epilogue_fuzz import pick  # tests/ is on the path (its conftest.py)
 from evtfuse import EpilogueArguments, GemmArguments, explain
 from evtfuse.optable import OPS
 from special_values import (GPU_RTOL, LINES, RTOL, elementwise_rows, expected,
-                            gemm_arguments, group_source, inputs_for, line, line_matrix,
-                            mismatches, param_id, param_sets, reduction_rows, report,
-                            run_kernel)
+                            for_dtype, gemm_arguments, group_source, inputs_for, line,
+                            line_matrix, mismatches, param_id, param_sets, reduction_rows,
+                            report, run_kernel, vector_arguments)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -56,24 +56,45 @@ def _kernel(args, kind):
     return kernel
 
 
+def _dtype(kind) -> torch.dtype:
+    """Operands and outputs of fp32, bf16 for the gluon family: its shared memory holds no
+    fp32 tiles of a full operand and an output beside its stages (it says so)."""
+    return torch.bfloat16 if kind[0] == "gluon" else torch.float32
+
+
+def _tolerances(name: str, dtype: torch.dtype) -> dict:
+    fin = torch.finfo(dtype)
+    if dtype == torch.float32:
+        return {"rtol": GPU_RTOL.get(name, RTOL)}
+    # the output's rounding, and two of its smallest denormals
+    return {"rtol": max(GPU_RTOL.get(name, 0.0), fin.eps), "atol": 2 * fin.tiny * fin.eps}
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("group", GROUPS, ids=GROUP_IDS)
 def test_special_values_through_every_family(kind, group):
-    """Every row and parameter set (a few rows per kernel): fp32 operands and outputs; A
-    and B of bf16 (every family takes them), all zeros."""
-    row0 = group[0][0]
-    ins = inputs_for(row0)
+    """Every row and parameter set (a few rows per kernel) on operands and outputs of
+    ``_dtype``, inputs rounded to it, torch's value rounded to it; rows of two and three
+    arguments through a full, a per-row and a per-column operand (``vector_arguments``).
+    A and B of bf16 (every family takes them), all zeros."""
+    dtype = _dtype(kind)
     src, names = group_source(group)
-    args, D = gemm_arguments(src, ins, device="cuda", ab_dtype=torch.bfloat16,
-                             outputs=tuple(names))
+    if group[0][0].arity > 1:
+        args, D, ins = vector_arguments(src, group[0][0].arity, device="cuda", dtype=dtype,
+                                        ab_dtype=torch.bfloat16, outputs=tuple(names))
+    else:
+        ins = [t.to(dtype).float() for t in inputs_for(group[0][0])]
+        args, D = gemm_arguments(src, ins, device="cuda", dtype=dtype,
+                                 ab_dtype=torch.bfloat16, outputs=tuple(names))
     got = run_kernel(_kernel(args, kind), args, D, ins[0].numel(), tuple(names))
     failures = []
     for out, (row, params) in zip(got, group):
         want, free = expected(row.name, ins, params, gpu=True)
-        bad = mismatches(out, want, free, rtol=GPU_RTOL.get(row.name, RTOL))
+        want = want.to(dtype).float()  # stored as the output's dtype, as torch rounds it
+        bad = mismatches(out, want, free, **_tolerances(row.name, dtype))
         if bad.any():
-            failures.append(report(f"{kind} {row.name}({param_id(params)})", bad, out, want,
-                                   ins))
+            failures.append(report(f"{kind} {dtype} {row.name}({param_id(params)})", bad,
+                                   out, want, ins))
     assert not failures, "\n".join(failures)
 
 
@@ -111,7 +132,7 @@ REDUCE_ALL = ("def epi(accum, X):\n    D = X\n" + "".join(f"    R_{op} = {op}(X)
 
 
 def _reduce(X, out_shape, kind) -> dict[str, torch.Tensor]:
-    """Every reduction of X into outputs of ``out_shape``, in one kernel."""
+    """Every reduction of X into fp32 outputs of ``out_shape``, in one kernel."""
     outs = {f"R_{op}": torch.full(out_shape, -1234.5, device="cuda") for op in OPS_R}
     A = torch.zeros(*X.shape[:-1], 16, dtype=torch.bfloat16, device="cuda")
     B = torch.zeros(16, X.shape[-1], dtype=torch.bfloat16, device="cuda")
@@ -124,25 +145,26 @@ def _reduce(X, out_shape, kind) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("axis", ["row", "col", "all_batched"])
-@pytest.mark.parametrize("length", [300, 1024], ids=["ragged", "even"])
+@pytest.mark.parametrize("length", [304, 1024], ids=["ragged", "even"])
 def test_reductions_of_special_lines(kind, axis, length):
-    """Lines of special values reduced per row, per column and per batch; ``even``: lines
-    that fill whole tiles (no masked element, so a tile's tree of -0.0 terms shows)."""
-    lines = line_matrix(length)
+    """Lines of special values (in X of ``_dtype``, their largest finite values and
+    denormals that dtype's) reduced per row, per column and per batch; ``even``: lines that
+    fill whole tiles (no masked element, so a tile's tree of -0.0 terms shows)."""
+    lines = line_matrix(length, _dtype(kind))
     count = lines.shape[0]
     if axis == "row":
         X, shape, dims = lines, (count, 1), (1,)
     elif axis == "col":
         X, shape, dims = lines.t().contiguous(), (count,), (0,)
-    else:  # each batch one line: (15, 20) or (32, 32)
-        rows = {300: 15, 1024: 32}[length]
-        X, shape, dims = lines.reshape(count, rows, -1), (count, 1, 1), (1, 2)
+    else:  # each batch one line: (19, 16) or (32, 32)
+        cols = {304: 16, 1024: 32}[length]
+        X, shape, dims = lines.reshape(count, -1, cols), (count, 1, 1), (1, 2)
     results = _reduce(X, shape, kind)
     names = [n for n, _, _ in LINES] + ["(copy)"] * count
     failures = []
     for op, got in results.items():
         got = got.flatten()
-        want, free = expected(op, [X], {}, gpu=True, dims=dims)
+        want, free = expected(op, [X.float()], {}, gpu=True, dims=dims)
         bad = mismatches(got, want.flatten(), free.flatten())
         if bad.any():
             failures.append(f"{op} differs from torch on lines "
@@ -154,11 +176,13 @@ def test_reductions_of_special_lines(kind, axis, length):
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 def test_whole_output_reductions_of_special_lines(kind):
     """One (1,) result over a whole 512 x 256 output holding one line, for each line."""
+    dtype = _dtype(kind)
     failures = []
     for name, values, pad in LINES:
-        X = line(values, pad, 512 * 256).reshape(512, 256)
+        X = line(tuple(for_dtype(v, dtype) for v in values), for_dtype(pad, dtype),
+                 512 * 256).reshape(512, 256).to(dtype)
         for op, got in _reduce(X, (1,), kind).items():
-            want, free = expected(op, [X], {}, gpu=True, dims=(0, 1))
+            want, free = expected(op, [X.float()], {}, gpu=True, dims=(0, 1))
             if mismatches(got, want.reshape(1), free.reshape(1)).any():
                 failures.append(f"{op} of line {name!r}: got {got.item()}, torch {want.item()}")
     assert not failures, f"{kind}:\n" + "\n".join(failures)
