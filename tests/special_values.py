@@ -199,6 +199,10 @@ EXCEPTIONS: tuple[Exception_, ...] = (
                lambda ins, p: ins[0] * 0.0,
                "on a GPU x * sigmoid(x) with sigmoid(x) flushed to 0 below 2^-126",
                "flush", gpu_only=True),
+    Exception_("gelu_tanh", lambda ins, p: F.gelu(ins[0], approximate="tanh") == 0, None,
+               "on a GPU h + h * tanh(..) (h = x / 2) is one fused multiply-add: where tanh "
+               "is -1, h - h is +0.0, torch's h * (1 + tanh) -0.0", "may be +0.0",
+               gpu_only=True),
     Exception_("log_sigmoid", lambda ins, p: ins[0] > 87.33,
                lambda ins, p: torch.zeros_like(ins[0]),
                "on a GPU exp(-|x|) below 2^-126 flushes to 0: log_sigmoid(x) is 0 where it "

@@ -333,7 +333,9 @@ _ROWS: tuple[OpDef, ...] = (
           doc="x * Phi(x), erf form; x itself at +inf and from 2^127 on (torch's CPU kernel "
               "gives NaN and inf there, its CUDA kernel x)"),
     OpDef("gelu_tanh", 1, _t_gelu_tanh, "_ef_gelu_tanh({0})",
-          triton_cuda="_ef_gelu_tanh_cuda({0})", doc="GELU, tanh approximation"),
+          triton_cuda="_ef_gelu_tanh_cuda({0})",
+          doc="GELU, tanh approximation (on a GPU 0.5x + 0.5x tanh(..) in one fused "
+              "multiply-add: a zero result may be +0.0 where torch gives -0.0)"),
     OpDef("silu", 1, torch.nn.functional.silu, "({0} * _ef_sigmoid({0}))",
           triton_cuda="({0} * _ef_sigmoid_cuda({0}))",
           doc="x * sigmoid(x) (on a GPU: -0.0 below x = -87.3, where sigmoid's results "
