@@ -337,3 +337,62 @@ def pick(args: evtfuse.GemmArguments, family: str, which: str, cc: int | None = 
         return k
     wide = k.with_config(num_warps=8)  # 8 warps may need more scratch: fewer stages
     return wide.with_config(num_stages=k.family.fit_stages(args, wide.config))
+
+
+# ------------------------------------------------------------------ special floats
+
+SPECIAL_FRACTIONS = (1 / 64, 1 / 8)  # of each operand tensor's elements
+
+
+def special_floats(dtype: torch.dtype) -> tuple[float, ...]:
+    """What a special-value case puts into inputs of ``dtype``: +-0, +-inf, NaN, the smallest
+    denormal and a larger one, and a large finite value: fp16's largest (65504); for wider
+    formats 1e30, not their largest (3.4e38), which a sum of a few of them overflows or not
+    depending on the order of the sum (a reduction's, or the tiles')."""
+    fi = torch.finfo(dtype)
+    tiny = fi.smallest_normal
+    large = min(fi.max, 1e30)
+    return (0.0, -0.0, float("inf"), float("-inf"), float("nan"), tiny * fi.eps,
+            -tiny * fi.eps, tiny / 3, large, -large)
+
+
+def with_special_values(args: evtfuse.GemmArguments, seed: int,
+                        fraction: float) -> evtfuse.GemmArguments:
+    """``args`` with special floats (``special_floats``) in place of ``fraction`` of each
+    floating operand tensor's elements (at least one), a device scalar or a runtime scalar
+    one time in four, and one element of A and of B one time in two each (an inf or NaN
+    there spreads over a row or column of the accumulator; more would leave nothing
+    ordinary). Each tensor takes one, two or all of the special values (a row with +inf and
+    no NaN is worth checking, and rare among all ten). Chosen from ``seed``; changed in
+    place, returned."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def draw(dtype, count):
+        pool = torch.tensor(special_floats(dtype), dtype=torch.float32)
+        pool = pool[torch.randperm(len(pool), generator=g)]
+        pool = pool[: (1, 2, len(pool))[int(torch.randint(0, 3, (1,), generator=g))]]
+        return pool[torch.randint(0, len(pool), (count,), generator=g)]
+
+    def coin(n):
+        return int(torch.randint(0, n, (1,), generator=g)) == 0
+
+    def spoil(t: torch.Tensor, count: int) -> None:
+        idx = tuple(torch.randint(0, s, (count,), generator=g).to(t.device) for s in t.shape)
+        t[idx] = draw(t.dtype, count).to(t.dtype).to(t.device)
+
+    floating = (torch.float16, torch.bfloat16, torch.float32)
+    values = args.epilogue.values
+    for name in args.epilogue.parsed.params:
+        v = values[name]
+        if isinstance(v, torch.Tensor) and v.dtype in floating:
+            if v.numel() == 1:
+                if coin(4):
+                    v.fill_(float(draw(v.dtype, 1)))
+            elif v.numel():
+                spoil(v, max(1, round(v.numel() * fraction)))
+        elif isinstance(v, float) and coin(4):
+            values[name] = float(draw(torch.float32, 1))
+    for t in (args.A, args.B):
+        if t.dtype in floating and t.numel() and coin(2):
+            spoil(t, 1)
+    return args

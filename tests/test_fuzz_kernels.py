@@ -27,8 +27,8 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from epilogue_fuzz import (CPU_SHAPES, GPU_SHAPES, INPUTS, cases, drawn, k16, k_major,
-                           laid_out_for, pick)
+from epilogue_fuzz import (CPU_SHAPES, GPU_SHAPES, INPUTS, SPECIAL_FRACTIONS, cases, drawn,
+                           k16, k_major, laid_out_for, pick, with_special_values)
 from evtfuse import explain
 
 
@@ -75,6 +75,42 @@ def test_random_epilogues_interpreted_int8_inputs(case, shape, dtype, data_seed)
     hopper = pick(args, "hopper", "first", cc=90)
     if hopper is not None:
         _verify(hopper, args, hopper_case)
+
+
+def _verify_special(kernel, args, case) -> None:
+    """``Kernel.verify`` (NaN and inf exactly where the reference has them), then a second run
+    on outputs filled with another value, which must give the same bits: an element left
+    unwritten where the reference is NaN would pass the first check alone."""
+    _verify(kernel, args, case)
+    values = args.epilogue.values
+    stored = [o.name for o in args.dag.outputs if values.get(o.name) is not None]
+    first = {n: values[n].clone() for n in stored}
+    for n in stored:
+        values[n].fill_(-1234.5)
+    kernel.run(args)
+    for n in stored:
+        torch.testing.assert_close(values[n], first[n], rtol=0, atol=0, equal_nan=True,
+                                   msg=lambda m: f"{case.source}\n{n}: {m}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf - inf, 0 * inf, ...
+@_drawn(16, salt="interpreted-special-values")
+@given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
+       dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16),
+       fraction=st.sampled_from(SPECIAL_FRACTIONS))
+def test_random_epilogues_interpreted_special_values(case, shape, dtype, data_seed, fraction):
+    """Random epilogues on inputs holding special floats (``with_special_values``): +-0,
+    +-inf, NaN, denormals, large finite values in the operands, and an inf or NaN row or
+    column of the accumulator."""
+    args = with_special_values(case.arguments(*shape, dtype, seed=data_seed), data_seed,
+                               fraction)
+    portable = pick(args, "portable", "first")
+    assert portable is not None, explain(args)
+    _verify_special(portable, args, case)
+    hopper = pick(args, "hopper", "first", cc=90)
+    if hopper is not None:
+        _verify_special(hopper, args, case)
 
 
 # ------------------------------------------------------------------ CPU tier: sm_90 compiles
@@ -144,6 +180,30 @@ def test_random_epilogues_gpu(kind, dtype):
         kernel = pick(args, family, which)
         assume(kernel is not None)  # a stated refusal (explain) is not a failure
         _verify(kernel, args, case)
+
+    run()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", GPU_KINDS, ids=[f"{f}-{w}" for f, w in GPU_KINDS])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_random_epilogues_gpu_special_values(kind, dtype):
+    """As ``test_random_epilogues_gpu`` on inputs holding special floats
+    (``with_special_values``)."""
+    family, which = kind
+    if family == "gluon" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the gluon family runs on Hopper (sm_90)")
+
+    @_drawn(6, salt=f"special-{family}-{which}-{dtype}")
+    @given(case=cases(), shape=st.sampled_from(GPU_SHAPES), data_seed=st.integers(0, 2 ** 16),
+           fraction=st.sampled_from(SPECIAL_FRACTIONS))
+    def run(case, shape, data_seed, fraction):
+        args = with_special_values(case.arguments(*shape, dtype, device="cuda", seed=data_seed),
+                                   data_seed, fraction)
+        kernel = pick(args, family, which)
+        assume(kernel is not None)  # a stated refusal (explain) is not a failure
+        _verify_special(kernel, args, case)
 
     run()
 

@@ -89,3 +89,24 @@ def test_a_wrong_element_still_fails_with_the_slack():
     check = compare("D", d, ref["D"], torch.float32, input_dtype=torch.bfloat16,
                     slack=slack["D"])
     assert not check.ok and check.unwritten == 1
+
+
+def test_a_value_past_the_output_dtypes_range_is_its_infinity():
+    """A kernel stores -66719.6 into fp16 as -inf (past 65519.99...), as torch's own
+    conversion does; the reference holds the fp32 value. Found by the special-values fuzz
+    (a 65504 in A gave an accumulator row near -7e4). Where the value rounds to a finite
+    fp16, inf is still wrong; so is the wrong sign."""
+    ref = torch.tensor([-66719.6, 70000.0, 1.0, -2.5, 65519.0])
+    out = ref.to(torch.float16)
+    assert torch.isinf(out[:2]).all()
+    check = compare("D", out, ref, torch.float16)
+    assert check.ok, check.line()
+    for k, bad in ((0, float("inf")), (4, float("inf")), (2, float("inf"))):
+        wrong = out.clone()
+        wrong[k] = bad
+        check = compare("D", wrong, ref, torch.float16)
+        assert not check.ok and check.bad_elements == 1, (k, check.line())
+    # fp32 outputs: the reference rounded to fp32 overflows too (a float64 reference)
+    ref64 = torch.tensor([1e39, -1.0], dtype=torch.float64)
+    check = compare("D", ref64.to(torch.float32), ref64, torch.float32)
+    assert check.ok, check.line()

@@ -46,6 +46,30 @@ def not_an_operand(name: str, value: object) -> EpilogueError:
                          f"{type(value).__name__}", variable=name)
 
 
+def scalar_value(name: str, value: object) -> float:
+    """A runtime scalar as the float a kernel is given (computing in fp32, the kernel rounds
+    it again, to inf past fp32's largest value, as torch rounds a Python number it multiplies
+    an fp32 tensor by). A number ``float()`` cannot convert (an int past the largest double)
+    is an error naming the operand, not an OverflowError from inside a launch."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        raise EpilogueError(f"Argument {name} = {_describe(value)} does not fit a float "
+                            "(Python's float() of it raises OverflowError); pass a float "
+                            "(float('inf') for infinity)", variable=name) from None
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, int):
+        try:
+            digits = f"{len(str(abs(value)))} digits"
+        except ValueError:  # past Python's limit on int-to-str conversion
+            digits = f"about {int(value.bit_length() * 0.30103) + 1} digits"
+        return f"an int of {digits}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 class UnsupportedError(RuntimeError):
     """No kernel can run these arguments; the text says why for every family."""
 

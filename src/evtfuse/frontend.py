@@ -18,15 +18,18 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import io
 import numbers
+import re
 import textwrap
+import tokenize
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Union
 
 import torch
 
 from . import ir
-from .errors import EpilogueError, not_an_operand
+from .errors import EpilogueError, not_an_operand, scalar_value
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, FP8_DTYPES, OPS,
                       UNARY_OPERATORS, Category, OpDef, ParamValue)
@@ -154,7 +157,10 @@ class _Parser:
         if name in self.defined:
             raise EpilogueError(f"Variable '{name}' cannot be defined twice.", variable=name,
                                 line=self.line(stmt), exact=True)
-        expr = self.parse_expr(value, name)
+        try:
+            expr = self.parse_expr(value, name)
+        except RecursionError:  # what the loops over + - * / chains and signs do not cover
+            raise self.error(too_deep(name), stmt, name) from None
         self.defined[name] = self.line(stmt)
         return Assignment(name, expr, self.line(stmt))
 
@@ -192,33 +198,56 @@ class _Parser:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise self.error(f"unsupported literal {v!r} in the value of '{target}'; only "
                                  "numbers are allowed", node, target)
-            return Expr("const", line, value=float(v))
+            try:
+                value = float(v)  # a float literal past the largest double is already inf
+            except OverflowError:
+                text = ast.get_source_segment("\n".join(self.source_lines), node) or str(v)
+                raise self.error(f"the int literal {text[:12]}... ({len(text)} digits) in the "
+                                 f"value of '{target}' does not fit a float (Python's float() "
+                                 "of it raises OverflowError); a float literal such as 1e400 "
+                                 "is inf", node, target) from None
+            return Expr("const", line, value=value)
         if isinstance(node, ast.UnaryOp):
-            opname = UNARY_OPERATORS.get(type(node.op).__name__)
-            if opname is None:
-                raise self.error(f"unsupported operator {type(node.op).__name__} in the value of "
-                                 f"'{target}'", node, target)
-            inner = self.parse_expr(node.operand, target)
-            if inner.kind == "const":
-                return Expr("const", line, value=-inner.value if opname == "neg" else inner.value)
-            if opname == "identity":
-                return inner
-            return Expr("call", line, op=opname, args=(inner,))
-        if isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Pow):
-                exp = self.parse_expr(node.right, target)
-                if exp.kind != "const":
-                    raise self.error(f"the exponent of ** must be a numeric literal (in the "
-                                     f"value of '{target}')", node, target)
-                base = self.parse_expr(node.left, target)
-                return Expr("call", line, op="pow", args=(base,),
-                            params=(("exponent", exp.value),))
-            opname = BINARY_OPERATORS.get(type(node.op).__name__)
-            if opname is None:
-                raise self.error(f"unsupported operator {type(node.op).__name__} in the value of "
-                                 f"'{target}'; use + - * / ** or a function", node, target)
-            return Expr("call", line, op=opname,
-                        args=(self.parse_expr(node.left, target), self.parse_expr(node.right, target)))
+            # - - x nests one level per sign: the chain is walked by a loop, not recursion
+            chain = []
+            while isinstance(node, ast.UnaryOp):
+                opname = UNARY_OPERATORS.get(type(node.op).__name__)
+                if opname is None:
+                    raise self.error(f"unsupported operator {type(node.op).__name__} in the "
+                                     f"value of '{target}'", node, target)
+                chain.append((opname, self.line(node)))
+                node = node.operand
+            inner = self.parse_expr(node, target)
+            for opname, line in reversed(chain):
+                if inner.kind == "const":
+                    inner = Expr("const", line,
+                                 value=-inner.value if opname == "neg" else inner.value)
+                elif opname != "identity":
+                    inner = Expr("call", line, op=opname, args=(inner,))
+            return inner
+        if isinstance(node, ast.BinOp) and not isinstance(node.op, ast.Pow):
+            # a + b + c + ... nests to the left, one level per term: the left spine is walked
+            # by a loop, so a sum of thousands of terms needs no recursion
+            spine = []
+            while isinstance(node, ast.BinOp) and not isinstance(node.op, ast.Pow):
+                if type(node.op).__name__ not in BINARY_OPERATORS:
+                    raise self.error(f"unsupported operator {type(node.op).__name__} in the "
+                                     f"value of '{target}'; use + - * / ** or a function",
+                                     node, target)
+                spine.append(node)
+                node = node.left
+            expr = self.parse_expr(node, target)
+            for b in reversed(spine):
+                expr = Expr("call", self.line(b), op=BINARY_OPERATORS[type(b.op).__name__],
+                            args=(expr, self.parse_expr(b.right, target)))
+            return expr
+        if isinstance(node, ast.BinOp):  # x ** c
+            exp = self.parse_expr(node.right, target)
+            if exp.kind != "const":
+                raise self.error(f"the exponent of ** must be a numeric literal (in the "
+                                 f"value of '{target}')", node, target)
+            base = self.parse_expr(node.left, target)
+            return Expr("call", line, op="pow", args=(base,), params=(("exponent", exp.value),))
         if isinstance(node, ast.Compare):
             if len(node.ops) != 1:
                 raise self.error(f"chained comparisons are not supported (in the value of "
@@ -313,6 +342,48 @@ def _callee_name(func: ast.expr) -> str | None:
     return None
 
 
+def too_deep(name: str) -> str:
+    return (f"the value of '{name}' is nested too deep to parse (Python's recursion limit); "
+            f"split it into several assignments (t = ...; {name} = t + ...)")
+
+
+_TARGET = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
+
+
+def _too_deep_for_python(source: str, offset: int, where: str) -> EpilogueError:
+    """The error for a source Python's own parser cannot build (RecursionError): the first
+    logical line that fails alone, by its line and the name it assigns."""
+    lines = source.splitlines(keepends=True)
+    start = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if start is None and tok.type not in _NOT_CODE:
+                start = tok.start[0]
+            if tok.type == tokenize.NEWLINE and start is not None:
+                text = "".join(lines[start - 1: tok.end[0]])
+                try:
+                    ast.parse(text.lstrip())
+                except RecursionError:
+                    m = _TARGET.match(text)
+                    name = m.group(1) if m else None
+                    message = too_deep(name) if name else (
+                        "the epilogue is nested too deep to parse (Python's recursion limit); "
+                        "split long expressions into several assignments")
+                    return EpilogueError(message, variable=name, line=start + offset,
+                                         where=where, source_line=lines[start - 1])
+                except SyntaxError:
+                    pass  # a line of the function alone (its def, its return)
+                start = None
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return EpilogueError("the epilogue is nested too deep to parse (Python's recursion limit); "
+                         "split long expressions into several assignments")
+
+
+_NOT_CODE = (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT,
+             tokenize.ENCODING)
+
+
 EpilogueSource = Union[str, Callable[..., Any]]
 
 
@@ -361,6 +432,8 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
         line = (exc.lineno or 0) + offset
         raise EpilogueError(f"the epilogue is not valid Python: {exc.msg}", line=line,
                             where=where, source_line=exc.text) from None
+    except RecursionError:  # Python's own parser: a sum of ~5,000 terms
+        raise _too_deep_for_python(source, offset, where) from None
     fns = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
         raise EpilogueError("the epilogue must be exactly one function definition "
@@ -418,6 +491,7 @@ def classify_operand(name: str, value: Any, problem: tuple[int, int, int]) -> Op
     if isinstance(value, bool) or value is None:
         raise not_an_operand(name, value)
     if isinstance(value, numbers.Real):
+        scalar_value(name, value)  # one float() can hold (10**400 is an error naming it)
         return OperandSpec(name, OperandKind.RUNTIME_SCALAR, None)
     if not isinstance(value, torch.Tensor):
         raise not_an_operand(name, value)
@@ -456,8 +530,8 @@ def classify_output(name: str, value: Any, problem: tuple[int, int, int],
     batched, has_m, has_n = _dims(name, tuple(value.shape), problem, "Output", "")
     if reduction:
         padded = (1,) * (3 - value.dim()) + tuple(value.shape)
-        has_m = has_m and padded[1] > 1
-        has_n = has_n and padded[2] > 1
+        has_m = has_m and padded[1] != 1  # M = 0: an empty (0, 1) result, not a scalar
+        has_n = has_n and padded[2] != 1
     kind = {(True, True): OutputKind.FULL, (True, False): OutputKind.ROW,
             (False, True): OutputKind.COL, (False, False): OutputKind.SCALAR}[(has_m, has_n)]
     return kind, value.dtype, batched
@@ -522,7 +596,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         return EpilogueError(message, variable=variable, line=line, where=parsed.where,
                              source_line=parsed.text_of(line))
 
-    def build(e: Expr, target: str) -> ir.Node:
+    def leaf(e: Expr) -> ir.Node:
         if e.kind == "name":
             node = lookup(e.name, e.line)
             if node.kind is ir.NodeKind.REDUCE:
@@ -531,10 +605,24 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             return node
         if e.kind == "const":
             return ir.const_node(e.value, e.line)
-        if e.kind == "index":
-            return ir.index_node(e.op, e.line)
-        args = [build(a, target) for a in e.args]
-        return ir.compute_node(e.op, args, e.params, line=e.line)
+        return ir.index_node(e.op, e.line)
+
+    def build(e: Expr, target: str) -> ir.Node:
+        # inputs before users with a stack of their own: an expression thousands of terms
+        # deep (a long sum) needs no recursion
+        built: dict[int, ir.Node] = {}
+        stack = [(e, False)]
+        while stack:
+            x, ready = stack.pop()
+            if x.kind != "call":
+                built[id(x)] = leaf(x)
+            elif ready:
+                built[id(x)] = ir.compute_node(x.op, [built[id(a)] for a in x.args], x.params,
+                                               line=x.line)
+            else:
+                stack.append((x, True))
+                stack.extend((a, False) for a in reversed(x.args))
+        return built[id(e)]
 
     pending: dict[str, tuple[str, ir.Node, int]] = {}
     for a in parsed.assignments:
@@ -589,9 +677,13 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
 
 
 def _contains_reduction(e: Expr) -> bool:
-    if e.kind == "call" and OPS[e.op].category is Category.REDUCE:
-        return True
-    return any(_contains_reduction(a) for a in e.args)
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if x.kind == "call" and OPS[x.op].category is Category.REDUCE:
+            return True
+        stack.extend(x.args)
+    return False
 
 
 def problem_shape_of(value: Any) -> tuple[int, int, int] | None:

@@ -433,19 +433,20 @@ def format_evt(dag: Dag) -> str:
     return "\n".join(lines)
 
 
-def _evt_tree(n: Node, indent: str, lines: list[str], shared: dict[int, int],
+def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
               top: Node | None) -> None:
-    if id(n) in shared and n is not top:
-        lines.append(f"{indent}-> node {shared[id(n)]}")
-        return
-    if n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
-        name = _EVT_NAMES.get(n.op, n.op)
-        ps = "".join(f", {k}={v!r}" for k, v in n.params)
-        lines.append(f"{indent}Sm90Compute<{name}{ps}>")
-        for i in n.inputs:
-            _evt_tree(i, indent + "  ", lines, shared, top)
-        return
-    lines.append(f"{indent}{_evt_leaf(n)}")
+    stack = [(root, indent)]  # depth first, inputs in order, without recursion (deep chains)
+    while stack:
+        n, ind = stack.pop()
+        if id(n) in shared and n is not top:
+            lines.append(f"{ind}-> node {shared[id(n)]}")
+        elif n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+            name = _EVT_NAMES.get(n.op, n.op)
+            ps = "".join(f", {k}={v!r}" for k, v in n.params)
+            lines.append(f"{ind}Sm90Compute<{name}{ps}>")
+            stack.extend((i, ind + "  ") for i in reversed(n.inputs))
+        else:
+            lines.append(f"{ind}{_evt_leaf(n)}")
 
 
 __all__ = [

@@ -119,24 +119,41 @@ def _lit(v: float) -> str:
     return repr(float(v))
 
 
+def f32(v: float) -> float:
+    """``v`` rounded to fp32, as a kernel holds a literal (overflowing to +-inf)."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
 def _pow_spelling(args: list, params: dict) -> str:
-    """x ** c with c a compile-time constant: exact products for small integers."""
-    x, c = args[0], params["exponent"]
-    if c == int(c) and abs(c) <= 16:
-        n = int(abs(c))
-        if n == 0:
-            return f"({x} * 0.0 + 1.0)"
-        body = " * ".join([f"({x})"] * n)
-        return f"(1.0 / ({body}))" if c < 0 else f"({body})"
+    """x ** c with c a compile-time constant (rounded to fp32, as every literal), with torch's
+    own formulas where torch has one (c = 2, 3: products; -1, -2: 1 / x, 1 / (x * x); 0.5,
+    -0.5: sqrt, 1 / sqrt) and C's pow on special values everywhere (x ** 0 is 1 for NaN and
+    inf too)."""
+    x, c = args[0], f32(params["exponent"])
+    if c == 0.0:
+        return f"tl.where({x} != {x}, 1.0, 1.0)"  # 1.0 shaped like x, whatever x holds
+    if math.isnan(c):  # not written in a source (a literal exponent), but defined: C's pow
+        return f"tl.where({x} == 1.0, 1.0, float('nan'))"
     if c == 0.5:
-        return f"tl.sqrt({x})"
+        return f"tl.sqrt_rn({x})"
     if c == -0.5:
-        return f"tl.math.rsqrt({x})"
-    return f"_ef_powf({x}, {_lit(c)})"
+        return f"(1.0 / tl.sqrt_rn({x}))"
+    if math.isfinite(c) and c == int(c) and abs(c) <= 16:
+        n = int(abs(c))
+        if c > 0:
+            return "(" + " * ".join([f"({x})"] * n) + ")"
+        if n <= 2:
+            return "(1.0 / (" + " * ".join([f"({x})"] * n) + "))"
+        # (1 / x) ** n: where x ** n overflows, x ** -n may still be a denormal
+        return f"_ef_powi(1.0 / ({x}), {n})"
+    # C's pow: +-inf counts as an even integer, and so does every float from 2^24 on
+    integer = math.isinf(c) or c == int(c)
+    odd = integer and math.isfinite(c) and int(c) % 2 == 1
+    return f"_ef_powf({x}, {_lit(c)}, {odd}, {integer}, {not math.isfinite(c)})"
 
 
 def _t_pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
-    return torch.pow(x, exponent)
+    return torch.pow(x, f32(exponent))
 
 
 # On a GPU, NaN-propagating max/min are one instruction (max.NaN.f32); their choice between
@@ -158,6 +175,27 @@ def _t_hardswish(x):
 
 def _t_rsqrt(x):
     return torch.rsqrt(x)
+
+
+def _t_gelu(x):
+    # torch's CPU gelu forms x * (1 + erf(x / sqrt 2)) before halving it: NaN at +inf and inf
+    # from 2^127 on, where x * Phi(x) is x (as torch's CUDA gelu and the kernels give)
+    return torch.where(x >= 2.0 ** 127, x, torch.nn.functional.gelu(x))
+
+
+def _t_leaky_relu(x, slope):
+    return torch.where(x > 0, x, x * slope)  # torch's formula: -0.0 * slope, 0.0 * slope
+
+
+def _reduction(fn, identity: float):
+    """A reduction over ``dims`` (keepdim) that gives ``identity`` over an empty axis (torch's
+    amax and amin raise there)."""
+    def reduce(x: torch.Tensor, dims) -> torch.Tensor:
+        if x.numel() == 0:
+            shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
+            return torch.full(shape, identity, dtype=x.dtype, device=x.device)
+        return fn(x, dims)
+    return reduce
 
 
 def _t_maximum(a, b):
@@ -262,9 +300,11 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("sub", 2, torch.sub, "({0} - {1})", doc="a - b"),
     OpDef("mul", 2, torch.mul, "({0} * {1})", commutative=True, doc="a * b"),
     OpDef("div", 2, torch.div, "({0} / {1})", doc="a / b"),
-    OpDef("neg", 1, torch.neg, "(-{0})", doc="-a"),
+    # x * -1.0, not Triton's -x, which is 0 - x: -(0.0) must be -0.0
+    OpDef("neg", 1, torch.neg, "({0} * -1.0)", doc="-a"),
     OpDef("pow", 1, _t_pow, _pow_spelling, params=(("exponent", 2.0),),
-          doc="a ** c, c a numeric literal"),
+          doc="a ** c, c a numeric literal (rounded to fp32); as torch.pow on special values "
+              "(a ** 0 is 1 for NaN and inf too, a negative a gives NaN for c not an integer)"),
     # ---- comparisons ----
     OpDef("lt", 2, torch.lt, "({0} < {1})", Category.COMPARE, doc="a < b"),
     OpDef("le", 2, torch.le, "({0} <= {1})", Category.COMPARE, doc="a <= b"),
@@ -274,30 +314,37 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("ne", 2, torch.ne, "({0} != {1})", Category.COMPARE, commutative=True, doc="a != b"),
     # ---- activations and math functions ----
     OpDef("identity", 1, lambda x: x, "{0}", doc="x"),
-    OpDef("relu", 1, torch.relu, "tl.maximum({0}, 0.0)", triton_cuda=_NAN_MAX.format("{0}", "0.0"),
-          doc="max(x, 0) (NaN stays NaN)"),
-    OpDef("leaky_relu", 1, lambda x, slope: torch.where(x >= 0, x, x * slope),
-          "tl.where({0} >= 0.0, {0}, {0} * {slope})", params=(("slope", 0.01),),
-          doc="x if x >= 0 else slope * x"),
+    # a select, not max(x, 0.0): torch keeps -0.0 (and a GPU's max gives +0.0 for it)
+    OpDef("relu", 1, torch.relu, "tl.where({0} < 0.0, 0.0, {0})",
+          doc="max(x, 0) (NaN stays NaN, -0.0 stays -0.0)"),
+    OpDef("leaky_relu", 1, _t_leaky_relu,
+          "tl.where({0} > 0.0, {0}, {0} * {slope})", params=(("slope", 0.01),),
+          doc="x if x > 0 else slope * x"),
     OpDef("sigmoid", 1, torch.sigmoid, "_ef_sigmoid({0})", triton_cuda="_ef_sigmoid_cuda({0})",
           doc="1 / (1 + exp(-x)) (on a GPU: results below 2^-126 flush to 0)"),
     OpDef("log_sigmoid", 1, torch.nn.functional.logsigmoid, "_ef_log_sigmoid({0})",
           triton_cuda="_ef_log_sigmoid_cuda({0})",
           doc="log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), without the rounding of "
-              "sigmoid (also what log(sigmoid(x)) becomes)"),
+              "sigmoid (also what log(sigmoid(x)) becomes; on a GPU exp(-|x|) below 2^-126 "
+              "flushes to 0: 0 above x = 87.3)"),
     OpDef("tanh", 1, torch.tanh, "_ef_tanh({0})", triton_cuda="_ef_tanh_cuda({0})",
           doc="hyperbolic tangent"),
-    OpDef("gelu", 1, torch.nn.functional.gelu, "_ef_gelu({0})",
-          doc="x * Phi(x), erf form"),
+    OpDef("gelu", 1, _t_gelu, "_ef_gelu({0})",
+          doc="x * Phi(x), erf form; x itself at +inf and from 2^127 on (torch's CPU kernel "
+              "gives NaN and inf there, its CUDA kernel x)"),
     OpDef("gelu_tanh", 1, _t_gelu_tanh, "_ef_gelu_tanh({0})",
-          triton_cuda="_ef_gelu_tanh_cuda({0})", doc="GELU, tanh approximation"),
+          triton_cuda="_ef_gelu_tanh_cuda({0})",
+          doc="GELU, tanh approximation (on a GPU 0.5x + 0.5x tanh(..) in one fused "
+              "multiply-add: a zero result may be +0.0 where torch gives -0.0)"),
     OpDef("silu", 1, torch.nn.functional.silu, "({0} * _ef_sigmoid({0}))",
-          triton_cuda="({0} * _ef_sigmoid_cuda({0}))", doc="x * sigmoid(x)"),
+          triton_cuda="({0} * _ef_sigmoid_cuda({0}))",
+          doc="x * sigmoid(x) (on a GPU: -0.0 below x = -87.3, where sigmoid's results "
+              "below 2^-126 flush to 0)"),
     OpDef("hardswish", 1, _t_hardswish,
           "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
           doc="x * clamp(x + 3, 0, 6) / 6"),
     OpDef("softplus", 1, torch.nn.functional.softplus, "_ef_softplus({0})",
-          doc="log(1 + exp(x)), linear above 20 as torch does"),
+          doc="log(1 + exp(x)) (exp(x) itself far below 0), linear above 20 as torch does"),
     OpDef("exp", 1, torch.exp, "tl.exp({0})", doc="e ** x"),
     OpDef("log", 1, torch.log, "tl.log({0})", triton_cuda="_ef_log_cuda({0})",
           doc="natural logarithm (on a GPU: the hardware log2, a series near 1; relative "
@@ -309,16 +356,19 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("cos", 1, torch.cos, "tl.cos({0})", doc="cosine"),
     OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))", doc="tangent"),
     OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})", triton_cuda=_NAN_MAX,  # ties give b: not commutative
-          doc="elementwise max, NaN-propagating like torch"),
+          doc="elementwise max, NaN-propagating like torch; a tie of 0.0 and -0.0 may give "
+              "either zero"),
     OpDef("minimum", 2, _t_minimum, "_ef_minimum({0}, {1})", triton_cuda=_NAN_MIN,  # ties give b: not commutative
-          doc="elementwise min, NaN-propagating like torch"),
+          doc="elementwise min, NaN-propagating like torch; a tie of 0.0 and -0.0 may give "
+              "either zero"),
     OpDef("clamp", 3, _t_clamp, "_ef_minimum(_ef_maximum({0}, {1}), {2})",
           triton_cuda=_NAN_MIN.format(_NAN_MAX.format("{0}", "{1}"), "{2}"),
-          doc="min(max(x, lo), hi)"),
+          doc="min(max(x, lo), hi); a tie of 0.0 and -0.0 may give either zero"),
     OpDef("where", 3, torch.where, "tl.where({0}, {1}, {2})", Category.SELECT,
           doc="a where cond else b"),
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
-          doc="a * b + c (fused where the GPU has it)"),
+          doc="a * b + c (fused where the GPU has it: rounded once, so finite where only "
+              "a * b overflows)"),
     OpDef("cast", 1, _t_cast, _cast_spelling, params=(("dtype", CAST_DTYPE),),
           triton_cuda=functools.partial(_cast_spelling, cuda=True),
           doc="x rounded to dtype as a kernel stores it, then used as fp32: floats to nearest "
@@ -328,17 +378,23 @@ _ROWS: tuple[OpDef, ...] = (
     # ---- reductions: axes come from the shape of the output they feed ----
     # torch_fn(x, dims) reduces with keepdim; ``triton`` names the combine helper of two
     # partial results; ``reduce_identity`` fills masked-off elements
-    OpDef("sum", 1, lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), "_ef_add", Category.REDUCE,
-          reduce_identity=0.0, doc="sum"),
-    OpDef("max", 1, lambda x, dims: x.amax(dim=tuple(dims), keepdim=True), "_ef_maximum",
+    # ``torch_fn`` gives ``reduce_identity`` over an empty axis (M = 0, say), as the kernels do
+    OpDef("sum", 1, _reduction(lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), 0.0),
+          "_ef_add", Category.REDUCE, reduce_identity=0.0,
+          doc="sum (0 over no element; 0.0, not -0.0, of -0.0 terms, as torch)"),
+    OpDef("max", 1, _reduction(lambda x, dims: x.amax(dim=tuple(dims), keepdim=True),
+                               float("-inf")), "_ef_maximum",
           Category.REDUCE, reduce_identity=float("-inf"), triton_cuda="_ef_maximum_nan",
-          doc="maximum (NaN-propagating)"),
-    OpDef("min", 1, lambda x, dims: x.amin(dim=tuple(dims), keepdim=True), "_ef_minimum",
+          doc="maximum (NaN-propagating; -inf over no element; of 0.0 and -0.0 either zero)"),
+    OpDef("min", 1, _reduction(lambda x, dims: x.amin(dim=tuple(dims), keepdim=True),
+                               float("inf")), "_ef_minimum",
           Category.REDUCE, reduce_identity=float("inf"), triton_cuda="_ef_minimum_nan",
-          doc="minimum (NaN-propagating)"),
-    OpDef("logsumexp", 1, lambda x, dims: torch.logsumexp(x, dim=tuple(dims), keepdim=True),
+          doc="minimum (NaN-propagating; +inf over no element; of 0.0 and -0.0 either zero)"),
+    OpDef("logsumexp", 1, _reduction(lambda x, dims: torch.logsumexp(x, dim=tuple(dims),
+                                                                     keepdim=True), float("-inf")),
           "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
-          doc="log(sum(exp(x))), computed with a running max"),
+          doc="log(sum(exp(x))), computed with a running max (+inf where an x is +inf, "
+              "-inf over no element)"),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}

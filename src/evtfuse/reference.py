@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .errors import scalar_value
 from .ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
 from .optable import OPS, Category, round_to, torch_apply
 
@@ -84,8 +85,14 @@ class _Evaluator:
     def value(self, n: Node) -> torch.Tensor:
         v = self.cache.get(id(n))
         if v is None:
-            v = self._compute(n)
-            self.cache[id(n)] = v
+            # the nodes ``n`` depends on first, in the DAG's order (inputs before users): no
+            # recursion, so a chain of thousands of assignments evaluates as a short one
+            for m in self.dag.nodes:
+                if id(m) not in self.cache:
+                    self.cache[id(m)] = self._compute(m)
+                if m is n:
+                    break
+            v = self.cache[id(n)]
         return v
 
     def _float(self, t: torch.Tensor) -> torch.Tensor:
@@ -107,7 +114,8 @@ class _Evaluator:
                 raise KeyError(f"no value for operand {spec.name}")
             raw = self.values[spec.name]
             if spec.kind is OperandKind.RUNTIME_SCALAR:
-                return torch.tensor(float(raw), dtype=self.dtype, device=self.device)
+                return torch.tensor(scalar_value(spec.name, raw), dtype=self.dtype,
+                                    device=self.device)
             return _as3d(raw.to(self.device).to(self.dtype))
         if n.kind is NodeKind.COMPUTE:
             row = OPS[n.op]
@@ -138,13 +146,17 @@ class _Evaluator:
         L, M, N = self.acc3.shape
         result: dict[str, torch.Tensor] = {}
         for o in self.dag.outputs:
-            v = self._float(self.value(o.node)).expand(L, M, N)
+            v = _as3d(self._float(self.value(o.node)))
             # keep the axes the output has; the value is constant along the others (a
-            # reduction already collapsed them, anything else was checked by the frontend)
+            # reduction already collapsed them, anything else was checked by the frontend),
+            # so one slice of them is the value, also where the problem has none (M = 0:
+            # a per-column result still has N values)
             keep_l = o.batched or o.kind is OutputKind.NONE
             keep_m = o.kind in (OutputKind.FULL, OutputKind.NONE, OutputKind.ROW)
             keep_n = o.kind in (OutputKind.FULL, OutputKind.NONE, OutputKind.COL)
-            v = v[: L if keep_l else 1, : M if keep_m else 1, : N if keep_n else 1]
+            keep = (keep_l, keep_m, keep_n)
+            v = v[tuple(slice(None) if k else slice(0, 1) for k in keep)]
+            v = v.expand(*(full if k else size for k, full, size in zip(keep, (L, M, N), v.shape)))
             if o.name in shapes:
                 v = v.reshape(shapes[o.name])
             if cast and o.dtype is not None:

@@ -34,7 +34,7 @@ class Kernel:
         self.target = target
         self.name = f"{family.name}_{config.name}"
         self._fns: dict[str, Any] = {}
-        self._plans: dict[tuple, LaunchPlan] = {}
+        self._plans: dict[tuple, LaunchPlan | EmptyProblemPlan] = {}
         self._last: tuple = (None, None, None)  # (arguments, their checked state, plan)
 
     def __repr__(self) -> str:
@@ -70,7 +70,7 @@ class Kernel:
             log.debug("kernel %s: module k%s loaded", self.name, key)
         return fn
 
-    def plan(self, args: GemmArguments) -> "LaunchPlan":
+    def plan(self, args: GemmArguments) -> "LaunchPlan | EmptyProblemPlan":
         """The launch plan for problems shaped like ``args`` (checked, compiled, cached).
 
         ``args`` is validated again first when one of its tensors changed since it was
@@ -83,10 +83,14 @@ class Kernel:
         key = structure_key(args)
         plan = self._plans.get(key)
         if plan is None or plan.parsed is not args.epilogue.parsed:
-            fn = self.compile(args)  # checks support first
-            dag = args.optimized_dag
-            items, consts, grid, post = self.family.plan(args, dag, self.config, self.target)
-            plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed, post)
+            if args.L * args.M * args.N == 0:
+                self._require(args)
+                plan = EmptyProblemPlan(args)
+            else:
+                fn = self.compile(args)  # checks support first
+                dag = args.optimized_dag
+                items, consts, grid, post = self.family.plan(args, dag, self.config, self.target)
+                plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed, post)
             if len(self._plans) > 512:
                 self._plans.clear()
             self._plans[key] = plan
@@ -180,6 +184,35 @@ class LaunchPlan:
         for k, get in self.slots:
             pos[k] = get(A, B, values)
         return pos
+
+
+class EmptyProblemPlan:
+    """The plan of a problem with no output element (L, M or N is 0): no kernel launches (its
+    grid would be empty, leaving every output unwritten), yet an output that is not a full
+    tile may still hold values: a reduction over the empty axis holds the reduction's
+    identity (sum 0, max -inf, min +inf, logsumexp -inf), a per-column vector of an M = 0
+    problem its N values. They are computed by the reference evaluator (torch, on the
+    outputs' device) and copied in, rounded as a kernel stores them. (K = 0 is no such
+    case: the accumulator is then 0 and the kernel runs.)"""
+
+    __slots__ = ("dag", "parsed", "problem")
+
+    def __init__(self, args: GemmArguments):
+        self.dag = args.optimized_dag
+        self.parsed = args.epilogue.parsed
+        self.problem = (args.L, args.M, args.N)
+
+    def __call__(self, A, B, values) -> None:
+        from ..reference import evaluate
+
+        stored = [o for o in self.dag.outputs
+                  if o.kind not in (OutputKind.NONE, OutputKind.FULL) and values[o.name].numel()]
+        if not stored:
+            return
+        accum = torch.zeros(self.problem, dtype=torch.float32, device=A.device)
+        results = evaluate(self.dag, accum, values)
+        for o in stored:
+            values[o.name].copy_(results[o.name].reshape(values[o.name].shape))
 
 
 def tensor_key(t) -> tuple:

@@ -97,7 +97,9 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
             x = tl.load(ws + offs, mask=mask, other=float("-inf"))
             w = tl.load(ws2 + offs, mask=mask, other=0.0)
             mx = _nan_max(m, tl.reduce(x, 0, _nan_max))
-            safe = tl.where(mx == float("-inf"), 0.0, mx)
+            # shifted by 0 where the max is infinite: -inf (nothing yet), or +inf (inf - inf
+            # would be NaN; the sums are then +inf, and so is the result)
+            safe = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
             s = s * tl.exp(m - safe) + tl.sum(w * tl.exp(x - safe[None, :]), axis=0)
             m = mx
         r = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)

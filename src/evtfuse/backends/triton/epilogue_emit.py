@@ -335,7 +335,9 @@ class EpilogueEmitter:
 
         def part(axis: int, x: str) -> str:
             if n.op == "sum":
-                return f"tl.sum({x}, axis={axis})"
+                # + 0.0: a partial of -0.0 terms is 0.0, as torch's sums (which start from
+                # 0.0) give; a GPU's tree of -0.0 + -0.0 would keep -0.0
+                return f"(tl.sum({x}, axis={axis}) + 0.0)"
             return f"tl.reduce({x}, {axis}, {comb})"
 
         def combine(a: str, b: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...arguments import GemmArguments
-from ...errors import not_an_operand
+from ...errors import not_an_operand, scalar_value
 from ...ir import Dag, OperandKind, OutputKind
 from .family_base import INTERPRETER, Target, TileConfig, triton_cdiv
 from .gluon_buffers import buffers, slot_columns
@@ -84,8 +84,10 @@ def _value_getter(name: str):
 def _scalar_getter(name: str):
     def get(A, B, values):
         v = values[name]
-        if type(v) is float or (isinstance(v, numbers.Real) and not isinstance(v, bool)):
-            return float(v)
+        if type(v) is float:
+            return v
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            return scalar_value(name, v)  # 10**400: an error naming it
         # a repeated gemm call reaches a cached plan without the frontend's validation
         raise not_an_operand(name, v)
     return get

@@ -72,10 +72,15 @@ def _ef_log_sigmoid_cuda(x):
     "_ef_tanh": '''
 @triton.jit
 def _ef_tanh(x):
-    # exp-based, overflow-free: sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|)
+    # exp-based, overflow-free: sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|); below
+    # |x| = 0.125, where 1 - e would lose x's low bits (tanh(1e-20) is 1e-20, not 0), the
+    # series x (1 - x^2/3 + 2x^4/15 - 17x^6/315) (relative error < 4e-9), a product by x
+    # that keeps -0.0 and denormals as torch does
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0.0, -t, t)
+    x2 = x * x
+    s = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
+    return tl.where(tl.abs(x) < 0.125, s, tl.where(x < 0.0, t * -1.0, t))
 ''',
     "_ef_tanh_cuda": '''
 @triton.jit
@@ -119,8 +124,12 @@ def _ef_gelu_tanh_cuda(x):
     "_ef_softplus": '''
 @triton.jit
 def _ef_softplus(x):
-    # torch: log1p(exp(x)), and x itself above the threshold 20
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    # torch: log1p(exp(x)), and x itself above the threshold 20; log1p by its series where
+    # exp(x) < 1/16, where log(1 + e) would lose e (softplus(-20) is 2e-9, not 0). A select,
+    # not tl.minimum(x, 20.0), which on a GPU turns NaN into 20
+    e = tl.exp(tl.where(x > 20.0, 20.0, x))
+    l1p = tl.where(e < 0.0625, _ef_log1p_series(e), tl.log(1.0 + e))
+    return tl.where(x > 20.0, x, l1p)
 ''',
     "_ef_maximum": '''
 @triton.jit
@@ -173,9 +182,11 @@ def _ef_add(a, b):
     "_ef_lse_part": '''
 @triton.jit
 def _ef_lse_part(x, AXIS: tl.constexpr):
-    # (running max, sum of exp(x - max)) along AXIS; an all -inf line gives (-inf, 0)
+    # (running max, sum of exp(x - max)) along AXIS; an all -inf line gives (-inf, 0); a
+    # line with +inf (-inf, +inf) is shifted by 0 instead (inf - inf would be NaN): its sum
+    # is +inf, so is its logsumexp
     m = tl.reduce(x, AXIS, _ef_maximum)
-    safe = tl.where(m == float('-inf'), 0.0, m)
+    safe = tl.where(tl.abs(m) == float('inf'), 0.0, m)
     return m, tl.sum(tl.exp(x - tl.expand_dims(safe, AXIS)), axis=AXIS)
 ''',
     "_ef_lse_part_cuda": '''
@@ -184,7 +195,7 @@ def _ef_lse_part_cuda(x, AXIS: tl.constexpr):
     # as _ef_lse_part, the max by max.NaN.f32 and exp(x - max) on MUFU.EX2 without
     # subnormal handling (terms <= 1)
     m = tl.reduce(x, AXIS, _ef_maximum_nan)
-    safe = tl.where(m == float('-inf'), 0.0, m)
+    safe = tl.where(tl.abs(m) == float('inf'), 0.0, m)
     d = (x - tl.expand_dims(safe, AXIS)) * 1.4426950408889634
     e = _ef_ex2_ftz(d)
     return m, tl.sum(e, axis=AXIS)
@@ -193,7 +204,7 @@ def _ef_lse_part_cuda(x, AXIS: tl.constexpr):
 @triton.jit
 def _ef_lse_combine(m1, s1, m2, s2):
     m = _ef_maximum(m1, m2)
-    safe = tl.where(m == float('-inf'), 0.0, m)
+    safe = tl.where(tl.abs(m) == float('inf'), 0.0, m)  # as _ef_lse_part
     return m, s1 * tl.exp(m1 - safe) + s2 * tl.exp(m2 - safe)
 ''',
     "_ef_lse_reduce": '''
@@ -201,7 +212,7 @@ def _ef_lse_combine(m1, s1, m2, s2):
 def _ef_lse_reduce(m, s):
     # combine a vector of (max, sum-exp) partials into one
     mm = tl.reduce(m, 0, _ef_maximum)
-    safe = tl.where(mm == float('-inf'), 0.0, mm)
+    safe = tl.where(tl.abs(mm) == float('inf'), 0.0, mm)  # as _ef_lse_part
     return mm, tl.sum(s * tl.exp(m - safe), axis=0)
 ''',
     "_ef_round_sat": '''
@@ -248,13 +259,31 @@ def _ef_round_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr
     r = (q.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return tl.where(x != x, x, r)
 ''',
+    "_ef_powi": '''
+@triton.jit
+def _ef_powi(x, N: tl.constexpr):
+    # x ** N for an integer N >= 1: N - 1 products, left to right
+    r = x
+    for _ in tl.static_range(N - 1):
+        r = r * x
+    return r
+''',
     "_ef_powf": '''
 @triton.jit
-def _ef_powf(x, c):
-    # x ** c for a non-integer constant c: NaN for x < 0 as in torch
-    # (log|0| = -inf gives 0 for c > 0 and inf for c < 0, as torch does)
+def _ef_powf(x, c, ODD: tl.constexpr, INTEGER: tl.constexpr, INF: tl.constexpr):
+    # x ** c for a constant c other than the small integers, as C's pow (torch.pow): |x| ** c
+    # as exp(c log|x|) (log 0 = -inf and log inf = inf give 0 and inf as pow does); for
+    # x < 0 (-0.0 included: its sign bit) negated where c is an odd integer (ODD), NaN where
+    # c is no integer (INTEGER; +-inf and every float from 2^24 on are even integers) unless
+    # x is -inf; for c = +-inf (INF) 1 where |x| is 1 (c log|x| is inf * 0 there)
     r = tl.exp(c * tl.log(tl.abs(x)))
-    return tl.where(x < 0.0, float('nan'), r)
+    if ODD:
+        r = tl.where(x.to(tl.uint32, bitcast=True) >= 0x80000000, r * -1.0, r)
+    if not INTEGER:
+        r = tl.where((x < 0.0) & (x != float('-inf')), float('nan'), r)
+    if INF:
+        r = tl.where(tl.abs(x) == 1.0, 1.0, r)
+    return r
 ''',
 }
 

@@ -79,11 +79,13 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "38"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "39"  # also part of the tuning key: a new generator re-tunes
 #                           (35: the interpreter's maximum/minimum with a scalar first; gluon
 #                           stages planned with the scratch of per-column reductions;
-#                           36: the gluon family takes batched problems; 37: identifiers by
-#                           number, ``names``; 64-bit offsets past 2^31 elements, ``int64``)
+#                           36: the gluon family takes batched problems; 37-39: identifiers
+#                           by number, ``names``; 64-bit offsets past 2^31 elements,
+#                           ``int64``; special values as torch: neg, relu, leaky_relu, tanh,
+#                           softplus, pow, logsumexp; masks kept boolean for Triton 3.9)
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
