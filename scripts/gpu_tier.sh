@@ -37,7 +37,11 @@ declare -A shards=(
   [fuzz_inputs]="tests/test_fuzz_kernels.py|other_inputs"
   [safety_cache]="tests/gpu/test_gpu_call_safety.py tests/gpu/test_gpu_cache.py|"
   [torch]="tests/gpu/test_gpu_torch.py|"
+  [special]="tests/gpu/test_gpu_special_values.py|"
 )
+for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
+  [[ " ${shards[*]} " == *"$f"* ]] || { echo "gpu_tier.sh: $f is in no shard" >&2; exit 2; }
+done
 pids=()
 for name in "${!shards[@]}"; do
   [[ $only == "  " || $only == *" $name "* ]] || { unset "shards[$name]"; continue; }
