@@ -61,7 +61,7 @@ def test_reference_evaluator(name, params):
     ins = inputs_for(row)
     args, _ = gemm_arguments(epilogue_source(row, params), ins)
     got = evaluate(args)["D"].flatten()[: ins[0].numel()]
-    check(f"reference {name}({param_id(params)})", got, ins, name, params)
+    check(f"reference {name}({param_id(params)})", got, ins, name, params, kernel=False)
 
 
 @pytest.mark.parametrize("name, params", CASES, ids=IDS)
@@ -81,7 +81,7 @@ def test_constant_folding(name, params):
         return
     assert all(o.node.kind is NodeKind.CONST for o in folded.outputs), name
     got = torch.tensor([o.node.value for o in folded.outputs], dtype=torch.float32)
-    check(f"folded {name}({param_id(params)})", got, ins, name, params)
+    check(f"folded {name}({param_id(params)})", got, ins, name, params, kernel=False)
 
 
 @pytest.mark.parametrize("name, params", CASES, ids=IDS)
@@ -131,7 +131,7 @@ def test_fp16_operands_and_outputs():
         args, D = gemm_arguments(epilogue_source(row, params), [specials], dtype=torch.float16)
         got = run_kernel(_kernel(args, "portable"), args, D, specials.numel())
         ins = [specials.half().float()]
-        want, free = expected(row.name, ins, params)
+        want, free = expected(row.name, ins, params, kernel=True)
         want = want.half().float()  # stored as fp16, as torch would round it
         bad = mismatches(got, want, free, rtol=1e-3, atol=2 * 2.0 ** -24)  # fp16 denormal steps
         assert not bad.any(), report(f"fp16 {row.name}", bad, got, want, ins)

@@ -352,9 +352,15 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("sqrt", 1, torch.sqrt, "tl.sqrt_rn({0})", doc="square root (IEEE rounded)"),
     OpDef("rsqrt", 1, _t_rsqrt, "(1.0 / tl.sqrt_rn({0}))", doc="1 / sqrt(x)"),
     OpDef("abs", 1, torch.abs, "tl.abs({0})", doc="|x|"),
-    OpDef("sin", 1, torch.sin, "tl.sin({0})", doc="sine"),
-    OpDef("cos", 1, torch.cos, "tl.cos({0})", doc="cosine"),
-    OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))", doc="tangent"),
+    # on a GPU, tl.sin/tl.cos are the hardware's sin.approx/cos.approx, accurate only for
+    # |x| < 100 pi: libdevice's (CUDA's sinf, cosf, tanf: full range reduction) match torch
+    OpDef("sin", 1, torch.sin, "tl.sin({0})", triton_cuda="tl.extra.cuda.libdevice.sin({0})",
+          doc="sine (on a GPU: CUDA's sinf, any argument)"),
+    OpDef("cos", 1, torch.cos, "tl.cos({0})", triton_cuda="tl.extra.cuda.libdevice.cos({0})",
+          doc="cosine (on a GPU: CUDA's cosf, any argument)"),
+    OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))",
+          triton_cuda="tl.extra.cuda.libdevice.tan({0})",
+          doc="tangent (on a GPU: CUDA's tanf, any argument)"),
     OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})", triton_cuda=_NAN_MAX,  # ties give b: not commutative
           doc="elementwise max, NaN-propagating like torch; a tie of 0.0 and -0.0 may give "
               "either zero"),
@@ -367,8 +373,8 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("where", 3, torch.where, "tl.where({0}, {1}, {2})", Category.SELECT,
           doc="a where cond else b"),
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
-          doc="a * b + c (fused where the GPU has it: rounded once, so finite where only "
-              "a * b overflows)"),
+          doc="a * b + c (fused on a GPU and under Triton 3.9's CPU interpreter: rounded "
+              "once, so finite where only a * b overflows)"),
     OpDef("cast", 1, _t_cast, _cast_spelling, params=(("dtype", CAST_DTYPE),),
           triton_cuda=functools.partial(_cast_spelling, cuda=True),
           doc="x rounded to dtype as a kernel stores it, then used as fp32: floats to nearest "

@@ -71,6 +71,11 @@ CHANGES: dict[str, Change] = {
         "the numpy Triton's CPU interpreter works with: 3.6's fails on numpy >= 2.3 "
         "('only 0-dimensional arrays can be converted to Python scalars'); the "
         "interpreter target refuses that pair with a message (interpreter_refusal)"),
+    "interpreter_fma": Change(
+        (3, 9), "a * b + c, rounded twice", "fused, rounded once",
+        "tl.fma (the multiply_add row) under the CPU interpreter: 3.9 computes it fused, as "
+        "a GPU does; earlier releases round the product first (the special-value tests "
+        "expect the fused result where is_new says so)"),
 }
 
 # Behaviours handled the same way on every supported release (no version test needed).
