@@ -200,7 +200,8 @@ def test_each_stream_gets_its_own_workspaces(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: stream[0],
                         raising=False)
     made = []
-    local = StreamLocal(torch.device("cuda", 0), lambda: made.append(1) or [torch.zeros(3)])
+    monkeypatch.setattr(StreamLocal, "_make", lambda self: made.append(1) or [torch.zeros(3)])
+    local = StreamLocal(torch.device("cuda", 0), [((3,), torch.float32, 0)])
     first = local.getter(0)(None, None, None)
     assert local.getter(0)(None, None, None) is first and len(made) == 1
     stream[0] = 22
@@ -221,3 +222,32 @@ def test_device_guard_switches_to_the_tensors_device(monkeypatch):
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1
     assert device_guard(SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))) is None
     assert device_guard(torch.empty(1)) is None
+
+
+def test_no_tensor_of_a_call_is_kept_alive():
+    """evtfuse's caches (the last call's objects, a kernel's last arguments, the tuner's
+    scratch copies) hold no strong reference to a call's tensors: under
+    torch.compile(mode="reduce-overhead") a tensor of a CUDA graph's pool that outlives its
+    call makes the graph refuse to run ("tensor(s) in the cudagraph pool not tracked as
+    outputs")."""
+    import gc
+    import weakref
+
+    from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+
+    refs = []
+    for _ in range(2):  # the second call takes the cached paths
+        A, B, C = _data()
+        D, F = evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+        refs += [weakref.ref(t) for t in (A, B, C, D, F)]
+        del A, B, C, D, F
+    A, B, C = _data()
+    D, F = torch.empty(M, N), torch.empty(M, N)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(epi, C=C, alpha=1.0, D=D, F=F))
+    for k in get_kernels(args):
+        k.run(args)
+        k.run(args)
+    refs += [weakref.ref(t) for t in (A, B, C, D, F)]
+    del A, B, C, D, F, args
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)

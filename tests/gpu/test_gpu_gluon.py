@@ -73,15 +73,13 @@ def _verify_on_programs(kernels, args, monkeypatch, programs=5):
     for module in (gluon_family, hopper_family):  # each family's plan reads its own _sms
         monkeypatch.setattr(module, "_sms", lambda target: programs)
     for k in kernels:
-        k._plans.clear()
-        k._last = (None, None)
+        k.forget_plans()
         try:
             assert k.plan(args).grid == (programs,)
             result = k.verify(args)
             assert result, f"{k.name}: {result.report()}"
         finally:  # later tests must not reuse the few-program plan
-            k._plans.clear()
-            k._last = (None, None)
+            k.forget_plans()
 
 
 def test_few_programs_many_tiles(monkeypatch):

@@ -11,6 +11,7 @@ call's tensors as they are now (``memory.tensor_state``).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -253,9 +254,9 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
     key = (source, lay.line, lay.where)
     options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, None if lay.cc < 0 else lay.cc)
     last = _last_call.get(key)
-    if last is not None and last.options == options and A is last.A and B is last.B \
+    if last is not None and last.options == options and A is last.A() and B is last.B() \
             and _same_objects(values, last.given) \
-            and list(map(tensor_state, last.tensors)) == last.state:
+            and [tensor_state(t()) for t in last.tensors] == last.state:
         # the same tensors as the last call with this epilogue, none of them changed in
         # place since (address, shape, strides, storage): launch at once
         last.plan(A, B, values)
@@ -334,13 +335,17 @@ def _overlap_pairs(names: list[str], tensors: list, outputs: tuple) -> tuple:
 
 
 class _LastCall:
-    """The last call of an epilogue: its objects, plan and the state of its tensors."""
+    """The last call of an epilogue: its options and plan, weak references to its tensors
+    (evtfuse keeps no tensor of a call alive: a CUDA graph pool's tensors must die with
+    the graph) and the state of those tensors."""
 
     __slots__ = ("options", "A", "B", "given", "plan", "tensors", "state")
 
     def __init__(self, options, A, B, given, plan, tensors, state):
-        self.options, self.A, self.B, self.given, self.plan = options, A, B, given, plan
-        self.tensors, self.state = tensors, state
+        self.options, self.A, self.B, self.plan = options, weakref.ref(A), weakref.ref(B), plan
+        self.given = {n: weakref.ref(v) if isinstance(v, torch.Tensor) else v
+                      for n, v in given.items()}
+        self.tensors, self.state = [weakref.ref(t) for t in tensors], state
 
 
 def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple[tuple, list, list]:
@@ -369,13 +374,19 @@ def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple[tuple, lis
 
 
 def _same_objects(now: dict, before: dict) -> bool:
+    """Whether ``now`` passes the same tensors (and None values) as ``before`` (tensors
+    held as weak references), scalars free to differ."""
     if now.keys() != before.keys():
         return False
     for name, v in now.items():
         w = before[name]
+        if type(w) is weakref.ref:
+            if v is not w():
+                return False  # another tensor (or the last one is gone)
+            continue
         if v is w:
             continue
-        if isinstance(v, (torch.Tensor, torch.dtype)) or isinstance(w, (torch.Tensor, torch.dtype)) \
+        if isinstance(v, (torch.Tensor, torch.dtype)) or isinstance(w, torch.dtype) \
                 or v is None or w is None:
             return False  # another tensor, dtype or None: check the structure
     return True

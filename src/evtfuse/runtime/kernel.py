@@ -9,6 +9,7 @@ graph; ``verify`` runs on poisoned outputs and compares with the reference evalu
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +36,14 @@ class Kernel:
         self.name = f"{family.name}_{config.name}"
         self._fns: dict[str, Any] = {}
         self._plans: dict[tuple, LaunchPlan | EmptyProblemPlan] = {}
-        self._last: tuple = (None, None, None)  # (arguments, their checked state, plan)
+        # (a weak reference to the last arguments, their checked state, plan): no tensor of
+        # a call is kept alive (a CUDA graph pool's tensors must die with the graph)
+        self._last: tuple = (lambda: None, None, None)
+
+    def forget_plans(self) -> None:
+        """Drop every launch plan (the next run plans afresh)."""
+        self._plans.clear()
+        self._last = (lambda: None, None, None)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.target.kind} cc={self.target.cc})"
@@ -78,7 +86,7 @@ class Kernel:
         only while its tensors are as they were."""
         state = args.checked_state()
         last = self._last
-        if args is last[0] and state is last[1]:  # the same arguments, unchanged, run again
+        if args is last[0]() and state is last[1]:  # the same arguments, unchanged, run again
             return last[2]
         key = structure_key(args)
         plan = self._plans.get(key)
@@ -94,7 +102,7 @@ class Kernel:
             if len(self._plans) > 512:
                 self._plans.clear()
             self._plans[key] = plan
-        self._last = (args, state, plan)
+        self._last = (weakref.ref(args), state, plan)
         return plan
 
     def run(self, args: GemmArguments) -> None:

@@ -195,17 +195,24 @@ def _output_items(args: GemmArguments, o) -> list[Any]:
 
 class StreamLocal:
     """Tensors a launch plan keeps between calls (reduction workspaces, ticket counters),
-    one set per CUDA stream of the plan's device, made by ``make`` the first time a stream
-    runs the plan: two streams running the same plan at once never share them. A set made
-    while a CUDA graph is being captured is allocated in the graph's memory pool and
-    initialised by the graph on every replay (``make``'s fills are captured with it). Under
-    the interpreter there is one set."""
+    one set per CUDA stream of the plan's device, made the first time a stream runs the
+    plan: two streams running the same plan at once never share them.
 
-    __slots__ = ("index", "make", "sets")
+    ``specs``: (shape, dtype, fill or None) of each tensor. A set is allocated on the
+    device's default stream, outside any memory pool the current stream allocates to (a
+    CUDA graph's capture, torch.compile's "reduce-overhead" graphs), so a tensor the plan
+    keeps is never a live allocation of a graph's pool; its fills run on the current
+    stream (captured with a graph, so every replay starts from them). A set first made
+    while a graph is captured is kept for the life of the process (the graph holds its
+    addresses). Under the interpreter there is one set."""
 
-    def __init__(self, device: torch.device, make):
+    __slots__ = ("index", "specs", "sets", "device")
+    _captured: list = []  # sets that captured graphs may still use
+
+    def __init__(self, device: torch.device, specs: list[tuple]):
+        self.device = device
         self.index = device.index if device.type == "cuda" else None
-        self.make = make
+        self.specs = specs
         self.sets: dict[int, list] = {}
         self.current()  # the plan's first set, on the stream that builds it
 
@@ -213,8 +220,23 @@ class StreamLocal:
         stream = 0 if self.index is None else torch._C._cuda_getCurrentRawStream(self.index)
         got = self.sets.get(stream)
         if got is None:
-            got = self.sets[stream] = self.make()
+            got = self.sets[stream] = self._make()
         return got
+
+    def _make(self) -> list:
+        if self.index is None:
+            return [torch.empty(shape, dtype=dt, device=self.device) if fill is None
+                    else torch.full(shape, fill, dtype=dt, device=self.device)
+                    for shape, dt, fill in self.specs]
+        with torch.cuda.stream(torch.cuda.default_stream(self.index)):
+            made = [torch.empty(shape, dtype=dt, device=self.device)
+                    for shape, dt, _ in self.specs]
+        for t, (_, _, fill) in zip(made, self.specs):
+            if fill is not None:
+                t.fill_(fill)
+        if torch.cuda.is_current_stream_capturing():
+            StreamLocal._captured.append(made)
+        return made
 
     def getter(self, i: int):
         """A plan item: the current stream's i-th tensor."""
@@ -262,9 +284,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
             continue
         lse = o.node.op == "logsumexp"
         steps.append(("combine", [ws, new(shape) if lse else None], o, per_program))
-    local = StreamLocal(dev, lambda: [
-        torch.empty(shape, device=dev, dtype=dt) if fill is None
-        else torch.full(shape, fill, device=dev, dtype=dt) for shape, dt, fill in made])
+    local = StreamLocal(dev, made)
     for kind, spaces, o, *rest in steps:
         if kind == "items":
             items += [*(local.getter(i) for i in spaces), *_output_items(args, o)]
