@@ -41,8 +41,11 @@ def main(argv: list[str]) -> int:
         row = [tables[n].get(key, {}) for n in names]
         ms = [r.get("ms") if r.get("status") == "ok" else None for r in row]
         for n, r in zip(names, row):
-            if r.get("status") != "ok":
-                failed.append(f"{key[0]} {key[1]} on {n}: {r.get('status') or 'not measured'} {r.get('error', '')}"[:300])
+            status = r.get("status")
+            if status in (None, "skipped"):  # a run's budget ended first, or never reached it
+                failed.append(f"NOT MEASURED: {key[0]} {key[1]} on {n} ({status or 'absent'})")
+            elif status != "ok":
+                failed.append(f"FAILED: {key[0]} {key[1]} on {n}: {status} {r.get('error', '')}"[:300])
         ratios = []
         for n, m in zip(names[1:], ms[1:]):
             if m and ms[0]:
@@ -52,15 +55,16 @@ def main(argv: list[str]) -> int:
                 ratios.append("-")
         kernels = " / ".join(str(r.get("kernel", "-")) for r in row)
         first = " / ".join(f"{r['first_call_s']:.1f}" if r.get("first_call_s") else "-" for r in row)
-        cells = " | ".join(f"{m:.4f}" if m else "FAILED" for m in ms)
+        cells = " | ".join(f"{m:.4f}" if m else (r.get("status") or "absent").upper()
+                           for m, r in zip(ms, row))
         print(f"| {key[0]} {key[1]} | {cells} | {' | '.join(ratios)} | {kernels} | {first} |")
     print()
     for n, v in logs.items():
         if v:
             print(f"geomean {n}/{base}: {math.exp(sum(v) / len(v)):.3f} over {len(v)} cells")
     for f in failed:
-        print("FAILED:", f)
-    return 1 if failed else 0
+        print(f)
+    return 1 if any(f.startswith("FAILED") for f in failed) else 0
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
 from .device import device_guard, interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
-from .torch_op import Layout, check_no_grad, layout_text
+from .torch_op import Layout, check_no_grad, constant_result, layout_text
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
@@ -110,7 +110,7 @@ def _output_shape(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
     return (M, N)
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _epilogue_of(epilogue) -> tuple:
     """(source, first line, name, from a function, its name, params, outputs) of an
     epilogue, parsed and checked once per function or string: constants, under

@@ -19,6 +19,7 @@ from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
 from ..backends.triton.families import KernelFamily, Target, TileConfig, fp8_promote
 from ..backends.triton.launch import direct_launcher
+from ..backends.triton.versions import LAUNCH_OPTIONS
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import cache
@@ -180,7 +181,7 @@ class LaunchPlan:
     def __call__(self, A, B, values) -> None:
         pos = self.positional(A, B, values)
         if self.launch is None or not self.launch(pos):
-            compiled = self.fn(*pos, **self.consts)
+            compiled = self.fn(*pos, **self.consts, **LAUNCH_OPTIONS)
             if self.launch is None:
                 self.launch = direct_launcher(compiled, self.jit, self.grid, len(pos),
                                               self.consts)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
 from ..backends.triton.families import KernelFamily, Target, TileConfig
+from ..backends.triton.versions import LAUNCH_OPTIONS
 from .cache import import_source
 
 
@@ -104,6 +105,7 @@ def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
     names = list(fn.arg_names)
     consts = dict(consts)
     options = {k: consts.pop(k) for k in ("num_warps", "num_stages") if k in consts}
+    options.update(LAUNCH_OPTIONS)  # as every launch passes them
     if spec.family == "gluon":  # Gluon pipelines explicitly; num_stages is a kernel constexpr
         options.pop("num_stages", None)
     signature, constexprs, attrs = _specialized(names, pos)

@@ -27,6 +27,16 @@ import torch
 
 from ..errors import EpilogueError
 
+def constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` at
+    ``import evtfuse`` (it takes about a second and imports Triton, which must wait until
+    the CPU interpreter may be switched on: ``runtime.device.use_interpreter``): the mark
+    that function sets (a test checks they agree). Under torch.compile a call of ``fn``
+    with constant arguments is run while tracing and its result kept as a constant."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 SCHEMA = ("gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
           "Scalar[] scalars, Tensor(a!)[] outs) -> ()")
 _lib = torch.library.Library("evtfuse", "DEF")
@@ -79,7 +89,7 @@ def parse_layout(text: str) -> Layout:
                   f["kernel"])
 
 
-@torch.compiler.assume_constant_result  # a constant under torch.compile: not traced
+@constant_result  # a constant under torch.compile: not traced
 def layout_text(tensors: tuple, nones: tuple, scalars: tuple, outs: tuple, line: int,
                 where: str, from_function: bool, options: tuple, kernel: str = "") -> str:
     """The ``layout`` string for these names and options (cached per call structure)."""

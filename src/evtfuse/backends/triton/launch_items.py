@@ -21,6 +21,7 @@ from ...errors import not_an_operand, scalar_value
 from ...ir import Dag, OperandKind, OutputKind
 from .family_base import INTERPRETER, Target, TileConfig, triton_cdiv
 from .gluon_buffers import buffers, slot_columns
+from .versions import LAUNCH_OPTIONS
 from .spec import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded, combined_in_kernel,
                    full_outputs, reduce_outputs, staged_vector, vector_outputs)
 
@@ -323,7 +324,8 @@ def _combiner(name: str, op: str, local: StreamLocal, ws: int, ws2: int | None, 
                sl if batched else 0, {OutputKind.ROW: sm, OutputKind.COL: sn}.get(kind, 0)]
         launch = state.get("launch")
         if launch is None or not launch(pos):
-            compiled = combine_partials[grid](*pos, **consts, num_warps=warps, launch_pdl=pdl)
+            compiled = combine_partials[grid](*pos, **consts, num_warps=warps, launch_pdl=pdl,
+                                              **LAUNCH_OPTIONS)
             state.setdefault("launch", direct_launcher(compiled, combine_partials, grid,
                                                        len(pos), consts))
 

@@ -78,6 +78,11 @@ CHANGES: dict[str, Change] = {
         "expect the fused result where is_new says so)"),
 }
 
+# Compile options evtfuse passes on every launch, whatever the release's default:
+# enable_fp_fusion (a * b + c contracted to FMA, what the kernels are tuned and tested
+# with) was on by default through 3.9, which warns that 3.10 turns it off.
+LAUNCH_OPTIONS = {"enable_fp_fusion": True}
+
 # Behaviours handled the same way on every supported release (no version test needed).
 WORKAROUNDS: dict[str, str] = {
     "interpreter_scalar_and": (
@@ -145,16 +150,31 @@ def range_text() -> str:
     return f"triton>={a}.{b},<{c}.{d}"
 
 
-def check_installed() -> str | None:
-    """A warning (also returned) when the running Triton is outside ``SUPPORTED``."""
-    try:
-        import triton
-    except ImportError:
-        return None
-    if supported():
+def _installed_text() -> str | None:
+    """The installed Triton's version as its package metadata says, without importing it
+    (importing Triton before ``TRITON_INTERPRET`` is set would make its library functions
+    compiled ones, which the CPU interpreter cannot call)."""
+    from importlib import metadata
+
+    for dist in ("triton", "pytorch-triton"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_installed(version: str | None = None) -> str | None:
+    """A warning (also returned) when the installed Triton (or ``version``) is outside
+    ``SUPPORTED``; runs at ``import evtfuse`` and does not import Triton."""
+    import sys
+
+    text = version or (sys.modules["triton"].__version__ if "triton" in sys.modules
+                       else _installed_text())
+    if text is None or supported(parse(text)):
         return None
     text = (f"evtfuse is tested with {range_text()} ({', '.join(TESTED)}); the installed "
-            f"Triton is {triton.__version__}: kernels may fail to compile or launch. "
+            f"Triton is {text}: kernels may fail to compile or launch. "
             f"Install a tested release, e.g. the one your PyTorch pins.")
     warnings.warn(text, RuntimeWarning, stacklevel=3)
     return text
