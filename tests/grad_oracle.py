@@ -5,7 +5,8 @@ tensors that require grad (A, B and the tensor operands; the accumulator is ``A 
 float64) and asks torch.autograd for the gradients of ``sum(out * grad_out)`` over the
 graded outputs: every op's torch function differentiated by torch, never by evtfuse.
 ``autodiff_grads`` computes the same with evtfuse's backward DAG (``autodiff``) evaluated by
-the reference evaluator (no kernel): the pass alone. Imported by ``test_autodiff.py``,
+the reference evaluator (no kernel): the pass alone. Both return {name: gradient}, the
+GEMM's A and B under ``GA`` and ``GB`` (an operand may be named A). Imported by ``test_autodiff.py``,
 ``test_autograd.py`` and ``test_fuzz_grads.py``.
 """
 
@@ -17,6 +18,7 @@ from evtfuse import autodiff, reference
 from evtfuse.frontend import bind, parse_epilogue
 
 F64 = torch.float64
+GA, GB = "@A", "@B"  # the keys of A's and B's gradients
 
 
 def problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int]:
@@ -36,16 +38,16 @@ def reference_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
     ``values``: operands and outputs (outputs: tensors for their shapes, or None)."""
     problem = problem_of(A, B)
     dag = bind(parse_epilogue(source), values, problem)
-    leaves = {"A": _f64(A).requires_grad_(True), "B": _f64(B).requires_grad_(True)}
+    leaves = {GA: _f64(A).requires_grad_(True), GB: _f64(B).requires_grad_(True)}
     ops = {}
     for k, v in values.items():
         ops[k] = _f64(v)
         if k in wrt:
             leaves[k] = ops[k] = ops[k].clone().requires_grad_(True)
-    acc = torch.matmul(leaves["A"], leaves["B"])
+    acc = torch.matmul(leaves[GA], leaves[GB])
     outs = reference.evaluate(dag, acc, ops, compute_dtype=F64, cast=False)
     loss = sum((outs[n].reshape(g.shape) * _f64(g)).sum() for n, g in grad_out.items())
-    names = [n for n in leaves if n in wrt or n in ("A", "B")]
+    names = list(leaves)
     got = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
     return {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(names, got)}
 
@@ -70,6 +72,8 @@ def autodiff_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
     bvals = dict(ops)
     bvals.update({op: _f64(grad_out[o]) for o, op in bplan.grads})
     bvals.update({op: saved[s] for s, op in bplan.saved})
+    if bplan.first_batch:
+        bvals[bplan.first_batch] = autodiff.first_batch(problem[0], acc.device).to(F64)
     for inj in bplan.injected:
         bvals[inj.name] = autodiff.injected_gradient(inj, saved[inj.saved.name],
                                                      _f64(grad_out[inj.of]), problem)
@@ -83,8 +87,8 @@ def autodiff_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
     if dacc is None:
         dacc = torch.zeros(problem, dtype=F64)
     dacc = dacc.expand(problem)
-    result["A"] = _sum_to(torch.matmul(dacc, _f64(B).transpose(-1, -2)), A.shape)
-    result["B"] = _sum_to(torch.matmul(_f64(A).transpose(-1, -2), dacc), B.shape)
+    result[GA] = _sum_to(torch.matmul(dacc, _f64(B).transpose(-1, -2)), A.shape)
+    result[GB] = _sum_to(torch.matmul(_f64(A).transpose(-1, -2), dacc), B.shape)
     for name in wrt:
         out = outputs.get(name)
         v = values[name]

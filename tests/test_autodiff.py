@@ -19,7 +19,7 @@ from evtfuse.frontend import bind, parse_epilogue
 from evtfuse.unparse import literal, to_source
 
 from epilogue_fuzz import cases, drawn
-from grad_oracle import assert_grads_close, autodiff_grads, problem_of, reference_grads
+from grad_oracle import GB, assert_grads_close, autodiff_grads, reference_grads
 
 M, N, K = 6, 5, 4
 
@@ -75,7 +75,7 @@ def epi(accum, C, Cs, bias, cb, rowv, s0, s1, sb, alpha):
                   alpha=0.75, D=torch.empty(*lead, M, N))
     wrt = {"C", "Cs", "bias", "cb", "rowv", "s0", "s1", "sb"}
     got = _check(src, A, B, values, {"D": _rand(*lead, M, N, seed=10)}, wrt, f"L={L}")
-    assert got["sb"].shape == values["sb"].shape and got["B"].shape == (K, N)
+    assert got["sb"].shape == values["sb"].shape and got[GB].shape == (K, N)
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
@@ -96,6 +96,33 @@ def epi(accum, bias):
     for graded in ({"R"}, {"D", "R"}):
         grads = {n: _rand(*values[n].shape, seed=3 + len(n)) for n in graded}
         _check(src, A, B, values, grads, {"bias"}, f"{op} {axis} {sorted(graded)}")
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_stored_vectors_and_outputs_shared_by_the_batches(L):
+    """Outputs that store a value once for many elements of (L, M, N): a per-row vector
+    (M, 1), a per-column one (N,), a scalar (1,), a full (M, N) output of a value shared
+    by the batches. Their gradient reaches the value once (not once per column, row or
+    batch): the backward keeps it at one representative element (row 0, column 0, batch 0)
+    of what the reductions of the operands' gradients then sum."""
+    lead = (L,) if L > 1 else ()
+    src = """
+def epi(accum, C, bias, rowv, s):
+    D = accum * C
+    V = rowv * 2.0 + s
+    W = sigmoid(bias) * s
+    S = s * 3.0
+    E = C * bias
+    return D, V, W, S, E
+"""
+    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), rowv=_rand(M, 1, seed=4),
+                  s=_rand(seed=5), D=torch.empty(*lead, M, N), V=torch.empty(M, 1),
+                  W=torch.empty(N), S=torch.empty(1), E=torch.empty(M, N))
+    graded = {n: _rand(*values[n].shape, seed=10 + k) for k, n in enumerate("DVWSE")}
+    A, B = _rand(*lead, M, K), _rand(K, N, seed=1)
+    for subset in ({"V"}, {"W", "S"}, {"E"}, set(graded)):
+        _check(src, A, B, values, {n: graded[n] for n in subset}, {"C", "bias", "rowv", "s"},
+               f"L={L} {sorted(subset)}")
 
 
 def test_max_ties_share_the_gradient_and_lse_keeps_its_fp32_result():

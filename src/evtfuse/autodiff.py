@@ -113,6 +113,7 @@ class BackwardPlan:
     injected: tuple[Injected, ...]
     outputs: tuple[tuple[str, str], ...]
     batch_summed: frozenset[str]
+    first_batch: str | None = None  # operand: (L, 1, 1), 1.0 for batch 0 and 0.0 after
 
     @property
     def empty(self) -> bool:
@@ -275,6 +276,22 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
 
     graded = set(graded)
     grads, saved_ops, injected, operands = [], [], [], list(dag.operands)
+    first = OperandSpec(names("first_batch"), OperandKind.DEVICE_SCALAR, torch.float32, True)
+
+    def spread(e: Node, lacks_m: bool, lacks_n: bool, lacks_l: bool) -> Node:
+        """An adjoint already summed over the dims a value lacks, as a contribution to be
+        summed over them like every other: kept at one representative (row 0, column 0,
+        batch 0), zero elsewhere. Exact (a select, no division)."""
+        for lacks, axis in ((lacks_m, "row"), (lacks_n, "col")):
+            if lacks:
+                at0 = ir.compute_node("eq", (ir.index_node(axis), ir.const_node(0.0)))
+                e = ir.compute_node("where", (at0, e, ir.const_node(0.0)))
+        if lacks_l and batches > 1:
+            if first not in operands:
+                operands.append(first)
+            e = ir.compute_node("where", (ir.load_node(first), e, ir.const_node(0.0)))
+        return e
+
     saved_of = {(s.of, s.role): s for s in plan.saved}
     for o in plan.differentiable_outputs():
         if o.name not in graded:
@@ -284,8 +301,9 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         operands.append(gspec)
         grads.append((o.name, gname))
         g = ir.load_node(gspec)
-        if o.node.kind is not NodeKind.REDUCE:
-            add(o.node, g)
+        if o.node.kind is not NodeKind.REDUCE:  # stored once per element of the output
+            add(o.node, spread(g, o.kind in (OutputKind.COL, OutputKind.SCALAR),
+                               o.kind in (OutputKind.ROW, OutputKind.SCALAR), not o.batched))
             continue
         src = o.node.inputs[0]
         arg = saved_of.get((o.name, "argument"))
@@ -294,7 +312,8 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             ispec = OperandSpec(iname, _OPERAND_OF_OUTPUT[arg.kind], torch.float32, arg.batched)
             operands.append(ispec)
             injected.append(Injected(iname, arg, o.name, o.node.op, o.kind, o.batched))
-            add(src, ir.load_node(ispec))
+            add(src, spread(ir.load_node(ispec), src.space in (Space.COL, Space.SCALAR),
+                            src.space in (Space.ROW, Space.SCALAR), not src.batched))
             continue
         res = saved_of.get((o.name, "result"))
         out = None
@@ -351,7 +370,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     return BackwardPlan(bwd, to_source(bwd), tuple(grads),
                         tuple((s, n) for s, n in saved_ops if n in used),
                         tuple(i for i in injected if i.name in used), tuple(results),
-                        frozenset(summed))
+                        frozenset(summed), first.name if first.name in used else None)
 
 
 def output_shape(kind: OutputKind, batched: bool, problem: tuple) -> tuple:
@@ -393,6 +412,11 @@ def injected_gradient(inj: Injected, saved: torch.Tensor, grad: torch.Tensor,
     return dx.expand(L, M, N).sum_to_size(shape3).reshape(saved.shape)
 
 
+def first_batch(batches, device) -> torch.Tensor:
+    """The value of a backward's ``first_batch`` operand: (L, 1, 1), 1.0 at batch 0."""
+    return (torch.arange(batches, device=device) == 0).to(torch.float32).reshape(-1, 1, 1)
+
+
 def wrt_of_dag(dag: Dag) -> frozenset[str]:
     """Everything an epilogue can be differentiated with respect to: the accumulator and its
     floating-point tensor operands (what ``evtfuse show`` differentiates)."""
@@ -402,4 +426,4 @@ def wrt_of_dag(dag: Dag) -> frozenset[str]:
 
 
 __all__ = ["ACCUM", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
-           "backward", "output_shape", "reduced_dims", "injected_gradient", "wrt_of_dag", "differentiable_dtype"]
+           "backward", "output_shape", "reduced_dims", "first_batch", "injected_gradient", "wrt_of_dag", "differentiable_dtype"]
