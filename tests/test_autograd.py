@@ -210,7 +210,9 @@ def test_an_op_without_derivative_raises_at_the_forward_call():
 
 
 def test_the_backward_of_a_linear_epilogue_runs_no_gemm(monkeypatch):
-    """D = accum + bias: the backward epilogue reads no accumulator, so it runs over K = 0."""
+    """D = accum + bias: the backward epilogue reads no accumulator, so it runs over K = 0
+    (and only sums the bias's gradient: dAccum is the upstream gradient itself); D = accum
+    needs no backward kernel at all."""
     calls = []
     real = torch.ops.evtfuse.gemm.default
 
@@ -220,7 +222,10 @@ def test_the_backward_of_a_linear_epilogue_runs_no_gemm(monkeypatch):
     A, B = _rand(M, K), _rand(K, N, seed=1)
     monkeypatch.setattr(torch.ops.evtfuse, "gemm", Spy)
     run_and_check(evtfuse.nn.BIAS, A, B, dict(bias=_rand(N, seed=2)), {"D"}, {"bias"})
-    assert (M, 0) in calls
+    assert calls == [(M, 0)]  # the backward's (the forward is gemm_functional's own)
+    calls.clear()
+    run_and_check(evtfuse.nn.NO_BIAS, A, B, {}, {"D"}, ())
+    assert calls == []
 
 
 def test_double_backward_raises():

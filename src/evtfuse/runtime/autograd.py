@@ -19,7 +19,8 @@ by ``unparse``), through ``api.run_values``: one fused kernel. Backward: the bac
 epilogue (``autodiff.backward``) through ``evtfuse::gemm`` over the same A and B, which
 recomputes the accumulator and every forward value in registers (the forward keeps its
 inputs and the hidden outputs, nothing else; a backward that reads no accumulator runs with
-K = 0: no GEMM), then dA = dAccum @ B^T and dB = A^T @ dAccum as torch matmuls.
+K = 0: no GEMM; one whose dAccum is the upstream gradient itself does not copy it), then
+dA = dAccum @ B^T and dB = A^T @ dAccum as torch matmuls.
 
 Plans are built once per call *structure*: the epilogue, the layout, the dtypes, and which
 dims of (L, M, N) each tensor spans (a pattern, never the sizes themselves: symbolic sizes
@@ -38,7 +39,7 @@ import torch
 from .. import autodiff
 from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
-from ..ir import NodeKind
+from ..ir import NodeKind, OperandKind
 from ..unparse import to_source
 from .torch_op import Layout, _lib, parse_layout, values_of
 
@@ -291,11 +292,17 @@ def _sum_to(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict,
                   lay: Layout, fwd: Forward) -> dict:
-    """The backward epilogue through ``evtfuse::gemm``: {accum or operand: its gradient}."""
+    """The backward epilogue through ``evtfuse::gemm``: {accum or operand: its gradient}.
+    A dAccum that is a full operand as it is (the upstream gradient of ``accum + bias``) is
+    taken from it, not copied by the kernel; with nothing else to compute, no kernel runs."""
     outs, onames, results = [], [], {}
     for target, name in bplan.outputs:
         if target == autodiff.ACCUM:
             dtype = A.dtype if A.dtype in _GRAD_DTYPES else torch.float32
+            node = bplan.dag.output(name).node
+            if node.kind is NodeKind.LOAD and node.operand.kind is OperandKind.FULL:
+                results[target] = values[node.operand.name].to(dtype)
+                continue
             t = A.new_empty(_full_shape(A, B), dtype=dtype)
         elif target in bplan.batch_summed:
             t = A.new_empty(problem_of(A, B), dtype=tensors[target].dtype)
@@ -314,6 +321,8 @@ def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dic
         else:
             snames.append(spec.name)
             svals.append(v)
+    if not outs:
+        return results
     nones = () if "D" in onames else ("D",)
     blay = Layout(tuple(tnames), nones, tuple(snames), tuple(onames), 0,
                   f"the backward of {fwd.where}", False, lay.tune, lay.allow_tf32,
