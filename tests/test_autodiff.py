@@ -206,6 +206,24 @@ def test_an_op_without_derivative_raises_naming_its_line():
     assert dict(autodiff.backward(plan, {"D"}, {"C"}).outputs) == {"C": "grad_C"}
 
 
+def test_a_row_without_derivative_raises_wherever_a_gradient_passes_it(monkeypatch):
+    """A row whose ``grad`` is None: an error naming it, its variable and line when a
+    gradient must pass it; none when no gradient does."""
+    import dataclasses
+
+    from evtfuse.optable import OPS
+
+    monkeypatch.setitem(OPS, "erf", dataclasses.replace(OPS["erf"], grad=None))
+    src = "def e(accum, C):\n    y = erf(C) * 2.0\n    D = accum + y\n    return D"
+    parsed = parse_epilogue(src)
+    dag = bind(parsed, dict(C=_rand(M, N), D=torch.empty(M, N)), (1, M, N))
+    with pytest.raises(EpilogueError, match=r"line 2 .*erf\(\.\.\.\) in the value of 'y' has "
+                                            r"no derivative \(the op table gives erf no "
+                                            r"derivative\), and the gradient of C must flow"):
+        autodiff.plan_forward(dag, {"C"}, parsed)
+    autodiff.plan_forward(dag, {"accum"}, parsed)  # A and B's gradient does not pass erf
+
+
 def test_comparisons_and_integer_outputs_carry_no_gradient():
     """A comparison's result used as 1.0 / 0.0 passes no gradient back; an integer output
     (a quantised copy) carries none, so its cast needs no derivative."""

@@ -118,7 +118,8 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> For
     place = tuple(int(p) for p in place)
     key = (source, lay.line, lay.where, lay.from_function, lay.tensors, lay.scalars, lay.outs,
            lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
-           tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype)
+           tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
+           A.dim(), B.dim())
     hit = _forwards.get(key)
     if hit is not None:
         return hit
