@@ -38,6 +38,8 @@ declare -A shards=(
   [safety_cache]="tests/gpu/test_gpu_call_safety.py tests/gpu/test_gpu_cache.py|"
   [torch]="tests/gpu/test_gpu_torch.py|"
   [special]="tests/gpu/test_gpu_special_values.py|"
+  [autograd]="tests/gpu/test_gpu_autograd.py|not random"
+  [autograd_fuzz]="tests/gpu/test_gpu_autograd.py|random"
 )
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
   [[ " ${shards[*]} " == *"$f"* ]] || { echo "gpu_tier.sh: $f is in no shard" >&2; exit 2; }

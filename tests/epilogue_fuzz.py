@@ -294,6 +294,14 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True)
                 c_shared=batch > 1 and draw(st.booleans()), names=tuple(renamed.items()))
 
 
+def tensor_operands(args: evtfuse.GemmArguments) -> list[str]:
+    """The names (as drawn) of a case's floating-point tensor operands: what a gradient can
+    reach besides A and B (``test_fuzz_grads.py``); Python numbers get none."""
+    values = args.epilogue.values
+    return [n for n in args.epilogue.parsed.params
+            if isinstance(values[n], torch.Tensor) and values[n].dtype.is_floating_point]
+
+
 def k_major(case: Case) -> Case:
     """``case`` with A row-major and B column-major: both K-contiguous, as 8-bit inputs on
     the tensor cores need (the hopper family refuses other layouts, saying so)."""

@@ -131,6 +131,23 @@ def test_show_file_errors_name_the_file_line(epi_file):
     assert res.exit_code == 2 and "does not exist" in res.output
 
 
+def test_show_prints_the_backward_epilogue():
+    res = invoke("show", "def e(accum, C, bias): F = accum * C; D = tanh(F + bias); "
+                 "m = max(D); return D, m", "--mnkl", "32,16,8,2", "--output", "m=row",
+                 "--no-source")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "== backward: the gradients of A, B, C, bias from those of D, m ==" in out
+    assert "# the forward keeps its argument for m's gradient (an extra output)" in out
+    assert "def e_backward(accum, C, bias, grad_D, grad_saved_m_arg):" in out
+    assert "grad_bias = sum(" in out and "tanh(" in out and "return D, grad_C, grad_bias" in out
+    assert "== backward DAG ==" in out and "store grad_bias <-" in out
+    res = invoke("show", "def e(accum): D = cast(accum, 'int8') * 2.0; return D", "--no-source")
+    assert res.exit_code == 0 and "not differentiable: line 1" in res.output
+    res = invoke("show", "def e(accum): D = accum; return D", "--no-source", "--no-backward")
+    assert res.exit_code == 0 and "== backward" not in res.output
+
+
 def test_show_operand_and_output_kinds():
     res = invoke("show", "def e(accum, s, r): D = accum * s + r; return D", "--mnkl",
                  "32,16,8,3", "--operand", "s=batch-scalar", "--operand", "r=row:f16",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, docgen, library
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,6 +215,9 @@ TRIGGERS = [
      "only a full-shaped output may alias a full-shaped input exactly"),
     (lambda: GemmArguments(A, B, torch.zeros(1, N).expand(M, N)),
      "more than one element of the written-to tensor refers to a single memory location"),
+    (lambda: evtfuse.gemm(A.clone().requires_grad_(True), B,
+                          "def e(accum):\n    q = cast(accum, 'int8')\n    D = q * 2.0\n    return D"),
+     "has no derivative"),
 ]
 
 

@@ -46,10 +46,18 @@ def test_without_bias_and_with_an_epilogue_of_its_own():
         Linear(IN, OUT, bias=False, epilogue=epi, scale=0.5)
 
 
-def test_parameters_requiring_grad_raise_until_autograd_lands():
+def test_parameters_requiring_grad_get_gradients():
+    """A training step: loss.backward() fills weight.grad and bias.grad as torch.nn.Linear
+    does (tests/test_autograd.py: more epilogues, torch.compile)."""
+    torch.manual_seed(4)
+    ref = torch.nn.Linear(IN, OUT)
     lin = Linear(IN, OUT)
-    with pytest.raises(NotImplementedError, match="B, bias require grad"):
-        lin(torch.randn(3, IN))
+    lin.load_state_dict(ref.state_dict())
+    x = torch.randn(3, IN)
+    for module in (lin, ref):
+        module(x).square().sum().backward()
+    _close(lin.weight.grad, ref.weight.grad)
+    _close(lin.bias.grad, ref.bias.grad)
 
 
 def test_fuse_activations_swaps_linear_activation_pairs():

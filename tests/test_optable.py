@@ -191,6 +191,7 @@ TRANSCENDENTAL = {
     "sin": (math.sin, False),
     "cos": (math.cos, False),
     "tan": (math.tan, False),
+    "erf": (math.erf, False),
 }
 
 

@@ -1,6 +1,6 @@
 """evtfuse inside PyTorch programs (CPU, Triton's interpreter): the ``torch.ops.evtfuse.gemm``
 operator, torch.compile with no graph break (static and dynamic shapes), torch.export,
-meta and fake tensors, and the clear error for calls that would need a gradient."""
+meta and fake tensors, and which operator a call that needs a gradient goes through."""
 
 from __future__ import annotations
 
@@ -136,14 +136,21 @@ def test_fake_implementation_refuses_mismatched_inner_dimensions():
 
 
 @pytest.mark.parametrize("which", ["A", "B", "C"])
-def test_inputs_requiring_grad_raise_instead_of_detaching(which):
+def test_inputs_requiring_grad_go_through_the_differentiable_operator(which):
+    """A call needing a gradient is one call of ``evtfuse::gemm_functional`` (the autograd
+    formula's operator, tests/test_autograd.py checks its gradients); without grad mode it
+    is the plain operator, with the same results."""
     A, B, C = _data()
-    dict(A=A, B=B, C=C)[which].requires_grad_(True)
-    with pytest.raises(NotImplementedError, match=f"{which} requires grad.*detached"):
-        evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+    leaf = dict(A=A, B=B, C=C)[which].requires_grad_(True)
+    D, F = evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+    assert "gemm_functional" in type(D.grad_fn).__name__ and F.grad_fn is D.grad_fn
+    (D.sum() + F.sum()).backward()
+    assert leaf.grad is not None and leaf.grad.shape == leaf.shape
     with torch.no_grad():
-        D, F = evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+        D2, F2 = evtfuse.gemm(A, B, epi, C=C, alpha=1.0)
+    assert D2.grad_fn is None
     _close([D, F], _eager(A.detach(), B.detach(), C.detach(), 1.0))
+    _close([D2, F2], _eager(A.detach(), B.detach(), C.detach(), 1.0))
 
 
 def test_fused_and_unstored_outputs_go_through_the_operator():

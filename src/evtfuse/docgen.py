@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from . import frontend, ir, library
+from .derivative import Diff, NoDerivative, TextAlgebra, apply_rule
 from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS, UNARY_OPERATORS,
                       Category, Choice, OpDef)
 
@@ -34,8 +35,15 @@ _SECTIONS = (
     (Category.REDUCE, "Reductions",
      "The whole value of an assignment whose result is returned; the output's shape picks "
      "the axes: `(M, 1)` reduces each row, `(N,)` each column, `(1,)` everything, a leading "
-     "`L` keeps batches apart. A reduction cannot feed further computation."),
+     "`L` keeps batches apart. A reduction cannot feed further computation. In the "
+     "derivative, `x` is the reduced value, `out` the result and `g` its gradient (both "
+     "broadcast back), `ties` the number of reduced elements equal to the result."),
 )
+DERIVATIVE_NOTE = (
+    "The derivative column gives the gradient flowing into each input from `g`, the gradient "
+    "of the result (`out`), as torch computes it (its conventions at kinks and ties); "
+    "`evtfuse.gemm` differentiates an epilogue with these rules ([pytorch.md](pytorch.md), "
+    "Gradients). An op without one cannot be differentiated through: such a call raises.")
 
 
 def _operator_spelling(name: str) -> str | None:
@@ -90,6 +98,31 @@ def _triton(row: OpDef) -> str:
     return text.replace("|", "\\|")
 
 
+def _derivative(row: OpDef) -> str:
+    """The row's derivative rule as text: the gradient of each input, from ``g``."""
+    if row.grad_doc:
+        text = row.grad_doc
+    elif row.grad is None:
+        text = "none: differentiating through it is an error"
+    else:
+        leaf = TextAlgebra.leaf
+        args = tuple(leaf(a) for a in _arg_names(row))
+        d = Diff(TextAlgebra(), args, leaf("g"), row.defaults if row.name != "pow"
+                 else {"exponent": 3.0}, out=lambda: leaf("out"), ties=lambda: leaf("ties"))
+        try:
+            grads = apply_rule(row.grad, d)
+        except NoDerivative as exc:
+            return str(exc)
+        if all(v is None for v in grads):
+            text = "none flows (a bool result)"
+        elif len(grads) == 1:
+            text = f"`{TextAlgebra.text(grads[0])}`" + (" (c = 3)" if row.name == "pow" else "")
+        else:
+            text = "; ".join(f"{name}: " + ("none" if v is None else f"`{TextAlgebra.text(v)}`")
+                             for name, v in zip(_arg_names(row), grads))
+    return text.replace("|", "\\|")
+
+
 def _evt_name(row: OpDef) -> str:
     names = getattr(ir, "_EVT_NAMES", {})
     return f"`{names[row.name]}`" if row.name in names else ""
@@ -105,7 +138,7 @@ def render_ops() -> str:
            "such as `slope=` must be literals, and a name from a fixed set such as `cast`'s "
            "dtype a string (`\"fp16\"`) or a torch dtype (`torch.float16`). Adding an op is "
            "one row of "
-           "`src/evtfuse/optable.py` (see architecture.md).", ""]
+           "`src/evtfuse/optable.py` (see architecture.md).", "", DERIVATIVE_NOTE, ""]
     for category, title, intro in _SECTIONS:
         rows = [r for r in OPS.values() if r.category is category]
         if not rows:
@@ -113,11 +146,12 @@ def render_ops() -> str:
         out += [f"## {title}", ""]
         if intro:
             out += [intro, ""]
-        out += ["| op | write it as | meaning | Triton | CUTLASS functor |", "|---|---|---|---|---|"]
+        out += ["| op | write it as | meaning | Triton | CUTLASS functor | derivative |",
+                "|---|---|---|---|---|---|"]
         for r in rows:
             meaning = r.doc.replace("|", "\\|")
             out.append(f"| `{r.name}` | {_how_to_write(r)} | {meaning} | {_triton(r)} | "
-                       f"{_evt_name(r)} |")
+                       f"{_evt_name(r)} | {_derivative(r)} |")
         out.append("")
     for r in OPS.values():
         out += _choice_section(r)

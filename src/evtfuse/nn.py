@@ -39,8 +39,9 @@ class Linear(torch.nn.Linear):
     ``operands`` given here (numbers: runtime scalars) or to ``forward(x, **operands)``
     (tensors shaped for the flattened ``(tokens, out_features)`` output). It returns
     ``D`` (and any other outputs, in its return order), reshaped to ``x``'s leading
-    dimensions when full-shaped. Gradients are not computed yet: call it under
-    ``torch.no_grad()`` / ``torch.inference_mode()`` (evtfuse raises otherwise).
+    dimensions when full-shaped. It is differentiable (``loss.backward()`` fills
+    ``weight.grad`` and ``bias.grad``, and ``x.grad``): the backward is one more evtfuse
+    kernel and two matmuls (docs/pytorch.md, "Gradients").
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,

@@ -15,6 +15,11 @@ faster spelling used on a real GPU (the CPU interpreter has no libdevice).
 A parameter is a number with a default, or a ``Choice``: a required name from a fixed
 set (``cast``'s dtype, one of ``CAST_TARGETS``). ``round_to`` is the one reading of how a
 kernel rounds a value to a dtype: the reference's output stores and ``cast`` both use it.
+
+``grad`` is the row's derivative: a rule over ``derivative.Diff`` giving the gradient of
+each input from the result's (torch's conventions at kinks and ties: ``relu'(0) = 0``,
+``maximum`` splits a tie's gradient in halves, ``amax`` shares it among tied elements);
+None where the op has none, and then differentiating through it is an error.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from enum import Enum
 from typing import Callable, Mapping, Union
 
 import torch
+
+from .derivative import Diff, NoDerivative
 
 TritonSpelling = Union[str, Callable[[list, dict], str]]
 ParamValue = Union[float, str]  # a number, or a Choice's canonical name
@@ -70,6 +77,10 @@ class OpDef:
     doc: str = ""
     aliases: tuple[str, ...] = field(default=())
     reduce_identity: float | None = None  # REDUCE rows: the value that changes nothing
+    # the derivative (derivative.py): Diff -> the gradient of each input (None: none flows);
+    # None: the op has no derivative
+    grad: Callable[[Diff], tuple] | None = None
+    grad_doc: str = ""  # docs/ops.md's text for it, where the rule's own text is not enough
 
     @property
     def result_is_bool(self) -> bool:
@@ -294,113 +305,226 @@ def _cast_spelling(args: list, params: dict, cuda: bool = False) -> str:
     return (t.triton_cuda if cuda and t.triton_cuda else t.triton).format(*args)
 
 
+# ---- derivatives (derivative.py): torch's formulas (its derivatives.yaml and the backward
+# kernels they call), so that a gradient through evtfuse is the gradient torch would give ----
+
+_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi): the normal density's factor
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+
+
+def _g_pow(d: Diff) -> tuple:
+    c = f32(d.params["exponent"])
+    if c == 0.0:
+        return (None,)  # torch: zeros (x ** 0 is 1 everywhere, NaN included)
+    return (d.g * (c * d.x ** (c - 1.0)),)
+
+
+def _g_gelu(d: Diff) -> tuple:
+    cdf = 0.5 * (1.0 + d.erf(d.x * _SQRT1_2))
+    pdf = _INV_SQRT_2PI * d.exp(d.x * d.x * -0.5)
+    return (d.g * (cdf + d.x * pdf),)
+
+
+def _g_gelu_tanh(d: Diff) -> tuple:
+    x = d.x
+    t = d.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
+    left = 0.5 * (1.0 + t)
+    right = 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * (x * x))
+    return (d.g * (left + right),)
+
+
+def _g_silu(d: Diff) -> tuple:
+    s = d.sigmoid(d.x)
+    return (d.g * (s * (1.0 + d.x * (1.0 - s))),)
+
+
+def _g_hardswish(d: Diff) -> tuple:
+    return (d.where(d.x <= -3.0, 0.0, d.where(d.x < 3.0, d.g * (d.x / 3.0 + 0.5), d.g)),)
+
+
+def _g_softplus(d: Diff) -> tuple:
+    z = d.exp(d.x)
+    return (d.where(d.x > 20.0, d.g, d.g * z / (z + 1.0)),)
+
+
+def _g_abs(d: Diff) -> tuple:  # g * sign(x): sign(0) = sign(NaN) = 0, as torch.sgn
+    return (d.g * d.where(d.x > 0.0, 1.0, d.where(d.x < 0.0, -1.0, 0.0)),)
+
+
+def _g_maximum(d: Diff) -> tuple:  # a tie gives each side half; NaN: both the whole
+    x, y, g = d.x, d.y, d.g
+    return (d.where(x < y, 0.0, d.where(x == y, g / 2.0, g)),
+            d.where(x > y, 0.0, d.where(x == y, g / 2.0, g)))
+
+
+def _g_minimum(d: Diff) -> tuple:
+    x, y, g = d.x, d.y, d.g
+    return (d.where(x > y, 0.0, d.where(x == y, g / 2.0, g)),
+            d.where(x < y, 0.0, d.where(x == y, g / 2.0, g)))
+
+
+def _g_clamp(d: Diff) -> tuple:  # torch.clamp(x, lo, hi) with tensor bounds
+    x, lo, hi, g = d.x, d.y, d.z, d.g
+    return (d.where(x >= lo, d.where(x <= hi, g, 0.0), 0.0),
+            d.where(x < lo, d.where(lo < hi, g, 0.0), 0.0),
+            d.where(x > hi, g, d.where(hi < lo, g, 0.0)))
+
+
+def _g_cast(d: Diff) -> tuple:
+    target = CAST_TARGETS[d.params["dtype"]].dtype
+    if not target.is_floating_point:
+        raise NoDerivative(f"cast to {d.params['dtype']} rounds to an integer; torch's .to() "
+                           "of an integer dtype is not differentiable either")
+    return (d.g,)  # straight through, as torch's .to() of a float dtype
+
+
+def _g_extreme(d: Diff) -> tuple:  # amax / amin: shared evenly among tied elements
+    return (d.g / d.ties * d.where(d.x == d.out, 1.0, 0.0),)
+
+
+_NO_GRADIENT = lambda d: (None,) * len(d.args)  # noqa: E731  (comparisons: bool results)
+
+
 _ROWS: tuple[OpDef, ...] = (
     # ---- arithmetic (from Python operators) ----
-    OpDef("add", 2, torch.add, "({0} + {1})", commutative=True, doc="a + b"),
-    OpDef("sub", 2, torch.sub, "({0} - {1})", doc="a - b"),
-    OpDef("mul", 2, torch.mul, "({0} * {1})", commutative=True, doc="a * b"),
-    OpDef("div", 2, torch.div, "({0} / {1})", doc="a / b"),
+    OpDef("add", 2, torch.add, "({0} + {1})", commutative=True, doc="a + b",
+          grad=lambda d: (d.g, d.g)),
+    OpDef("sub", 2, torch.sub, "({0} - {1})", doc="a - b", grad=lambda d: (d.g, -d.g)),
+    OpDef("mul", 2, torch.mul, "({0} * {1})", commutative=True, doc="a * b",
+          grad=lambda d: (d.g * d.y, d.g * d.x)),
+    OpDef("div", 2, torch.div, "({0} / {1})", doc="a / b",
+          grad=lambda d: (d.g / d.y, -(d.g * (d.x / d.y / d.y)))),
     # x * -1.0, not Triton's -x, which is 0 - x: -(0.0) must be -0.0
-    OpDef("neg", 1, torch.neg, "({0} * -1.0)", doc="-a"),
+    OpDef("neg", 1, torch.neg, "({0} * -1.0)", doc="-a", grad=lambda d: (-d.g,)),
     OpDef("pow", 1, _t_pow, _pow_spelling, params=(("exponent", 2.0),),
           doc="a ** c, c a numeric literal (rounded to fp32); as torch.pow on special values "
-              "(a ** 0 is 1 for NaN and inf too, a negative a gives NaN for c not an integer)"),
+              "(a ** 0 is 1 for NaN and inf too, a negative a gives NaN for c not an integer)",
+          grad=_g_pow),
     # ---- comparisons ----
-    OpDef("lt", 2, torch.lt, "({0} < {1})", Category.COMPARE, doc="a < b"),
-    OpDef("le", 2, torch.le, "({0} <= {1})", Category.COMPARE, doc="a <= b"),
-    OpDef("gt", 2, torch.gt, "({0} > {1})", Category.COMPARE, doc="a > b"),
-    OpDef("ge", 2, torch.ge, "({0} >= {1})", Category.COMPARE, doc="a >= b"),
-    OpDef("eq", 2, torch.eq, "({0} == {1})", Category.COMPARE, commutative=True, doc="a == b"),
-    OpDef("ne", 2, torch.ne, "({0} != {1})", Category.COMPARE, commutative=True, doc="a != b"),
+    OpDef("lt", 2, torch.lt, "({0} < {1})", Category.COMPARE, doc="a < b",
+          grad=_NO_GRADIENT),
+    OpDef("le", 2, torch.le, "({0} <= {1})", Category.COMPARE, doc="a <= b",
+          grad=_NO_GRADIENT),
+    OpDef("gt", 2, torch.gt, "({0} > {1})", Category.COMPARE, doc="a > b",
+          grad=_NO_GRADIENT),
+    OpDef("ge", 2, torch.ge, "({0} >= {1})", Category.COMPARE, doc="a >= b",
+          grad=_NO_GRADIENT),
+    OpDef("eq", 2, torch.eq, "({0} == {1})", Category.COMPARE, commutative=True,
+          doc="a == b", grad=_NO_GRADIENT),
+    OpDef("ne", 2, torch.ne, "({0} != {1})", Category.COMPARE, commutative=True,
+          doc="a != b", grad=_NO_GRADIENT),
     # ---- activations and math functions ----
-    OpDef("identity", 1, lambda x: x, "{0}", doc="x"),
+    OpDef("identity", 1, lambda x: x, "{0}", doc="x", grad=lambda d: (d.g,)),
     # a select, not max(x, 0.0): torch keeps -0.0 (and a GPU's max gives +0.0 for it)
     OpDef("relu", 1, torch.relu, "tl.where({0} < 0.0, 0.0, {0})",
-          doc="max(x, 0) (NaN stays NaN, -0.0 stays -0.0)"),
+          doc="max(x, 0) (NaN stays NaN, -0.0 stays -0.0)",
+          grad=lambda d: (d.where(d.out <= 0.0, 0.0, d.g),)),
     OpDef("leaky_relu", 1, _t_leaky_relu,
           "tl.where({0} > 0.0, {0}, {0} * {slope})", params=(("slope", 0.01),),
-          doc="x if x > 0 else slope * x"),
+          doc="x if x > 0 else slope * x",
+          grad=lambda d: (d.where(d.x > 0.0, d.g, d.g * d.params["slope"]),)),
     OpDef("sigmoid", 1, torch.sigmoid, "_ef_sigmoid({0})", triton_cuda="_ef_sigmoid_cuda({0})",
-          doc="1 / (1 + exp(-x)) (on a GPU: results below 2^-126 flush to 0)"),
+          doc="1 / (1 + exp(-x)) (on a GPU: results below 2^-126 flush to 0)",
+          grad=lambda d: (d.g * (1.0 - d.out) * d.out,)),
     OpDef("log_sigmoid", 1, torch.nn.functional.logsigmoid, "_ef_log_sigmoid({0})",
           triton_cuda="_ef_log_sigmoid_cuda({0})",
           doc="log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), without the rounding of "
               "sigmoid (also what log(sigmoid(x)) becomes; on a GPU exp(-|x|) below 2^-126 "
-              "flushes to 0: 0 above x = 87.3)"),
+              "flushes to 0: 0 above x = 87.3)",
+          grad=lambda d: (d.g * d.sigmoid(-d.x),)),
     OpDef("tanh", 1, torch.tanh, "_ef_tanh({0})", triton_cuda="_ef_tanh_cuda({0})",
-          doc="hyperbolic tangent"),
+          doc="hyperbolic tangent", grad=lambda d: (d.g * (1.0 - d.out * d.out),)),
     OpDef("gelu", 1, _t_gelu, "_ef_gelu({0})",
           doc="x * Phi(x), erf form; x itself at +inf and from 2^127 on (torch's CPU kernel "
-              "gives NaN and inf there, its CUDA kernel x)"),
+              "gives NaN and inf there, its CUDA kernel x)",
+          grad=_g_gelu),
     OpDef("gelu_tanh", 1, _t_gelu_tanh, "_ef_gelu_tanh({0})",
           triton_cuda="_ef_gelu_tanh_cuda({0})",
           doc="GELU, tanh approximation (on a GPU 0.5x + 0.5x tanh(..) in one fused "
-              "multiply-add: a zero result may be +0.0 where torch gives -0.0)"),
+              "multiply-add: a zero result may be +0.0 where torch gives -0.0)",
+          grad=_g_gelu_tanh),
     OpDef("silu", 1, torch.nn.functional.silu, "({0} * _ef_sigmoid({0}))",
           triton_cuda="({0} * _ef_sigmoid_cuda({0}))",
           doc="x * sigmoid(x) (on a GPU: -0.0 below x = -87.3, where sigmoid's results "
-              "below 2^-126 flush to 0)"),
+              "below 2^-126 flush to 0)",
+          grad=_g_silu),
     OpDef("hardswish", 1, _t_hardswish,
           "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
-          doc="x * clamp(x + 3, 0, 6) / 6"),
+          doc="x * clamp(x + 3, 0, 6) / 6", grad=_g_hardswish),
     OpDef("softplus", 1, torch.nn.functional.softplus, "_ef_softplus({0})",
-          doc="log(1 + exp(x)) (exp(x) itself far below 0), linear above 20 as torch does"),
-    OpDef("exp", 1, torch.exp, "tl.exp({0})", doc="e ** x"),
+          doc="log(1 + exp(x)) (exp(x) itself far below 0), linear above 20 as torch does",
+          grad=_g_softplus),
+    OpDef("exp", 1, torch.exp, "tl.exp({0})", doc="e ** x", grad=lambda d: (d.g * d.out,)),
     OpDef("log", 1, torch.log, "tl.log({0})", triton_cuda="_ef_log_cuda({0})",
           doc="natural logarithm (on a GPU: the hardware log2, a series near 1; relative "
-              "error ~1e-6)"),
-    OpDef("sqrt", 1, torch.sqrt, "tl.sqrt_rn({0})", doc="square root (IEEE rounded)"),
-    OpDef("rsqrt", 1, _t_rsqrt, "(1.0 / tl.sqrt_rn({0}))", doc="1 / sqrt(x)"),
-    OpDef("abs", 1, torch.abs, "tl.abs({0})", doc="|x|"),
+              "error ~1e-6)",
+          grad=lambda d: (d.g / d.x,)),
+    OpDef("sqrt", 1, torch.sqrt, "tl.sqrt_rn({0})", doc="square root (IEEE rounded)",
+          grad=lambda d: (d.g / (2.0 * d.out),)),
+    OpDef("rsqrt", 1, _t_rsqrt, "(1.0 / tl.sqrt_rn({0}))", doc="1 / sqrt(x)",
+          grad=lambda d: (-0.5 * d.g * d.out ** 3.0,)),
+    OpDef("abs", 1, torch.abs, "tl.abs({0})", doc="|x|", grad=_g_abs),
     # on a GPU, tl.sin/tl.cos are the hardware's sin.approx/cos.approx, accurate only for
     # |x| < 100 pi: libdevice's (CUDA's sinf, cosf, tanf: full range reduction) match torch
     OpDef("sin", 1, torch.sin, "tl.sin({0})", triton_cuda="tl.extra.cuda.libdevice.sin({0})",
-          doc="sine (on a GPU: CUDA's sinf, any argument)"),
+          doc="sine (on a GPU: CUDA's sinf, any argument)", grad=lambda d: (d.g * d.cos(d.x),)),
     OpDef("cos", 1, torch.cos, "tl.cos({0})", triton_cuda="tl.extra.cuda.libdevice.cos({0})",
-          doc="cosine (on a GPU: CUDA's cosf, any argument)"),
+          doc="cosine (on a GPU: CUDA's cosf, any argument)",
+          grad=lambda d: (d.g * -d.sin(d.x),)),
     OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))",
           triton_cuda="tl.extra.cuda.libdevice.tan({0})",
-          doc="tangent (on a GPU: CUDA's tanf, any argument)"),
+          doc="tangent (on a GPU: CUDA's tanf, any argument)",
+          grad=lambda d: (d.g * (1.0 + d.out * d.out),)),
+    OpDef("erf", 1, torch.erf, "tl.math.erf({0})", doc="the error function",
+          grad=lambda d: (_TWO_OVER_SQRT_PI * d.exp(-(d.x * d.x)) * d.g,)),
     OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})", triton_cuda=_NAN_MAX,  # ties give b: not commutative
           doc="elementwise max, NaN-propagating like torch; a tie of 0.0 and -0.0 may give "
-              "either zero"),
+              "either zero", grad=_g_maximum),
     OpDef("minimum", 2, _t_minimum, "_ef_minimum({0}, {1})", triton_cuda=_NAN_MIN,  # ties give b: not commutative
           doc="elementwise min, NaN-propagating like torch; a tie of 0.0 and -0.0 may give "
-              "either zero"),
+              "either zero", grad=_g_minimum),
     OpDef("clamp", 3, _t_clamp, "_ef_minimum(_ef_maximum({0}, {1}), {2})",
           triton_cuda=_NAN_MIN.format(_NAN_MAX.format("{0}", "{1}"), "{2}"),
-          doc="min(max(x, lo), hi); a tie of 0.0 and -0.0 may give either zero"),
+          doc="min(max(x, lo), hi); a tie of 0.0 and -0.0 may give either zero", grad=_g_clamp),
     OpDef("where", 3, torch.where, "tl.where({0}, {1}, {2})", Category.SELECT,
-          doc="a where cond else b"),
+          doc="a where cond else b",
+          grad=lambda d: (None, d.where(d.x, d.g, 0.0), d.where(d.x, 0.0, d.g))),
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
           doc="a * b + c (fused on a GPU and under Triton 3.9's CPU interpreter: rounded "
-              "once, so finite where only a * b overflows)"),
+              "once, so finite where only a * b overflows)",
+          grad=lambda d: (d.g * d.y, d.g * d.x, d.g)),
     OpDef("cast", 1, _t_cast, _cast_spelling, params=(("dtype", CAST_DTYPE),),
           triton_cuda=functools.partial(_cast_spelling, cuda=True),
           doc="x rounded to dtype as a kernel stores it, then used as fp32: floats to nearest "
               "even (fp16/bf16 overflow to inf); fp8 saturates to +-448 (e4m3) / +-57344 "
               "(e5m2), inf included, NaN kept; integers round half to even and saturate, "
-              "NaN gives 0"),
+              "NaN gives 0",
+          grad=_g_cast, grad_doc="g, straight through as torch's .to() (float targets); integer "
+                                 "targets: none"),
     # ---- reductions: axes come from the shape of the output they feed ----
     # torch_fn(x, dims) reduces with keepdim; ``triton`` names the combine helper of two
     # partial results; ``reduce_identity`` fills masked-off elements
     # ``torch_fn`` gives ``reduce_identity`` over an empty axis (M = 0, say), as the kernels do
     OpDef("sum", 1, _reduction(lambda x, dims: x.sum(dim=tuple(dims), keepdim=True), 0.0),
           "_ef_add", Category.REDUCE, reduce_identity=0.0,
-          doc="sum (0 over no element; 0.0, not -0.0, of -0.0 terms, as torch)"),
+          doc="sum (0 over no element; 0.0, not -0.0, of -0.0 terms, as torch)",
+          grad=lambda d: (d.g,)),
     OpDef("max", 1, _reduction(lambda x, dims: x.amax(dim=tuple(dims), keepdim=True),
                                float("-inf")), "_ef_maximum",
           Category.REDUCE, reduce_identity=float("-inf"), triton_cuda="_ef_maximum_nan",
-          doc="maximum (NaN-propagating; -inf over no element; of 0.0 and -0.0 either zero)"),
+          doc="maximum (NaN-propagating; -inf over no element; of 0.0 and -0.0 either zero)",
+          grad=_g_extreme),
     OpDef("min", 1, _reduction(lambda x, dims: x.amin(dim=tuple(dims), keepdim=True),
                                float("inf")), "_ef_minimum",
           Category.REDUCE, reduce_identity=float("inf"), triton_cuda="_ef_minimum_nan",
-          doc="minimum (NaN-propagating; +inf over no element; of 0.0 and -0.0 either zero)"),
+          doc="minimum (NaN-propagating; +inf over no element; of 0.0 and -0.0 either zero)",
+          grad=_g_extreme),
     OpDef("logsumexp", 1, _reduction(lambda x, dims: torch.logsumexp(x, dim=tuple(dims),
                                                                      keepdim=True), float("-inf")),
           "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
           doc="log(sum(exp(x))), computed with a running max (+inf where an x is +inf, "
-              "-inf over no element)"),
+              "-inf over no element)",
+          grad=lambda d: (d.g * d.exp(d.x - d.out),)),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}

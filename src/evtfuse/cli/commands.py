@@ -126,9 +126,13 @@ def show(
     operand: OperandOpt = None, output: OutputOpt = None, kernel: KernelOpt = None,
     source_code: Annotated[bool, typer.Option("--source/--no-source",
                                               help="print the generated kernel")] = True,
+    backward: Annotated[bool, typer.Option(
+        "--backward/--no-backward",
+        help="print the backward epilogue (the gradients of A, B and every float tensor "
+             "operand) and its DAG")] = True,
 ):
-    """Print the epilogue's DAG, its EVT view (as CUTLASS would nest it) and the generated
-    Triton kernel for a given shape and dtypes."""
+    """Print the epilogue's DAG, its EVT view (as CUTLASS would nest it), its backward
+    epilogue and the generated Triton kernel for a given shape and dtypes."""
     from .. import ir
     from ..passes import optimize
 
@@ -149,6 +153,9 @@ def show(
             typer.echo(ir.format_dag(opt))
         typer.echo("\n== EVT ==")
         typer.echo(ir.format_evt(opt))
+        if backward:
+            for line in backward_lines(built.args):
+                typer.echo(line)
         if source_code:
             k = cli.choose_kernel(built.args, kernel)
             typer.echo(f"\n== kernel {k.name} ==")
@@ -157,6 +164,37 @@ def show(
         _fail(exc)
     except _user_errors() as exc:
         _fail(CliError(str(exc)))
+
+
+def backward_lines(args) -> list[str]:
+    """``show``'s backward section: the backward epilogue (``autodiff``) of ``args``'s epilogue
+    with respect to A, B and every floating-point tensor operand, from every output that
+    carries a gradient, its DAG after the passes, and what the forward keeps for it."""
+    from .. import autodiff, ir
+    from ..errors import EpilogueError
+
+    dag = args.dag
+    wrt = autodiff.wrt_of_dag(dag)
+    names = ", ".join(["A", "B"] + sorted(w for w in wrt if w != autodiff.ACCUM))
+    try:
+        plan = autodiff.plan_forward(dag, wrt, args.epilogue.parsed)
+    except EpilogueError as exc:
+        return ["", "== backward ==", f"not differentiable: {exc}"]
+    graded = [o.name for o in plan.differentiable_outputs()]
+    if not graded:
+        return ["", "== backward ==", "no output carries a gradient"]
+    bp = autodiff.backward(plan, graded, wrt, batches=args.L, name=f"{dag.name}_backward")
+    lines = ["", f"== backward: the gradients of {names} from those of {', '.join(graded)} =="]
+    for s in plan.saved:
+        what = "its argument" if s.role == "argument" else "its result in fp32"
+        how = "an extra output" if s.hidden else "the output itself"
+        lines.append(f"# the forward keeps {what} for {s.of}'s gradient ({how})")
+    lines.append(bp.source.rstrip())
+    lines.append("# then dA = D @ B^T and dB = A^T @ D (torch matmuls)"
+                 + (f"; {', '.join(sorted(bp.batch_summed))}: summed over L"
+                    if bp.batch_summed else ""))
+    lines += ["", "== backward DAG ==", ir.format_dag(bp.dag)]
+    return lines
 
 
 def verify(ctx: typer.Context):

@@ -24,6 +24,7 @@ from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
 from .device import device_guard, interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
+from . import autograd
 from .torch_op import Layout, check_no_grad, constant_result, layout_text
 from .tuner import choose_kernel
 
@@ -169,8 +170,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
             if named is operands_and_outputs:
                 named = dict(named)
             dtypes[name] = named.pop(f"{name}_dtype")
-    check_no_grad(A, B, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    grad = _requiring_grad(A, B, tensors, tnames)
+    if grad:
+        return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
+                               (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
+                               nones, scalars, snames, outs, onames)
     shape = None
     for name in outputs:
         if name not in named:
@@ -183,6 +188,36 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if len(outputs) == 1:
         return outs[0] if onames else None
     got = dict(zip(onames, outs))
+    return tuple(got.get(n) for n in outputs)
+
+
+def _requiring_grad(A: torch.Tensor, B: torch.Tensor, tensors: list, tnames: list) -> tuple:
+    """The names of the inputs a gradient must reach ("A", "B", operands), under grad mode."""
+    if not torch.is_grad_enabled():
+        return ()
+    return tuple(n for n, t in (("A", A), ("B", B), *zip(tnames, tensors)) if t.requires_grad)
+
+
+def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, options, grad,
+                    tensors, tnames, nones, scalars, snames, outs, onames):
+    """``gemm`` for a call some input of which requires grad: one call of the differentiable
+    operator ``evtfuse::gemm_functional`` (``runtime.autograd``), which returns new outputs;
+    those the caller gave are written by a copy (itself differentiable, as torch's
+    ``out.copy_(x)``: a tensor reused across training steps carries the last step's graph,
+    so give a fresh one per step)."""
+    alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, A.dtype))}" for n in outputs
+                  if n not in named)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line, where,
+                         from_fn, options, "", grad, alloc)
+    # the given outputs only tell their shapes and dtypes: no autograd edge to what they held
+    results = autograd.call(A, B, source, layout, tensors, scalars, [o.detach() for o in outs])
+    got = {}
+    for name, given, r in zip(onames, outs, results):
+        given.copy_(r)
+        got[name] = given
+    got.update(zip((a.split(":")[0] for a in alloc), results[len(outs):]))
+    if len(outputs) == 1:
+        return got.get(outputs[0])
     return tuple(got.get(n) for n in outputs)
 
 

@@ -24,6 +24,7 @@ from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import cache
 from .device import device_guard
+from .torch_op import check_no_grad
 from .verify import VerifyResult, accumulation_slack, compare
 
 log = logging.getLogger("evtfuse")
@@ -118,6 +119,8 @@ class Kernel:
 
             run_kernel_through_op(self, args)
             return
+        if torch.is_grad_enabled():  # no silent detach: evtfuse.gemm is the differentiable call
+            check_no_grad(args.A, args.B, args.epilogue.values)
         guard = device_guard(args.A)
         if guard is None:
             self.plan(args)(args.A, args.B, args.epilogue.values)

@@ -13,8 +13,10 @@ data and never a Python function to trace. Every output is passed in ``outs`` (`
 allocates the missing ones before the call, in traceable torch code), so the operator
 only mutates its declared outputs and returns nothing: Inductor may fuse around it but
 never inside it. The fake (meta) implementation checks the call's shapes and runs
-nothing. Until autograd lands, a call that would need a gradient raises
-(``check_no_grad``) instead of returning a result detached from the graph.
+nothing. This operator has no autograd formula: ``evtfuse.gemm`` calls its functional form,
+``evtfuse::gemm_functional`` (``runtime.autograd``), when an input requires grad, and
+``Kernel.run``, which writes its outputs in place, refuses such inputs (``check_no_grad``)
+rather than return results detached from the graph.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class Layout:
     runtime scalars; ``outs``: names of the stored outputs, in the order of ``outs``;
     ``line``/``where``: the epilogue's first line in its file and its name (for error
     messages); ``kernel``: a kernel to run (``Kernel.run``), or "" to let the tuner pick.
+    The differentiable operator (``evtfuse::gemm_functional``, ``runtime.autograd``) also
+    reads ``grad``: the inputs that require grad ("A", "B", operand names), and ``alloc``:
+    the outputs it allocates itself, as ``name:dtype`` (``outs`` then names the outputs
+    whose tensors it is given as templates of their shape and dtype).
     """
 
     tensors: tuple[str, ...]
@@ -66,14 +72,19 @@ class Layout:
     fp8_fast_accum: bool = True
     cc: int = -1
     kernel: str = ""
+    grad: tuple[str, ...] = ()
+    alloc: tuple[str, ...] = ()
 
     def text(self) -> str:
         """The layout as the op's ``layout`` string (names are identifiers: no separators)."""
+        extra = ([f"g={','.join(self.grad)}"] if self.grad else []) + \
+            ([f"a={','.join(self.alloc)}"] if self.alloc else [])
         return ";".join([
             "v1", "t=" + ",".join(self.tensors), "n=" + ",".join(self.nones),
             "s=" + ",".join(self.scalars), "o=" + ",".join(self.outs), f"line={self.line}",
             f"where={self.where}", f"fn={int(self.from_function)}", f"tune={self.tune}", f"tf32={int(self.allow_tf32)}",
-            f"fp8fast={int(self.fp8_fast_accum)}", f"cc={self.cc}", f"kernel={self.kernel}"])
+            f"fp8fast={int(self.fp8_fast_accum)}", f"cc={self.cc}", f"kernel={self.kernel}",
+            *extra])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,14 +97,16 @@ def parse_layout(text: str) -> Layout:
     names = lambda k: tuple(n for n in f[k].split(",") if n)  # noqa: E731
     return Layout(names("t"), names("n"), names("s"), names("o"), int(f["line"]), f["where"],
                   f["fn"] == "1", f["tune"], f["tf32"] == "1", f["fp8fast"] == "1", int(f["cc"]),
-                  f["kernel"])
+                  f["kernel"], names("g") if "g" in f else (), names("a") if "a" in f else ())
 
 
 @constant_result  # a constant under torch.compile: not traced
 def layout_text(tensors: tuple, nones: tuple, scalars: tuple, outs: tuple, line: int,
-                where: str, from_function: bool, options: tuple, kernel: str = "") -> str:
+                where: str, from_function: bool, options: tuple, kernel: str = "",
+                grad: tuple = (), alloc: tuple = ()) -> str:
     """The ``layout`` string for these names and options (cached per call structure)."""
-    key = (tensors, nones, scalars, outs, line, where, from_function, options, kernel)
+    key = (tensors, nones, scalars, outs, line, where, from_function, options, kernel, grad,
+           alloc)
     hit = _layouts.get(key)
     if hit is None:
         if len(_layouts) > 4096:
@@ -105,13 +118,14 @@ def layout_text(tensors: tuple, nones: tuple, scalars: tuple, outs: tuple, line:
 _layouts: dict[tuple, str] = {}
 
 
-def _layout_text(tensors, nones, scalars, outs, line, where, from_function, options, kernel):
+def _layout_text(tensors, nones, scalars, outs, line, where, from_function, options, kernel,
+                 grad, alloc):
     tune, allow_tf32, fp8_fast_accum, cc = options
     if not isinstance(tune, str) or any(c in tune for c in ";=,"):
         raise ValueError(f"tune must be \"fast\", \"exhaustive\" or \"none\", not {tune!r}")
     return Layout(tensors, nones, scalars, outs, line, where, bool(from_function), tune,
                   bool(allow_tf32), bool(fp8_fast_accum), -1 if cc is None else int(cc),
-                  kernel).text()
+                  kernel, tuple(grad), tuple(alloc)).text()
 
 
 def values_of(layout: Layout, tensors: list, scalars: list, outs: list) -> dict[str, Any]:
@@ -125,19 +139,20 @@ def values_of(layout: Layout, tensors: list, scalars: list, outs: list) -> dict[
 
 
 def check_no_grad(A: torch.Tensor, B: torch.Tensor, named: dict[str, Any]) -> None:
-    """Autograd through evtfuse is not implemented yet: a call that would need a gradient
-    (grad mode on, an input that requires grad) raises instead of silently returning a
-    result detached from the graph."""
+    """``Kernel.run`` writes its arguments' outputs in place and records nothing for autograd:
+    a call that would need a gradient (grad mode on, an input that requires grad) raises
+    instead of silently returning results detached from the graph. (``evtfuse.gemm`` is
+    differentiable: ``runtime.autograd``.)"""
     if not torch.is_grad_enabled():
         return
     needs = [n for n, v in (("A", A), ("B", B), *named.items())
              if isinstance(v, torch.Tensor) and v.requires_grad]
     if needs:
         raise NotImplementedError(
-            f"evtfuse.gemm: {', '.join(needs)} require{'s' if len(needs) == 1 else ''} grad, "
-            "and evtfuse does not compute gradients yet; its result would be detached from "
-            "the autograd graph. Call it under torch.no_grad() (inference), or detach the "
-            "inputs if no gradient should flow through this GEMM.")
+            f"Kernel.run: {', '.join(needs)} require{'s' if len(needs) == 1 else ''} grad, and "
+            "Kernel.run writes its outputs in place without recording anything for autograd: "
+            "its results would be detached from the graph. Call evtfuse.gemm (differentiable) "
+            "instead, or run it under torch.no_grad() (inference), or detach the inputs.")
 
 
 def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> None:

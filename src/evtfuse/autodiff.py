@@ -1,0 +1,429 @@
+"""Reverse-mode differentiation of an epilogue DAG (layer: passes).
+
+Two named steps, pure functions of immutable DAGs:
+
+* ``plan_forward(dag, wrt)``: which nodes a gradient reaches (those depending on ``wrt``:
+  ``"accum"`` when A or B needs one, and the names of operands that do), an
+  ``EpilogueError`` naming the op, its variable and line where a gradient must flow through
+  an op without derivative, and what the backward will need from the forward beyond what it
+  recomputes: a logsumexp's result in fp32 (the output itself when it is fp32) and a max's
+  or min's argument (stored, so that the backward sees exactly the elements the forward
+  compared). Those are hidden outputs of the ``augmented`` forward DAG.
+* ``backward(plan, graded, wanted)``: the backward DAG, a new epilogue of the same GEMM.
+  Its operands are the forward's, the gradients of the outputs in ``graded`` (shaped as
+  the outputs: a per-row reduction's gradient is a per-row vector), and the saved values;
+  it recomputes every forward value it needs from ``accum`` and returns ``D`` (dAccum, the
+  accumulator's gradient) and the gradient of each operand in ``wanted``, reduced in the
+  same epilogue to the operand's shape (a bias's over the rows, a per-row vector's over the
+  columns, a scalar's over everything, each keeping its own batches). Each node's gradient
+  comes from its op-table row's rule (``optable``: ``OpDef.grad``); the result is simplified
+  by the ordinary pass pipeline (``passes.optimize``) and printed as source text
+  (``unparse.to_source``), so it runs wherever an epilogue runs.
+
+What is left to the caller (``runtime.autograd``): dA = dAccum @ B^T and dB = A^T @ dAccum,
+the sum over L of the gradient of a full operand shared by all batches (an epilogue output
+cannot reduce over L alone), and the gradient of a max's or min's saved argument (``Injected``:
+the row's rule evaluated in torch, where the ties can be counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from . import ir
+from .derivative import Diff, NoDerivative, TorchAlgebra, apply_rule
+from .errors import EpilogueError
+from .ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
+from .optable import OPS
+from .passes import optimize
+from .unparse import to_source
+
+ACCUM = "accum"  # in ``wrt`` / ``wanted``: the accumulator (A and B)
+_KIND_OF_SPACE = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW,
+                  Space.COL: OutputKind.COL, Space.SCALAR: OutputKind.SCALAR}
+_OPERAND_OF_OUTPUT = {OutputKind.FULL: OperandKind.FULL, OutputKind.ROW: OperandKind.PER_ROW,
+                      OutputKind.COL: OperandKind.PER_COL,
+                      OutputKind.SCALAR: OperandKind.DEVICE_SCALAR}
+
+
+def differentiable_dtype(dtype: torch.dtype | None) -> bool:
+    """Whether an output of this dtype carries a gradient (torch: floating point only)."""
+    return dtype is not None and dtype.is_floating_point
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A forward value the backward reads: ``result`` (a reduction's, in fp32) or
+    ``argument`` (what a max or min reduced); ``hidden``: stored by an extra output of the
+    augmented forward named ``name`` (else it is the output ``of`` itself)."""
+
+    name: str
+    of: str  # the forward output (a reduction) it serves
+    role: str  # "result" | "argument"
+    kind: OutputKind
+    batched: bool
+    hidden: bool
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    dag: Dag  # the forward, as bound
+    wrt: frozenset[str]
+    active: frozenset[int]  # ids of the nodes a gradient can reach
+    saved: tuple[Saved, ...]
+    augmented: Dag  # ``dag`` with the hidden outputs of ``saved``
+    names: frozenset[str]  # every name the forward uses (operands, outputs, hidden ones)
+
+    def differentiable_outputs(self) -> tuple[Output, ...]:
+        """The outputs a gradient can come from: stored, floating point, reached from wrt."""
+        return tuple(o for o in self.dag.outputs
+                     if o.kind is not OutputKind.NONE and differentiable_dtype(o.dtype)
+                     and id(o.node) in self.active)
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A gradient computed outside the kernel and read by it: the gradient of a max's or
+    min's saved argument ``saved``, from output ``of``'s gradient (``OpDef.grad`` of the
+    reduction evaluated in torch: ``runtime.autograd``)."""
+
+    name: str  # the backward operand
+    saved: Saved
+    of: str
+    op: str  # the reduction's row
+    kind: OutputKind  # the output ``of``'s kind and batching
+    batched: bool
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """The backward epilogue and how to call it. ``grads``: forward output -> the operand
+    carrying its gradient; ``saved``: saved value name -> backward operand; ``outputs``:
+    ``accum`` or a forward operand -> the backward output holding its gradient (absent:
+    no gradient reaches it); ``batch_summed``: full operands shared by all batches, whose
+    per-batch gradient the caller sums over L."""
+
+    dag: Dag  # optimised, only the operands it reads
+    source: str
+    grads: tuple[tuple[str, str], ...]
+    saved: tuple[tuple[str, str], ...]
+    injected: tuple[Injected, ...]
+    outputs: tuple[tuple[str, str], ...]
+    batch_summed: frozenset[str]
+    first_batch: str | None = None  # operand: (L, 1, 1), 1.0 for batch 0 and 0.0 after
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute: no gradient reaches anything wanted."""
+        return not self.outputs
+
+
+class _Namer:
+    """Fresh names beside a set of taken ones (the forward's operands and outputs)."""
+
+    def __init__(self, taken: Iterable[str]):
+        self.taken = set(taken) | {ACCUM, "D"}
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+
+class _NodeAlgebra:
+    """Rules build DAG nodes (derivative.py's algebra protocol)."""
+
+    def const(self, value: float) -> Node:
+        return ir.const_node(value)
+
+    def call(self, op: str, vals: list, params: dict) -> Node:
+        row = OPS[op]
+        full = tuple((k, params[k] if k in params else d) for k, d in row.params)
+        return ir.compute_node(op, vals, full)
+
+
+class _Probe:
+    """Rules run for what they read and whether they raise, building nothing."""
+
+    def const(self, value: float):
+        return None
+
+    def call(self, op: str, vals: list, params: dict):
+        return None
+
+
+def _active(dag: Dag, wrt: frozenset[str]) -> frozenset[int]:
+    active: set[int] = set()
+    for n in dag.nodes:
+        if n.kind is NodeKind.ACCUM:
+            hit = ACCUM in wrt
+        elif n.kind is NodeKind.LOAD:
+            hit = n.operand.name in wrt and n.operand.kind is not OperandKind.RUNTIME_SCALAR
+        elif n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+            hit = n.dtype is not torch.bool and any(id(i) in active for i in n.inputs)
+        else:
+            hit = False
+        if hit:
+            active.add(id(n))
+    return frozenset(active)
+
+
+def _reaching(dag: Dag, outputs: Iterable[Output], active: frozenset[int]) -> set[int]:
+    """Active nodes with a path to one of ``outputs`` through active nodes."""
+    reach: set[int] = set()
+    stack = [o.node for o in outputs if id(o.node) in active]
+    while stack:
+        n = stack.pop()
+        if id(n) in reach:
+            continue
+        reach.add(id(n))
+        stack.extend(i for i in n.inputs if id(i) in active)
+    return reach
+
+
+def _probe_rule(n: Node, reduction: bool = False) -> Diff:
+    """Run ``n``'s rule on nothing: raises NoDerivative where it has none; says what it reads."""
+    row = OPS[n.op]
+    if row.grad is None:
+        raise NoDerivative(f"the op table gives {n.op} no derivative")
+    alg = _Probe()
+    d = Diff(alg, tuple(None for _ in n.inputs), None, n.param_dict, out=lambda: None,
+             ties=(lambda: None) if reduction else None)
+    apply_rule(row.grad, d)
+    return d
+
+
+def _no_derivative(n: Node, reason: str, parsed, wrt: frozenset[str]) -> EpilogueError:
+    var = n.var
+    if var is None and parsed is not None:
+        var = next((a.target for a in parsed.assignments if a.line == n.line), None)
+    what = ", ".join(sorted("A, B" if w == ACCUM else w for w in wrt))
+    args = ", ".join(f"{k}={v!r}" for k, v in n.params)
+    message = (f"{n.op}({'...' + (', ' + args if args else '')}) "
+               f"{f'in the value of {var!r} ' if var else ''}has no derivative ({reason}), and "
+               f"the gradient of {what} must flow through it: compute it under "
+               "torch.no_grad(), or detach the inputs that need no gradient")
+    return EpilogueError(message, variable=var, line=n.line,
+                         where=getattr(parsed, "where", None),
+                         source_line=parsed.text_of(n.line) if parsed is not None and n.line
+                         else None)
+
+
+def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None) -> ForwardPlan:
+    """What differentiating ``dag`` with respect to ``wrt`` needs (see the module's text);
+    ``parsed``: the ``ParsedEpilogue`` it was bound from, for error messages."""
+    wrt = frozenset(wrt)
+    active = _active(dag, wrt)
+    names = _Namer([o.name for o in dag.operands] + [o.name for o in dag.outputs])
+    plan = ForwardPlan(dag, wrt, active, (), dag, frozenset())
+    outputs = plan.differentiable_outputs()
+    reach = _reaching(dag, outputs, active)
+    for n in dag.nodes:  # every op a gradient passes through must have a derivative
+        if id(n) in reach and n.kind is NodeKind.COMPUTE:
+            try:
+                _probe_rule(n)
+            except NoDerivative as exc:
+                raise _no_derivative(n, str(exc), parsed, wrt) from None
+    saved: list[Saved] = []
+    hidden: list[Output] = []
+    for o in outputs:
+        if o.node.kind is not NodeKind.REDUCE:
+            continue
+        used = _probe_rule(o.node, reduction=True).used
+        if "ties" in used:  # max / min: keep the argument itself
+            src = o.node.inputs[0]
+            s = Saved(names(f"saved_{o.name}_arg"), o.name, "argument",
+                      _KIND_OF_SPACE[src.space], src.batched, True)
+            hidden.append(Output(s.name, src, s.kind, torch.float32, s.batched))
+            saved.append(s)
+        elif "out" in used:  # logsumexp: its result, in fp32
+            if o.dtype == torch.float32:
+                saved.append(Saved(o.name, o.name, "result", o.kind, o.batched, False))
+            else:
+                s = Saved(names(f"saved_{o.name}"), o.name, "result", o.kind, o.batched, True)
+                again = ir.reduce_node(o.node.op, o.node.inputs[0], o.kind.space, o.batched,
+                                       var=s.name, line=o.node.line)
+                hidden.append(Output(s.name, again, s.kind, torch.float32, s.batched))
+                saved.append(s)
+    augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
+    return ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken))
+
+
+def _spec(name: str, kind: OutputKind, dtype, batched: bool) -> OperandSpec:
+    return OperandSpec(name, _OPERAND_OF_OUTPUT[kind], dtype, batched)
+
+
+def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
+             batches: int = 1, name: str = "backward") -> BackwardPlan:
+    """The backward epilogue of ``plan`` for gradients arriving at the outputs ``graded``,
+    giving the gradients of ``wanted`` (``accum`` and operand names, within ``plan.wrt``).
+    ``batches``: the problem's L (a full operand shared by L > 1 batches gets a per-batch
+    gradient, summed by the caller)."""
+    dag, active = plan.dag, plan.active
+    wanted = frozenset(wanted) & plan.wrt
+    names = _Namer(plan.names)
+    alg = _NodeAlgebra()
+    adj: dict[int, Node] = {}
+
+    def add(n: Node, g: Node) -> None:
+        if id(n) in active:
+            adj[id(n)] = g if id(n) not in adj else ir.compute_node("add", (adj[id(n)], g))
+
+    graded = set(graded)
+    grads, saved_ops, injected, operands = [], [], [], list(dag.operands)
+    first = OperandSpec(names("first_batch"), OperandKind.DEVICE_SCALAR, torch.float32, True)
+
+    def spread(e: Node, lacks_m: bool, lacks_n: bool, lacks_l: bool) -> Node:
+        """An adjoint already summed over the dims a value lacks, as a contribution to be
+        summed over them like every other: kept at one representative (row 0, column 0,
+        batch 0), zero elsewhere. Exact (a select, no division)."""
+        for lacks, axis in ((lacks_m, "row"), (lacks_n, "col")):
+            if lacks:
+                at0 = ir.compute_node("eq", (ir.index_node(axis), ir.const_node(0.0)))
+                e = ir.compute_node("where", (at0, e, ir.const_node(0.0)))
+        if lacks_l and batches > 1:
+            if first not in operands:
+                operands.append(first)
+            e = ir.compute_node("where", (ir.load_node(first), e, ir.const_node(0.0)))
+        return e
+
+    saved_of = {(s.of, s.role): s for s in plan.saved}
+    for o in plan.differentiable_outputs():
+        if o.name not in graded:
+            continue
+        gname = names(f"grad_{o.name}")
+        gspec = _spec(gname, o.kind, o.dtype, o.batched)
+        operands.append(gspec)
+        grads.append((o.name, gname))
+        g = ir.load_node(gspec)
+        if o.node.kind is not NodeKind.REDUCE:  # stored once per element of the output
+            add(o.node, spread(g, o.kind in (OutputKind.COL, OutputKind.SCALAR),
+                               o.kind in (OutputKind.ROW, OutputKind.SCALAR), not o.batched))
+            continue
+        src = o.node.inputs[0]
+        arg = saved_of.get((o.name, "argument"))
+        if arg is not None:  # max / min: the saved argument's gradient comes from torch
+            iname = names(f"grad_{arg.name}")
+            ispec = OperandSpec(iname, _OPERAND_OF_OUTPUT[arg.kind], torch.float32, arg.batched)
+            operands.append(ispec)
+            injected.append(Injected(iname, arg, o.name, o.node.op, o.kind, o.batched))
+            add(src, spread(ir.load_node(ispec), src.space in (Space.COL, Space.SCALAR),
+                            src.space in (Space.ROW, Space.SCALAR), not src.batched))
+            continue
+        res = saved_of.get((o.name, "result"))
+        out = None
+        if res is not None:
+            sname = names(f"saved_{o.name}") if not res.hidden else names(res.name)
+            sspec = _spec(sname, res.kind, torch.float32, res.batched)
+            operands.append(sspec)
+            saved_ops.append((res.name, sname))
+            out = ir.load_node(sspec)
+        d = Diff(alg, (src,), g, o.node.param_dict, out=(lambda: out) if out is not None else None)
+        (contribution,) = apply_rule(OPS[o.node.op].grad, d)
+        if contribution is not None:
+            add(src, contribution)
+    for n in reversed(dag.nodes):
+        a = adj.get(id(n))
+        if a is None or n.kind is not NodeKind.COMPUTE:
+            continue
+        d = Diff(alg, n.inputs, a, n.param_dict, out=lambda n=n: n)
+        for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):
+            if g is not None:
+                add(inp, g)
+    outputs, results, summed = [], [], set()
+    acc = next((n for n in dag.nodes if n.kind is NodeKind.ACCUM), None)
+    if ACCUM in wanted and acc is not None and id(acc) in adj:
+        outputs.append(Output("D", adj[id(acc)], OutputKind.FULL, torch.float32, True))
+        results.append((ACCUM, "D"))
+    loads = {n.operand.name: n for n in dag.nodes if n.kind is NodeKind.LOAD}
+    for spec in dag.operands:
+        n = loads.get(spec.name)
+        if spec.name not in wanted or n is None or id(n) not in adj:
+            continue
+        out_name = names(f"grad_{spec.name}")
+        a = adj[id(n)]
+        if spec.kind is OperandKind.FULL:
+            per_batch = not spec.batched and batches > 1
+            if per_batch:
+                summed.add(spec.name)
+            outputs.append(Output(out_name, a, OutputKind.FULL, spec.dtype,
+                                  spec.batched or per_batch))
+        else:
+            kind = {OperandKind.PER_ROW: OutputKind.ROW, OperandKind.PER_COL: OutputKind.COL,
+                    OperandKind.DEVICE_SCALAR: OutputKind.SCALAR}[spec.kind]
+            node = ir.reduce_node("sum", a, kind.space, spec.batched, var=out_name)
+            outputs.append(Output(out_name, node, kind, spec.dtype, spec.batched))
+        results.append((spec.name, out_name))
+    if not any(o.name == "D" for o in outputs):  # every epilogue returns a D: here unstored
+        outputs.insert(0, Output("D", acc or ir.accum_node(), OutputKind.NONE, None, False))
+    bwd = optimize(Dag(tuple(outputs), tuple(operands), name))
+    if not any(o.name == "D" for o in bwd.outputs):  # dead-code elimination dropped it
+        bwd = bwd.replace_outputs((Output("D", ir.accum_node(), OutputKind.NONE, None, False),
+                                   *bwd.outputs))
+    bwd = Dag(bwd.outputs, bwd.used_operands, name)
+    used = {o.name for o in bwd.operands}
+    return BackwardPlan(bwd, to_source(bwd), tuple(grads),
+                        tuple((s, n) for s, n in saved_ops if n in used),
+                        tuple(i for i in injected if i.name in used), tuple(results),
+                        frozenset(summed), first.name if first.name in used else None)
+
+
+def output_shape(kind: OutputKind, batched: bool, problem: tuple) -> tuple:
+    """The shape of an output evtfuse stores for this kind (a hidden output's, a gradient's)."""
+    L, M, N = problem
+    lead = (L,) if batched else ()
+    return {OutputKind.FULL: (*lead, M, N), OutputKind.ROW: (*lead, M, 1),
+            OutputKind.COL: (L, 1, N) if batched else (N,),
+            OutputKind.SCALAR: (L, 1, 1) if batched else (1,)}[kind]
+
+
+def reduced_dims(kind: OutputKind, batched: bool) -> tuple[int, ...]:
+    """The dims of (L, M, N) an output of this kind reduces (as the reference evaluator)."""
+    dims = [] if batched else [0]
+    if kind in (OutputKind.COL, OutputKind.SCALAR):
+        dims.append(1)
+    if kind in (OutputKind.ROW, OutputKind.SCALAR):
+        dims.append(2)
+    return tuple(dims)
+
+
+def injected_gradient(inj: Injected, saved: torch.Tensor, grad: torch.Tensor,
+                      problem: tuple[int, int, int]) -> torch.Tensor:
+    """The gradient of a max's or min's saved argument (shaped as ``saved``) from the
+    gradient ``grad`` of its result (shaped as the output): the reduction row's rule on the
+    argument broadcast to (L, M, N), with its ties counted, summed back to its shape."""
+    L, M, N = problem
+    shape3 = (1,) * (3 - saved.dim()) + tuple(saved.shape)
+    dtype = torch.promote_types(saved.dtype, torch.float32)
+    x = saved.reshape(shape3).to(dtype).expand(L, M, N)
+    row = OPS[inj.op]
+    dims = reduced_dims(inj.kind, inj.batched)
+    out = row.torch_fn(x, dims)
+    ties = (x == out).sum(dim=dims, keepdim=True).to(x.dtype)
+    g = grad.to(x.dtype).reshape(out.shape)
+    d = Diff(TorchAlgebra(like=x), (x,), g.expand(L, M, N), {},
+             out=lambda: out.expand(L, M, N), ties=lambda: ties.expand(L, M, N))
+    (dx,) = apply_rule(row.grad, d)
+    return dx.expand(L, M, N).sum_to_size(shape3).reshape(saved.shape)
+
+
+def first_batch(batches, device) -> torch.Tensor:
+    """The value of a backward's ``first_batch`` operand: (L, 1, 1), 1.0 at batch 0."""
+    return (torch.arange(batches, device=device) == 0).to(torch.float32).reshape(-1, 1, 1)
+
+
+def wrt_of_dag(dag: Dag) -> frozenset[str]:
+    """Everything an epilogue can be differentiated with respect to: the accumulator and its
+    floating-point tensor operands (what ``evtfuse show`` differentiates)."""
+    return frozenset([ACCUM] + [o.name for o in dag.operands
+                                if o.kind is not OperandKind.RUNTIME_SCALAR
+                                and o.dtype is not None and o.dtype.is_floating_point])
+
+
+__all__ = ["ACCUM", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
+           "backward", "output_shape", "reduced_dims", "first_batch", "injected_gradient", "wrt_of_dag", "differentiable_dtype"]

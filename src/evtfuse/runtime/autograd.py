@@ -1,0 +1,349 @@
+"""Gradients of the fused GEMM: the differentiable operator ``torch.ops.evtfuse.gemm_functional``.
+
+Layer: runtime, beside ``runtime.torch_op`` (same ``torch.library`` namespace). Schema::
+
+    evtfuse::gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
+                             Scalar[] scalars, Tensor[] outs) -> Tensor[]
+
+The functional form of ``evtfuse::gemm``: it writes nothing it is given and returns new
+outputs (one like each tensor of ``outs``, which only say an output's shape and dtype; then
+the full outputs the layout's ``alloc`` names; then the hidden outputs its backward reads),
+so that autograd is registered on it with ``torch.library.register_autograd``.
+torch.compile sees one opaque operator in the forward and AOTAutograd traces the backward
+formula below, which is plain Python around torch operators: no graph break. ``evtfuse.gemm``
+calls it instead of ``evtfuse::gemm`` when an input requires grad (the layout's ``grad``
+names them) and copies the outputs its caller gave into those tensors.
+
+Forward: the epilogue, with the hidden outputs ``autodiff.plan_forward`` asks for (printed
+by ``unparse``), through ``api.run_values``: one fused kernel. Backward: the backward
+epilogue (``autodiff.backward``) through ``evtfuse::gemm`` over the same A and B, which
+recomputes the accumulator and every forward value in registers (the forward keeps its
+inputs and the hidden outputs, nothing else; a backward that reads no accumulator runs with
+K = 0: no GEMM; one whose dAccum is the upstream gradient itself does not copy it), then
+dA = dAccum @ B^T and dB = A^T @ dAccum as torch matmuls.
+
+Plans are built once per call *structure*: the epilogue, the layout, the dtypes, and which
+dims of (L, M, N) each tensor spans (a pattern, never the sizes themselves: symbolic sizes
+under torch.compile are not specialised). The plan binds the epilogue to placeholder
+sizes; a call whose shapes do not broadcast is bound to its own tensors first, which
+raises the frontend's message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import autodiff
+from ..errors import EpilogueError
+from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
+from ..ir import NodeKind, OperandKind
+from ..unparse import to_source
+from .torch_op import Layout, _lib, parse_layout, values_of
+
+SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
+          "Scalar[] scalars, Tensor[] outs) -> Tensor[]")
+_lib.define(SCHEMA)
+
+_PLACE = (2, 3, 5)  # placeholder L, M, N (where the real one is neither 0 nor 1)
+_GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for torch.float32: how the layout's ``alloc`` writes a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+def problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple:
+    la = A.shape[0] if A.dim() == 3 else 1
+    lb = B.shape[0] if B.dim() == 3 else 1
+    return (la if lb == 1 else lb), A.shape[-2], B.shape[-1]
+
+
+def _full_shape(A: torch.Tensor, B: torch.Tensor) -> tuple:
+    """The shape ``evtfuse.gemm`` gives a full output: (M, N), or (L, M, N) when batched."""
+    L, M, N = problem_of(A, B)
+    return (L, M, N) if A.dim() == 3 or B.dim() == 3 else (M, N)
+
+
+def _pattern(shape, problem) -> tuple | None:
+    """Which of (L, M, N) each dim of ``shape`` spans, right-aligned ("=" or "1"); None when
+    a dim is neither (the frontend's error to give)."""
+    if len(shape) > 3:
+        return None
+    codes = []
+    for size, full in zip(shape, problem[3 - len(shape):]):
+        if size == full:
+            codes.append("=")
+        elif size == 1:
+            codes.append("1")
+        else:
+            return None
+    return tuple(codes)
+
+
+def _placeholder(pattern: tuple, place: tuple) -> tuple:
+    return tuple(p if c == "=" else 1 for c, p in zip(pattern, place[3 - len(pattern):]))
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A call structure's differentiable forward: what it runs and what its backward needs."""
+
+    parsed: ParsedEpilogue
+    plan: autodiff.ForwardPlan
+    source: str  # the epilogue the forward runs (the user's, or with the hidden outputs)
+    layout: Layout  # for evtfuse::gemm over the returned outputs, in order
+    alloc: tuple[tuple[str, torch.dtype], ...]
+    hidden: tuple[autodiff.Saved, ...]
+    batches: int  # 1, or 2 for any L > 1
+    where: str
+    backwards: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.layout.outs
+
+
+_forwards: dict[tuple, Forward] = {}
+
+
+def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> Forward:
+    """The ``Forward`` of a call (built once per structure)."""
+    problem = problem_of(A, B)
+    pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
+    place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
+    place = tuple(int(p) for p in place)
+    key = (source, lay.line, lay.where, lay.from_function, lay.tensors, lay.scalars, lay.outs,
+           lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
+           tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
+           A.dim(), B.dim())
+    hit = _forwards.get(key)
+    if hit is not None:
+        return hit
+    text = EpilogueText(source, lay.line, lay.where, lay.from_function)
+    parsed = parse_epilogue(text)
+    if any(p is None for p in pats):  # the frontend names the tensor that does not fit
+        values = values_of(lay, tensors, [1.0] * len(lay.scalars), outs)
+        values.update({a.split(":")[0]: None for a in lay.alloc})
+        bind(parsed, values, tuple(int(d) for d in problem))
+        raise EpilogueError("a tensor's shape does not broadcast to the output (L, M, N)")
+    if len(_forwards) > 1024:
+        _forwards.clear()
+    hit = _forwards[key] = _build(source, parsed, lay, tensors, outs, pats, place, A, B)
+    return hit
+
+
+def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B) -> Forward:
+    def meta(shape, dtype):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    values: dict[str, Any] = {}
+    n = len(tensors)
+    for name, t, pat in zip(lay.tensors, tensors, pats[:n]):
+        values[name] = meta(_placeholder(pat, place), t.dtype)
+    values.update({name: 1.0 for name in lay.scalars})
+    values.update({name: None for name in lay.nones})
+    for name, t, pat in zip(lay.outs, outs, pats[n:]):
+        values[name] = meta(_placeholder(pat, place), t.dtype)
+    alloc = []
+    full = place if (A.dim() == 3 or B.dim() == 3) else place[1:]
+    for item in lay.alloc:
+        name, dt = item.split(":")
+        alloc.append((name, getattr(torch, dt)))
+        values[name] = meta(full, alloc[-1][1])
+    dag = bind(parsed, values, place)
+    wrt = {n for n in lay.grad if n not in ("A", "B")}
+    if "A" in lay.grad or "B" in lay.grad:
+        if A.dtype not in _GRAD_DTYPES:
+            raise EpilogueError(f"A and B are {A.dtype}: evtfuse computes gradients of A and B "
+                                f"of {', '.join(dtype_name(d) for d in _GRAD_DTYPES)} only "
+                                "(dA and dB are torch matmuls in their dtype)", variable="A")
+        wrt.add(autodiff.ACCUM)
+    plan = autodiff.plan_forward(dag, wrt, parsed)
+    hidden = tuple(s for s in plan.saved if s.hidden)
+    names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
+    if hidden:
+        source = to_source(plan.augmented, parsed.name)
+        where = f"{parsed.where} (with what its backward keeps)"
+        run = Layout(lay.tensors, lay.nones, lay.scalars, names, 0, where, False, lay.tune,
+                     lay.allow_tf32, lay.fp8_fast_accum, lay.cc)
+    else:
+        source = text
+        run = Layout(lay.tensors, lay.nones, lay.scalars, names, lay.line, lay.where,
+                     lay.from_function, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc)
+    return Forward(parsed, plan, source, run, tuple(alloc), hidden, place[0], parsed.where)
+
+
+def _allocate(fwd: Forward, A, B, outs: list) -> list:
+    """The op's results before they are written: like ``outs``, the allocated full outputs,
+    the hidden ones (fp32)."""
+    problem = problem_of(A, B)
+    res = [torch.empty(t.shape, dtype=t.dtype, device=A.device) for t in outs]
+    full = _full_shape(A, B)
+    res += [A.new_empty(full, dtype=dt) for _, dt in fwd.alloc]
+    res += [A.new_empty(autodiff.output_shape(s.kind, s.batched, problem), dtype=torch.float32)
+            for s in fwd.hidden]
+    return res
+
+
+def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> list:
+    from .api import run_values
+
+    lay = parse_layout(layout)
+    fwd = forward_of(A, B, epilogue, lay, tensors, outs)
+    results = _allocate(fwd, A, B, outs)
+    run_values(A, B, fwd.source, fwd.layout, values_of(fwd.layout, tensors, scalars, results))
+    return results
+
+
+def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> list:
+    """The results' shapes and dtypes; runs nothing (the plan is Python over shapes)."""
+    torch._check(A.shape[-1] == B.shape[-2],
+                 lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
+    fwd = forward_of(A, B, epilogue, parse_layout(layout), tensors, outs)
+    return _allocate(fwd, A, B, outs)
+
+
+_lib.impl("gemm_functional", _impl, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::gemm_functional", _fake, lib=_lib)
+
+
+# ------------------------------------------------------------------ autograd
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    A, B, epilogue, layout, tensors, scalars, outs = inputs
+    lay = parse_layout(layout)
+    fwd = forward_of(A, B, epilogue, lay, tensors, outs)
+    position = {name: k for k, name in enumerate(fwd.output_names)}
+    saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
+    ctx.save_for_backward(A, B, *tensors, *(t for _, t in saved))
+    ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars)
+    ctx.saved_names = [name for name, _ in saved]
+    ctx.n_outs = len(outs)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grads):
+    if torch.is_grad_enabled():  # create_graph=True: this backward would itself be recorded
+        raise NotImplementedError(
+            "evtfuse computes first-order gradients only: a gradient of its backward "
+            "(autograd.grad(..., create_graph=True), then a second backward) is not supported")
+    fwd: Forward = ctx.fwd
+    lay: Layout = ctx.lay
+    A, B, *rest = ctx.saved_tensors
+    n = len(lay.tensors)
+    tensors = dict(zip(lay.tensors, rest[:n]))
+    saved = dict(zip(ctx.saved_names, rest[n:]))
+    needs = ctx.needs_input_grad
+    need_a, need_b, need_t = needs[0], needs[1], needs[4]
+    wanted = {name for name, need in zip(lay.tensors, need_t) if need}
+    if need_a or need_b:
+        wanted.add(autodiff.ACCUM)
+    differentiable = {o.name for o in fwd.plan.differentiable_outputs()}
+    graded = {name: g for name, g in zip(fwd.output_names, grads)
+              if g is not None and name in differentiable}
+    # the scalars' place: None for a list of numbers, [] for an empty one (torch.library's
+    # gradient structure counts an empty list as a list of tensors)
+    no_scalars = None if ctx.scalars else []
+    none = (None, None, None, None, [None] * n, no_scalars, [None] * ctx.n_outs)
+    if not graded or not wanted:
+        return none
+    key = (frozenset(graded), frozenset(wanted))
+    bplan = fwd.backwards.get(key)
+    if bplan is None:
+        bplan = fwd.backwards[key] = autodiff.backward(
+            fwd.plan, key[0], key[1], batches=fwd.batches, name=f"{fwd.parsed.name}_backward")
+    if bplan.empty:
+        return none
+    problem = problem_of(A, B)
+    values: dict[str, Any] = dict(tensors)
+    values.update(zip(lay.scalars, ctx.scalars))
+    values.update({op: graded[o].contiguous() for o, op in bplan.grads})
+    values.update({op: saved[s] for s, op in bplan.saved})
+    if bplan.first_batch:
+        values[bplan.first_batch] = autodiff.first_batch(problem[0], A.device)
+    for inj in bplan.injected:
+        values[inj.name] = autodiff.injected_gradient(inj, saved[inj.saved.name],
+                                                      graded[inj.of], problem).contiguous()
+    results = _run_backward(bplan, A, B, values, tensors, lay, fwd)
+    dacc = results.get(autodiff.ACCUM)
+    da = db = None
+    if dacc is not None:
+        if need_a:
+            da = _sum_to(torch.matmul(dacc, B.transpose(-1, -2)), A)
+        if need_b:
+            db = _sum_to(torch.matmul(A.transpose(-1, -2), dacc), B)
+    tgrads = []
+    for name, need in zip(lay.tensors, need_t):
+        g = results.get(name) if need else None
+        if g is not None and name in bplan.batch_summed:
+            g = g.sum(0)
+        tgrads.append(None if g is None else g.reshape(tensors[name].shape))
+    return da, db, None, None, tgrads, no_scalars, [None] * ctx.n_outs
+
+
+def _sum_to(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A batched product's gradient of a tensor shared by the batches: summed over L."""
+    return t.sum(0) if t.dim() > like.dim() else t
+
+
+def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict,
+                  lay: Layout, fwd: Forward) -> dict:
+    """The backward epilogue through ``evtfuse::gemm``: {accum or operand: its gradient}.
+    A dAccum that is a full operand as it is (the upstream gradient of ``accum + bias``) is
+    taken from it, not copied by the kernel; with nothing else to compute, no kernel runs."""
+    outs, onames, results = [], [], {}
+    for target, name in bplan.outputs:
+        if target == autodiff.ACCUM:
+            dtype = A.dtype if A.dtype in _GRAD_DTYPES else torch.float32
+            node = bplan.dag.output(name).node
+            if node.kind is NodeKind.LOAD and node.operand.kind is OperandKind.FULL:
+                results[target] = values[node.operand.name].to(dtype)
+                continue
+            t = A.new_empty(_full_shape(A, B), dtype=dtype)
+        elif target in bplan.batch_summed:
+            t = A.new_empty(problem_of(A, B), dtype=tensors[target].dtype)
+        else:
+            op = tensors[target]
+            t = A.new_empty(op.shape, dtype=op.dtype)
+        outs.append(t)
+        onames.append(name)
+        results[target] = t
+    tnames, tvals, snames, svals = [], [], [], []
+    for spec in bplan.dag.operands:
+        v = values[spec.name]
+        if isinstance(v, torch.Tensor):
+            tnames.append(spec.name)
+            tvals.append(v)
+        else:
+            snames.append(spec.name)
+            svals.append(v)
+    if not outs:
+        return results
+    nones = () if "D" in onames else ("D",)
+    blay = Layout(tuple(tnames), nones, tuple(snames), tuple(onames), 0,
+                  f"the backward of {fwd.where}", False, lay.tune, lay.allow_tf32,
+                  lay.fp8_fast_accum, lay.cc)
+    a, b = A, B
+    if not any(nd.kind is NodeKind.ACCUM for nd in bplan.dag.nodes):
+        # nothing reads the accumulator (a linear layer's dAccum is the upstream gradient):
+        # a GEMM over K = 0 runs the epilogue alone
+        a = A.new_empty((*A.shape[:-1], 0))
+        b = B.new_empty((*B.shape[:-2], 0, B.shape[-1]))
+    torch.ops.evtfuse.gemm.default(a, b, bplan.source, blay.text(), tvals, svals, outs)
+    return results
+
+
+torch.library.register_autograd("evtfuse::gemm_functional", _backward,
+                                setup_context=_setup_context, lib=_lib)
+
+
+def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
+    return torch.ops.evtfuse.gemm_functional.default(A, B, source, layout, tensors, scalars, outs)
+
+
+__all__ = ["SCHEMA", "Forward", "forward_of", "dtype_name", "call"]

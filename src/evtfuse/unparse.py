@@ -1,0 +1,116 @@
+"""The DAG as epilogue source text: the inverse of the frontend (layer: ir, a printer).
+
+``to_source(dag)`` writes ``def name(accum, <operands>): ...; return <outputs>`` using only
+what an epilogue may say: the table's ops (by operator or by name), literals, operands,
+``row_index()`` / ``col_index()`` and the reductions. Parsed and bound again with operands
+and outputs of the kinds the DAG's have, it gives the same DAG (``ir.signature``): a DAG a
+pass built (the backward of an epilogue, ``autodiff``) runs through the frontend, the
+passes, every kernel family, the reference evaluator and the PyTorch operator like an
+epilogue a user wrote. Operands and outputs keep their names; every other value takes a
+name no operand or output has (``t0``, ``t1``, ...); each computed node is one assignment.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+from .ir import Dag, Node, NodeKind
+from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS
+
+_SYMBOL = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Lt": "<", "LtE": "<=",
+           "Gt": ">", "GtE": ">=", "Eq": "==", "NotEq": "!="}
+_INFIX = {op: _SYMBOL[py] for table in (BINARY_OPERATORS, COMPARE_OPERATORS)
+          for py, op in table.items()}
+
+
+def literal(value: float) -> str:
+    """A float as epilogue source writes it (inf as 1e999, which Python reads as inf); NaN
+    has no literal, and is written as inf - inf (constant folding makes it one again)."""
+    if math.isnan(value):
+        return "(1e999 - 1e999)"
+    if math.isinf(value):
+        return "1e999" if value > 0 else "-1e999"
+    return repr(float(value))
+
+
+def _param(value) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if math.isnan(value):
+        raise ValueError("a NaN parameter has no literal in an epilogue")
+    return literal(value)
+
+
+def _names(taken: set[str]) -> Iterator[str]:
+    k = 0
+    while True:
+        name = f"t{k}"
+        k += 1
+        if name not in taken:
+            yield name
+
+
+def to_source(dag: Dag, name: str | None = None) -> str:
+    """``dag`` as the source of an epilogue function (its operands in order as parameters,
+    its outputs in order in the return). It must have an output named D, as every epilogue."""
+    taken = {"accum"} | {o.name for o in dag.operands} | {o.name for o in dag.outputs}
+    fresh = _names(taken)
+    out_name: dict[int, str] = {}
+    for o in dag.outputs:
+        if o.node.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+            out_name.setdefault(id(o.node), o.name)
+    text: dict[int, str] = {}
+    lines: list[str] = []
+
+    def ref(n: Node) -> str:
+        return text[id(n)]
+
+    for n in dag.nodes:
+        if n.kind is NodeKind.ACCUM:
+            text[id(n)] = "accum"
+        elif n.kind is NodeKind.LOAD:
+            text[id(n)] = n.operand.name
+        elif n.kind is NodeKind.CONST:
+            text[id(n)] = literal(n.value)
+        elif n.kind is NodeKind.INDEX:
+            text[id(n)] = f"{n.op}_index()"
+        elif n.kind is NodeKind.REDUCE:
+            text[id(n)] = out_name[id(n)]
+            lines.append(f"{out_name[id(n)]} = {n.op}({ref(n.inputs[0])})")
+        else:
+            target = out_name.get(id(n)) or next(fresh)
+            lines.append(f"{target} = {_expression(n, ref, lines, fresh)}")
+            text[id(n)] = target
+    done = set(out_name.values())
+    for o in dag.outputs:
+        if o.name not in done and o.name != "accum":  # a second output of one node, or an
+            # operand, accum (returned as itself), a literal
+            lines.append(f"{o.name} = {ref(o.node)}")
+            done.add(o.name)
+    params = ", ".join(["accum", *(o.name for o in dag.operands)])
+    body = "\n".join(f"    {line}" for line in lines)
+    returns = ", ".join(o.name for o in dag.outputs)
+    return f"def {name or dag.name}({params}):\n{body}\n    return {returns}\n"
+
+
+def _expression(n: Node, ref, lines: list[str], fresh: Iterator[str]) -> str:
+    args = [ref(i) for i in n.inputs]
+    op = n.op
+    if op in _INFIX:
+        return f"({args[0]} {_INFIX[op]} {args[1]})"
+    if op == "neg":
+        if n.inputs[0].kind is NodeKind.CONST:  # -(2.0) would be read as the literal -2.0
+            held = next(fresh)
+            lines.append(f"{held} = {args[0]}")
+            args = [held]
+        return f"(-{args[0]})"
+    if op == "pow":
+        return f"({args[0]} ** {_param(n.param_dict['exponent'])})"
+    assert op in CALLABLE, op
+    params = [f"{k}={_param(v)}" for k, v in n.params]
+    return f"{op}({', '.join(args + params)})"
+
+
+__all__ = ["to_source", "literal"]
+assert set(_INFIX) | {"neg", "pow"} | set(CALLABLE) >= set(OPS)

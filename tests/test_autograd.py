@@ -1,0 +1,381 @@
+"""Gradients through evtfuse (CPU, Triton's interpreter, fp32): ``evtfuse.gemm``, ``Fused`` and
+``evtfuse.nn.Linear`` against torch.autograd of the reference evaluator in float64
+(``grad_oracle``), for every operand kind (full per batch and shared, per-row, per-column,
+device scalars 0-d / (1,) / per batch; Python numbers get none), every output kind (full,
+given or allocated, not stored, per-row / per-column / whole-output reductions of sum,
+max, min and logsumexp, integer outputs), gradients into any subset of the outputs; a
+training step under torch.compile (fullgraph, aot_eager: forward compiled and backward by
+AOTAutograd, and forward + backward traced together) with no graph break; gradcheck; an
+op without derivative raising at the forward call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse.errors import EpilogueError
+from evtfuse.frontend import parse_epilogue
+from evtfuse.nn import Linear
+
+from grad_oracle import GA, GB, assert_grads_close, reference_grads
+
+M, N, K = 12, 8, 6
+TOL = dict(rtol=2e-4, atol=2e-4)  # fp32 kernels against float64 torch
+
+
+def _rand(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed * 101 + sum(shape) + len(shape))
+    return torch.randn(tuple(shape), generator=g).to(dtype)
+
+
+def run_and_check(source, A, B, values, graded, wrt=(), grad_ab=True, what=""):
+    """Call evtfuse.gemm on copies that require grad, backpropagate ``sum(out * g)`` over
+    the ``graded`` outputs (g in each output's dtype), compare every gradient with the
+    oracle; returns the outputs."""
+    A = A.clone().requires_grad_(grad_ab)
+    B = B.clone().requires_grad_(grad_ab)
+    vals = {k: (v.clone().requires_grad_(True) if k in wrt else v) for k, v in values.items()}
+    # a given output is written by a differentiable copy: a fresh tensor per call
+    outputs = parse_epilogue(source).outputs
+    vals = {k: (torch.empty_like(v) if k in outputs and v is not None else v)
+            for k, v in vals.items()}
+    res = evtfuse.gemm(A, B, source, **vals)
+    names = parse_epilogue(source).outputs
+    res = res if isinstance(res, tuple) else (res,)
+    grads, loss = {}, 0.0
+    for k, (n, r) in enumerate(zip(names, res)):
+        if n in graded:
+            g = _rand(*r.shape, seed=50 + k).to(r.dtype)
+            grads[n] = g
+            loss = loss + (r * g).sum()
+    loss.backward()
+    got = {k: vals[k].grad for k in wrt}
+    if grad_ab:
+        got.update({GA: A.grad, GB: B.grad})
+    outs = dict(values)
+    outs.update({n: (None if r is None else r.detach()) for n, r in zip(names, res)})
+    want = reference_grads(source, A.detach(), B.detach(), outs, grads, set(wrt))
+    if not grad_ab:
+        want = {k: v for k, v in want.items() if k not in (GA, GB)}
+    got = {k: (torch.zeros_like(want[k]) if v is None else v) for k, v in got.items()}
+    assert_grads_close(got, want, what=what or source, **TOL)
+    return res
+
+
+EPI = """
+def epi(accum, C, bias, alpha):
+    F = alpha * accum + C
+    D = gelu(F + bias)
+    return D, F
+"""
+
+
+def test_gemm_gradients_of_a_b_and_every_operand():
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), alpha=0.75)
+    D, F = run_and_check(EPI, A, B, values, {"D", "F"}, {"C", "bias"})
+    assert D.grad_fn is not None and F.grad_fn is not None
+
+
+@pytest.mark.parametrize("L", [1, 3])
+@pytest.mark.parametrize("shared", ["A", "B"])
+def test_every_operand_kind(L, shared):
+    """Full per batch and shared, per-column (N,) and (L,1,N), per-row (M,1) and (L,M,1),
+    device scalars 0-d, (1,), per batch (L,1,1); A or B shared by the batches."""
+    lead = (L,) if L > 1 else ()
+    A = _rand(M, K) if shared == "A" else _rand(*lead, M, K)
+    B = _rand(K, N, seed=1) if shared == "B" else _rand(*lead, K, N, seed=1)
+    src = """
+def epi(accum, C, Cs, bias, cb, rowv, rs, s0, s1, sb, alpha):
+    t = accum * s0 + C * cb + Cs * rowv + rs
+    D = sigmoid(t + bias) * s1 * alpha + sb * t
+    return D
+"""
+    values = dict(C=_rand(*lead, M, N, seed=2), Cs=_rand(M, N, seed=3), bias=_rand(N, seed=4),
+                  cb=_rand(*lead, 1, N, seed=5), rowv=_rand(*lead, M, 1, seed=6),
+                  rs=_rand(M, 1, seed=11), s0=_rand(seed=7), s1=_rand(1, seed=8),
+                  sb=_rand(*lead, 1, 1, seed=9), alpha=0.75)
+    wrt = {"C", "Cs", "bias", "cb", "rowv", "rs", "s0", "s1", "sb"}
+    run_and_check(src, A, B, values, {"D"}, wrt, what=f"L={L}, {shared} shared")
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
+@pytest.mark.parametrize("axis", ["row", "col", "all"])
+def test_every_reduction_output(op, axis):
+    shape = {"row": (M, 1), "col": (N,), "all": (1,)}[axis]
+    src = f"""
+def epi(accum, bias):
+    D = tanh(accum) * bias
+    R = {op}(D * 2.0 + accum)
+    return D, R
+"""
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    values = dict(bias=_rand(N, seed=2), R=torch.empty(shape))
+    for graded in ({"R"}, {"D", "R"}):
+        _, R = run_and_check(src, A, B, values, graded, {"bias"},
+                             what=f"{op} {axis} {sorted(graded)}")
+        assert R.shape == shape
+
+
+@pytest.mark.parametrize("op", ["max", "logsumexp"])
+def test_batched_reductions_and_a_bf16_logsumexp(op):
+    """Per-batch reductions (L, M, 1) and whole-batch ones (M, 1) over L too; a bf16 result
+    (logsumexp: the backward reads a hidden fp32 copy)."""
+    L = 2
+    src = f"def e(accum, bias):\n    D = accum + bias\n    R = {op}(D)\n    S = {op}(D * 0.5)\n" \
+          "    return D, R, S"
+    values = dict(bias=_rand(N, seed=2), R=torch.empty(L, M, 1, dtype=torch.bfloat16),
+                  S=torch.empty(M, 1))
+    run_and_check(src, _rand(L, M, K), _rand(L, K, N, seed=1), values, {"R", "S"}, {"bias"})
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_stored_vectors_and_outputs_shared_by_the_batches(L):
+    """Outputs storing a value once for many elements: per-row (M, 1), per-column (N,),
+    scalar (1,) vectors of broadcast values, a full (M, N) output shared by the batches."""
+    lead = (L,) if L > 1 else ()
+    src = """
+def epi(accum, C, bias, rowv, s):
+    D = accum * C
+    V = rowv * 2.0 + s
+    W = sigmoid(bias) * s
+    S = s * 3.0
+    E = C * bias
+    return D, V, W, S, E
+"""
+    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), rowv=_rand(M, 1, seed=4),
+                  s=_rand(seed=5), D=torch.empty(*lead, M, N), V=torch.empty(M, 1),
+                  W=torch.empty(N), S=torch.empty(1), E=torch.empty(M, N))
+    run_and_check(src, _rand(*lead, M, K), _rand(K, N, seed=1), values, set("DVWSE"),
+                  {"C", "bias", "rowv", "s"})
+
+
+def test_max_ties_share_their_gradient():
+    """A per-row value broadcast along the row ties N times in a row max: the gradient is
+    shared evenly, as torch's amax, and sums back to the whole of it."""
+    src = "def e(accum, rowv):\n    D = accum\n    m = max(rowv + accum * 0.0)\n    return D, m"
+    values = dict(rowv=_rand(M, 1, seed=2), m=torch.empty(M, 1))
+    run_and_check(src, _rand(M, K), _rand(K, N, seed=1), values, {"m"}, {"rowv"})
+
+
+def test_gradients_into_a_subset_of_outputs_unstored_and_given_outputs():
+    src = """
+def epi(accum, C, alpha):
+    F = alpha * accum + C
+    G = F * F
+    D = relu(F)
+    return D, F, G
+"""
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    base = dict(C=_rand(M, N, seed=2), alpha=1.5)
+    for graded in ({"D"}, {"F"}, {"D", "F"}):
+        run_and_check(src, A, B, dict(base, G=None), graded, {"C"}, what=str(sorted(graded)))
+    given = torch.full((M, N), float("nan"))
+    C = base["C"].clone().requires_grad_(True)
+    D, F, G = evtfuse.gemm(A, B, src, C=C, alpha=1.5, F=given, G=None)
+    assert F is given and G is None and not torch.isnan(given).any()
+    (F * 2.0).sum().backward()
+    assert torch.equal(C.grad, torch.full((M, N), 2.0))
+
+
+def test_only_operands_or_only_a_and_b():
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), alpha=0.75)
+    run_and_check(EPI, A, B, values, {"D"}, {"bias"}, grad_ab=False)
+    run_and_check(EPI, A, B, values, {"D", "F"}, (), grad_ab=True)
+
+
+def test_integer_outputs_carry_no_gradient():
+    src = 'def e(accum, C):\n    q = cast(accum * 4.0, "int8")\n    D = accum * C\n    return D, q'
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    values = dict(C=_rand(M, N, seed=2), q=torch.empty(M, N, dtype=torch.int8))
+    D, q = run_and_check(src, A, B, values, {"D"}, {"C"})
+    assert q.dtype == torch.int8 and not q.requires_grad and D.requires_grad
+
+
+def test_an_op_without_derivative_raises_at_the_forward_call():
+    src = 'def e(accum, C):\n    q = cast(accum, "int8")\n    D = q * C\n    return D'
+    A = _rand(M, K).requires_grad_(True)
+    C = _rand(M, N, seed=2)
+    with pytest.raises(EpilogueError, match=r"line 2 .*cast\(\.\.\., dtype='int8'\) in the value "
+                                            r"of 'q' has no derivative .*A, B must flow through"):
+        evtfuse.gemm(A, _rand(K, N, seed=1), src, C=C)
+    with torch.no_grad():
+        evtfuse.gemm(A, _rand(K, N, seed=1), src, C=C)
+    C.requires_grad_(True)  # C's gradient does not pass the cast: fine
+    D = evtfuse.gemm(A.detach(), _rand(K, N, seed=1), src, C=C)
+    D.sum().backward()
+    assert C.grad is not None
+
+
+def test_the_backward_of_a_linear_epilogue_runs_no_gemm(monkeypatch):
+    """D = accum + bias: the backward epilogue reads no accumulator, so it runs over K = 0
+    (and only sums the bias's gradient: dAccum is the upstream gradient itself); D = accum
+    needs no backward kernel at all."""
+    calls = []
+    real = torch.ops.evtfuse.gemm.default
+
+    class Spy:
+        default = staticmethod(lambda A, B, *rest: calls.append(A.shape) or real(A, B, *rest))
+
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    monkeypatch.setattr(torch.ops.evtfuse, "gemm", Spy)
+    run_and_check(evtfuse.nn.BIAS, A, B, dict(bias=_rand(N, seed=2)), {"D"}, {"bias"})
+    assert calls == [(M, 0)]  # the backward's (the forward is gemm_functional's own)
+    calls.clear()
+    run_and_check(evtfuse.nn.NO_BIAS, A, B, {}, {"D"}, ())
+    assert calls == []
+
+
+def test_double_backward_raises():
+    A = _rand(M, K).requires_grad_(True)
+    D = evtfuse.gemm(A, _rand(K, N, seed=1), "def e(accum):\n    D = tanh(accum)\n    return D")
+    with pytest.raises(NotImplementedError, match="first-order gradients only"):
+        (g,) = torch.autograd.grad(D.sum(), A, create_graph=True)
+
+
+def test_fused_is_differentiable():
+    f = evtfuse.fuse(EPI, alpha=0.5)
+    A = _rand(M, K).requires_grad_(True)
+    C = _rand(M, N, seed=2).requires_grad_(True)
+    D, F = f(A, _rand(K, N, seed=1), C=C, bias=_rand(N, seed=3))
+    (D.sum() + F.sum()).backward()
+    assert A.grad is not None and C.grad is not None
+
+
+@pytest.mark.filterwarnings("ignore:Input #:UserWarning")  # gradcheck prefers float64
+def test_gradcheck_in_fp32():
+    """torch.autograd.gradcheck (finite differences) on a small case; fp32 (the kernels take
+    no float64 A and B), so with loose tolerances."""
+    src = "def e(accum, C, bias):\n    D = tanh(accum) * C + bias\n    R = sum(D * D)\n" \
+          "    return D, R"
+    A, B = _rand(4, 5).requires_grad_(True), _rand(5, 3, seed=1).requires_grad_(True)
+    C, bias = _rand(4, 3, seed=2).requires_grad_(True), _rand(3, seed=3).requires_grad_(True)
+
+    def f(A, B, C, bias):
+        return evtfuse.gemm(A, B, src, C=C, bias=bias, R=torch.empty(4, 1))
+
+    assert torch.autograd.gradcheck(f, (A, B, C, bias), eps=1e-3, atol=1e-2, rtol=1e-2)
+
+
+def test_linear_training_step_matches_torch_linear():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(K, N)
+    lin = Linear(K, N)
+    lin.load_state_dict(ref.state_dict())
+    x = _rand(2, 5, K, seed=4)
+    for module in (ref, lin):
+        module(x).square().mean().backward()
+    torch.testing.assert_close(lin.weight.grad, ref.weight.grad, **TOL)
+    torch.testing.assert_close(lin.bias.grad, ref.bias.grad, **TOL)
+    act = Linear(K, N, epilogue=evtfuse.nn.with_activation("gelu_tanh"))
+    act.load_state_dict(ref.state_dict())
+    ref.zero_grad()
+    x2 = x.clone().requires_grad_(True)
+    x3 = x.clone().requires_grad_(True)
+    torch.nn.functional.gelu(ref(x2), approximate="tanh").sum().backward()
+    act(x3).sum().backward()
+    for got, want in ((act.weight.grad, ref.weight.grad), (act.bias.grad, ref.bias.grad),
+                      (x3.grad, x2.grad)):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def _step(A, B, C, bias):
+    D, F, R = evtfuse.gemm(A, B, EPI_R, C=C, bias=bias, alpha=0.5,
+                           R=torch.empty(A.shape[0], 1))
+    return D.sum() + (F * F).mean() + R.sum()
+
+
+EPI_R = """
+def epi(accum, C, bias, alpha):
+    F = alpha * accum + C
+    D = gelu(F + bias)
+    R = logsumexp(D)
+    return D, F, R
+"""
+
+
+def _leaves(m=M):
+    return [_rand(m, K).requires_grad_(True), _rand(K, N, seed=1).requires_grad_(True),
+            _rand(m, N, seed=2).requires_grad_(True), _rand(N, seed=3).requires_grad_(True)]
+
+
+def _eager_grads(m=M):
+    ts = _leaves(m)
+    _step(*ts).backward()
+    return [t.grad for t in ts]
+
+
+def test_compiled_training_step_has_no_graph_break():
+    """The forward under torch.compile(fullgraph=True) is one graph; its backward is traced
+    by AOTAutograd from the operator's autograd formula."""
+    torch._dynamo.reset()
+    ts = _leaves()
+    assert torch._dynamo.explain(_step)(*ts).graph_break_count == 0
+    compiled = torch.compile(_step, fullgraph=True, backend="aot_eager")
+    compiled(*ts).backward()
+    for got, want in zip((t.grad for t in ts), _eager_grads()):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_compiled_forward_and_backward_traced_together():
+    """loss.backward() inside the compiled function (Dynamo's trace_autograd_ops): one
+    graph for forward and backward, fullgraph."""
+    if not hasattr(torch._dynamo.config, "trace_autograd_ops"):
+        pytest.skip("this torch's Dynamo cannot trace Tensor.backward()")
+    torch._dynamo.reset()
+
+    def train(A, B, C, bias):
+        loss = _step(A, B, C, bias)
+        loss.backward()
+        return loss.detach()
+
+    ts = _leaves()
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        torch.compile(train, fullgraph=True, backend="aot_eager")(*ts)
+    for got, want in zip((t.grad for t in ts), _eager_grads()):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_compiled_training_with_dynamic_shapes_compiles_once():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(_step, fullgraph=True, dynamic=True, backend=counter)
+    for m in (12, 20, 36):
+        ts = _leaves(m)
+        compiled(*ts).backward()
+        for got, want in zip((t.grad for t in ts), _eager_grads(m)):
+            torch.testing.assert_close(got, want, **TOL)
+    assert counter.frame_count == 1
+
+
+def test_a_compiled_linear_model_trains_like_eager():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(Linear(K, 16, epilogue=evtfuse.nn.with_activation("silu")),
+                                Linear(16, N))
+    x = _rand(4, K, seed=5)
+    model(x).square().sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    torch.compile(model, fullgraph=True, backend="aot_eager")(x).square().sum().backward()
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, **TOL)
+
+
+def test_kernel_run_refuses_inputs_that_require_grad():
+    """Kernel.run (the CUTLASS-style call) writes its arguments' outputs in place and keeps
+    no autograd record: evtfuse.gemm is the differentiable call."""
+    from evtfuse import EpilogueArguments, GemmArguments, get_kernels
+
+    A, B, C = _rand(M, K), _rand(K, N, seed=1), _rand(M, N, seed=2).requires_grad_(True)
+    D, F = torch.empty(M, N), torch.empty(M, N)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(EPI, C=C, bias=_rand(N), alpha=1.0,
+                                                             D=D, F=F))
+    with pytest.raises(NotImplementedError, match="C requires grad.*evtfuse.gemm"):
+        get_kernels(args)[0].run(args)
+    with torch.no_grad():
+        get_kernels(args)[0].run(args)

@@ -1,0 +1,102 @@
+"""Random epilogues (``epilogue_fuzz.cases``: ops of the op table, operands of every kind,
+full, unstored and reduced outputs, batches) differentiated, against torch.autograd of the
+reference evaluator (``grad_oracle``).
+
+Two tiers of the same check. The backward pass alone (``autodiff``: the backward DAG
+evaluated by the reference evaluator in float64, on the very accumulator the oracle uses, so
+the two agree to rounding even at the kinks of relu or abs): many examples, tight
+tolerances. The whole path (``evtfuse.gemm`` forward and backward kernels under Triton's
+interpreter, fp32): fewer examples, fp32 tolerances. Examples come from fixed seeds
+(``epilogue_fuzz.drawn``); ``EVTFUSE_FUZZ_EXAMPLES`` / ``EVTFUSE_FUZZ_SEED`` draw more.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import evtfuse
+from evtfuse.frontend import parse_epilogue
+
+from epilogue_fuzz import CPU_SHAPES, cases, drawn, tensor_operands
+from grad_oracle import GA, GB, assert_grads_close, autodiff_grads, reference_grads
+
+
+def _upstream(args, seed: int) -> dict:
+    """A random gradient for every output that can carry one (stored, floating point)."""
+    g = torch.Generator().manual_seed(seed)
+    values = args.epilogue.values
+    out = {}
+    for o in args.dag.outputs:
+        t = values.get(o.name)
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+            out[o.name] = torch.randn(tuple(t.shape), generator=g).to(t.dtype)
+    return out
+
+
+def _subset(grads: dict, keep: int) -> dict:
+    """Some of the outputs' gradients (``keep`` picks which; never none)."""
+    names = sorted(grads)
+    chosen = {n: grads[n] for k, n in enumerate(names) if keep >> k & 1}
+    return chosen or {names[0]: grads[names[0]]}
+
+
+@drawn(60, 11)
+@given(case=cases(), shape=st.sampled_from(CPU_SHAPES), data_seed=st.integers(0, 2 ** 16),
+       keep=st.integers(1, 15))
+def test_random_backward_dags_match_torch_autograd(case, shape, data_seed, keep):
+    args = case.arguments(*shape, torch.float32, seed=data_seed)
+    values = dict(args.epilogue.values)
+    grads = _subset(_upstream(args, data_seed), keep)
+    wrt = set(tensor_operands(args))
+    want = reference_grads(case.source, args.A, args.B, values, grads, wrt)
+    got = autodiff_grads(case.source, args.A, args.B, values, grads, wrt)
+    assert_grads_close(got, want, rtol=1e-7, atol=1e-9, what=case.source)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+@drawn(14, 12)
+@given(case=cases(max_steps=2), shape=st.sampled_from(CPU_SHAPES[:3]),
+       data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15))
+def test_random_epilogues_train_through_the_kernels(case, shape, data_seed, keep):
+    """evtfuse.gemm's gradients (forward and backward kernels, fp32) against the oracle."""
+    check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3)
+
+
+def check_kernels(case, shape, dtype, data_seed, keep, device, rtol):
+    """``case`` through ``evtfuse.gemm`` on ``device`` with every input requiring grad,
+    backpropagated from some of its outputs; every gradient against the float64 oracle
+    (tolerance ``rtol`` relative to the largest gradient of each input). Shared with the
+    GPU tier (``gpu/test_gpu_autograd.py``)."""
+    assume(not {"A", "B"} & set(dict(case.names).values()))  # gemm's own arguments
+    args = case.arguments(*shape, dtype, device=device, seed=data_seed)
+    values = dict(args.epilogue.values)
+    grads = _subset(_upstream(args, data_seed), keep)
+    wrt = set(tensor_operands(args))
+    A = args.A.detach().requires_grad_(True)  # keeps the drawn layout (a transposed view)
+    B = args.B.detach().requires_grad_(True)
+    outputs = parse_epilogue(case.source).outputs
+    call = {}
+    for name, v in values.items():
+        if name in wrt:
+            call[name] = v.detach().clone().requires_grad_(True)
+        elif name in outputs and isinstance(v, torch.Tensor):
+            call[name] = torch.empty_like(v)  # a fresh output: written by a copy
+        else:
+            call[name] = v
+    res = evtfuse.gemm(A, B, case.source, **call)
+    res = res if isinstance(res, tuple) else (res,)
+    loss = sum((r.float() * grads[n].float()).sum() for n, r in zip(outputs, res) if n in grads)
+    loss.backward()
+    got = {GA: A.grad, GB: B.grad, **{n: call[n].grad for n in wrt}}
+    cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+    want = reference_grads(case.source, args.A.cpu(), args.B.cpu(), cpu,
+                           {n: g.cpu() for n, g in grads.items()}, wrt)
+    for name, w in want.items():
+        g = got[name]
+        g = torch.zeros_like(w) if g is None else g.cpu()
+        scale = float(w.abs().max()) if w.numel() else 0.0
+        assert_grads_close({name: g}, {name: w}, rtol=rtol, atol=rtol * (1.0 + scale),
+                           what=f"{case.source}\noutputs {case.outputs} graded {sorted(grads)}")
