@@ -37,7 +37,9 @@ declare -A shards=(
   [fuzz_inputs]="tests/test_fuzz_kernels.py|other_inputs"
   [safety_cache]="tests/gpu/test_gpu_call_safety.py tests/gpu/test_gpu_cache.py|"
   [torch]="tests/gpu/test_gpu_torch.py|"
-  [special]="tests/gpu/test_gpu_special_values.py|"
+  [special_g1]="tests/gpu/test_gpu_special_values.py|gluon-first"
+  [special_g2]="tests/gpu/test_gpu_special_values.py|gluon-coop or gluon-wide"
+  [special_o]="tests/gpu/test_gpu_special_values.py|hopper or portable"
   [autograd]="tests/gpu/test_gpu_autograd.py|not random"
   [autograd_fuzz]="tests/gpu/test_gpu_autograd.py|random"
 )
