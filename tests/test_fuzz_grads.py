@@ -32,7 +32,7 @@ def _upstream(args, seed: int) -> dict:
     for o in args.dag.outputs:
         t = values.get(o.name)
         if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
-            out[o.name] = torch.randn(tuple(t.shape), generator=g).to(t.dtype)
+            out[o.name] = torch.randn(tuple(t.shape), generator=g).to(t.device, t.dtype)
     return out
 
 

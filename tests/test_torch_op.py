@@ -44,15 +44,39 @@ def test_the_operator_is_registered_with_its_schema():
 
 
 def test_the_operator_called_directly_writes_its_outputs():
-    from evtfuse.runtime.torch_op import layout_text
+    from evtfuse.runtime.torch_op import layout_text, wire
 
     A, B, C = _data()
     D = torch.full((M, N), float("nan"))
     layout = layout_text(("C",), (), ("alpha",), ("D",), 0, "the epilogue string", False,
                          ("fast", False, True, None))
     src = "def e(accum, C, alpha):\n    D = alpha * accum + C\n    return D"
-    torch.ops.evtfuse.gemm(A, B, src, layout, [C], [2.0], [D])
+    torch.ops.evtfuse.gemm(A, B, wire(src), layout, [C], [2.0], [D])
     _close([D], [2.0 * (A.double() @ B.double()) + C.double()])
+
+
+def test_the_source_crosses_the_operator_on_one_line():
+    """Inductor copies an extern call's string arguments into comments of its generated
+    module: a line break there broke the module (a compiled backward, torch 2.11 on a GPU).
+    Every string argument of the traced graph, forward and backward, is one line, and the
+    wire form gives back the exact source (tabs, a backslash continuation, non-ASCII)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from evtfuse.runtime.torch_op import unwire, wire
+
+    odd = "def e(accum, C):\n\tD = accum + \\\n        C  # é, \\n\n\treturn D\r\n"
+    assert "\n" not in wire(odd) and unwire(wire(odd)) == odd
+    A, B, C = _data()
+    A.requires_grad_(True)
+
+    def step(A, B, C):
+        D = evtfuse.gemm(A, B, "def e(accum, C):\n    D = tanh(accum) + C\n    return D", C=C)
+        (g,) = torch.autograd.grad(D.sum(), A)
+        return D, g
+
+    graph = make_fx(step)(A, B, C).graph
+    strings = [a for n in graph.nodes for a in n.args if isinstance(a, str)]
+    assert len(strings) >= 2 and not any("\n" in s for s in strings)  # forward and backward
 
 
 def _f(A, B, C, alpha):

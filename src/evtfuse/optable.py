@@ -465,17 +465,19 @@ _ROWS: tuple[OpDef, ...] = (
           grad=lambda d: (-0.5 * d.g * d.out ** 3.0,)),
     OpDef("abs", 1, torch.abs, "tl.abs({0})", doc="|x|", grad=_g_abs),
     # on a GPU, tl.sin/tl.cos are the hardware's sin.approx/cos.approx, accurate only for
-    # |x| < 100 pi: libdevice's (CUDA's sinf, cosf, tanf: full range reduction) match torch
-    OpDef("sin", 1, torch.sin, "tl.sin({0})", triton_cuda="tl.extra.cuda.libdevice.sin({0})",
+    # |x| < 100 pi: libdevice's (CUDA's sinf, cosf, tanf: full range reduction) match torch,
+    # with subnormal arguments of sin/tan/erf handled apart (prelude: libdevice flushes them)
+    OpDef("sin", 1, torch.sin, "tl.sin({0})", triton_cuda="_ef_sin_cuda({0})",
           doc="sine (on a GPU: CUDA's sinf, any argument)", grad=lambda d: (d.g * d.cos(d.x),)),
     OpDef("cos", 1, torch.cos, "tl.cos({0})", triton_cuda="tl.extra.cuda.libdevice.cos({0})",
           doc="cosine (on a GPU: CUDA's cosf, any argument)",
           grad=lambda d: (d.g * -d.sin(d.x),)),
     OpDef("tan", 1, torch.tan, "(tl.sin({0}) / tl.cos({0}))",
-          triton_cuda="tl.extra.cuda.libdevice.tan({0})",
+          triton_cuda="_ef_tan_cuda({0})",
           doc="tangent (on a GPU: CUDA's tanf, any argument)",
           grad=lambda d: (d.g * (1.0 + d.out * d.out),)),
-    OpDef("erf", 1, torch.erf, "tl.math.erf({0})", doc="the error function",
+    OpDef("erf", 1, torch.erf, "tl.math.erf({0})", triton_cuda="_ef_erf_cuda({0})",
+          doc="the error function",
           grad=lambda d: (_TWO_OVER_SQRT_PI * d.exp(-(d.x * d.x)) * d.g,)),
     OpDef("maximum", 2, _t_maximum, "_ef_maximum({0}, {1})", triton_cuda=_NAN_MAX,  # ties give b: not commutative
           doc="elementwise max, NaN-propagating like torch; a tie of 0.0 and -0.0 may give "

@@ -24,7 +24,7 @@ from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
 from .device import device_guard, interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
-from . import autograd
+from . import autograd, torch_op
 from .torch_op import Layout, check_no_grad, constant_result, layout_text
 from .tuner import choose_kernel
 
@@ -184,7 +184,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
             onames.append(name)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
-    torch.ops.evtfuse.gemm.default(A, B, source, layout, tensors, scalars, outs)
+    torch_op.call(A, B, source, layout, tensors, scalars, outs)
     if len(outputs) == 1:
         return outs[0] if onames else None
     got = dict(zip(onames, outs))
@@ -254,7 +254,7 @@ def run_kernel_through_op(kernel: Kernel, args: GemmArguments) -> None:
     options = ("none", args.allow_tf32, args.fp8_fast_accum, kernel.target.cc)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, options, kernel.name)
-    torch.ops.evtfuse.gemm.default(args.A, args.B, source, layout, tensors, scalars, outs)
+    torch_op.call(args.A, args.B, source, layout, tensors, scalars, outs)
 
 
 def _run_named(A, B, parsed, lay: Layout, values: dict) -> None:

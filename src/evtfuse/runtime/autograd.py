@@ -41,7 +41,8 @@ from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
 from ..ir import NodeKind, OperandKind
 from ..unparse import to_source
-from .torch_op import Layout, _lib, parse_layout, values_of
+from . import torch_op
+from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
           "Scalar[] scalars, Tensor[] outs) -> Tensor[]")
@@ -193,7 +194,7 @@ def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     from .api import run_values
 
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, epilogue, lay, tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs)
     results = _allocate(fwd, A, B, outs)
     run_values(A, B, fwd.source, fwd.layout, values_of(fwd.layout, tensors, scalars, results))
     return results
@@ -203,7 +204,7 @@ def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     """The results' shapes and dtypes; runs nothing (the plan is Python over shapes)."""
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
-    fwd = forward_of(A, B, epilogue, parse_layout(layout), tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs)
     return _allocate(fwd, A, B, outs)
 
 
@@ -217,7 +218,7 @@ torch.library.register_fake("evtfuse::gemm_functional", _fake, lib=_lib)
 def _setup_context(ctx, inputs, output) -> None:
     A, B, epilogue, layout, tensors, scalars, outs = inputs
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, epilogue, lay, tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs)
     position = {name: k for k, name in enumerate(fwd.output_names)}
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
     ctx.save_for_backward(A, B, *tensors, *(t for _, t in saved))
@@ -334,7 +335,7 @@ def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dic
         # a GEMM over K = 0 runs the epilogue alone
         a = A.new_empty((*A.shape[:-1], 0))
         b = B.new_empty((*B.shape[:-2], 0, B.shape[-1]))
-    torch.ops.evtfuse.gemm.default(a, b, bplan.source, blay.text(), tvals, svals, outs)
+    torch_op.call(a, b, bplan.source, blay.text(), tvals, svals, outs)
     return results
 
 
@@ -343,7 +344,8 @@ torch.library.register_autograd("evtfuse::gemm_functional", _backward,
 
 
 def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
-    return torch.ops.evtfuse.gemm_functional.default(A, B, source, layout, tensors, scalars, outs)
+    return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors, scalars,
+                                                     outs)
 
 
 __all__ = ["SCHEMA", "Forward", "forward_of", "dtype_name", "call"]

@@ -6,7 +6,8 @@ eager implementation (``api.run_values``). Schema::
     evtfuse::gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
                   Scalar[] scalars, Tensor(a!)[] outs) -> ()
 
-``epilogue`` is the epilogue's source text and ``layout`` says how to read the rest (which
+``epilogue`` is the epilogue's source text on one line (``wire``: line breaks, other control
+characters and non-ASCII escaped as Python's ``unicode_escape`` does) and ``layout`` says how to read the rest (which
 name each tensor, scalar and output has, where the source came from, the call's options):
 both are plain strings, so torch.compile, torch.export and the dispatcher see hashable
 data and never a Python function to trace. Every output is passed in ``outs`` (``gemm``
@@ -155,11 +156,25 @@ def check_no_grad(A: torch.Tensor, B: torch.Tensor, named: dict[str, Any]) -> No
             "instead, or run it under torch.no_grad() (inference), or detach the inputs.")
 
 
+def wire(source: str) -> str:
+    """An epilogue's source as the operators carry it: one line, exactly reversible
+    (``unwire``). Inductor copies an extern call's arguments into comments of the module it
+    generates, where a line break of a string argument ends the comment and breaks the
+    module (``IndentationError``, seen with torch 2.11 compiling a backward on a GPU)."""
+    return source.encode("unicode_escape").decode("ascii")
+
+
+@functools.lru_cache(maxsize=4096)
+def unwire(text: str) -> str:
+    """The source text of an operator's ``epilogue`` argument (``wire``'s inverse)."""
+    return text.encode("ascii").decode("unicode_escape")
+
+
 def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> None:
     from .api import run_values
 
     lay = parse_layout(layout)
-    run_values(A, B, epilogue, lay, values_of(lay, tensors, scalars, outs))
+    run_values(A, B, unwire(epilogue), lay, values_of(lay, tensors, scalars, outs))
 
 
 def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> None:
@@ -177,6 +192,7 @@ _lib.impl("gemm", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::gemm", _fake, lib=_lib)
 
 
-def call(A: torch.Tensor, B: torch.Tensor, epilogue: str, layout: str, tensors: list,
+def call(A: torch.Tensor, B: torch.Tensor, source: str, layout: str, tensors: list,
          scalars: list, outs: list) -> None:
-    torch.ops.evtfuse.gemm.default(A, B, epilogue, layout, tensors, scalars, outs)
+    """``torch.ops.evtfuse.gemm`` of an epilogue's source text (``wire``d here)."""
+    torch.ops.evtfuse.gemm.default(A, B, wire(source), layout, tensors, scalars, outs)

@@ -11,6 +11,8 @@ is a callable ``get(A, B, values)`` (``KernelFamily.plan``). Imports no family m
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import numbers
 from typing import Any
 
@@ -194,14 +196,25 @@ def _output_items(args: GemmArguments, o) -> list[Any]:
     return items
 
 
+def _allocate(specs: list[tuple], device: torch.device) -> list:
+    return [torch.empty(shape, dtype=dt, device=device) for shape, dt, _ in specs]
+
+
+@functools.lru_cache(maxsize=1)
+def _allocator() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that allocates ``StreamLocal`` sets outside any graph pool."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="evtfuse-workspaces")
+
+
 class StreamLocal:
     """Tensors a launch plan keeps between calls (reduction workspaces, ticket counters),
     one set per CUDA stream of the plan's device, made the first time a stream runs the
     plan: two streams running the same plan at once never share them.
 
     ``specs``: (shape, dtype, fill or None) of each tensor. A set is allocated on the
-    device's default stream, outside any memory pool the current stream allocates to (a
-    CUDA graph's capture, torch.compile's "reduce-overhead" graphs), so a tensor the plan
+    device's default stream, outside any memory pool the current stream or thread
+    allocates to (a CUDA graph's capture; torch.compile's "reduce-overhead" warm-up, which
+    routes its thread's allocations: another thread allocates then), so a tensor the plan
     keeps is never a live allocation of a graph's pool; its fills run on the current
     stream (captured with a graph, so every replay starts from them). A set first made
     while a graph is captured is kept for the life of the process (the graph holds its
@@ -229,9 +242,18 @@ class StreamLocal:
             return [torch.empty(shape, dtype=dt, device=self.device) if fill is None
                     else torch.full(shape, fill, dtype=dt, device=self.device)
                     for shape, dt, fill in self.specs]
-        with torch.cuda.stream(torch.cuda.default_stream(self.index)):
-            made = [torch.empty(shape, dtype=dt, device=self.device)
-                    for shape, dt, _ in self.specs]
+        if torch.cuda.is_current_stream_capturing():  # a capture's own pool takes only its stream's
+            with torch.cuda.stream(torch.cuda.default_stream(self.index)):
+                made = _allocate(self.specs, self.device)
+        else:
+            # torch.compile's "reduce-overhead" warm-up routes every allocation of this thread
+            # to its graph pool, whatever the stream: another thread allocates the set, on the
+            # default stream, and the current stream waits for that stream's earlier work
+            made = _allocator().submit(_allocate, self.specs, self.device).result()
+            current, default = (torch.cuda.current_stream(self.index),
+                                torch.cuda.default_stream(self.index))
+            if current != default:
+                current.wait_stream(default)
         for t, (_, _, fill) in zip(made, self.specs):
             if fill is not None:
                 t.fill_(fill)

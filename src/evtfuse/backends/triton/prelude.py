@@ -101,6 +101,27 @@ def _ef_log_cuda(x):
     p = _ef_log1p_series(t)
     return tl.where(tl.abs(t) < 0.0625, p, l2 * 0.6931471805599453)
 ''',
+    "_ef_sin_cuda": '''
+@triton.jit
+def _ef_sin_cuda(x):
+    # CUDA's sinf (libdevice: full range reduction). Triton links libdevice with subnormals
+    # flushed: below 2^-126, where sin(x) is x in fp32, x itself as torch gives
+    return tl.where(tl.abs(x) < 1.1754943508222875e-38, x, tl.extra.cuda.libdevice.sin(x))
+''',
+    "_ef_tan_cuda": '''
+@triton.jit
+def _ef_tan_cuda(x):
+    # CUDA's tanf; below 2^-126 x itself (as _ef_sin_cuda)
+    return tl.where(tl.abs(x) < 1.1754943508222875e-38, x, tl.extra.cuda.libdevice.tan(x))
+''',
+    "_ef_erf_cuda": '''
+@triton.jit
+def _ef_erf_cuda(x):
+    # CUDA's erff; below 2^-126, where libdevice flushes x, erf(x) = 2 x / sqrt(pi) (an
+    # IEEE product: a subnormal result as torch gives)
+    return tl.where(tl.abs(x) < 1.1754943508222875e-38, x * 1.1283791670955126,
+                    tl.math.erf(x))
+''',
     "_ef_gelu": '''
 @triton.jit
 def _ef_gelu(x):
