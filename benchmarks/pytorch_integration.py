@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -158,14 +159,15 @@ def main() -> None:
     a = p.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": triton.__version__}
-    for name in a.only.split(","):
-        results[name] = {"compiled": compiled_call, "graphs": graphs, "mlp": mlp}[name]()
-        print(name, json.dumps(results[name], indent=1), flush=True)
-    import os
-
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
+    for name in a.only.split(","):
+        try:
+            results[name] = {"compiled": compiled_call, "graphs": graphs, "mlp": mlp}[name]()
+        except Exception as e:  # one failed measurement does not lose the others
+            results[name] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
+        print(name, json.dumps(results[name], indent=1), flush=True)
+        with open(a.out, "w") as f:  # after each: a run stopped at its limit keeps the rest
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -282,3 +282,28 @@ def test_no_tensor_of_a_call_is_kept_alive():
     del A, B, C, D, F, args
     gc.collect()
     assert [r() is None for r in refs] == [True] * len(refs)
+
+
+class _Desc:
+    def __init__(self, t):
+        self.base, self.shape = t, list(t.shape)
+
+
+def test_tma_descriptors_keep_no_tensor_alive():
+    """A TMA family's descriptor getter (``_rebased``) keeps no tensor between calls (the
+    TMA families do not run under the interpreter, so the test above cannot see them)."""
+    import gc
+    import weakref
+
+    from evtfuse.backends.triton.launch_items import _rebased
+
+    make = _rebased(_Desc)
+    refs = []
+    for _ in range(3):
+        t = torch.empty(4, 8)
+        d, again = make(t), make(t)
+        assert d.base is t and again.base is t and again.shape == [4, 8]
+        refs.append(weakref.ref(t))
+        del t, d, again
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * 3

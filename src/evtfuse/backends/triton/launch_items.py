@@ -96,21 +96,6 @@ def _scalar_getter(name: str):
     return get
 
 
-def _reuse_last(make):
-    """``make(t)``, reused while the same tensor object comes back (a loop re-running one
-    set of buffers skips rebuilding its TMA descriptors). Keeps the last tensor alive."""
-    last: list[Any] = [None, None]
-
-    def get(t):
-        if last[0] is t:
-            return last[1]
-        d = make(t)
-        last[0], last[1] = t, d
-        return d
-
-    return get
-
-
 def _batched(t: torch.Tensor) -> bool:
     """Whether operand A or B has batch slices of its own (a leading dimension above 1)."""
     return t.dim() == 3 and t.shape[0] > 1
@@ -120,7 +105,10 @@ def _rebased(make):
     """``make(t)`` validated once per launch plan; later tensors of the plan's structure
     (same shape, strides, dtype and 16-byte alignment: the plan's key) get a copy of that
     descriptor with their own base. The launcher reads only the base's data pointer, which
-    every view ``make`` takes (transpose, unsqueeze, batch 0) shares with the tensor."""
+    every view ``make`` takes (transpose, unsqueeze, batch 0) shares with the tensor. No
+    tensor is kept: a descriptor kept for the next call (to skip this copy) held its
+    tensor, a CUDA graph pool's output that torch.compile's "reduce-overhead" then found
+    alive after its call and refused."""
     template: dict[str, Any] = {}
     cls: list[type] = []
 
@@ -135,7 +123,7 @@ def _rebased(make):
         d.base = t
         return d
 
-    return _reuse_last(get)
+    return get
 
 
 def _descriptor_getter(name: str, batched: bool, config: TileConfig):
