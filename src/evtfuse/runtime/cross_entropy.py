@@ -48,6 +48,7 @@ from ..frontend import bind, parse_epilogue
 from .torch_op import _lib
 
 CHUNK_BYTES = 128 << 20  # logits (and then their gradient) of one chunk of rows, at most
+TUNE = "fast"  # the evtfuse.gemm calls' tuning ("none": the heuristic's first kernel)
 
 _lib.define("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
             "int ignore_index, str reduction, float label_smoothing, float softcap, "
@@ -170,7 +171,7 @@ def row_stats(hidden, weight, target, bias, o: _Options) -> dict:
     stats = _stats_out(hidden.shape[0], o, hidden)
     if hidden.shape[0]:
         gemm(hidden, weight.t(), logits_source(o.dtype, o.bias, bool(o.cap), o.smooth),
-             D=None, **o.operands(target.view(-1, 1), bias), **stats)
+             D=None, tune=TUNE, **o.operands(target.view(-1, 1), bias), **stats)
     return stats
 
 
@@ -192,7 +193,9 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
     db = hidden.new_zeros((V,), dtype=torch.float32) if need_b and o.bias else None
     db_part = torch.empty_like(db) if db is not None else None
     rows = chunk_rows(T, V, hidden.element_size())
-    logits = hidden.new_empty((rows, V))
+    # rows padded to 16 bytes, as TMA needs (a vocabulary of 8003 would leave them unaligned)
+    align = max(1, 16 // hidden.element_size())
+    logits = hidden.new_empty((rows, -(-V // align) * align))[:, :V]
     src = logits_source(o.dtype, o.bias, bool(o.cap), o.smooth)
     grad_names = dict(plan.grads)
     outputs = dict(plan.outputs)
@@ -202,7 +205,7 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
         h, y, x = hidden[s:e], target[s:e].view(-1, 1), logits[:e - s]
         part = {n: t[s:e] for n, t in stats.items()}
         ops = o.operands(y, bias)
-        gemm(h, weight.t(), src, D=x, **ops, **part)
+        gemm(h, weight.t(), src, D=x, tune=TUNE, **ops, **part)
         if plan.empty:
             continue
         coeff = _row_grads(part["lse"], y != o.ignore, None if row_w is None else row_w[s:e],
@@ -214,7 +217,7 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
         if "bias" in outputs:
             kw[outputs["bias"]] = db_part
         # no accumulator: a GEMM over K = 0 runs the epilogue alone
-        gemm(h.new_empty((e - s, 0)), h.new_empty((0, V)), plan.source, **kw)
+        gemm(h.new_empty((e - s, 0)), h.new_empty((0, V)), plan.source, tune=TUNE, **kw)
         if need_h:
             torch.mm(x, weight, out=dh[s:e])
         if need_w:
