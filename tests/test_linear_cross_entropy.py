@@ -180,6 +180,23 @@ def test_fp16():
     hidden, weight, bias, target = _inputs(dtype=torch.float16)
     compare(hidden, weight, bias, target, tol=dict(rtol=2e-2, atol=2e-2), softcap=5.0,
             label_smoothing=0.1)
+    hidden, weight, bias, target = _inputs(dtype=torch.float16, ignored=range(T))
+    compare(hidden, weight, bias, target, tol=dict(rtol=2e-2, atol=2e-2))  # nan, zero grads
+
+
+def test_fp16_computes_gradients_in_the_backward(monkeypatch):
+    """fp16's gradient of the logits before the upstream (a loss scaler's) factor would
+    flush to zero: its forward computes no gradient, the backward recomputes with it."""
+    calls = []
+    real = cross_entropy.chunked
+    monkeypatch.setattr(cross_entropy, "chunked", lambda *a: calls.append(1) or real(*a))
+    for dtype, in_forward in ((torch.float16, 0), (torch.float32, 1)):
+        hidden, weight, bias, target = _inputs(dtype=dtype)
+        calls.clear()
+        loss = evtfuse.linear_cross_entropy(hidden, weight.requires_grad_(True), target)
+        assert len(calls) == in_forward
+        (loss * 1024.0).backward()
+        assert len(calls) == 1
 
 
 def test_no_tokens():

@@ -275,6 +275,15 @@ def check_targets(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
 # ------------------------------------------------------------------ the operators
 
 
+def precomputes(dtype: torch.dtype, reduction: str, grads) -> bool:
+    """Whether the forward computes the gradients: for "mean" and "sum" (one upstream number,
+    multiplied in by the backward) unless fp16, whose logits' gradient before that number
+    (under a loss scaler, the number that keeps it above fp16's smallest values:
+    p / tokens is often below them) would flush to zero: fp16 recomputes in the backward,
+    as "none" does."""
+    return any(grads) and reduction != "none" and dtype != torch.float16
+
+
 def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
 
@@ -288,7 +297,7 @@ def _forward(hidden, weight, target, bias, ignore_index, reduction, label_smooth
         check_targets(target, o.vocab, ignore_index)
         valid = target != ignore_index
         grads = tuple(bool(g) for g in grads)
-        if any(grads) and reduction != "none":
+        if precomputes(hidden.dtype, reduction, grads):
             row_w = valid.to(torch.float32).view(-1, 1)
             if reduction == "mean":
                 row_w = row_w / valid.sum()
@@ -307,7 +316,7 @@ def _forward(hidden, weight, target, bias, ignore_index, reduction, label_smooth
 def _forward_fake(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                   softcap, z_loss, grads):
     T, V = hidden.shape[0], weight.shape[0]
-    need = any(grads) and reduction != "none"
+    need = precomputes(hidden.dtype, reduction, grads)
     f32 = torch.float32
     loss = hidden.new_empty((T,) if reduction == "none" else (), dtype=f32)
     dh = hidden.new_empty(hidden.shape) if need and grads[0] else _empty(hidden)
@@ -351,6 +360,7 @@ def _setup_context(ctx, inputs, output) -> None:
     _, _, dh, dw, db = output
     ctx.save_for_backward(hidden, weight, target, bias, dh, dw, db)
     ctx.options = (ignore_index, reduction, ls, softcap, z_loss)
+    ctx.precomputed = precomputes(hidden.dtype, reduction, grads)
     ctx.set_materialize_grads(False)
 
 
@@ -375,11 +385,16 @@ def _backward(ctx, g_loss, g_lse, *unused):
     need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
             bias is not None and ctx.needs_input_grad[3])
     got = [None, None, None]
-    if g_loss is not None and reduction != "none":  # the forward computed them: scale
+    row_grad = None
+    if g_loss is not None and ctx.precomputed:  # the forward computed them: scale
         for k, t in enumerate((dh, dw, db)):
             if need[k]:
                 got[k] = t.mul_(g_loss)  # in place: no second copy of d_weight
-    row_grad = g_loss if reduction == "none" else None
+    elif g_loss is not None:  # recompute with the upstream gradient of each row
+        row_grad = g_loss
+        if reduction != "none":
+            n = (target != ignore_index).sum() if reduction == "mean" else 1
+            row_grad = (g_loss / n).expand(target.shape[0])
     if (row_grad is not None or g_lse is not None) and any(need):
         more = torch.ops.evtfuse.linear_cross_entropy_backward.default(
             hidden, weight, target, bias, row_grad, g_lse, ignore_index, ls, softcap, z_loss,
