@@ -18,7 +18,7 @@ the kernels reduce ``lse = logsumexp(z)``, ``tgt = z[target]`` and, for label sm
 + z_loss * lse ** 2`` (torch's ``cross_entropy`` with ``label_smoothing``, plus PaLM's
 z-loss), computed in torch from those (T,)-vectors.
 
-Two epilogues, text built by ``_sources``: ``lce_logits`` over ``hidden @ weight.T`` reduces
+Two epilogues, text built by ``logits_source`` and ``rows_source``: ``lce_logits`` over ``hidden @ weight.T`` reduces
 the rows and, when gradients are wanted, stores the logits of a chunk of rows;
 ``lce_grad``, derived by ``autodiff`` from ``lce_rows`` (the same computation, of stored
 logits ``X`` instead of the accumulator), takes the upstream gradients of lse, tgt and zs
@@ -26,12 +26,13 @@ per row and writes the gradient of the logits over them in place (and sums the b
 gradient), over K = 0: no GEMM. Then ``d_hidden[rows] = dlogits @ weight`` and ``d_weight
 += dlogits.T @ hidden[rows]`` are torch matmuls. A chunk holds ``CHUNK_BYTES`` of logits at
 most (its rows a multiple of 128 where that many fit), so the whole (T, V) logits or their
-gradient never exist at once. Forward and gradient cost three GEMMs (logits, dX, dW).
+gradient never exist at once.
 
 With gradients wanted and reduction "mean" or "sum", the forward computes them (the
-loss's upstream gradient is one number, multiplied in by the backward, in place); with
-"none" (a gradient per row) or a gradient arriving at lse, the backward recomputes the
-chunks with that gradient (``linear_cross_entropy_backward``). Without gradients one
+loss's upstream gradient is one number, multiplied in by the backward, in place): three
+GEMMs in all (logits, dX, dW). With "none" (a gradient per row), a gradient arriving at
+lse, or fp16 (``precomputes``), the backward recomputes the chunks with that gradient
+(``linear_cross_entropy_backward``): one GEMM more, the forward's. Without gradients one
 ``lce_logits`` call over all rows stores no logits.
 """
 
