@@ -264,13 +264,21 @@ def _eager_grads(ts, target):
     return [t.grad for t in leaves]
 
 
-def test_compiled_training_step_has_no_graph_break():
+def test_compiled_training_step_has_no_graph_break(monkeypatch):
+    """Under torch.compile the forward computes no gradient (the backward's in-place scaling
+    would become a copy): the backward recomputes."""
     hidden, weight, bias, target = _inputs()
     torch._dynamo.reset()
     leaves = _leaves((hidden, weight, bias))
     assert torch._dynamo.explain(_step)(*leaves, target).graph_break_count == 0
+    calls = []
+    real = cross_entropy.chunked
+    monkeypatch.setattr(cross_entropy, "chunked", lambda *a: calls.append(1) or real(*a))
     leaves = _leaves((hidden, weight, bias))
-    torch.compile(_step, fullgraph=True, backend="aot_eager")(*leaves, target).backward()
+    loss = torch.compile(_step, fullgraph=True, backend="aot_eager")(*leaves, target)
+    assert not calls
+    loss.backward()
+    assert calls
     for got, want in zip(leaves, _eager_grads((hidden, weight, bias), target)):
         torch.testing.assert_close(got.grad, want, rtol=1e-5, atol=1e-6)
 
@@ -306,6 +314,23 @@ def test_compiled_with_dynamic_shapes_compiles_once():
         for got, want in zip(leaves, _eager_grads((hidden, weight, bias), target)):
             torch.testing.assert_close(got.grad, want, rtol=1e-5, atol=1e-6)
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("reduction, grads", [("mean", False), ("sum", True), ("none", True)])
+def test_opcheck(reduction, grads):
+    """torch.library.opcheck of the operators: schema, fake tensors, autograd registration,
+    AOT dispatch (not for a forward that computes gradients, which only eager calls make:
+    its backward scales them in place)."""
+    hidden, weight, bias, target = _inputs(t=6, v=13, ignored=(1,))
+    leaves = _leaves((hidden, weight, bias))
+    args = (*leaves[:2], target, leaves[2], -100, reduction, 0.1, 3.0, 0.01, [grads] * 3)
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor") + \
+        (() if grads and reduction != "none" else ("test_aot_dispatch_dynamic",))
+    torch.library.opcheck(torch.ops.evtfuse.linear_cross_entropy.default, args,
+                          test_utils=tests)
+    torch.library.opcheck(torch.ops.evtfuse.linear_cross_entropy_backward.default,
+                          (hidden, weight, target, bias, _rand(6), None, -100, 0.1, 3.0, 0.01,
+                           [True, True, True]))
 
 
 def test_module_form():
