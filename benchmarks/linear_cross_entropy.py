@@ -15,6 +15,8 @@ Peers:
   alone under ``torch.no_grad()`` (one GEMM, no logits stored).
 - ``eager``: ``F.cross_entropy(F.linear(h, W).float(), y)`` and its backward.
 - ``compile``: the same under ``torch.compile(mode="max-autotune-no-cudagraphs")``.
+- ``evtfuse_compile``: evtfuse's step under ``torch.compile(fullgraph=True)`` (there its
+  backward recomputes the chunks: four GEMMs).
 - ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss``; ``cce``: Apple's
   ``cut_cross_entropy.linear_cross_entropy`` (where installed).
 
@@ -172,6 +174,18 @@ class Bench:
         cross_entropy.CHUNK_BYTES = 128 * MIB
         return out
 
+    def evtfuse_compile(self) -> dict:
+        """evtfuse under torch.compile (Inductor): its backward recomputes the chunks (one
+        GEMM more than eager evtfuse; docs/pytorch.md)."""
+        fn = torch.compile(lambda h, W, y: evtfuse.linear_cross_entropy(h, W, y), fullgraph=True)
+
+        def step():
+            loss = fn(self.h, self.W, self.y)
+            loss.backward()
+            return loss
+
+        return self.step_result("evtfuse_compile", step)
+
     def liger(self) -> dict:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
@@ -239,7 +253,7 @@ def main() -> None:
                    help="fraction of tokens whose target is ignore_index")
     p.add_argument("--chunk-mib", default="128,192",
                    help="evtfuse's chunk sizes to try (MiB of logits per chunk)")
-    p.add_argument("--peers", default="cublas,eager,evtfuse,compile,liger,cce",
+    p.add_argument("--peers", default="cublas,eager,evtfuse,compile,evtfuse_compile,liger,cce",
                    help="eager first: the others' accuracy is measured against it")
     args = p.parse_args()
     args.chunk_mib = [float(c) for c in args.chunk_mib.split(",") if c]

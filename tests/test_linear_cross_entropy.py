@@ -199,6 +199,23 @@ def test_fp16_computes_gradients_in_the_backward(monkeypatch):
         assert len(calls) == 1
 
 
+def test_the_forwards_gradients_become_grad_without_a_copy(monkeypatch):
+    """"mean" in eager: the backward scales the forward's gradients in place and autograd
+    takes them as .grad (no second weight-sized tensor)."""
+    made = []
+    real = cross_entropy.chunked
+
+    def spy(*a):
+        out = real(*a)
+        made.extend(t.data_ptr() for t in out[1:])
+        return out
+
+    monkeypatch.setattr(cross_entropy, "chunked", spy)
+    leaves = _leaves(_inputs()[:3])
+    evtfuse.linear_cross_entropy(leaves[0], leaves[1], _inputs()[3], bias=leaves[2]).backward()
+    assert made == [t.grad.data_ptr() for t in leaves]
+
+
 def test_no_tokens():
     hidden, weight, bias, target = _inputs(t=0, ignored=())
     for reduction in ("mean", "sum", "none"):
