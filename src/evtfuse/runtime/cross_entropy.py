@@ -31,9 +31,10 @@ gradient never exist at once.
 With gradients wanted and reduction "mean" or "sum", the forward computes them (the
 loss's upstream gradient is one number, multiplied in by the backward, in place): three
 GEMMs in all (logits, dX, dW). With "none" (a gradient per row), a gradient arriving at
-lse, or fp16 (``precomputes``), the backward recomputes the chunks with that gradient
-(``linear_cross_entropy_backward``): one GEMM more, the forward's. Without gradients one
-``lce_logits`` call over all rows stores no logits.
+lse, fp16 (``precomputes``), or a call under torch.compile (``evtfuse.losses``), the
+backward recomputes the chunks with that gradient (``linear_cross_entropy_backward``):
+one GEMM more, the forward's. Without gradients one ``lce_logits`` call per chunk stores
+no logits.
 """
 
 from __future__ import annotations
@@ -166,13 +167,20 @@ def _stats_out(rows: int, o: _Options, like: torch.Tensor) -> dict:
 
 
 def row_stats(hidden, weight, target, bias, o: _Options) -> dict:
-    """lse, tgt (and zs) of every row, (T, 1) fp32: one ``lce_logits`` call, no logits stored."""
+    """lse, tgt (and zs) of every row, (T, 1) fp32: ``lce_logits`` with no logits stored,
+    over the same chunks of rows as ``chunked`` (not one call over all rows: a launch plan
+    keeps its reductions' workspaces, fp32 per row and tile along the vocabulary, 4 x 32 MiB
+    at 8192 x 128256, which would add to a chunk's logits in a later backward)."""
     from .api import gemm
 
-    stats = _stats_out(hidden.shape[0], o, hidden)
-    if hidden.shape[0]:
-        gemm(hidden, weight.t(), logits_source(o.dtype, o.bias, bool(o.cap), o.smooth),
-             D=None, tune=TUNE, **o.operands(target.view(-1, 1), bias), **stats)
+    T = hidden.shape[0]
+    stats = _stats_out(T, o, hidden)
+    src = logits_source(o.dtype, o.bias, bool(o.cap), o.smooth)
+    rows = chunk_rows(T, o.vocab, hidden.element_size())
+    for s in range(0, T, rows):
+        e = min(T, s + rows)
+        gemm(hidden[s:e], weight.t(), src, D=None, tune=TUNE,
+             **o.operands(target[s:e].view(-1, 1), bias), **{n: t[s:e] for n, t in stats.items()})
     return stats
 
 
