@@ -46,8 +46,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     chunk by chunk of rows (the backward scales them by the upstream gradient, in place);
     for "none", fp16, and under torch.compile the backward recomputes the chunks.
     """
-    _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap,
-           z_loss, return_lse)
+    check_arguments(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
+                    softcap, z_loss, return_lse)
     flat = hidden.reshape(-1, hidden.shape[-1])
     # the gradients the forward computes ("mean", "sum"; runtime.cross_entropy.precomputes).
     # Not under torch.compile: functionalization turns the backward's in-place scaling of
@@ -75,8 +75,8 @@ def _number(name: str, value, low: float, high: float = math.inf, low_open: bool
                             f"not {value!r}", variable=name)
 
 
-def _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap,
-           z_loss, return_lse) -> None:
+def check_arguments(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
+                    softcap, z_loss, return_lse) -> None:
     """The arguments' errors, each naming its argument."""
     def fail(name: str, text: str):
         raise EpilogueError(f"linear_cross_entropy: {text}", variable=name)
@@ -131,4 +131,4 @@ def _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothin
             fail(name, f"{name} is on {t.device} and hidden on {hidden.device}")
 
 
-__all__ = ["linear_cross_entropy", "REDUCTIONS"]
+__all__ = ["linear_cross_entropy", "check_arguments", "REDUCTIONS"]

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from .frontend import EpilogueSource, parse_epilogue
-from .losses import _check as _check_loss_options
-from .losses import linear_cross_entropy
+from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
@@ -124,7 +123,7 @@ class LinearCrossEntropy(torch.nn.Module):
                             return_lse=return_lse)
         h, w, y = torch.empty(1, 1, device="meta"), torch.empty(1, 1, device="meta"), \
             torch.empty(1, dtype=torch.int64, device="meta")
-        _check_loss_options(h, w, y, None, **self.options)  # bad options fail here
+        check_arguments(h, w, y, None, **self.options)  # bad options fail here
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None):
