@@ -42,6 +42,7 @@ declare -A shards=(
   [special_o]="tests/gpu/test_gpu_special_values.py|hopper or portable"
   [autograd]="tests/gpu/test_gpu_autograd.py|not random"
   [autograd_fuzz]="tests/gpu/test_gpu_autograd.py|random"
+  [linear_ce]="tests/gpu/test_gpu_linear_cross_entropy.py|"
 )
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
   [[ " ${shards[*]} " == *"$f"* ]] || { echo "gpu_tier.sh: $f is in no shard" >&2; exit 2; }

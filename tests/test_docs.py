@@ -218,7 +218,31 @@ TRIGGERS = [
     (lambda: evtfuse.gemm(A.clone().requires_grad_(True), B,
                           "def e(accum):\n    q = cast(accum, 'int8')\n    D = q * 2.0\n    return D"),
      "has no derivative"),
+    *[(functools.partial(lambda kw: _lce(**kw), kw), phrase) for kw, phrase in [
+        (dict(reduction="avg"), 'reduction must be "mean", "sum" or "none"'),
+        (dict(label_smoothing=1.5), "label_smoothing must be a finite number in [0.0, 1.0]"),
+        (dict(softcap=0.0), "must be a finite number in (0.0, inf)"),
+        (dict(ignore_index=1.5), "ignore_index must be an int"),
+        (dict(return_lse="yes"), "return_lse must be True or False"),
+        (dict(hidden=torch.randn(5, K).double()), "the kernels take float16, bfloat16 and float32"),
+        (dict(hidden=torch.randn(K)), "it must be (tokens, hidden) or (..., hidden)"),
+        (dict(weight=torch.randn(K, 7)), "(as torch.nn.Linear's weight)"),
+        (dict(weight=torch.randn(0, K)), "the vocabulary must have a class at least"),
+        (dict(weight=torch.randn(7, K).half()), "they must have one dtype"),
+        (dict(target=torch.zeros(5)), "it must hold class indices, int64 or int32"),
+        (dict(target=torch.zeros(3, dtype=torch.long)), "(one class per row of hidden)"),
+        (dict(bias=torch.zeros(3)), "one per row of weight"),
+        (dict(target=torch.full((5,), 7)), "is out of bounds: a target is a class index in"),
+    ]],
 ]
+
+
+def _lce(hidden=None, weight=None, target=None, **kw):
+    """evtfuse.linear_cross_entropy of 5 tokens, hidden K, a vocabulary of 7, with a change."""
+    hidden = torch.randn(5, K) if hidden is None else hidden
+    weight = torch.randn(7, K) if weight is None else weight
+    target = torch.zeros(5, dtype=torch.long) if target is None else target
+    return evtfuse.linear_cross_entropy(hidden, weight, target, **kw)
 
 
 @pytest.mark.parametrize("build, phrase", TRIGGERS, ids=[p for _, p in TRIGGERS])

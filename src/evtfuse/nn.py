@@ -1,4 +1,5 @@
-"""Modules a PyTorch model can hold: ``evtfuse.nn.Linear`` and ``fuse_activations``.
+"""Modules a PyTorch model can hold: ``evtfuse.nn.Linear``, ``fuse_activations`` and
+``LinearCrossEntropy``.
 
 Layer: library, above the runtime (``evtfuse.gemm``, one ``torch.ops.evtfuse.gemm`` call a
 forward). ``Linear`` is a ``torch.nn.Linear`` (same parameters, same state dict, same
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from .frontend import EpilogueSource, parse_epilogue
+from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
@@ -106,4 +108,29 @@ def _activation_op(act: torch.nn.Module) -> str | None:
     return _ACTIVATIONS.get(type(act))
 
 
-__all__ = ["Linear", "fuse_activations", "with_activation"]
+class LinearCrossEntropy(torch.nn.Module):
+    """``evtfuse.linear_cross_entropy`` as a module: ``LinearCrossEntropy(ignore_index=-100,
+    reduction="mean", label_smoothing=0.0, softcap=None, z_loss=0.0, return_lse=False)``,
+    then ``forward(hidden, weight, target, bias=None)`` (the LM head's weight and bias are
+    the model's; this module holds no parameter)."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, softcap: float | None = None,
+                 z_loss: float = 0.0, return_lse: bool = False):
+        super().__init__()
+        self.options = dict(ignore_index=ignore_index, reduction=reduction,
+                            label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss,
+                            return_lse=return_lse)
+        h, w, y = torch.empty(1, 1, device="meta"), torch.empty(1, 1, device="meta"), \
+            torch.empty(1, dtype=torch.int64, device="meta")
+        check_arguments(h, w, y, None, **self.options)  # bad options fail here
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None):
+        return linear_cross_entropy(hidden, weight, target, bias=bias, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+
+
+__all__ = ["Linear", "fuse_activations", "with_activation", "LinearCrossEntropy"]

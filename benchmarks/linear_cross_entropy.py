@@ -1,0 +1,283 @@
+"""Fused linear cross-entropy, forward + backward, on a GPU: evtfuse against its peers
+(issue 32, "Measure"; BENCHMARKS.md). Every peer in the same run, each in its own
+try/except (a peer that fails is recorded with its error and the run goes on).
+
+    PYTHONPATH=src python3 benchmarks/linear_cross_entropy.py --out bench_out/lce.json
+    ... --tokens 8192 --hidden 4096 --vocab 128256 --dtype bf16 --chunk-mib 128,192
+    ... --peers cublas,evtfuse,eager,compile,liger,cce
+
+Peers:
+- ``cublas``: the three bare GEMMs a linear cross-entropy needs, logits = h @ W.T,
+  dX = G @ W and dW = G.T @ h (G a (tokens, vocab) gradient): each and their sum, the
+  floor (the issue's target: evtfuse at most 1.05x the sum).
+- ``evtfuse``: ``loss = evtfuse.linear_cross_entropy(h, W, y); loss.backward()``, once per
+  chunk size of ``--chunk-mib`` (``runtime.cross_entropy.CHUNK_BYTES``); and its forward
+  alone under ``torch.no_grad()`` (one GEMM per chunk, no logits stored).
+- ``eager``: ``F.cross_entropy(F.linear(h, W).float(), y)`` and its backward.
+- ``compile``: the same under ``torch.compile(mode="max-autotune-no-cudagraphs")``.
+- ``evtfuse_compile``: evtfuse's step under ``torch.compile(fullgraph=True)`` (there its
+  backward recomputes the chunks: four GEMMs).
+- ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss``; ``cce``: Apple's
+  ``cut_cross_entropy.linear_cross_entropy`` (where installed).
+
+Time: ``triton.testing.do_bench`` median of whole steps (L2 flushed before each; the
+gradients set to None before each, so each step allocates them as a training step does).
+Memory: ``peak_beyond_mib``, the peak of one step after a warm-up step, minus what was
+allocated before it (inputs, weight, anything the peer keeps between calls) and minus the
+gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces a peer
+keeps). Correctness: each peer's loss and gradients against eager's, as relative norms
+(``rel_loss``, ``rel_dx``, ``rel_dw``), where eager ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+import evtfuse
+from evtfuse.runtime import cross_entropy
+
+MIB = 1 << 20
+DEV = "cuda"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _ms(fn, grads=None) -> float:
+    return triton.testing.do_bench(fn, warmup=100, rep=1000, grad_to_none=grads,
+                                   return_mode="median")
+
+
+def _rel(got, want) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        dtype = DTYPES[args.dtype]
+        T, H, V = args.tokens, args.hidden, args.vocab
+        g = torch.Generator(device=DEV).manual_seed(0)
+        self.h = torch.randn(T, H, device=DEV, generator=g).to(dtype).requires_grad_(True)
+        self.W = (torch.randn(V, H, device=DEV, generator=g) / H ** 0.5).to(dtype)
+        self.W.requires_grad_(True)
+        self.y = torch.randint(0, V, (T,), device=DEV, generator=g)
+        if args.ignore_frac > 0:
+            self.y[torch.rand(T, device=DEV, generator=g) < args.ignore_frac] = -100
+        self.ref = None  # eager's (loss, dX, dW)
+        self.results: dict = {}
+
+    # ---------------------------------------------------------------- one training step
+
+    def step_result(self, name: str, step, check: bool = True) -> dict:
+        """Time, peak memory and accuracy of ``step()`` (a forward + backward returning the
+        loss, gradients into h.grad and W.grad)."""
+        leaves = [self.h, self.W]
+        for t in leaves:
+            t.grad = None
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        loss = step()  # warm-up: compiles, tunes
+        torch.cuda.synchronize()
+        out = {"first_call_s": round(time.perf_counter() - t0, 2)}
+        if check and self.ref is not None:
+            out.update(rel_loss=_rel(loss.float(), self.ref[0]), rel_dx=_rel(self.h.grad, self.ref[1]),
+                       rel_dw=_rel(self.W.grad, self.ref[2]))
+        del loss
+        for t in leaves:
+            t.grad = None
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        out["kept_mib"] = round((base - before) / MIB, 1)
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        grads = sum(t.grad.nbytes for t in leaves if t.grad is not None)
+        out["peak_beyond_mib"] = round((peak - base - grads) / MIB, 1)
+        out["ms"] = _ms(step, leaves)
+        for t in leaves:
+            t.grad = None
+        print(f"  {name}: {out}", flush=True)
+        return out
+
+    def eager_step(self):
+        loss = F.cross_entropy(F.linear(self.h, self.W).float(), self.y)
+        loss.backward()
+        return loss
+
+    # ---------------------------------------------------------------- peers
+
+    def cublas(self) -> dict:
+        h, W = self.h.detach(), self.W.detach()
+        T, V = self.args.tokens, self.args.vocab
+        logits = torch.empty(T, V, device=DEV, dtype=h.dtype)
+        G = torch.randn(T, V, device=DEV, dtype=h.dtype)
+        dx, dw = torch.empty_like(h), torch.empty_like(W)
+        out = {"logits_ms": _ms(lambda: torch.mm(h, W.t(), out=logits)),
+               "dx_ms": _ms(lambda: torch.mm(G, W, out=dx)),
+               "dw_ms": _ms(lambda: torch.mm(G.t(), h, out=dw))}
+        out["ms"] = out["logits_ms"] + out["dx_ms"] + out["dw_ms"]
+        print(f"  cublas: {out}", flush=True)
+        return out
+
+    def eager(self) -> dict:
+        for t in (self.h, self.W):
+            t.grad = None
+        loss = self.eager_step()
+        self.ref = (loss.detach().float(), self.h.grad.detach().clone(), self.W.grad.detach().clone())
+        return self.step_result("eager", self.eager_step, check=False)
+
+    def compile(self) -> dict:
+        fn = torch.compile(lambda h, W, y: F.cross_entropy(F.linear(h, W).float(), y),
+                           mode="max-autotune-no-cudagraphs")
+
+        def step():
+            loss = fn(self.h, self.W, self.y)
+            loss.backward()
+            return loss
+
+        return self.step_result("compile", step)
+
+    def evtfuse(self) -> dict:
+        out = {}
+        for mib in self.args.chunk_mib:
+            cross_entropy.CHUNK_BYTES = int(mib * MIB)
+
+            def step():
+                loss = evtfuse.linear_cross_entropy(self.h, self.W, self.y)
+                loss.backward()
+                return loss
+
+            try:
+                out[f"chunk_{mib:g}_mib"] = self.step_result(f"evtfuse chunk {mib:g} MiB", step)
+            except Exception as exc:  # noqa: BLE001  (one chunk size failing is a result)
+                out[f"chunk_{mib:g}_mib"] = {"error": _error(exc)}
+        best = min((v["ms"], k) for k, v in out.items() if "ms" in v) if any(
+            "ms" in v for v in out.values()) else None
+        if best:
+            out["ms"], out["best"] = best
+            out["peak_beyond_mib"] = out[best[1]]["peak_beyond_mib"]
+        with torch.no_grad():  # the forward alone: no logits stored
+            h, W = self.h.detach(), self.W.detach()
+            evtfuse.linear_cross_entropy(h, W, self.y)
+            out["forward_no_grad_ms"] = _ms(lambda: evtfuse.linear_cross_entropy(h, W, self.y))
+        cross_entropy.CHUNK_BYTES = 128 * MIB
+        return out
+
+    def evtfuse_compile(self) -> dict:
+        """evtfuse under torch.compile (Inductor): its backward recomputes the chunks (one
+        GEMM more than eager evtfuse; docs/pytorch.md)."""
+        fn = torch.compile(lambda h, W, y: evtfuse.linear_cross_entropy(h, W, y), fullgraph=True)
+
+        def step():
+            loss = fn(self.h, self.W, self.y)
+            loss.backward()
+            return loss
+
+        return self.step_result("evtfuse_compile", step)
+
+    def liger(self) -> dict:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        lf = LigerFusedLinearCrossEntropyLoss()
+
+        def step():
+            loss = lf(self.W, self.h, self.y)
+            loss.backward()
+            return loss
+
+        return self.step_result("liger", step)
+
+    def cce(self) -> dict:
+        from cut_cross_entropy import linear_cross_entropy as cce
+
+        def step():
+            loss = cce(self.h, self.W, self.y)
+            loss.backward()
+            return loss
+
+        return self.step_result("cce", step)
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def table(results: dict) -> str:
+    floor = results.get("cublas", {}).get("ms")
+    rows = [f"{'peer':<26} {'ms':>9} {'x GEMMs':>8} {'peak MiB':>9} {'kept MiB':>9} "
+            f"{'rel dX':>9} {'rel dW':>9}"]
+
+    def line(name, r):
+        if "error" in r:
+            return f"{name:<26} error: {r['error'][:90]}"
+        ms = r.get("ms")
+        ratio = f"{ms / floor:.3f}" if ms and floor else "-"
+
+        def f(k, fmt):
+            return format(r[k], fmt) if k in r else f"{'-':>9}"
+
+        return (f"{name:<26} {f('ms', '9.2f')} {ratio:>8} {f('peak_beyond_mib', '9.0f')} "
+                f"{f('kept_mib', '9.0f')} {f('rel_dx', '9.2e')} {f('rel_dw', '9.2e')}")
+
+    for name, r in results.items():
+        if name == "evtfuse" and "error" not in r:
+            for k, v in r.items():
+                if isinstance(v, dict):
+                    rows.append(line(f"evtfuse {k}", v))
+            if "forward_no_grad_ms" in r:
+                rows.append(f"{'evtfuse forward, no grad':<26} {r['forward_no_grad_ms']:9.2f}")
+            continue
+        rows.append(line(name, r))
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out/linear_cross_entropy.json")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    p.add_argument("--ignore-frac", type=float, default=0.0,
+                   help="fraction of tokens whose target is ignore_index")
+    p.add_argument("--chunk-mib", default="128,192",
+                   help="evtfuse's chunk sizes to try (MiB of logits per chunk)")
+    p.add_argument("--peers", default="cublas,eager,evtfuse,compile,evtfuse_compile,liger,cce",
+                   help="eager first: the others' accuracy is measured against it")
+    args = p.parse_args()
+    args.chunk_mib = [float(c) for c in args.chunk_mib.split(",") if c]
+    bench = Bench(args)
+    report = {"config": {k: v for k, v in vars(args).items() if k != "out"},
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": triton.__version__, "evtfuse": evtfuse.__version__,
+              "results": bench.results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    for name in [p for p in args.peers.split(",") if p]:
+        print(f"{name} ...", flush=True)
+        try:
+            bench.results[name] = getattr(bench, name)()
+        except Exception as exc:  # noqa: BLE001  (a peer that fails is a result)
+            traceback.print_exc()
+            bench.results[name] = {"error": _error(exc)}
+        for t in (bench.h, bench.W):
+            t.grad = None
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as f:  # after every peer: a killed run keeps what it measured
+            json.dump(report, f, indent=1)
+    print(table(bench.results))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
