@@ -1,0 +1,118 @@
+"""A training step through evtfuse, measured on a GPU, every peer in the same run
+(BENCHMARKS.md, "Training"):
+
+    PYTHONPATH=src python3 benchmarks/training.py --out bench_out/training.json
+
+MLP up-projection with bias and gelu_tanh, forward + backward (8192 tokens, 4096 -> 14336,
+bf16; the upstream gradient a fixed random tensor): ``evtfuse.nn.Linear`` eager against
+the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ W``,
+``dW = g.T @ x``, each timed alone), eager torch (``F.linear`` + ``F.gelu``) and
+``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same step. Times are medians of
+``triton.testing.do_bench`` with the gradients reset between steps; peak memory is
+``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+import evtfuse
+
+BF = torch.bfloat16
+
+
+def _ms(fn, grads) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, grad_to_none=grads,
+                                   return_mode="median")
+
+
+def _peak_mib(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
+    torch.manual_seed(0)
+    x = (torch.randn(tokens, d_in, device="cuda") * d_in ** -0.5).to(BF).requires_grad_(True)
+    ref = torch.nn.Linear(d_in, d_out, device="cuda", dtype=BF)
+    lin = evtfuse.nn.Linear(d_in, d_out, device="cuda", dtype=BF,
+                            epilogue=evtfuse.nn.with_activation("gelu_tanh"))
+    lin.load_state_dict(ref.state_dict())
+    g = torch.randn(tokens, d_out, device="cuda", dtype=BF)
+
+    def ev():
+        lin(x).backward(g)
+
+    def eager():
+        F.gelu(F.linear(x, ref.weight, ref.bias), approximate="tanh").backward(g)
+
+    compiled_fwd = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
+                                 mode="max-autotune-no-cudagraphs")
+
+    def compiled():
+        compiled_fwd(x, ref.weight, ref.bias).backward(g)
+
+    W = ref.weight.detach()
+    xd = x.detach()
+    out: dict = {"shape": [tokens, d_in, d_out]}
+    params = [x, lin.weight, lin.bias, ref.weight, ref.bias]
+
+    def grads_of(fn) -> list:
+        for t in params:
+            t.grad = None
+        fn()
+        return [t.grad.float() for t in params if t.grad is not None]
+
+    ev()  # tune and compile evtfuse's forward and backward kernels
+    got, want = grads_of(ev), grads_of(eager)  # (dX, dW, db) each
+    out["rel_err"] = {n: float((a - b).norm() / b.norm())
+                      for n, a, b in zip(("dX", "dW", "db"), got, want)}
+    compiled()
+    grads = params
+    out["fwd_gemm_ms"] = _ms(lambda: xd @ W.T, None)
+    out["dx_gemm_ms"] = _ms(lambda: g @ W, None)
+    out["dw_gemm_ms"] = _ms(lambda: g.T @ xd, None)
+    out["three_gemms_ms"] = out["fwd_gemm_ms"] + out["dx_gemm_ms"] + out["dw_gemm_ms"]
+    for name, fn in (("evtfuse", ev), ("eager", eager), ("compiled", compiled)):
+        try:
+            out[f"{name}_ms"] = _ms(fn, grads)
+            for p in grads:
+                p.grad = None
+            out[f"{name}_peak_mib"] = _peak_mib(fn)
+        except Exception as e:  # one peer's failure does not lose the others
+            out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
+    if "evtfuse_ms" in out:
+        out["ratio_to_three_gemms"] = out["evtfuse_ms"] / out["three_gemms_ms"]
+        if "compiled_ms" in out:
+            out["ratio_to_compiled"] = out["evtfuse_ms"] / out["compiled_ms"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out/training.json")
+    a = p.parse_args()
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": triton.__version__}
+    try:
+        results["mlp"] = mlp_step()
+    except Exception as e:
+        results["mlp"] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
+    print(json.dumps(results, indent=1), flush=True)
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
