@@ -115,8 +115,11 @@ def test_compiled_training_step_with_inductor(quick_tuning):
     eager = grads(step)
     torch._dynamo.reset()
     compiled = grads(torch.compile(step, fullgraph=True))
+    # compiled, the backward recomputes the chunks (eager computes the gradients in the
+    # forward and scales them): bf16 gradients rounded in another order (1.3e-3 seen on an
+    # H200), within bf16's rounding (2^-8), far below the error of a wrong gradient
     for got, want in zip(compiled, eager):
-        assert _rel(got, want) < 1e-3
+        assert _rel(got, want) < 4e-3
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
