@@ -7,10 +7,10 @@ same run (BENCHMARKS.md, "Inside PyTorch").
    under ``torch.compile(fullgraph=True)``: time per call (``do_bench``, median) and the
    host time per call (back-to-back calls, wall clock over a synchronised loop), and
    the compiled function's first call.
-2. ``graphs``: a launch-bound layer (M=64, 4096x4096, bias + gelu_tanh) under
-   ``torch.compile(mode="reduce-overhead")`` against the evtfuse kernel's own GPU time
-   (torch.profiler), beside torch.compile's own fusion of the same layer (reduce-overhead)
-   and cuBLASLt (``torch._addmm_activation``, in a CUDA graph).
+2. ``graphs``: a stack of 32 launch-bound layers (M=64, 4096x4096, bias + gelu_tanh)
+   under ``torch.compile(mode="reduce-overhead")``, time per layer, against the evtfuse
+   kernel's own GPU time (torch.profiler), beside torch.compile's own fusion of the same
+   stack (reduce-overhead) and cuBLASLt (``torch._addmm_activation``, in a CUDA graph).
 3. ``mlp``: Linear -> gelu_tanh -> Linear, 4096 -> 14336 -> 4096, 8192 tokens, bf16,
    inference: ``evtfuse.nn.Linear`` under torch.compile against the two bare cuBLAS GEMMs
    (``x @ W.T``) and ``torch.nn.Linear`` under
@@ -87,17 +87,30 @@ def _profiled_kernel_ms(fn, name_part: str, n=50) -> float:
     return sum(times) / n / 1e3
 
 
-def graphs() -> dict:
-    M, N, K = 64, 4096, 4096
-    x = torch.randn(M, K, device="cuda", dtype=BF)
-    W = torch.randn(N, K, device="cuda", dtype=BF) / K ** 0.5
-    bias = torch.randn(N, device="cuda", dtype=BF)
+def graphs(layers: int = 32) -> dict:
+    """A stack of ``layers`` launch-bound layers (M=64, 4096x4096, bias + gelu_tanh, each its
+    own weight) in one graph: per-layer time = the stack's time / ``layers``, so the graph's
+    own replay cost (tens of microseconds of Python in cudagraph trees) is spread as in a
+    model, against the evtfuse kernel's GPU time per layer (torch.profiler)."""
+    M, N = 64, 4096
+    x = torch.randn(M, N, device="cuda", dtype=BF)
+    Ws = [torch.randn(N, N, device="cuda", dtype=BF) / N ** 0.5 for _ in range(layers)]
+    bs = [torch.randn(N, device="cuda", dtype=BF) for _ in range(layers)]
 
     def ev(x):
-        return evtfuse.gemm(x, W.t(), GELU, bias=bias)
+        for W, b in zip(Ws, bs):
+            x = evtfuse.gemm(x, W.t(), GELU, bias=b)
+        return x
 
     def eager(x):
-        return torch.nn.functional.gelu(x @ W.t() + bias, approximate="tanh")
+        for W, b in zip(Ws, bs):
+            x = torch.nn.functional.gelu(x @ W.t() + b, approximate="tanh")
+        return x
+
+    def lt(x):
+        for W, b in zip(Ws, bs):
+            x = torch._addmm_activation(b, x, W.t(), use_gelu=True)
+        return x
 
     ev(x)
     torch._dynamo.reset()
@@ -105,18 +118,20 @@ def graphs() -> dict:
     tc = torch.compile(eager, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):
         ro(x), tc(x)
-    out = {"evtfuse_reduce_overhead_ms": _ms(lambda: ro(x)),
-           "evtfuse_kernel_ms": _profiled_kernel_ms(lambda: ev(x), "evtfuse"),
-           "torch_compile_reduce_overhead_ms": _ms(lambda: tc(x))}
+    out = {"layers": layers,
+           "evtfuse_reduce_overhead_ms": _ms(lambda: ro(x)) / layers,
+           "evtfuse_kernel_ms": _profiled_kernel_ms(lambda: ev(x), "evtfuse") / layers,
+           "evtfuse_eager_ms": _ms(lambda: ev(x)) / layers,
+           "torch_compile_reduce_overhead_ms": _ms(lambda: tc(x)) / layers}
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        torch._addmm_activation(bias, x, W.t(), use_gelu=True)
+        lt(x)
     torch.cuda.current_stream().wait_stream(s)
     with torch.cuda.graph(g):
-        torch._addmm_activation(bias, x, W.t(), use_gelu=True)
-    out["cublaslt_graph_ms"] = _ms(g.replay)
+        lt(x)
+    out["cublaslt_graph_ms"] = _ms(g.replay) / layers
     out["ratio_reduce_overhead_to_kernel"] = (out["evtfuse_reduce_overhead_ms"]
                                               / out["evtfuse_kernel_ms"])
     return out
