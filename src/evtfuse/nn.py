@@ -17,6 +17,7 @@ import torch
 from .frontend import EpilogueSource, parse_epilogue
 from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
+from .runtime.autograd import check_backward
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
 NO_BIAS = "def linear(accum):\n    D = accum\n    return D"
@@ -52,8 +53,7 @@ class Linear(torch.nn.Linear):
                  epilogue: EpilogueSource | None = None, device=None, dtype=None,
                  backward: str = "auto", **operands: Any):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        if backward not in ("auto", "save", "recompute"):
-            raise ValueError(f'backward must be "auto", "save" or "recompute", not {backward!r}')
+        check_backward(backward)
         self.backward_mode = backward
         self.epilogue = epilogue if epilogue is not None else (BIAS if bias else NO_BIAS)
         parsed = parse_epilogue(self.epilogue)

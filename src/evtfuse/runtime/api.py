@@ -167,8 +167,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
-    if backward not in autograd.BACKWARD_MODES:
-        raise ValueError(f'backward must be "auto", "save" or "recompute", not {backward!r}')
+    autograd.check_backward(backward)
     source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
     named = operands_and_outputs

@@ -84,13 +84,19 @@ def save_threshold(dtype: torch.dtype, allow_tf32: bool = False) -> int:
     return saved_accum_dtype(dtype).itemsize * ratio
 
 
+def check_backward(choice) -> None:
+    """The ``backward`` option: "auto", "save" or "recompute" (an ``EpilogueError`` else)."""
+    if choice not in BACKWARD_MODES:
+        raise EpilogueError(f'backward must be "auto", "save" or "recompute", not {choice!r}',
+                            variable="backward")
+
+
 def backward_mode(choice: str, K, dtype: torch.dtype, allow_tf32: bool = False) -> str:
     """"save" or "recompute" for the ``backward`` option ``choice``: "auto" compares K with
     ``save_threshold``. A symbolic K (torch.compile, ``dynamic=True``) is compared too: a
     guard ``K >= threshold`` on the compiled graph, no graph break (a K that crosses it
     recompiles, and the other mode's graph has its own outputs)."""
-    if choice not in BACKWARD_MODES:
-        raise ValueError(f'backward must be "auto", "save" or "recompute", not {choice!r}')
+    check_backward(choice)
     if choice != "auto":
         return choice
     return "save" if K >= save_threshold(dtype, allow_tf32) else "recompute"
@@ -397,4 +403,4 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
 
 
 __all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",
-           "backward_mode", "save_threshold", "saved_accum_dtype"]
+           "backward_mode", "check_backward", "save_threshold", "saved_accum_dtype"]
