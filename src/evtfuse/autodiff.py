@@ -466,4 +466,5 @@ def wrt_of_dag(dag: Dag) -> frozenset[str]:
 
 
 __all__ = ["ACCUM", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
-           "backward", "reads_accumulator", "output_shape", "reduced_dims", "first_batch", "injected_gradient", "wrt_of_dag", "differentiable_dtype"]
+           "backward", "reads_accumulator", "output_shape", "reduced_dims", "first_batch",
+           "injected_gradient", "wrt_of_dag", "differentiable_dtype"]

@@ -277,4 +277,5 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
 
 
 __all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "eliminate_dead_code",
-           "fold_constants", "simplify_algebra", "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]
+           "fold_constants", "simplify_algebra", "stable_forms",
+           "eliminate_common_subexpressions", "eliminate_reductions", "Space"]
