@@ -52,13 +52,15 @@ def reference_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
     return {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(names, got)}
 
 
-def autodiff_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
+def autodiff_grads(source, A, B, values: dict, grad_out: dict, wrt, save=False) -> dict:
     """The same gradients through ``autodiff`` (the backward DAG, evaluated by the reference
-    evaluator in float64) and two float64 matmuls."""
+    evaluator in float64) and two float64 matmuls; ``save``: "save" mode (the backward reads
+    the accumulator the forward stored, here in float64)."""
     problem = problem_of(A, B)
     parsed = parse_epilogue(source)
     dag = bind(parsed, values, problem)
-    plan = autodiff.plan_forward(dag, {autodiff.ACCUM, *wrt}, parsed)
+    plan = autodiff.plan_forward(dag, {autodiff.ACCUM, *wrt}, parsed,
+                                 save_accum=F64 if save else None, batches=problem[0])
     acc = torch.matmul(_f64(A), _f64(B))
     ops = {k: _f64(v) for k, v in values.items()}
     hidden = {s.name: None for s in plan.saved if s.hidden}

@@ -3,8 +3,9 @@ kernels: the backward DAG evaluated by the reference evaluator gives torch.autog
 gradients of the reference evaluator (``grad_oracle``), for every operand kind (full,
 per-row, per-column, device scalars, per-batch and shared), every output kind (full, not
 stored, per-row / per-column / whole-output reductions of sum, max, min, logsumexp),
-gradients into a subset of the outputs; a row without a derivative raises naming its
-line; the printed source of a DAG binds back to the same DAG."""
+gradients into a subset of the outputs, each in both backward modes ("recompute": from
+``accum``; "save": from the accumulator the forward stored); a row without a derivative
+raises naming its line; the printed source of a DAG binds back to the same DAG."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def _check(source, A, B, values, graded, wrt, what=""):
     want = reference_grads(source, A, B, values, graded, wrt)
     got = autodiff_grads(source, A, B, values, graded, wrt)
     assert_grads_close(got, want, rtol=1e-9, atol=1e-9, what=what)
+    saved = autodiff_grads(source, A, B, values, graded, wrt, save=True)
+    assert_grads_close(saved, want, rtol=1e-9, atol=1e-9, what=f"{what} (save mode)")
     return got
 
 
@@ -187,6 +190,47 @@ def test_the_backward_of_a_linear_layer_reads_no_accumulator():
     assert not any(n.kind is ir.NodeKind.ACCUM for n in bp.dag.nodes)
     assert bp.source == ("def backward(accum, grad_D):\n    grad_bias = sum(grad_D)\n"
                          "    D = grad_D\n    return D, grad_bias\n")
+
+
+def test_save_mode_reads_the_saved_accumulator_and_no_accum():
+    """"save" mode: the forward stores accum as a hidden output (in the dtype asked, per
+    batch when L > 1), the backward reads it as a full operand named by the namer (never a
+    user's name: here an operand is called saved_accum) and no accumulator; a backward that
+    reads no accumulator (a linear layer) saves nothing."""
+    src = "def e(accum, saved_accum, bias):\n    D = gelu(accum * saved_accum + bias)\n    return D"
+    for L in (1, 3):
+        lead = (L,) if L > 1 else ()
+        values = dict(saved_accum=_rand(M, N), bias=_rand(N), D=torch.empty(*lead, M, N))
+        dag = bind(parse_epilogue(src), values, (L, M, N))
+        plan = autodiff.plan_forward(dag, {"accum", "bias", "saved_accum"},
+                                     save_accum=torch.bfloat16, batches=L)
+        kept = plan.saved_accum
+        assert kept is not None and kept.name not in ("saved_accum", "D", "bias", "accum")
+        assert (kept.dtype, kept.batched, kept.hidden) == (torch.bfloat16, L > 1, True)
+        out = plan.augmented.output(kept.name)
+        assert out.node.kind is ir.NodeKind.ACCUM and out.dtype is torch.bfloat16
+        assert f"{kept.name} = accum" in to_source(plan.augmented)
+        bp = autodiff.backward(plan, {"D"}, {"accum", "bias", "saved_accum"}, batches=L)
+        assert not any(n.kind is ir.NodeKind.ACCUM for n in bp.dag.nodes)
+        (op,) = [op for name, op in bp.saved if name == kept.name]
+        spec = next(o for o in bp.dag.operands if o.name == op)
+        assert spec.kind is ir.OperandKind.FULL and spec.dtype is torch.bfloat16
+        assert spec.batched is (L > 1) and op not in values
+    linear = autodiff.plan_forward(
+        bind(parse_epilogue(evtfuse.nn.BIAS), dict(bias=_rand(N), D=torch.empty(M, N)),
+             (1, M, N)), {"accum", "bias"}, save_accum=torch.bfloat16)
+    assert linear.saved_accum is None and linear.augmented is linear.dag
+
+
+def test_a_backward_of_operands_only_runs_no_gemm():
+    """A backward that needs no dAccum and reads no accumulator (the gradient of a bias
+    added after a linear layer) returns D as an unstored literal, not as accum."""
+    values = dict(bias=_rand(N), D=torch.empty(M, N))
+    plan = autodiff.plan_forward(bind(parse_epilogue(evtfuse.nn.BIAS), values, (1, M, N)),
+                                 {"bias"})
+    bp = autodiff.backward(plan, {"D"}, {"bias"})
+    assert not any(n.kind is ir.NodeKind.ACCUM for n in bp.dag.nodes)
+    assert bp.dag.output("D").kind is ir.OutputKind.NONE
 
 
 def test_an_op_without_derivative_raises_naming_its_line():

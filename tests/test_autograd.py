@@ -6,9 +6,13 @@ given or allocated, not stored, per-row / per-column / whole-output reductions o
 max, min and logsumexp, integer outputs), gradients into any subset of the outputs; a
 training step under torch.compile (fullgraph, aot_eager: forward compiled and backward by
 AOTAutograd, and forward + backward traced together) with no graph break; gradcheck; an
-op without derivative raising at the forward call."""
+op without derivative raising at the forward call. Each in both backward modes where cheap:
+"recompute" (the backward kernel recomputes A @ B) and "save" (it reads the accumulator
+the forward stored, over K = 0), and "auto"'s choice between them."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -22,6 +26,7 @@ from grad_oracle import GA, GB, assert_grads_close, reference_grads
 
 M, N, K = 12, 8, 6
 TOL = dict(rtol=2e-4, atol=2e-4)  # fp32 kernels against float64 torch
+MODES = ["recompute", "save"]  # evtfuse.gemm's backward= (auto picks recompute at K = 6)
 
 
 def _rand(*shape, seed=0, dtype=torch.float32):
@@ -29,7 +34,8 @@ def _rand(*shape, seed=0, dtype=torch.float32):
     return torch.randn(tuple(shape), generator=g).to(dtype)
 
 
-def run_and_check(source, A, B, values, graded, wrt=(), grad_ab=True, what=""):
+def run_and_check(source, A, B, values, graded, wrt=(), grad_ab=True, what="",
+                  backward="auto", tol=TOL):
     """Call evtfuse.gemm on copies that require grad, backpropagate ``sum(out * g)`` over
     the ``graded`` outputs (g in each output's dtype), compare every gradient with the
     oracle; returns the outputs."""
@@ -40,7 +46,7 @@ def run_and_check(source, A, B, values, graded, wrt=(), grad_ab=True, what=""):
     outputs = parse_epilogue(source).outputs
     vals = {k: (torch.empty_like(v) if k in outputs and v is not None else v)
             for k, v in vals.items()}
-    res = evtfuse.gemm(A, B, source, **vals)
+    res = evtfuse.gemm(A, B, source, backward=backward, **vals)
     names = parse_epilogue(source).outputs
     res = res if isinstance(res, tuple) else (res,)
     grads, loss = {}, 0.0
@@ -59,7 +65,7 @@ def run_and_check(source, A, B, values, graded, wrt=(), grad_ab=True, what=""):
     if not grad_ab:
         want = {k: v for k, v in want.items() if k not in (GA, GB)}
     got = {k: (torch.zeros_like(want[k]) if v is None else v) for k, v in got.items()}
-    assert_grads_close(got, want, what=what or source, **TOL)
+    assert_grads_close(got, want, what=f"{what or source} ({backward})", **tol)
     return res
 
 
@@ -71,16 +77,18 @@ def epi(accum, C, bias, alpha):
 """
 
 
-def test_gemm_gradients_of_a_b_and_every_operand():
+@pytest.mark.parametrize("mode", MODES)
+def test_gemm_gradients_of_a_b_and_every_operand(mode):
     A, B = _rand(M, K), _rand(K, N, seed=1)
     values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), alpha=0.75)
-    D, F = run_and_check(EPI, A, B, values, {"D", "F"}, {"C", "bias"})
+    D, F = run_and_check(EPI, A, B, values, {"D", "F"}, {"C", "bias"}, backward=mode)
     assert D.grad_fn is not None and F.grad_fn is not None
 
 
 @pytest.mark.parametrize("L", [1, 3])
 @pytest.mark.parametrize("shared", ["A", "B"])
-def test_every_operand_kind(L, shared):
+@pytest.mark.parametrize("mode", MODES)
+def test_every_operand_kind(L, shared, mode):
     """Full per batch and shared, per-column (N,) and (L,1,N), per-row (M,1) and (L,M,1),
     device scalars 0-d, (1,), per batch (L,1,1); A or B shared by the batches."""
     lead = (L,) if L > 1 else ()
@@ -97,12 +105,14 @@ def epi(accum, C, Cs, bias, cb, rowv, rs, s0, s1, sb, alpha):
                   rs=_rand(M, 1, seed=11), s0=_rand(seed=7), s1=_rand(1, seed=8),
                   sb=_rand(*lead, 1, 1, seed=9), alpha=0.75)
     wrt = {"C", "Cs", "bias", "cb", "rowv", "rs", "s0", "s1", "sb"}
-    run_and_check(src, A, B, values, {"D"}, wrt, what=f"L={L}, {shared} shared")
+    run_and_check(src, A, B, values, {"D"}, wrt, what=f"L={L}, {shared} shared",
+                  backward=mode)
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
 @pytest.mark.parametrize("axis", ["row", "col", "all"])
-def test_every_reduction_output(op, axis):
+@pytest.mark.parametrize("mode", MODES)
+def test_every_reduction_output(op, axis, mode):
     shape = {"row": (M, 1), "col": (N,), "all": (1,)}[axis]
     src = f"""
 def epi(accum, bias):
@@ -114,12 +124,13 @@ def epi(accum, bias):
     values = dict(bias=_rand(N, seed=2), R=torch.empty(shape))
     for graded in ({"R"}, {"D", "R"}):
         _, R = run_and_check(src, A, B, values, graded, {"bias"},
-                             what=f"{op} {axis} {sorted(graded)}")
+                             what=f"{op} {axis} {sorted(graded)}", backward=mode)
         assert R.shape == shape
 
 
 @pytest.mark.parametrize("op", ["max", "logsumexp"])
-def test_batched_reductions_and_a_bf16_logsumexp(op):
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_reductions_and_a_bf16_logsumexp(op, mode):
     """Per-batch reductions (L, M, 1) and whole-batch ones (M, 1) over L too; a bf16 result
     (logsumexp: the backward reads a hidden fp32 copy)."""
     L = 2
@@ -127,11 +138,13 @@ def test_batched_reductions_and_a_bf16_logsumexp(op):
           "    return D, R, S"
     values = dict(bias=_rand(N, seed=2), R=torch.empty(L, M, 1, dtype=torch.bfloat16),
                   S=torch.empty(M, 1))
-    run_and_check(src, _rand(L, M, K), _rand(L, K, N, seed=1), values, {"R", "S"}, {"bias"})
+    run_and_check(src, _rand(L, M, K), _rand(L, K, N, seed=1), values, {"R", "S"}, {"bias"},
+                  backward=mode)
 
 
 @pytest.mark.parametrize("L", [1, 2])
-def test_stored_vectors_and_outputs_shared_by_the_batches(L):
+@pytest.mark.parametrize("mode", MODES)
+def test_stored_vectors_and_outputs_shared_by_the_batches(L, mode):
     """Outputs storing a value once for many elements: per-row (M, 1), per-column (N,),
     scalar (1,) vectors of broadcast values, a full (M, N) output shared by the batches."""
     lead = (L,) if L > 1 else ()
@@ -148,18 +161,21 @@ def epi(accum, C, bias, rowv, s):
                   s=_rand(seed=5), D=torch.empty(*lead, M, N), V=torch.empty(M, 1),
                   W=torch.empty(N), S=torch.empty(1), E=torch.empty(M, N))
     run_and_check(src, _rand(*lead, M, K), _rand(K, N, seed=1), values, set("DVWSE"),
-                  {"C", "bias", "rowv", "s"})
+                  {"C", "bias", "rowv", "s"}, backward=mode)
 
 
-def test_max_ties_share_their_gradient():
+@pytest.mark.parametrize("mode", MODES)
+def test_max_ties_share_their_gradient(mode):
     """A per-row value broadcast along the row ties N times in a row max: the gradient is
     shared evenly, as torch's amax, and sums back to the whole of it."""
     src = "def e(accum, rowv):\n    D = accum\n    m = max(rowv + accum * 0.0)\n    return D, m"
     values = dict(rowv=_rand(M, 1, seed=2), m=torch.empty(M, 1))
-    run_and_check(src, _rand(M, K), _rand(K, N, seed=1), values, {"m"}, {"rowv"})
+    run_and_check(src, _rand(M, K), _rand(K, N, seed=1), values, {"m"}, {"rowv"},
+                  backward=mode)
 
 
-def test_gradients_into_a_subset_of_outputs_unstored_and_given_outputs():
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_into_a_subset_of_outputs_unstored_and_given_outputs(mode):
     src = """
 def epi(accum, C, alpha):
     F = alpha * accum + C
@@ -170,7 +186,8 @@ def epi(accum, C, alpha):
     A, B = _rand(M, K), _rand(K, N, seed=1)
     base = dict(C=_rand(M, N, seed=2), alpha=1.5)
     for graded in ({"D"}, {"F"}, {"D", "F"}):
-        run_and_check(src, A, B, dict(base, G=None), graded, {"C"}, what=str(sorted(graded)))
+        run_and_check(src, A, B, dict(base, G=None), graded, {"C"}, what=str(sorted(graded)),
+                      backward=mode)
     given = torch.full((M, N), float("nan"))
     C = base["C"].clone().requires_grad_(True)
     D, F, G = evtfuse.gemm(A, B, src, C=C, alpha=1.5, F=given, G=None)
@@ -179,18 +196,20 @@ def epi(accum, C, alpha):
     assert torch.equal(C.grad, torch.full((M, N), 2.0))
 
 
-def test_only_operands_or_only_a_and_b():
+@pytest.mark.parametrize("mode", MODES)
+def test_only_operands_or_only_a_and_b(mode):
     A, B = _rand(M, K), _rand(K, N, seed=1)
     values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), alpha=0.75)
-    run_and_check(EPI, A, B, values, {"D"}, {"bias"}, grad_ab=False)
-    run_and_check(EPI, A, B, values, {"D", "F"}, (), grad_ab=True)
+    run_and_check(EPI, A, B, values, {"D"}, {"bias"}, grad_ab=False, backward=mode)
+    run_and_check(EPI, A, B, values, {"D", "F"}, (), grad_ab=True, backward=mode)
 
 
-def test_integer_outputs_carry_no_gradient():
+@pytest.mark.parametrize("mode", MODES)
+def test_integer_outputs_carry_no_gradient(mode):
     src = 'def e(accum, C):\n    q = cast(accum * 4.0, "int8")\n    D = accum * C\n    return D, q'
     A, B = _rand(M, K), _rand(K, N, seed=1)
     values = dict(C=_rand(M, N, seed=2), q=torch.empty(M, N, dtype=torch.int8))
-    D, q = run_and_check(src, A, B, values, {"D"}, {"C"})
+    D, q = run_and_check(src, A, B, values, {"D"}, {"C"}, backward=mode)
     assert q.dtype == torch.int8 and not q.requires_grad and D.requires_grad
 
 
@@ -226,6 +245,78 @@ def test_the_backward_of_a_linear_epilogue_runs_no_gemm(monkeypatch):
     calls.clear()
     run_and_check(evtfuse.nn.NO_BIAS, A, B, {}, {"D"}, ())
     assert calls == []
+
+
+class _GemmSpy:
+    """Records the calls of ``torch.ops.evtfuse.gemm`` (the backward kernel's: the forward
+    is ``gemm_functional``'s own): A's shape and the dtypes and shapes of its tensors."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = torch.ops.evtfuse.gemm.default
+
+        def default(A, B, epilogue, layout, tensors, *rest):
+            self.calls.append((tuple(A.shape), [(t.dtype, tuple(t.shape)) for t in tensors]))
+            return real(A, B, epilogue, layout, tensors, *rest)
+
+        self.default = default
+        monkeypatch.setattr(torch.ops.evtfuse, "gemm", self)
+
+    def shapes(self):
+        return [a for a, _ in self.calls]
+
+
+GELU = evtfuse.nn.with_activation("gelu_tanh")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_save_mode_runs_the_backward_with_k_0(monkeypatch, dtype):
+    """"save": the backward kernel of gelu_tanh(accum + bias) runs over K = 0, reading the
+    accumulator the forward stored (fp16 inputs: in fp16, as torch eager keeps its
+    pre-activation; fp32: fp32); "recompute" runs it over K."""
+    spy = _GemmSpy(monkeypatch)
+    A, B = _rand(M, K, dtype=dtype), _rand(K, N, seed=1, dtype=dtype)
+    tol = TOL if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    values = dict(bias=_rand(N, seed=2, dtype=dtype))
+    run_and_check(GELU, A, B, values, {"D"}, {"bias"}, backward="save", tol=tol)
+    ((shape, tensors),) = spy.calls
+    assert shape == (M, 0) and (dtype, (M, N)) in tensors
+    spy.calls.clear()
+    run_and_check(GELU, A, B, values, {"D"}, {"bias"}, backward="recompute", tol=tol)
+    assert spy.shapes() == [(M, K)]
+
+
+def test_auto_saves_for_a_large_k_and_recomputes_for_a_small_one(monkeypatch):
+    """The rule: save when K >= e * (peak flops / memory bandwidth), e the saved copy's
+    element size: 512 for fp16 / bf16 (and TF32), 64 for fp32, 2048 for fp8."""
+    from evtfuse.runtime.autograd import backward_mode, save_threshold
+
+    assert save_threshold(torch.bfloat16) == save_threshold(torch.float16) == 512
+    assert save_threshold(torch.float32) == 64
+    assert save_threshold(torch.float32, allow_tf32=True) == 512
+    assert save_threshold(torch.float8_e4m3fn) == 2048
+    assert backward_mode("auto", 4096, torch.bfloat16) == "save"
+    assert backward_mode("auto", 256, torch.bfloat16) == "recompute"
+    assert backward_mode("recompute", 4096, torch.bfloat16) == "recompute"
+    assert backward_mode("save", 8, torch.bfloat16) == "save"
+    spy = _GemmSpy(monkeypatch)
+    values = dict(bias=_rand(N, seed=2))
+    for k, want in ((64, (M, 0)), (8, (M, 8))):  # fp32: the threshold is 64
+        run_and_check(GELU, _rand(M, k), _rand(k, N, seed=1), values, {"D"}, {"bias"})
+        assert spy.shapes() == [want], k
+        spy.calls.clear()
+
+
+def test_a_linear_module_takes_the_backward_option():
+    lin = Linear(K, N, epilogue=GELU, backward="save")
+    x = _rand(5, K, seed=4).requires_grad_(True)
+    lin(x).sum().backward()
+    assert x.grad is not None and lin.bias.grad is not None
+    with pytest.raises(ValueError, match='backward must be "auto", "save" or "recompute", '
+                                         "not 'keep'"):
+        Linear(K, N, backward="keep")
+    with pytest.raises(ValueError, match='backward must be "auto", "save" or "recompute"'):
+        evtfuse.gemm(_rand(M, K), _rand(K, N), backward="keep")
 
 
 def test_double_backward_raises():
@@ -281,9 +372,9 @@ def test_linear_training_step_matches_torch_linear():
         torch.testing.assert_close(got, want, **TOL)
 
 
-def _step(A, B, C, bias):
+def _step(A, B, C, bias, mode="auto"):
     D, F, R = evtfuse.gemm(A, B, EPI_R, C=C, bias=bias, alpha=0.5,
-                           R=torch.empty(A.shape[0], 1))
+                           R=torch.empty(A.shape[0], 1), backward=mode)
     return D.sum() + (F * F).mean() + R.sum()
 
 
@@ -307,13 +398,16 @@ def _eager_grads(m=M):
     return [t.grad for t in ts]
 
 
-def test_compiled_training_step_has_no_graph_break():
+@pytest.mark.parametrize("mode", ["auto", "save"])
+def test_compiled_training_step_has_no_graph_break(mode):
     """The forward under torch.compile(fullgraph=True) is one graph; its backward is traced
-    by AOTAutograd from the operator's autograd formula."""
+    by AOTAutograd from the operator's autograd formula (in "save" mode too: the saved
+    accumulator is one more output of the forward's operator)."""
     torch._dynamo.reset()
     ts = _leaves()
-    assert torch._dynamo.explain(_step)(*ts).graph_break_count == 0
-    compiled = torch.compile(_step, fullgraph=True, backend="aot_eager")
+    step = functools.partial(_step, mode=mode)
+    assert torch._dynamo.explain(step)(*ts).graph_break_count == 0
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     compiled(*ts).backward()
     for got, want in zip((t.grad for t in ts), _eager_grads()):
         torch.testing.assert_close(got, want, **TOL)
@@ -338,12 +432,16 @@ def test_compiled_forward_and_backward_traced_together():
         torch.testing.assert_close(got, want, **TOL)
 
 
-def test_compiled_training_with_dynamic_shapes_compiles_once():
+@pytest.mark.parametrize("mode", ["auto", "save"])
+def test_compiled_training_with_dynamic_shapes_compiles_once(mode):
+    """dynamic=True: "auto" compares the symbolic K with its threshold (a guard, no graph
+    break); M changes without a recompile."""
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
     counter = CompileCounter()
-    compiled = torch.compile(_step, fullgraph=True, dynamic=True, backend=counter)
+    compiled = torch.compile(functools.partial(_step, mode=mode), fullgraph=True, dynamic=True,
+                             backend=counter)
     for m in (12, 20, 36):
         ts = _leaves(m)
         compiled(*ts).backward()

@@ -142,10 +142,30 @@ def test_show_prints_the_backward_epilogue():
     assert "def e_backward(accum, C, bias, grad_D, grad_saved_m_arg):" in out
     assert "grad_bias = sum(" in out and "tanh(" in out and "return D, grad_C, grad_bias" in out
     assert "== backward DAG ==" in out and "store grad_bias <-" in out
+    assert "# backward mode: recompute (backward=\"auto\" saves when K >= 512 for float16 A " \
+           "and B; here K = 8)" in out
+    assert "== backward with backward=\"save\" ==" in out
     res = invoke("show", "def e(accum): D = cast(accum, 'int8') * 2.0; return D", "--no-source")
     assert res.exit_code == 0 and "not differentiable: line 1" in res.output
     res = invoke("show", "def e(accum): D = accum; return D", "--no-source", "--no-backward")
     assert res.exit_code == 0 and "== backward" not in res.output
+
+
+def test_show_says_which_backward_mode_auto_picks():
+    """Large K: "save" (the backward reads the saved accumulator, no accum); the recompute
+    form follows. A linear layer's backward reads no accumulator in either mode."""
+    gelu = "def e(accum, bias): D = gelu_tanh(accum + bias); return D"
+    res = invoke("show", gelu, "--mnkl", "64,128,1024,1", "--ab-dtype", "f16", "--no-source")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "# backward mode: save (backward=\"auto\" saves when K >= 512 for float16 A and B; " \
+           "here K = 1024): the forward stores accum (float16" in out
+    chosen, other = out.split("== backward with backward=\"recompute\" ==")
+    assert "def e_backward(accum, bias, grad_D, saved_accum" in chosen
+    assert "(accum + bias)" not in chosen and "(accum + bias)" in other
+    res = invoke("show", "def e(accum, bias): D = accum + bias; return D", "--no-source")
+    assert res.exit_code == 0 and "the backward reads no accumulator" in res.output
+    assert "== backward with" not in res.output
 
 
 def test_show_operand_and_output_kinds():

@@ -218,6 +218,8 @@ TRIGGERS = [
     (lambda: evtfuse.gemm(A.clone().requires_grad_(True), B,
                           "def e(accum):\n    q = cast(accum, 'int8')\n    D = q * 2.0\n    return D"),
      "has no derivative"),
+    (lambda: evtfuse.gemm(A, B, backward="keep"),
+     'backward must be "auto", "save" or "recompute", not'),
     *[(functools.partial(lambda kw: _lce(**kw), kw), phrase) for kw, phrase in [
         (dict(reduction="avg"), 'reduction must be "mean", "sum" or "none"'),
         (dict(label_smoothing=1.5), "label_smoothing must be a finite number in [0.0, 1.0]"),

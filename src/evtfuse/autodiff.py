@@ -8,11 +8,14 @@ Two named steps, pure functions of immutable DAGs:
   an op without derivative, and what the backward will need from the forward beyond what it
   recomputes: a logsumexp's result in fp32 (the output itself when it is fp32) and a max's
   or min's argument (stored, so that the backward sees exactly the elements the forward
-  compared). Those are hidden outputs of the ``augmented`` forward DAG.
+  compared). Those are hidden outputs of the ``augmented`` forward DAG. In "save" mode
+  (``save_accum``: a dtype), where the backward reads the accumulator, the accumulator
+  itself too, in that dtype: the backward then reads it instead of recomputing ``A @ B``.
 * ``backward(plan, graded, wanted)``: the backward DAG, a new epilogue of the same GEMM.
   Its operands are the forward's, the gradients of the outputs in ``graded`` (shaped as
   the outputs: a per-row reduction's gradient is a per-row vector), and the saved values;
-  it recomputes every forward value it needs from ``accum`` and returns ``D`` (dAccum, the
+  it recomputes every forward value it needs from ``accum`` (from the saved accumulator in
+  "save" mode: ``passes.read_saved_accumulator``, so no GEMM) and returns ``D`` (dAccum, the
   accumulator's gradient) and the gradient of each operand in ``wanted``, reduced in the
   same epilogue to the operand's shape (a bias's over the rows, a per-row vector's over the
   columns, a scalar's over everything, each keeping its own batches). Each node's gradient
@@ -38,7 +41,7 @@ from .derivative import Diff, NoDerivative, TorchAlgebra, apply_rule
 from .errors import EpilogueError
 from .ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import OPS
-from .passes import optimize
+from .passes import optimize, read_saved_accumulator
 from .unparse import to_source
 
 ACCUM = "accum"  # in ``wrt`` / ``wanted``: the accumulator (A and B)
@@ -56,16 +59,18 @@ def differentiable_dtype(dtype: torch.dtype | None) -> bool:
 
 @dataclass(frozen=True)
 class Saved:
-    """A forward value the backward reads: ``result`` (a reduction's, in fp32) or
-    ``argument`` (what a max or min reduced); ``hidden``: stored by an extra output of the
-    augmented forward named ``name`` (else it is the output ``of`` itself)."""
+    """A forward value the backward reads: ``result`` (a reduction's, in fp32),
+    ``argument`` (what a max or min reduced) or ``accum`` (the accumulator, in "save"
+    mode, in ``dtype``); ``hidden``: stored by an extra output of the augmented forward
+    named ``name`` (else it is the output ``of`` itself)."""
 
     name: str
-    of: str  # the forward output (a reduction) it serves
-    role: str  # "result" | "argument"
+    of: str  # the forward output (a reduction) it serves; ``accum`` for the accumulator
+    role: str  # "result" | "argument" | "accum"
     kind: OutputKind
     batched: bool
     hidden: bool
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,11 @@ class ForwardPlan:
     saved: tuple[Saved, ...]
     augmented: Dag  # ``dag`` with the hidden outputs of ``saved``
     names: frozenset[str]  # every name the forward uses (operands, outputs, hidden ones)
+
+    @property
+    def saved_accum(self) -> Saved | None:
+        """The saved accumulator ("save" mode), or None: the backward recomputes A @ B."""
+        return next((s for s in self.saved if s.role == "accum"), None)
 
     def differentiable_outputs(self) -> tuple[Output, ...]:
         """The outputs a gradient can come from: stored, floating point, reached from wrt."""
@@ -214,9 +224,13 @@ def _no_derivative(n: Node, reason: str, parsed, wrt: frozenset[str]) -> Epilogu
                          else None)
 
 
-def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None) -> ForwardPlan:
+def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
+                 save_accum: torch.dtype | None = None, batches: int = 1) -> ForwardPlan:
     """What differentiating ``dag`` with respect to ``wrt`` needs (see the module's text);
-    ``parsed``: the ``ParsedEpilogue`` it was bound from, for error messages."""
+    ``parsed``: the ``ParsedEpilogue`` it was bound from, for error messages.
+    ``save_accum``: "save" mode, the dtype in which the forward stores the accumulator
+    when its backward reads it (None: the backward recomputes it); ``batches``: the
+    problem's L (the saved accumulator is per batch when L > 1)."""
     wrt = frozenset(wrt)
     active = _active(dag, wrt)
     names = _Namer([o.name for o in dag.operands] + [o.name for o in dag.outputs])
@@ -251,7 +265,26 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None) -> ForwardPlan:
                 hidden.append(Output(s.name, again, s.kind, torch.float32, s.batched))
                 saved.append(s)
     augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
-    return ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken))
+    plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken))
+    if save_accum is None or not reads_accumulator(plan, batches):
+        return plan
+    acc = next(n for n in dag.nodes if n.kind is NodeKind.ACCUM)
+    s = Saved(names("saved_accum"), ACCUM, "accum", OutputKind.FULL, batches > 1, True,
+              save_accum)
+    hidden.append(Output(s.name, acc, OutputKind.FULL, save_accum, s.batched))
+    return ForwardPlan(dag, wrt, active, (*saved, s),
+                       dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken))
+
+
+def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
+    """Whether some backward of ``plan`` reads the accumulator (then "save" mode can spare
+    it a GEMM): the backward of every differentiable output for everything in ``wrt`` reads
+    all that any other does."""
+    graded = [o.name for o in plan.differentiable_outputs()]
+    if not graded:
+        return False
+    bwd = backward(plan, graded, plan.wrt, batches=batches).dag
+    return any(n.kind is NodeKind.ACCUM for n in bwd.nodes)
 
 
 def _spec(name: str, kind: OutputKind, dtype, batched: bool) -> OperandSpec:
@@ -337,6 +370,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
                 add(inp, g)
     outputs, results, summed = [], [], set()
     acc = next((n for n in dag.nodes if n.kind is NodeKind.ACCUM), None)
+    kept = plan.saved_accum
     if ACCUM in wanted and acc is not None and id(acc) in adj:
         outputs.append(Output("D", adj[id(acc)], OutputKind.FULL, torch.float32, True))
         results.append((ACCUM, "D"))
@@ -359,12 +393,18 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             node = ir.reduce_node("sum", a, kind.space, spec.batched, var=out_name)
             outputs.append(Output(out_name, node, kind, spec.dtype, spec.batched))
         results.append((spec.name, out_name))
-    if not any(o.name == "D" for o in outputs):  # every epilogue returns a D: here unstored
-        outputs.insert(0, Output("D", acc or ir.accum_node(), OutputKind.NONE, None, False))
-    bwd = optimize(Dag(tuple(outputs), tuple(operands), name))
+    # every epilogue returns a D: here unstored, a literal (reading no accumulator)
+    filler = Output("D", ir.const_node(0.0), OutputKind.NONE, None, False)
+    if not any(o.name == "D" for o in outputs):
+        outputs.insert(0, filler)
+    bwd = Dag(tuple(outputs), tuple(operands), name)
+    if kept is not None:  # "save" mode: the accumulator is read from the forward's copy
+        kspec = OperandSpec(names(kept.name), OperandKind.FULL, kept.dtype, kept.batched)
+        saved_ops.append((kept.name, kspec.name))
+        bwd = read_saved_accumulator(bwd, kspec)
+    bwd = optimize(bwd)
     if not any(o.name == "D" for o in bwd.outputs):  # dead-code elimination dropped it
-        bwd = bwd.replace_outputs((Output("D", ir.accum_node(), OutputKind.NONE, None, False),
-                                   *bwd.outputs))
+        bwd = bwd.replace_outputs((filler, *bwd.outputs))
     bwd = Dag(bwd.outputs, bwd.used_operands, name)
     used = {o.name for o in bwd.operands}
     return BackwardPlan(bwd, to_source(bwd), tuple(grads),
@@ -426,4 +466,5 @@ def wrt_of_dag(dag: Dag) -> frozenset[str]:
 
 
 __all__ = ["ACCUM", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
-           "backward", "output_shape", "reduced_dims", "first_batch", "injected_gradient", "wrt_of_dag", "differentiable_dtype"]
+           "backward", "reads_accumulator", "output_shape", "reduced_dims", "first_batch",
+           "injected_gradient", "wrt_of_dag", "differentiable_dtype"]

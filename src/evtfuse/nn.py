@@ -17,6 +17,7 @@ import torch
 from .frontend import EpilogueSource, parse_epilogue
 from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
+from .runtime.autograd import check_backward
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
 NO_BIAS = "def linear(accum):\n    D = accum\n    return D"
@@ -36,20 +37,24 @@ class Linear(torch.nn.Linear):
     """``torch.nn.Linear`` with a fused epilogue.
 
     ``Linear(in_features, out_features, bias=True, epilogue=None, device=None, dtype=None,
-    **operands)``: the epilogue's first parameter is ``accum`` (``x @ weight.T``, fp32), a
+    backward="auto", **operands)``: the epilogue's first parameter is ``accum`` (``x @ weight.T``, fp32), a
     parameter named ``bias`` receives the module's bias, the others come from
     ``operands`` given here (numbers: runtime scalars) or to ``forward(x, **operands)``
     (tensors shaped for the flattened ``(tokens, out_features)`` output). It returns
     ``D`` (and any other outputs, in its return order), reshaped to ``x``'s leading
     dimensions when full-shaped. It is differentiable (``loss.backward()`` fills
     ``weight.grad`` and ``bias.grad``, and ``x.grad``): the backward is one more evtfuse
-    kernel and two matmuls (docs/pytorch.md, "Gradients").
+    kernel and two matmuls (docs/pytorch.md, "Gradients"); ``backward`` ("auto", "save",
+    "recompute") says whether that kernel reads the accumulator the forward saved or
+    recomputes it (``evtfuse.gemm``'s option).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  epilogue: EpilogueSource | None = None, device=None, dtype=None,
-                 **operands: Any):
+                 backward: str = "auto", **operands: Any):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        check_backward(backward)
+        self.backward_mode = backward
         self.epilogue = epilogue if epilogue is not None else (BIAS if bias else NO_BIAS)
         parsed = parse_epilogue(self.epilogue)
         if "bias" in parsed.params and self.bias is None:
@@ -64,7 +69,8 @@ class Linear(torch.nn.Linear):
         flat = x.reshape(-1, self.in_features)
         if self._takes_bias:
             operands["bias"] = self.bias
-        out = gemm(flat, self.weight.t(), self.epilogue, **self.operands, **operands)
+        out = gemm(flat, self.weight.t(), self.epilogue, backward=self.backward_mode,
+                   **self.operands, **operands)
         shape = (*lead, self.out_features)
         if isinstance(out, tuple):
             return tuple(_unflatten(o, flat, shape) for o in out)

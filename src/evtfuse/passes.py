@@ -230,6 +230,21 @@ def eliminate_reductions(dag: Dag) -> Dag:
     return dag.replace_outputs(outs) if changed else dag
 
 
+def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec) -> Dag:
+    """Every use of the accumulator becomes a load of the full operand ``saved`` (the
+    accumulator as a forward stored it; added to the operands): the DAG then reads no
+    ``A @ B``, so it runs over K = 0. Not in ``PIPELINE``: the backward of an epilogue
+    applies it in "save" mode (``autodiff.backward``)."""
+    assert saved.kind is ir.OperandKind.FULL, saved
+    load = ir.load_node(saved)
+
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        return load if n.kind is NodeKind.ACCUM else _same_or_new(n, inputs)
+
+    operands = dag.operands if saved in dag.operands else (*dag.operands, saved)
+    return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name)
+
+
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("dead-code elimination", eliminate_dead_code),
     ("constant folding", fold_constants),
@@ -261,5 +276,6 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
     return dag
 
 
-__all__ = ["PIPELINE", "optimize", "eliminate_dead_code", "fold_constants", "simplify_algebra",
-           "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]
+__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "eliminate_dead_code",
+           "fold_constants", "simplify_algebra", "stable_forms",
+           "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

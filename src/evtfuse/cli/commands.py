@@ -132,7 +132,8 @@ def show(
              "operand) and its DAG")] = True,
 ):
     """Print the epilogue's DAG, its EVT view (as CUTLASS would nest it), its backward
-    epilogue and the generated Triton kernel for a given shape and dtypes."""
+    epilogue (in the mode evtfuse.gemm's backward="auto" picks for this K, and the other
+    mode's source) and the generated Triton kernel for a given shape and dtypes."""
     from .. import ir
     from ..passes import optimize
 
@@ -169,9 +170,12 @@ def show(
 def backward_lines(args) -> list[str]:
     """``show``'s backward section: the backward epilogue (``autodiff``) of ``args``'s epilogue
     with respect to A, B and every floating-point tensor operand, from every output that
-    carries a gradient, its DAG after the passes, and what the forward keeps for it."""
+    carries a gradient, its DAG after the passes, and what the forward keeps for it; in the
+    mode "auto" picks for this K and dtype (``runtime.autograd.backward_mode``), with the
+    rule, and the other mode's source."""
     from .. import autodiff, ir
     from ..errors import EpilogueError
+    from ..runtime.autograd import backward_mode, save_threshold, saved_accum_dtype
 
     dag = args.dag
     wrt = autodiff.wrt_of_dag(dag)
@@ -183,17 +187,42 @@ def backward_lines(args) -> list[str]:
     graded = [o.name for o in plan.differentiable_outputs()]
     if not graded:
         return ["", "== backward ==", "no output carries a gradient"]
-    bp = autodiff.backward(plan, graded, wrt, batches=args.L, name=f"{dag.name}_backward")
-    lines = ["", f"== backward: the gradients of {names} from those of {', '.join(graded)} =="]
+    dtype = args.A.dtype
+    keep = saved_accum_dtype(dtype)
+    threshold = save_threshold(dtype, args.allow_tf32)
+    mode = backward_mode("auto", args.K, dtype, args.allow_tf32)
+    plans = {"recompute": plan}
+    if autodiff.reads_accumulator(plan, args.L):
+        plans["save"] = autodiff.plan_forward(dag, wrt, args.epilogue.parsed, save_accum=keep,
+                                              batches=args.L)
+        rule = (f"# backward mode: {mode} (backward=\"auto\" saves when K >= {threshold} "
+                f"for {str(dtype).removeprefix('torch.')} A and B; here K = {args.K}): ")
+        rule += (f"the forward stores accum ({str(keep).removeprefix('torch.')}, "
+                 "M x N more memory until the backward) and the backward kernel reads it "
+                 "and runs no GEMM (K = 0)" if mode == "save" else
+                 "the backward kernel recomputes A @ B")
+    else:
+        mode = "recompute"
+        rule = "# the backward reads no accumulator: no GEMM (K = 0), nothing saved, in any mode"
+    bps = {m: autodiff.backward(p, graded, wrt, batches=args.L, name=f"{dag.name}_backward")
+           for m, p in plans.items()}
+    bp, plan = bps[mode], plans[mode]
+    lines = ["", f"== backward: the gradients of {names} from those of {', '.join(graded)} ==",
+             rule]
     for s in plan.saved:
-        what = "its argument" if s.role == "argument" else "its result in fp32"
+        what = {"argument": "its argument", "result": "its result in fp32",
+                "accum": "the accumulator"}[s.role]
         how = "an extra output" if s.hidden else "the output itself"
-        lines.append(f"# the forward keeps {what} for {s.of}'s gradient ({how})")
+        lines.append(f"# the forward keeps {what} for "
+                     f"{'the' if s.role == 'accum' else s.of + chr(39) + 's'} gradient ({how})")
     lines.append(bp.source.rstrip())
     lines.append("# then dA = D @ B^T and dB = A^T @ D (torch matmuls)"
                  + (f"; {', '.join(sorted(bp.batch_summed))}: summed over L"
                     if bp.batch_summed else ""))
     lines += ["", "== backward DAG ==", ir.format_dag(bp.dag)]
+    for other, obp in bps.items():
+        if other != mode:
+            lines += ["", f"== backward with backward=\"{other}\" ==", obp.source.rstrip()]
     return lines
 
 

@@ -132,7 +132,8 @@ _epilogues: dict[Any, tuple] = {}
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
          tune: str = "fast", allow_tf32: bool = False, fp8_fast_accum: bool = True,
-         cc: int | None = None, deterministic: bool = True, **operands_and_outputs: Any):
+         cc: int | None = None, deterministic: bool = True, backward: str = "auto",
+         **operands_and_outputs: Any):
     """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
     function's return order (one tensor when it returns one).
 
@@ -148,7 +149,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     deterministic (sums and logsumexp: each tile writes its partial result to a workspace
     that is combined in a fixed order; max and min: atomics on the floats' bits, whose
     result does not depend on their order), so ``deterministic=True`` holds for every call;
-    ``False`` is refused until a faster non-deterministic path exists.
+    ``False`` is refused until a faster non-deterministic path exists. ``backward`` (when an
+    input requires grad): "save" stores the accumulator in the forward (an extra M x N
+    tensor, in A's dtype for 16-bit inputs, else fp32, held until the backward) so that the
+    backward kernel runs no GEMM; "recompute" recomputes ``A @ B`` in the backward kernel;
+    "auto" (the default) saves when K is large enough that the GEMM costs more than the
+    memory traffic (K >= 512 for fp16 / bf16: ``runtime.autograd.backward_mode``).
 
     The call is one PyTorch operator, ``torch.ops.evtfuse.gemm`` (``runtime.torch_op``):
     this function only sorts its arguments and allocates the missing outputs, in code
@@ -161,6 +167,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
+    autograd.check_backward(backward)
     source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
     named = operands_and_outputs
@@ -175,7 +182,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if grad:
         return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
                                (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
-                               nones, scalars, snames, outs, onames)
+                               nones, scalars, snames, outs, onames, backward)
     shape = None
     for name in outputs:
         if name not in named:
@@ -199,16 +206,18 @@ def _requiring_grad(A: torch.Tensor, B: torch.Tensor, tensors: list, tnames: lis
 
 
 def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, options, grad,
-                    tensors, tnames, nones, scalars, snames, outs, onames):
+                    tensors, tnames, nones, scalars, snames, outs, onames, backward):
     """``gemm`` for a call some input of which requires grad: one call of the differentiable
     operator ``evtfuse::gemm_functional`` (``runtime.autograd``), which returns new outputs;
     those the caller gave are written by a copy (itself differentiable, as torch's
     ``out.copy_(x)``: a tensor reused across training steps carries the last step's graph,
-    so give a fresh one per step)."""
+    so give a fresh one per step). "auto" for ``backward`` is resolved here, from K (a
+    guard under torch.compile when K is symbolic), so the layout says the mode as data."""
     alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, A.dtype))}" for n in outputs
                   if n not in named)
+    mode = autograd.backward_mode(backward, A.shape[-1], A.dtype, options[1])
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line, where,
-                         from_fn, options, "", grad, alloc)
+                         from_fn, options, "", grad, alloc, mode)
     # the given outputs only tell their shapes and dtypes: no autograd edge to what they held
     results = autograd.call(A, B, source, layout, tensors, scalars, [o.detach() for o in outs])
     got = {}

@@ -17,10 +17,12 @@ names them) and copies the outputs its caller gave into those tensors.
 Forward: the epilogue, with the hidden outputs ``autodiff.plan_forward`` asks for (printed
 by ``unparse``), through ``api.run_values``: one fused kernel. Backward: the backward
 epilogue (``autodiff.backward``) through ``evtfuse::gemm`` over the same A and B, which
-recomputes the accumulator and every forward value in registers (the forward keeps its
-inputs and the hidden outputs, nothing else; a backward that reads no accumulator runs with
-K = 0: no GEMM; one whose dAccum is the upstream gradient itself does not copy it), then
-dA = dAccum @ B^T and dB = A^T @ dAccum as torch matmuls.
+recomputes every forward value in registers, from the accumulator: in "recompute" mode
+``A @ B`` again, in "save" mode the copy the forward stored (a hidden output; the layout's
+``backward``, "auto" choosing by cost: ``backward_mode``). The forward keeps its inputs and
+the hidden outputs, nothing else; a backward that reads no accumulator (every one in "save"
+mode) runs with K = 0: no GEMM; one whose dAccum is the upstream gradient itself does not
+copy it. Then dA = dAccum @ B^T and dB = A^T @ dAccum as torch matmuls.
 
 Plans are built once per call *structure*: the epilogue, the layout, the dtypes, and which
 dims of (L, M, N) each tensor spans (a pattern, never the sizes themselves: symbolic sizes
@@ -50,6 +52,54 @@ _lib.define(SCHEMA)
 
 _PLACE = (2, 3, 5)  # placeholder L, M, N (where the real one is neither 0 nor 1)
 _GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+BACKWARD_MODES = ("auto", "save", "recompute")
+
+# "auto": save the accumulator when recomputing it costs more than storing and reading it.
+# Recomputing is a GEMM of 2*M*N*K flops at the tensor cores' peak P; saving writes M*N
+# elements of e bytes in the forward and reads them in the backward, 2*M*N*e bytes at the
+# memory bandwidth W. Save when 2*M*N*K / P >= 2*M*N*e / W, i.e. K >= e * (P / W). P / W
+# (flops per byte) by the inputs' dtype, from an H100 SXM / H200: dense bf16 990e12 flop/s
+# over 3.35e12 / 4.8e12 B/s is 295 / 206: 256 between them; TF32 half that; fp32 without
+# TF32 (no tensor cores, ~67e12 flop/s) 16; fp8 / int8 twice bf16. e: the saved copy's
+# size (16-bit inputs keep A's dtype, as torch eager keeps its bf16 pre-activation; others
+# fp32). The crossovers: K >= 512 for fp16 / bf16 and TF32, 64 for fp32, 2048 for fp8.
+_FLOP_PER_BYTE_16BIT = 256
+
+
+def saved_accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the forward stores the accumulator in, in "save" mode."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def save_threshold(dtype: torch.dtype, allow_tf32: bool = False) -> int:
+    """The least K for which "auto" saves the accumulator (see the rule above)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        ratio = _FLOP_PER_BYTE_16BIT
+    elif dtype.is_floating_point and dtype.itemsize == 1 or dtype == torch.int8:
+        ratio = 2 * _FLOP_PER_BYTE_16BIT
+    elif dtype == torch.float32 and allow_tf32:
+        ratio = _FLOP_PER_BYTE_16BIT // 2
+    else:
+        ratio = _FLOP_PER_BYTE_16BIT // 16
+    return saved_accum_dtype(dtype).itemsize * ratio
+
+
+def check_backward(choice) -> None:
+    """The ``backward`` option: "auto", "save" or "recompute" (an ``EpilogueError`` else)."""
+    if choice not in BACKWARD_MODES:
+        raise EpilogueError(f'backward must be "auto", "save" or "recompute", not {choice!r}',
+                            variable="backward")
+
+
+def backward_mode(choice: str, K, dtype: torch.dtype, allow_tf32: bool = False) -> str:
+    """"save" or "recompute" for the ``backward`` option ``choice``: "auto" compares K with
+    ``save_threshold``. A symbolic K (torch.compile, ``dynamic=True``) is compared too: a
+    guard ``K >= threshold`` on the compiled graph, no graph break (a K that crosses it
+    recompiles, and the other mode's graph has its own outputs)."""
+    check_backward(choice)
+    if choice != "auto":
+        return choice
+    return "save" if K >= save_threshold(dtype, allow_tf32) else "recompute"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -117,8 +167,10 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> For
     pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
     place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
     place = tuple(int(p) for p in place)
+    mode = backward_mode(lay.backward, A.shape[-1], A.dtype, lay.allow_tf32)
     key = (source, lay.line, lay.where, lay.from_function, lay.tensors, lay.scalars, lay.outs,
            lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
+           mode,
            tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
            A.dim(), B.dim())
     hit = _forwards.get(key)
@@ -133,11 +185,12 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> For
         raise EpilogueError("a tensor's shape does not broadcast to the output (L, M, N)")
     if len(_forwards) > 1024:
         _forwards.clear()
-    hit = _forwards[key] = _build(source, parsed, lay, tensors, outs, pats, place, A, B)
+    hit = _forwards[key] = _build(source, parsed, lay, tensors, outs, pats, place, A, B, mode)
     return hit
 
 
-def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B) -> Forward:
+def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
+           mode: str) -> Forward:
     def meta(shape, dtype):
         return torch.empty(shape, dtype=dtype, device="meta")
 
@@ -163,7 +216,8 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B) -> 
                                 f"of {', '.join(dtype_name(d) for d in _GRAD_DTYPES)} only "
                                 "(dA and dB are torch matmuls in their dtype)", variable="A")
         wrt.add(autodiff.ACCUM)
-    plan = autodiff.plan_forward(dag, wrt, parsed)
+    keep = saved_accum_dtype(A.dtype) if mode == "save" else None
+    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=place[0])
     hidden = tuple(s for s in plan.saved if s.hidden)
     names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
     if hidden:
@@ -180,12 +234,12 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B) -> 
 
 def _allocate(fwd: Forward, A, B, outs: list) -> list:
     """The op's results before they are written: like ``outs``, the allocated full outputs,
-    the hidden ones (fp32)."""
+    the hidden ones (fp32, the saved accumulator in its own dtype)."""
     problem = problem_of(A, B)
     res = [torch.empty(t.shape, dtype=t.dtype, device=A.device) for t in outs]
     full = _full_shape(A, B)
     res += [A.new_empty(full, dtype=dt) for _, dt in fwd.alloc]
-    res += [A.new_empty(autodiff.output_shape(s.kind, s.batched, problem), dtype=torch.float32)
+    res += [A.new_empty(autodiff.output_shape(s.kind, s.batched, problem), dtype=s.dtype)
             for s in fwd.hidden]
     return res
 
@@ -348,4 +402,5 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
                                                      outs)
 
 
-__all__ = ["SCHEMA", "Forward", "forward_of", "dtype_name", "call"]
+__all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",
+           "backward_mode", "check_backward", "save_threshold", "saved_accum_dtype"]

@@ -58,7 +58,9 @@ class Layout:
     The differentiable operator (``evtfuse::gemm_functional``, ``runtime.autograd``) also
     reads ``grad``: the inputs that require grad ("A", "B", operand names), and ``alloc``:
     the outputs it allocates itself, as ``name:dtype`` (``outs`` then names the outputs
-    whose tensors it is given as templates of their shape and dtype).
+    whose tensors it is given as templates of their shape and dtype), and ``backward``:
+    "save" (the forward stores the accumulator its backward reads), "recompute" (the
+    backward recomputes ``A @ B``) or "auto" (chosen by cost: ``autograd.backward_mode``).
     """
 
     tensors: tuple[str, ...]
@@ -75,11 +77,13 @@ class Layout:
     kernel: str = ""
     grad: tuple[str, ...] = ()
     alloc: tuple[str, ...] = ()
+    backward: str = "auto"
 
     def text(self) -> str:
         """The layout as the op's ``layout`` string (names are identifiers: no separators)."""
         extra = ([f"g={','.join(self.grad)}"] if self.grad else []) + \
-            ([f"a={','.join(self.alloc)}"] if self.alloc else [])
+            ([f"a={','.join(self.alloc)}"] if self.alloc else []) + \
+            ([f"bw={self.backward}"] if self.backward != "auto" else [])
         return ";".join([
             "v1", "t=" + ",".join(self.tensors), "n=" + ",".join(self.nones),
             "s=" + ",".join(self.scalars), "o=" + ",".join(self.outs), f"line={self.line}",
@@ -98,16 +102,17 @@ def parse_layout(text: str) -> Layout:
     names = lambda k: tuple(n for n in f[k].split(",") if n)  # noqa: E731
     return Layout(names("t"), names("n"), names("s"), names("o"), int(f["line"]), f["where"],
                   f["fn"] == "1", f["tune"], f["tf32"] == "1", f["fp8fast"] == "1", int(f["cc"]),
-                  f["kernel"], names("g") if "g" in f else (), names("a") if "a" in f else ())
+                  f["kernel"], names("g") if "g" in f else (), names("a") if "a" in f else (),
+                  f.get("bw", "auto"))
 
 
 @constant_result  # a constant under torch.compile: not traced
 def layout_text(tensors: tuple, nones: tuple, scalars: tuple, outs: tuple, line: int,
                 where: str, from_function: bool, options: tuple, kernel: str = "",
-                grad: tuple = (), alloc: tuple = ()) -> str:
+                grad: tuple = (), alloc: tuple = (), backward: str = "auto") -> str:
     """The ``layout`` string for these names and options (cached per call structure)."""
     key = (tensors, nones, scalars, outs, line, where, from_function, options, kernel, grad,
-           alloc)
+           alloc, backward)
     hit = _layouts.get(key)
     if hit is None:
         if len(_layouts) > 4096:
@@ -120,13 +125,13 @@ _layouts: dict[tuple, str] = {}
 
 
 def _layout_text(tensors, nones, scalars, outs, line, where, from_function, options, kernel,
-                 grad, alloc):
+                 grad, alloc, backward):
     tune, allow_tf32, fp8_fast_accum, cc = options
     if not isinstance(tune, str) or any(c in tune for c in ";=,"):
         raise ValueError(f"tune must be \"fast\", \"exhaustive\" or \"none\", not {tune!r}")
     return Layout(tensors, nones, scalars, outs, line, where, bool(from_function), tune,
                   bool(allow_tf32), bool(fp8_fast_accum), -1 if cc is None else int(cc),
-                  kernel, tuple(grad), tuple(alloc)).text()
+                  kernel, tuple(grad), tuple(alloc), backward).text()
 
 
 def values_of(layout: Layout, tensors: list, scalars: list, outs: list) -> dict[str, Any]:
