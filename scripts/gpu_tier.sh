@@ -40,7 +40,8 @@ declare -A shards=(
   [special_g1]="tests/gpu/test_gpu_special_values.py|gluon-first"
   [special_g2]="tests/gpu/test_gpu_special_values.py|gluon-coop or gluon-wide"
   [special_o]="tests/gpu/test_gpu_special_values.py|hopper or portable"
-  [autograd]="tests/gpu/test_gpu_autograd.py|not random"
+  [autograd_r]="tests/gpu/test_gpu_autograd.py|not random and not save"
+  [autograd_s]="tests/gpu/test_gpu_autograd.py|not random and save"
   [autograd_fuzz]="tests/gpu/test_gpu_autograd.py|random"
   [linear_ce]="tests/gpu/test_gpu_linear_cross_entropy.py|"
 )
