@@ -117,3 +117,24 @@ def assert_grads_close(got: dict, want: dict, rtol=1e-6, atol=1e-6, what=""):
         assert g.shape == w.shape, (what, name, g.shape, w.shape)
         torch.testing.assert_close(g.to(F64), w.to(F64), rtol=rtol, atol=atol, equal_nan=True,
                                    msg=lambda m, name=name: f"{what} d{name}: {m}")
+
+
+# outputs storing a value once for many elements of (L, M, N): per-row (M, 1), per-column
+# (N,) and scalar (1,) vectors of broadcast values, a full (M, N) output shared by batches
+SHARED_OUTPUTS = """
+def epi(accum, C, bias, rowv, s):
+    D = accum * C
+    V = rowv * 2.0 + s
+    W = sigmoid(bias) * s
+    S = s * 3.0
+    E = C * bias
+    return D, V, W, S, E
+"""
+
+
+def shared_outputs_values(rand, M: int, N: int, lead: tuple) -> dict:
+    """``SHARED_OUTPUTS``'s operands (``rand(*shape, seed=)``) and outputs; ``lead``: (L,)
+    for a batched problem (only D is batched), else ()."""
+    return dict(C=rand(M, N, seed=2), bias=rand(N, seed=3), rowv=rand(M, 1, seed=4),
+                s=rand(seed=5), D=torch.empty(*lead, M, N), V=torch.empty(M, 1),
+                W=torch.empty(N), S=torch.empty(1), E=torch.empty(M, N))

@@ -20,7 +20,8 @@ from evtfuse.frontend import bind, parse_epilogue
 from evtfuse.unparse import literal, to_source
 
 from epilogue_fuzz import cases, drawn
-from grad_oracle import GB, assert_grads_close, autodiff_grads, reference_grads
+from grad_oracle import (GB, SHARED_OUTPUTS, assert_grads_close, autodiff_grads,
+                         reference_grads, shared_outputs_values)
 
 M, N, K = 6, 5, 4
 
@@ -109,18 +110,7 @@ def test_stored_vectors_and_outputs_shared_by_the_batches(L):
     batch): the backward keeps it at one representative element (row 0, column 0, batch 0)
     of what the reductions of the operands' gradients then sum."""
     lead = (L,) if L > 1 else ()
-    src = """
-def epi(accum, C, bias, rowv, s):
-    D = accum * C
-    V = rowv * 2.0 + s
-    W = sigmoid(bias) * s
-    S = s * 3.0
-    E = C * bias
-    return D, V, W, S, E
-"""
-    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), rowv=_rand(M, 1, seed=4),
-                  s=_rand(seed=5), D=torch.empty(*lead, M, N), V=torch.empty(M, 1),
-                  W=torch.empty(N), S=torch.empty(1), E=torch.empty(M, N))
+    src, values = SHARED_OUTPUTS, shared_outputs_values(_rand, M, N, lead)
     graded = {n: _rand(*values[n].shape, seed=10 + k) for k, n in enumerate("DVWSE")}
     A, B = _rand(*lead, M, K), _rand(K, N, seed=1)
     for subset in ({"V"}, {"W", "S"}, {"E"}, set(graded)):

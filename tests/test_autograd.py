@@ -22,7 +22,8 @@ from evtfuse.errors import EpilogueError
 from evtfuse.frontend import parse_epilogue
 from evtfuse.nn import Linear
 
-from grad_oracle import GA, GB, assert_grads_close, reference_grads
+from grad_oracle import (GA, GB, SHARED_OUTPUTS, assert_grads_close, reference_grads,
+                         shared_outputs_values)
 
 M, N, K = 12, 8, 6
 TOL = dict(rtol=2e-4, atol=2e-4)  # fp32 kernels against float64 torch
@@ -148,18 +149,7 @@ def test_stored_vectors_and_outputs_shared_by_the_batches(L, mode):
     """Outputs storing a value once for many elements: per-row (M, 1), per-column (N,),
     scalar (1,) vectors of broadcast values, a full (M, N) output shared by the batches."""
     lead = (L,) if L > 1 else ()
-    src = """
-def epi(accum, C, bias, rowv, s):
-    D = accum * C
-    V = rowv * 2.0 + s
-    W = sigmoid(bias) * s
-    S = s * 3.0
-    E = C * bias
-    return D, V, W, S, E
-"""
-    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), rowv=_rand(M, 1, seed=4),
-                  s=_rand(seed=5), D=torch.empty(*lead, M, N), V=torch.empty(M, 1),
-                  W=torch.empty(N), S=torch.empty(1), E=torch.empty(M, N))
+    src, values = SHARED_OUTPUTS, shared_outputs_values(_rand, M, N, lead)
     run_and_check(src, _rand(*lead, M, K), _rand(K, N, seed=1), values, set("DVWSE"),
                   {"C", "bias", "rowv", "s"}, backward=mode)
 
