@@ -225,9 +225,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
             if named is operands_and_outputs:
                 named = dict(named)
             dtypes[name] = named.pop(f"{name}_dtype")
-    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor) or A.dim() != 2 \
-            or B.dim() != 3:
-        check_grouped(A, B, offs)  # says which one
+    check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
     if grad:
