@@ -58,6 +58,7 @@ CASES = {  # name: (group sizes, T)
     "smaller_than_tile": ([3, 5, 2, 1, 6], 17),
     "rows_past_end": ([9, 14], 30),
     "all_empty_but_one": ([0, 0, 0, 33, 0, 0], 40),
+    "one_row": ([0, 1, 0], 1),
 }
 
 
@@ -76,6 +77,20 @@ def test_every_operand_kind(case, dtype):
     end = int(offs[-1])
     assert named["D"] is D and D[end:].isnan().all()  # rows of no group: not written
     assert R[end:].isnan().all()
+
+
+def test_bad_offsets_stay_inside_the_tensors():
+    """offs past T or below 0 are not checked (the host never reads them) but clamped:
+    nothing outside D is written (D is a view into a larger buffer here)."""
+    G, T, K, N = 3, 20, 16, 16
+    A, B = rand(T, K), rand(G, K, N)
+    buf = torch.full((T + 40, N), 7.0)
+    D = buf[20:20 + T]
+    offs = torch.tensor([-8, 10, 50], dtype=torch.int32)
+    evtfuse.grouped_gemm(A, B, offs, D=D)
+    assert (buf[:20] == 7.0).all() and (buf[20 + T:] == 7.0).all()
+    torch.testing.assert_close(D[:10], A[:10] @ B[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(D[10:], A[10:] @ B[2], atol=1e-4, rtol=1e-4)
 
 
 def test_transposed_expert_weight():

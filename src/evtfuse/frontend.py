@@ -23,7 +23,7 @@ import numbers
 import re
 import textwrap
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Union
 
 import torch
@@ -574,11 +574,11 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
     ``grouped``: a grouped GEMM (``evtfuse.grouped_gemm``), its G groups in the L place and
     its T rows in the M place, each row in one group: full and per-row tensors are (T, N)
     and (T, 1) (a row's group is its batch, so a full output of a per-group value is
-    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``_check_grouped_operands``)."""
+    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``_grouped_operands``)."""
     check_names(parsed, given)
     specs = tuple(classify_operand(p, given[p], problem) for p in parsed.params)
     if grouped:
-        _check_grouped_operands(specs, given)
+        specs = _grouped_operands(specs, given)
     env: dict[str, ir.Node] = {}
     acc: ir.Node | None = None
 
@@ -691,16 +691,24 @@ _GROUPED_LAYOUTS = ("a Python number, a 0-d tensor, (G, 1, 1) per group, (N,) or
                     "column (per group), (T, 1) per row, (T, N) full")
 
 
-def _check_grouped_operands(specs, given: Mapping[str, Any]) -> None:
-    """A grouped GEMM's operands are one of ``_GROUPED_LAYOUTS``: a row belongs to one
-    group, so nothing has both a group dimension and rows."""
+def _grouped_operands(specs: tuple, given: Mapping[str, Any]) -> tuple:
+    """A grouped GEMM's operands, each one of ``_GROUPED_LAYOUTS``: a row belongs to one
+    group, so nothing has both a group dimension and rows. Where T is 1 a per-group
+    (G, 1, N) or (G, 1, 1) reads as having rows; it is per group (column or scalar)."""
+    out = []
     for s in specs:
+        if s.batched and s.kind in (OperandKind.FULL, OperandKind.PER_ROW) \
+                and given[s.name].dim() == 3 and given[s.name].shape[1] == 1:
+            s = replace(s, kind=OperandKind.PER_COL if s.kind is OperandKind.FULL
+                        else OperandKind.DEVICE_SCALAR)
+        out.append(s)
         if s.batched and s.kind in (OperandKind.FULL, OperandKind.PER_ROW):
             raise EpilogueError(
                 f"Argument '{s.name}' has shape {_fmt_shape(tuple(given[s.name].shape))}: in a "
                 f"grouped GEMM a row belongs to one group, so a tensor with rows has no group "
                 f"dimension; give it (T, N) or (T, 1) (operands: {_GROUPED_LAYOUTS})",
                 variable=s.name)
+    return tuple(out)
 
 
 def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, value) -> None:

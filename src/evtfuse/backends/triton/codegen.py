@@ -161,7 +161,10 @@ def _acc_type(spec: KernelSpec) -> str:
 def _portable_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
     roles = epilogue_params(spec.names, spec.dag, "portable")
-    params = ", ".join(["A", "B", "M", "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
+    # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
+    # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
+    rows = "grp_rows" if spec.grouped else "M"
+    params = ", ".join(["A", "B", rows, "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
                        + (["offs"] if spec.grouped else []) + [p for p, _ in roles])
     I1, I2 = "    ", "        "
     lines = [
@@ -176,7 +179,7 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I1}pid = tl.program_id(0)",
         *([] if spec.grouped else [f"{I1}bid = tl.program_id(1)", f"{I1}bid64 = bid.to(tl.int64)"]),
         # grouped: an upper bound of the row tiles (each group ends at most one partial tile)
-        f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M){' + L' if spec.grouped else ''}",
+        f"{I1}num_pid_m = tl.cdiv({rows}, BLOCK_M){' + L' if spec.grouped else ''}",
         f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
         # one row of tiles (M <= BLOCK_M): the program is its tile's column
         f"{I1}if ONE_ROW:",
@@ -238,7 +241,10 @@ def _group_lines(i1: str, i2: str) -> list[str]:
     past the last group's last tile (the grid is an upper bound). From there on ``M`` is
     the group's end row: every mask of the tile (``rm < M``) stops at its group's end, and
     the mainloop's wrapped rows (``rm % M``) stay inside A. Rows at or past offs[-1] belong
-    to no group: nothing is written there."""
+    to no group: nothing is written there. Offsets that are not what ``torch._grouped_mm``
+    asks for (decreasing, negative, past T: not checked, which would need the host) give
+    unspecified rows but never touch memory outside A and the outputs: a group's rows are
+    clamped to [0, T), and a group of no rows has no tiles."""
     i3 = i2 + "    "
     return [
         f"{i1}grp_id = 0",
@@ -258,8 +264,9 @@ def _group_lines(i1: str, i2: str) -> list[str]:
         f"{i2}return",
         f"{i1}bid = grp_id",
         f"{i1}bid64 = bid.to(tl.int64)",
-        f"{i1}grp_row0 = tl.load(offs + bid - 1, mask=bid > 0, other=0)",
-        f"{i1}M = tl.load(offs + bid)",
+        # offs past T, or below 0, are clamped: no row outside A and D is ever touched
+        f"{i1}grp_row0 = tl.maximum(tl.load(offs + bid - 1, mask=bid > 0, other=0), 0)",
+        f"{i1}M = tl.minimum(tl.load(offs + bid), grp_rows)",
         f"{i1}pid_m = pid_m - grp_tile0",
     ]
 
