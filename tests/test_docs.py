@@ -132,6 +132,23 @@ def _output_overlapping_input():
 
 # (what to build, a phrase that must be in both the message and errors.md)
 TRIGGERS = [
+    (lambda: evtfuse.grouped_gemm(torch.zeros(4, 8), torch.zeros(2, 8, 4),
+                                  torch.tensor([2, 4])), "offs must be torch.int32"),
+    (lambda: evtfuse.grouped_gemm(torch.zeros(4, 8), torch.zeros(2, 8, 4),
+                                  torch.tensor([4], dtype=torch.int32)), "groups but B"),
+    (lambda: evtfuse.grouped_gemm(torch.zeros(4, 8), torch.zeros(2, 8, 4),
+                                  torch.tensor([[2, 4]], dtype=torch.int32)), "offs must be 1-D (G,)"),
+    (lambda: evtfuse.grouped_gemm(torch.zeros(4, 8), torch.zeros(8, 4),
+                                  torch.tensor([2, 4], dtype=torch.int32)),
+     "grouped_gemm: B must be (G, K, N)"),
+    (lambda: evtfuse.grouped_gemm(torch.zeros(4, 8), torch.zeros(2, 8, 4),
+                                  torch.tensor([2, 4], dtype=torch.int32),
+                                  "def e(accum, C): D = accum + C; return D",
+                                  C=torch.zeros(2, 4, 4)), "a tensor with rows has no group dimension"),
+    (lambda: evtfuse.grouped_gemm(torch.zeros(4, 8), torch.zeros(2, 8, 4),
+                                  torch.tensor([2, 4], dtype=torch.int32),
+                                  "def e(accum): D = accum; R = sum(D); return D, R",
+                                  R=torch.zeros(4, 1)), "grouped GEMMs do not compute reductions yet"),
     (lambda: epi("def e(alpha): D = alpha; return D"),
      "accum must be an input to the epilogue function"),
     (lambda: epi("def e(accum): F = accum; return F", F=full()),

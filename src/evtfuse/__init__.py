@@ -1,7 +1,7 @@
 """evtfuse: custom GEMM epilogues, written as Python functions, fused into one GPU kernel.
 
 Public API (DESIGN.md): ``EpilogueArguments``, ``GemmArguments``, ``get_kernels``,
-``explain``, ``gemm``, ``fuse``, ``linear_cross_entropy``; ``evtfuse.ops`` (relu, gelu, ...) and
+``explain``, ``gemm``, ``grouped_gemm``, ``fuse``, ``linear_cross_entropy``; ``evtfuse.ops`` (relu, gelu, ...) and
 ``evtfuse.reference.evaluate``.
 """
 
@@ -13,7 +13,7 @@ from . import logs, ops, reference  # noqa: F401
 from .arguments import EpilogueArguments, GemmArguments
 from .backends.triton.versions import check_installed
 from .errors import EpilogueError, Status, UnsupportedError
-from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels
+from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels, grouped_gemm
 from .losses import linear_cross_entropy
 from . import nn  # noqa: E402,F401  (evtfuse.nn.Linear; needs the runtime above)
 
@@ -21,6 +21,6 @@ logs.setup_from_environment()
 check_installed()  # a warning when the installed Triton is outside the tested range
 
 __all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
-           "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "fuse",
+           "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "grouped_gemm", "fuse",
            "linear_cross_entropy", "ops",
            "reference", "nn", "__version__"]

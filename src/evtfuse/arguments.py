@@ -43,17 +43,32 @@ class EpilogueArguments:
         if guess is not None:
             self.bind(guess)
 
+    @classmethod
+    def unbound(cls, epilogue: EpilogueSource, /, **operands_and_outputs: Any
+                ) -> "EpilogueArguments":
+        """The arguments, parsed and name-checked, bound only by the ``GemmArguments`` they
+        go into (not guessed from D's shape): a grouped GEMM's (``GemmArguments(...,
+        offs=offs)``), whose per-group operands (G, 1, N) do not broadcast to D's (T, N)."""
+        new = object.__new__(cls)
+        new.epilogue = epilogue
+        new.parsed = parse_epilogue(epilogue)
+        check_names(new.parsed, operands_and_outputs)
+        new.values = dict(operands_and_outputs)
+        new._dags, new._problem = {}, None
+        return new
+
     # -- binding
-    def bind(self, problem: tuple[int, int, int]) -> ir.Dag:
+    def bind(self, problem: tuple[int, int, int], grouped: bool = False) -> ir.Dag:
         """The DAG for output shape (L, M, N); validates shapes. Built once per shape, and
-        again when a value changed since (another tensor, or one changed in place)."""
-        problem = tuple(int(p) for p in problem)  # type: ignore[assignment]
+        again when a value changed since (another tensor, or one changed in place).
+        ``grouped``: (G, T, N) of a grouped GEMM (``frontend.bind``)."""
+        problem = tuple(int(p) for p in problem) + ((1,) if grouped else ())  # type: ignore[assignment]
         state = state_of(self.values.values())
         hit = self._dags.get(problem)
         if hit is not None and hit[0] == state:
             dag = hit[1]
         else:
-            dag = bind(self.parsed, self.values, problem)
+            dag = bind(self.parsed, self.values, problem[:3], grouped)
             self._dags[problem] = (state, dag)
         self._problem = problem
         return dag
@@ -111,12 +126,19 @@ class GemmArguments:
     ``use_fast_accum=True``; False promotes each k-step's partial sum (BLOCK_K of K) to
     the fp32 accumulator, as cuBLAS's default: an error that does not grow with K, at a
     cost in time (docs/dtypes-and-layouts.md).
+
+    ``offs``: a grouped GEMM (``evtfuse.grouped_gemm``, docs/grouped.md): A is (T, K), B
+    (G, K, N), ``offs`` (G,) int32 cumulative end rows on A's device; the problem is then
+    (L, M, N) = (G, T, N) with each row in one group (``frontend.bind``'s ``grouped``).
     """
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                  accumulator_type: torch.dtype = torch.float32,
                  epilogue: EpilogueArguments | None = None, *, allow_tf32: bool = False,
-                 fp8_fast_accum: bool = True):
+                 fp8_fast_accum: bool = True, offs: torch.Tensor | None = None):
+        if offs is not None:
+            check_grouped(A, B, offs)
+        self.offs = offs
         self.L, self.M, self.K, self.N = _problem_of(A, B)
         if not isinstance(accumulator_type, torch.dtype):
             raise EpilogueError(f"accumulator_type must be a torch.dtype, not "
@@ -138,7 +160,7 @@ class GemmArguments:
                                 "tensor to both", variable="D")
         self.out = out if out is not None else d
         self.epilogue = epilogue
-        self.dag = epilogue.bind(self.problem)
+        self.dag = epilogue.bind(self.problem, offs is not None)
         self._optimized: ir.Dag | None = None
         _check_memory(self.A, self.B, epilogue, self.dag)
         self._state = self._current_state()
@@ -156,7 +178,7 @@ class GemmArguments:
         return self._optimized
 
     def _current_state(self) -> list:
-        return state_of([self.A, self.B, *self.epilogue.values.values()])
+        return state_of([self.A, self.B, self.offs, *self.epilogue.values.values()])
 
     def checked_state(self) -> list:
         """The state of every tensor (``memory.tensor_state``) these arguments were last
@@ -167,8 +189,10 @@ class GemmArguments:
         now = self._current_state()
         if now == self._state:
             return self._state
+        if self.offs is not None:
+            check_grouped(self.A, self.B, self.offs)
         L, M, K, N = _problem_of(self.A, self.B)
-        dag = self.epilogue.bind((L, M, N))
+        dag = self.epilogue.bind((L, M, N), self.offs is not None)
         _check_memory(self.A, self.B, self.epilogue, dag)
         if dag is not self.dag:
             self._optimized = None
@@ -178,6 +202,50 @@ class GemmArguments:
 
     def operands(self) -> Mapping[str, Any]:
         return self.epilogue.operands()
+
+    @property
+    def launch_values(self) -> Mapping[str, Any]:
+        """What a launch plan reads per call besides A and B: the epilogue's values, and a
+        grouped GEMM's ``offs`` under ``OFFS_KEY`` (no identifier can be that name)."""
+        if self.offs is None:
+            return self.epilogue.values
+        return {**self.epilogue.values, OFFS_KEY: self.offs}
+
+
+OFFS_KEY = "<offs>"  # a grouped GEMM's offsets among a launch's values (not an identifier)
+MAX_GROUPS = 1024
+
+
+def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> None:
+    """A grouped GEMM's A, B and offs make one problem: A (T, K), B (G, K, N), offs (G,)
+    int32 on A's device; ``EpilogueError`` naming the argument otherwise. The values of
+    offs are not read (they stay on the device: no host synchronisation)."""
+    if not isinstance(offs, torch.Tensor):
+        raise EpilogueError(f"offs must be a torch.Tensor of int32 cumulative group end rows, "
+                            f"not {type(offs).__name__}", variable="offs")
+    for name, t, dims in (("A", A, "(T, K)"), ("B", B, "(G, K, N)")):
+        if not isinstance(t, torch.Tensor):
+            raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
+                                variable=name)
+        if t.dim() != len(dims.split(",")):
+            raise EpilogueError(f"grouped_gemm: {name} must be {dims}, got shape "
+                                f"{tuple(t.shape)}", variable=name)
+    if offs.dim() != 1:
+        raise EpilogueError(f"offs must be 1-D (G,), got shape {tuple(offs.shape)}",
+                            variable="offs")
+    if offs.dtype != torch.int32:
+        raise EpilogueError(f"offs must be torch.int32 (as torch._grouped_mm's), not "
+                            f"{offs.dtype}", variable="offs")
+    if offs.device != A.device:
+        raise EpilogueError(f"offs is on {offs.device} but A is on {A.device}; keep the "
+                            "offsets on A's device (they are never copied to the host)",
+                            variable="offs")
+    if offs.shape[0] != B.shape[0]:
+        raise EpilogueError(f"offs has {offs.shape[0]} groups but B {tuple(B.shape)} has "
+                            f"{B.shape[0]}; give one end row per group of B", variable="offs")
+    if not 1 <= offs.shape[0] <= MAX_GROUPS:
+        raise EpilogueError(f"offs has {offs.shape[0]} groups; grouped_gemm takes 1 to "
+                            f"{MAX_GROUPS}", variable="offs")
 
 
 def _problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int]:

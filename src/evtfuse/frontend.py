@@ -23,7 +23,7 @@ import numbers
 import re
 import textwrap
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Union
 
 import torch
@@ -567,10 +567,18 @@ def check_given(fn_name: str, params: tuple[str, ...], outputs: tuple[str, ...],
             f"{fn_name}({', '.join(['accum', *params])}) -> {', '.join(outputs)}", variable=k)
 
 
-def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, int, int]) -> ir.Dag:
-    """Build the DAG for operand values ``given`` and output shape (L, M, N) ``problem``."""
+def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, int, int],
+         grouped: bool = False) -> ir.Dag:
+    """Build the DAG for operand values ``given`` and output shape (L, M, N) ``problem``.
+
+    ``grouped``: a grouped GEMM (``evtfuse.grouped_gemm``), its G groups in the L place and
+    its T rows in the M place, each row in one group: full and per-row tensors are (T, N)
+    and (T, 1) (a row's group is its batch, so a full output of a per-group value is
+    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``_grouped_operands``)."""
     check_names(parsed, given)
     specs = tuple(classify_operand(p, given[p], problem) for p in parsed.params)
+    if grouped:
+        specs = _grouped_operands(specs, given)
     env: dict[str, ir.Node] = {}
     acc: ir.Node | None = None
 
@@ -657,7 +665,8 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             node = ir.reduce_node(op, src, kind.space, batched, var=name, line=rline)
         else:
             node = lookup(name, line)
-            if kind is OutputKind.FULL and node.batched and not batched and problem[0] > 1:
+            if kind is OutputKind.FULL and node.batched and not batched and problem[0] > 1 \
+                    and not grouped:
                 raise error(f"output {name} has shape {_fmt_shape(tuple(given[name].shape))}, "
                             f"but '{name}' differs per batch (L = {problem[0]}); give it the "
                             f"shape (L, M, N)", line, name)
@@ -669,11 +678,56 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
                                 f"{kind.value}, but '{name}' is not computed by sum/max/min: "
                                 f"give {name} the full output shape, or reduce it "
                                 f"(e.g. '{name}_sum = sum({name})')", line, name)
+        if grouped:
+            _check_grouped_output(name, node, kind, batched, given[name])
         outputs.append(Output(name, node, kind, dtype, batched))
     for name, (op, _, rline) in pending.items():
         raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned; "
                     "return it (reductions are outputs)", rline, name)
     return ir.Dag(tuple(outputs), specs, parsed.name)
+
+
+_GROUPED_LAYOUTS = ("a Python number, a 0-d tensor, (G, 1, 1) per group, (N,) or (G, 1, N) per "
+                    "column (per group), (T, 1) per row, (T, N) full")
+
+
+def _grouped_operands(specs: tuple, given: Mapping[str, Any]) -> tuple:
+    """A grouped GEMM's operands, each one of ``_GROUPED_LAYOUTS``: a row belongs to one
+    group, so nothing has both a group dimension and rows. Where T is 1 a per-group
+    (G, 1, N) or (G, 1, 1) reads as having rows; it is per group (column or scalar)."""
+    out = []
+    for s in specs:
+        if s.batched and s.kind in (OperandKind.FULL, OperandKind.PER_ROW) \
+                and given[s.name].dim() == 3 and given[s.name].shape[1] == 1:
+            s = replace(s, kind=OperandKind.PER_COL if s.kind is OperandKind.FULL
+                        else OperandKind.DEVICE_SCALAR)
+        out.append(s)
+        if s.batched and s.kind in (OperandKind.FULL, OperandKind.PER_ROW):
+            raise EpilogueError(
+                f"Argument '{s.name}' has shape {_fmt_shape(tuple(given[s.name].shape))}: in a "
+                f"grouped GEMM a row belongs to one group, so a tensor with rows has no group "
+                f"dimension; give it (T, N) or (T, 1) (operands: {_GROUPED_LAYOUTS})",
+                variable=s.name)
+    return tuple(out)
+
+
+def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, value) -> None:
+    """What a grouped GEMM stores so far: full (T, N) outputs and per-row (T, 1) values
+    (no reductions yet, no per-group or per-column stores)."""
+    if kind is OutputKind.NONE:
+        return
+    shape = _fmt_shape(tuple(value.shape))
+    if node.kind is ir.NodeKind.REDUCE:
+        raise EpilogueError(
+            f"output {name} is a reduction ({node.op}); grouped GEMMs do not compute "
+            f"reductions yet (docs/grouped.md): return the full (T, N) value and reduce it "
+            f"with torch", variable=name)
+    if kind is OutputKind.FULL and not batched:
+        return
+    if kind is OutputKind.ROW and not batched:
+        return
+    raise EpilogueError(f"output {name} has shape {shape}; a grouped GEMM stores full (T, N) "
+                        f"outputs and per-row (T, 1) values only", variable=name)
 
 
 def _contains_reduction(e: Expr) -> bool:

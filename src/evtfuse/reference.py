@@ -166,3 +166,47 @@ class _Evaluator:
 
 
 __all__ = ["evaluate"]
+
+
+def evaluate_grouped(epilogue: Any, A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
+                     values: Mapping[str, Any], *, compute_dtype: torch.dtype = torch.float32
+                     ) -> dict[str, torch.Tensor]:
+    """A grouped GEMM's stored outputs (``evtfuse.grouped_gemm``), by name, shaped like
+    their buffers: ``evaluate`` once per group on the group's rows, rounded to each
+    output's dtype. ``values``: the operands and the output buffers (shapes and dtypes
+    only); a per-group operand (G, 1, N) or (G, 1, 1) gives the group its slice, a
+    (T, N) or (T, 1) one its rows. Rows at or past offs[-1] belong to no group: NaN (0
+    for integer outputs). Reads ``offs`` on the host (a reference, not a kernel)."""
+    from .arguments import EpilogueArguments
+
+    G, T, N = B.shape[0], A.shape[0], B.shape[-1]
+    ends = [int(e) for e in offs.tolist()]
+    outs = {}
+    parsed = EpilogueArguments.unbound(epilogue, **values).parsed
+    for name in parsed.outputs:
+        buf = values[name]
+        if isinstance(buf, torch.Tensor):
+            outs[name] = torch.full_like(buf, float("nan") if buf.dtype.is_floating_point else 0)
+
+    def part(v, g: int, s: int, e: int):
+        if not isinstance(v, torch.Tensor) or v.dim() == 0:
+            return v
+        if v.dim() == 3 and v.shape[0] == G and G > 1:  # per group: (G, 1, N), (G, 1, 1)
+            return v[g]
+        if v.dim() >= 2 and v.shape[-2] == T and T > 1:  # rows: (T, N), (T, 1)
+            return v[..., s:e, :]
+        return v
+
+    start = 0
+    for g, end in enumerate(ends):
+        if end > start:
+            sliced = {n: part(v, g, start, end) for n, v in values.items()}
+            epi = EpilogueArguments(epilogue, **sliced)
+            epi.bind((1, end - start, N))
+            acc = torch.matmul(A[start:end].to(compute_dtype), B[g].to(compute_dtype))
+            got = evaluate(epi, acc.unsqueeze(0), compute_dtype=compute_dtype)
+            for name, r in got.items():
+                if name in outs:
+                    outs[name][..., start:end, :] = r.reshape(outs[name][..., start:end, :].shape)
+        start = max(start, end)
+    return outs

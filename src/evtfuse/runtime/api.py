@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..arguments import EpilogueArguments, GemmArguments
+from ..arguments import EpilogueArguments, GemmArguments, check_grouped
 from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
@@ -196,6 +196,82 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         return outs[0] if onames else None
     got = dict(zip(onames, outs))
     return tuple(got.get(n) for n in outputs)
+
+
+def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
+                 epilogue: EpilogueSource | None = None, *, tune: str = "fast",
+                 allow_tf32: bool = False, fp8_fast_accum: bool = True, cc: int | None = None,
+                 **operands_and_outputs: Any):
+    """A grouped GEMM with a fused epilogue, groups over M (a mixture of experts' forward),
+    in ``torch._grouped_mm``'s layout: A (T, K) rows sorted by group, B (G, K, N) (any
+    strides: an expert weight (G, N, K) passed as ``W.mT``), ``offs`` (G,) int32 cumulative
+    end rows on A's device (group g has rows offs[g-1] to offs[g]); returns the outputs in
+    the function's return order, as ``gemm``.
+
+    Operands: per group (G, 1, N) (an expert's bias) and (G, 1, 1), per row (T, 1) (routing
+    weights), full (T, N), per column (N,), scalars. Outputs: full (T, N) (allocated in A's
+    dtype unless given; ``<name>_dtype`` picks another) and per-row (T, 1) values; no
+    reductions yet. Rows at or past offs[-1] belong to no group and are not written (an
+    output evtfuse allocates holds whatever ``torch.empty`` gave there). ``offs`` is never
+    read on the host: no synchronisation (docs/grouped.md). The call is one operator,
+    ``torch.ops.evtfuse.grouped_gemm``; no autograd yet (inputs that require grad under
+    grad mode are refused, never silently detached)."""
+    source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(
+        _IDENTITY if epilogue is None else epilogue)
+    named = operands_and_outputs
+    dtypes = {}
+    for name in outputs:
+        if f"{name}_dtype" in named:
+            if named is operands_and_outputs:
+                named = dict(named)
+            dtypes[name] = named.pop(f"{name}_dtype")
+    check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
+    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    grad = _requiring_grad(A, B, tensors, tnames)
+    if grad:
+        raise NotImplementedError(
+            f"grouped_gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and "
+            "grouped GEMMs have no backward yet: their results would be detached from the "
+            "graph. Run under torch.no_grad() (inference) or detach the inputs.")
+    for name in outputs:
+        if name not in named:
+            outs.append(torch.empty((A.shape[0], B.shape[-1]), dtype=dtypes.get(name, A.dtype),
+                                    device=A.device))
+            onames.append(name)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
+                         where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
+    torch_op.call_grouped(A, B, offs, source, layout, tensors, scalars, outs)
+    if len(outputs) == 1:
+        return outs[0] if onames else None
+    got = dict(zip(onames, outs))
+    return tuple(got.get(n) for n in outputs)
+
+
+def run_grouped_values(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor, source: str,
+                       lay: Layout, values: dict[str, Any]) -> None:
+    """The eager implementation of ``torch.ops.evtfuse.grouped_gemm``: validated on every
+    call (no launch-plan fast path yet: a grouped call costs the host more than a dense
+    one), then one launch of the chosen kernel's plan, no host synchronisation."""
+    guard = device_guard(A)
+    if guard is None:
+        _run_grouped(A, B, offs, source, lay, values)
+        return
+    with guard:
+        _run_grouped(A, B, offs, source, lay, values)
+
+
+def _run_grouped(A, B, offs, source: str, lay: Layout, values: dict[str, Any]) -> None:
+    key = (source, lay.line, lay.where)
+    parsed = _parsed_cache.get(key)
+    if parsed is None:
+        parsed = _parsed_cache[key] = parse_epilogue(
+            EpilogueText(source, lay.line, lay.where, lay.from_function))
+    epi = EpilogueArguments.unbound(parsed, **values)
+    acc = torch.float32 if A.dtype.is_floating_point else torch.int32
+    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=lay.allow_tf32,
+                         fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
+    kernel = choose_kernel(args, tune=lay.tune, cc=None if lay.cc < 0 else lay.cc)
+    kernel.plan(args)(A, B, args.launch_values)
 
 
 def _requiring_grad(A: torch.Tensor, B: torch.Tensor, tensors: list, tnames: list) -> tuple:
@@ -459,5 +535,5 @@ def fuse(epilogue: EpilogueSource | None = None, **defaults: Any) -> Fused | Cal
     return Fused(epilogue, **defaults)
 
 
-__all__ = ["get_kernels", "explain", "gemm", "fuse", "Fused", "Kernel", "OutputKind",
+__all__ = ["get_kernels", "explain", "gemm", "grouped_gemm", "fuse", "Fused", "Kernel", "OutputKind",
            "EpilogueError", "UnsupportedError"]

@@ -123,15 +123,18 @@ class Kernel:
             check_no_grad(args.A, args.B, args.epilogue.values)
         guard = device_guard(args.A)
         if guard is None:
-            self.plan(args)(args.A, args.B, args.epilogue.values)
+            self.plan(args)(args.A, args.B, args.launch_values)
             return
         with guard:
-            self.plan(args)(args.A, args.B, args.epilogue.values)
+            self.plan(args)(args.A, args.B, args.launch_values)
 
     def verify(self, args: GemmArguments, poison: bool = True) -> VerifyResult:
         """Run on NaN-poisoned outputs and compare every stored output with the reference."""
         from ..reference import accumulator, evaluate
 
+        if args.offs is not None:
+            raise UnsupportedError(f"{self.name}: verify does not take grouped GEMMs yet; "
+                                   "compare with evtfuse.reference.evaluate_grouped")
         self.plan(args)  # validates (again, if a tensor changed) before anything is written
         values = args.epilogue.values
         stored = [o for o in args.dag.outputs if o.kind is not OutputKind.NONE]
@@ -245,4 +248,5 @@ def structure_key(args: GemmArguments) -> tuple:
     values = args.epilogue.values
     return (id(args.epilogue.parsed), args.L, args.M, args.N, args.K, args.allow_tf32,
             args.fp8_fast_accum, args.accumulator_type, tensor_key(args.A), tensor_key(args.B),
+            None if args.offs is None else tensor_key(args.offs),
             tuple((n, value_key(v)) for n, v in values.items()))

@@ -100,7 +100,7 @@ def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
     from triton.compiler import ASTSource
 
     items, consts, _, _ = family.plan(args, args.optimized_dag, config, target)
-    values = args.epilogue.values
+    values = args.launch_values
     pos = [item(args.A, args.B, values) if callable(item) else item for item in items]
     names = list(fn.arg_names)
     consts = dict(consts)

@@ -1,4 +1,4 @@
-"""evtfuse's fused GEMM as a PyTorch operator: ``torch.ops.evtfuse.gemm``.
+"""evtfuse's fused GEMM as PyTorch operators: ``torch.ops.evtfuse.gemm`` and ``grouped_gemm``.
 
 Layer: runtime, between the public calls (``api.gemm``, ``Fused``, ``evtfuse.nn``) and the
 eager implementation (``api.run_values``). Schema::
@@ -18,6 +18,10 @@ nothing. This operator has no autograd formula: ``evtfuse.gemm`` calls its funct
 ``evtfuse::gemm_functional`` (``runtime.autograd``), when an input requires grad, and
 ``Kernel.run``, which writes its outputs in place, refuses such inputs (``check_no_grad``)
 rather than return results detached from the graph.
+
+``evtfuse::grouped_gemm`` (``api.grouped_gemm``) is the same with ``Tensor offs`` after B
+(a grouped GEMM: A (T, K), B (G, K, N), offs (G,) int32 cumulative end rows); it has no
+autograd form yet, and ``grouped_gemm`` refuses inputs that require grad.
 """
 
 from __future__ import annotations
@@ -195,6 +199,41 @@ def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> None:
 
 _lib.impl("gemm", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::gemm", _fake, lib=_lib)
+
+
+GROUPED_SCHEMA = ("grouped_gemm(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
+                  "Tensor?[] tensors, Scalar[] scalars, Tensor(a!)[] outs) -> ()")
+_lib.define(GROUPED_SCHEMA)
+
+
+def _grouped_impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
+    from .api import run_grouped_values
+
+    lay = parse_layout(layout)
+    run_grouped_values(A, B, offs, unwire(epilogue), lay, values_of(lay, tensors, scalars, outs))
+
+
+def _grouped_fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
+    """``_fake`` for ``evtfuse::grouped_gemm``: A (T, K), B (G, K, N), offs (G,)."""
+    if A.dim() != 2 or B.dim() != 3 or offs.dim() != 1:
+        raise EpilogueError(f"grouped_gemm: A must be (T, K), B (G, K, N) and offs (G,); got A "
+                            f"{tuple(A.shape)}, B {tuple(B.shape)}, offs {tuple(offs.shape)}")
+    torch._check(A.shape[-1] == B.shape[-2],
+                 lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
+    torch._check(offs.shape[0] == B.shape[0],
+                 lambda: f"offs has {offs.shape[0]} groups but B has {B.shape[0]}")
+    return None
+
+
+_lib.impl("grouped_gemm", _grouped_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::grouped_gemm", _grouped_fake, lib=_lib)
+
+
+def call_grouped(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor, source: str, layout: str,
+                 tensors: list, scalars: list, outs: list) -> None:
+    """``torch.ops.evtfuse.grouped_gemm``: ``call`` for a grouped GEMM (``offs``)."""
+    torch.ops.evtfuse.grouped_gemm.default(A, B, offs, wire(source), layout, tensors, scalars,
+                                           outs)
 
 
 def call(A: torch.Tensor, B: torch.Tensor, source: str, layout: str, tensors: list,

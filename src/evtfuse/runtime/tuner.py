@@ -46,7 +46,8 @@ def tuning_key(args: GemmArguments, tune: str, cc) -> str:
     tensors = sorted((k, str(tensor_key(v))) for k, v in values.items()
                      if isinstance(v, torch.Tensor))
     return cache.make_key(GENERATOR_VERSION, TUNER_VERSION, signature(args.dag), args.L, args.M, args.N, args.K,
-                          str(tensor_key(args.A)), str(tensor_key(args.B)), tensors, args.allow_tf32,
+                          str(tensor_key(args.A)), str(tensor_key(args.B)), tensors,
+                          None if args.offs is None else str(tensor_key(args.offs)), args.allow_tf32,
                           args.fp8_fast_accum, device_name(args.A.device), cc, tune)
 
 
@@ -76,7 +77,8 @@ def _scratch(args: GemmArguments) -> GemmArguments:
              if isinstance(v, torch.Tensor)}
     epi = args.epilogue.with_values(**fresh)
     return GemmArguments(args.A, args.B, fresh.get("D"), args.accumulator_type, epi,
-                         allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
+                         allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum,
+                         offs=args.offs)
 
 
 def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):

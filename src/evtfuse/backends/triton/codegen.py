@@ -102,6 +102,15 @@ class _PortableTile(_TritonTile):
 
 
 @dataclass
+class _GroupedTile(_PortableTile):
+    """A grouped program's tile: ``bid`` is its group, and a stored value without a group
+    dimension (a per-row value of (T, 1)) is written by the group of its rows, not by
+    group 0 only."""
+
+    bid = ""
+
+
+@dataclass
 class _HopperTile(_TritonTile):
     acc: str
     rn: str
@@ -152,8 +161,11 @@ def _acc_type(spec: KernelSpec) -> str:
 def _portable_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
     roles = epilogue_params(spec.names, spec.dag, "portable")
-    params = ", ".join(["A", "B", "M", "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
-                       + [p for p, _ in roles])
+    # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
+    # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
+    rows = "grp_rows" if spec.grouped else "M"
+    params = ", ".join(["A", "B", rows, "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
+                       + (["offs"] if spec.grouped else []) + [p for p, _ in roles])
     I1, I2 = "    ", "        "
     lines = [
         "@triton.jit",
@@ -165,9 +177,9 @@ def _portable_source(spec: KernelSpec) -> str:
         # rows of A and B are int64 already; their k-steps (rk * sa_k, BLOCK_K * sa_k) not
         *int64_lines(spec, roles, I1, fixed=("sa_k", "sb_k")),
         f"{I1}pid = tl.program_id(0)",
-        f"{I1}bid = tl.program_id(1)",
-        f"{I1}bid64 = bid.to(tl.int64)",
-        f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
+        *([] if spec.grouped else [f"{I1}bid = tl.program_id(1)", f"{I1}bid64 = bid.to(tl.int64)"]),
+        # grouped: an upper bound of the row tiles (each group ends at most one partial tile)
+        f"{I1}num_pid_m = tl.cdiv({rows}, BLOCK_M){' + L' if spec.grouped else ''}",
         f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
         # one row of tiles (M <= BLOCK_M): the program is its tile's column
         f"{I1}if ONE_ROW:",
@@ -179,7 +191,8 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I2}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
         f"{I2}pid_m = first_m + ((pid % group) % group_m)",
         f"{I2}pid_n = (pid % group) // group_m",
-        f"{I1}rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        *(_group_lines(I1, I2) if spec.grouped else []),
+        f"{I1}rm = {'grp_row0 + ' if spec.grouped else ''}pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         f"{I1}rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         f"{I1}rk = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge load wrapped ones (row m % M) instead of masking:
@@ -203,7 +216,7 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I1}mask = (rm[:, None] < M) & (rn[None, :] < N)",
     ]
     lines += epi.prologue(I1)
-    lines += epi.body(_PortableTile(), I1)
+    lines += epi.body(_GroupedTile() if spec.grouped else _PortableTile(), I1)
     finish = epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)", I1)
     helper: list[str] = []
     if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
@@ -212,6 +225,50 @@ def _portable_source(spec: KernelSpec) -> str:
                   *int64_lines(spec, epi.fold_params(), I1), *finish, "", ""]
         lines.append(f"{I1}_ef_fold_finish({names})")
     return "\n".join(helper + lines) + "\n"
+
+
+GROUP_SCAN = 128  # groups of ``offs`` a grouped program reads per step when finding its own
+
+
+def _group_lines(i1: str, i2: str) -> list[str]:
+    """A grouped program's group (``bid``) and rows (portable family, ``KernelSpec.grouped``).
+
+    The program's row tile ``pid_m`` counts over every group's tiles in group order
+    (group g has cdiv(rows, BLOCK_M) of them, none when empty); the program reads ``offs``
+    (cumulative end rows, on the device: no host synchronisation) ``GROUP_SCAN`` groups at
+    a time, counts the groups whose tiles end at or before ``pid_m`` (that count is its
+    group) and the tiles they hold (where its group's tiles start), and returns at once
+    past the last group's last tile (the grid is an upper bound). From there on ``M`` is
+    the group's end row: every mask of the tile (``rm < M``) stops at its group's end, and
+    the mainloop's wrapped rows (``rm % M``) stay inside A. Rows at or past offs[-1] belong
+    to no group: nothing is written there. Offsets that are not what ``torch._grouped_mm``
+    asks for (decreasing, negative, past T: not checked, which would need the host) give
+    unspecified rows but never touch memory outside A and the outputs: a group's rows are
+    clamped to [0, T), and a group of no rows has no tiles."""
+    i3 = i2 + "    "
+    return [
+        f"{i1}grp_id = 0",
+        f"{i1}grp_tile0 = 0",
+        f"{i1}grp_tiles = 0",
+        f"{i1}for grp_c in range(0, L, {GROUP_SCAN}):",
+        f"{i2}grp_g = grp_c + tl.arange(0, {GROUP_SCAN})",
+        f"{i2}grp_end = tl.load(offs + grp_g, mask=grp_g < L, other=0)",
+        f"{i2}grp_beg = tl.load(offs + grp_g - 1, mask=(grp_g > 0) & (grp_g < L), other=0)",
+        f"{i2}grp_n = tl.where(grp_g < L, tl.cdiv(tl.maximum(grp_end - grp_beg, 0), BLOCK_M), 0)",
+        f"{i2}grp_cum = grp_tiles + tl.cumsum(grp_n, 0)",
+        f"{i2}grp_done = grp_cum <= pid_m",
+        f"{i2}grp_id += tl.sum(grp_done.to(tl.int32), 0)",
+        f"{i2}grp_tile0 += tl.sum(tl.where(grp_done, grp_n, 0), 0)",
+        f"{i2}grp_tiles += tl.sum(grp_n, 0)",
+        f"{i1}if pid_m >= grp_tiles:",
+        f"{i2}return",
+        f"{i1}bid = grp_id",
+        f"{i1}bid64 = bid.to(tl.int64)",
+        # offs past T, or below 0, are clamped: no row outside A and D is ever touched
+        f"{i1}grp_row0 = tl.maximum(tl.load(offs + bid - 1, mask=bid > 0, other=0), 0)",
+        f"{i1}M = tl.minimum(tl.load(offs + bid), grp_rows)",
+        f"{i1}pid_m = pid_m - grp_tile0",
+    ]
 
 
 def _split_lines(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_M"

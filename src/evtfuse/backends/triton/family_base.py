@@ -32,6 +32,8 @@ SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scra
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
+GROUPED_REFUSAL = ("grouped GEMMs (grouped_gemm, offs) run on the portable family only for now "
+                   "(TMA kernels do not find their group in offs yet; docs/grouped.md)")
 
 
 @dataclass(frozen=True)

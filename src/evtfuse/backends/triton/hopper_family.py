@@ -15,7 +15,7 @@ from typing import Any
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
-from .family_base import (_INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+from .family_base import (GROUPED_REFUSAL, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, tile_count)
 from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
                            _reduction_items, _tma_refusal, needs_int64)
@@ -28,6 +28,8 @@ class HopperFamily(KernelFamily):
                    "epilogue per sub-tile (sm_90+)")
 
     def supports(self, args, target):
+        if getattr(args, "offs", None) is not None:
+            return Status.fail(GROUPED_REFUSAL)
         st = self._common(args, target)
         if not st:
             return st

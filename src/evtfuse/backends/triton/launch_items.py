@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ...arguments import GemmArguments
+from ...arguments import OFFS_KEY, GemmArguments
 from ...errors import not_an_operand, scalar_value
 from ...ir import Dag, OperandKind, OutputKind
 from .family_base import INTERPRETER, Target, TileConfig, triton_cdiv
@@ -76,6 +76,11 @@ def _get_a(A, B, values):
 
 def _get_b(A, B, values):
     return B
+
+
+def _get_offs(A, B, values):
+    """A grouped GEMM's offsets (``GemmArguments.launch_values``)."""
+    return values[OFFS_KEY]
 
 
 def _value_getter(name: str):

@@ -1,7 +1,9 @@
 """The portable kernel family: one program per tile, pointer loads with masks.
 
 Layer: backends/triton. Runs on any GPU and under Triton's CPU interpreter, any strides;
-it refuses only what every family refuses (``KernelFamily._common``). Invariant: its
+it refuses only what every family refuses (``KernelFamily._common``). The one family that
+runs grouped GEMMs (``evtfuse.grouped_gemm``, groups over M): the same kernel, each program
+finding its group in ``offs`` on the device (``codegen._group_lines``). Invariant: its
 plan's items follow the portable kernel's parameters (``launch_items``).
 """
 
@@ -11,7 +13,7 @@ from typing import Any
 
 from .family_base import (_INT_DTYPES, INTERPRETER, KernelFamily, TileConfig, even_tiles,
                           fp8_promote, triton_cdiv)
-from .launch_items import _dims3, _epilogue_items, _get_a, _get_b, _reduction_items, needs_int64
+from .launch_items import _dims3, _get_offs, _epilogue_items, _get_a, _get_b, _reduction_items, needs_int64
 from .spec import KernelSpec
 
 
@@ -21,6 +23,10 @@ class PortableFamily(KernelFamily):
 
     def supports(self, args, target):
         return self._common(args, target)
+
+    @staticmethod
+    def grouped(args) -> bool:
+        return getattr(args, "offs", None) is not None
 
     def configs(self, args, target):
         if target.kind == INTERPRETER:
@@ -45,19 +51,27 @@ class PortableFamily(KernelFamily):
         return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
                           target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
                           fp8_promote=fp8_promote(args, target),
-                          int64=needs_int64(args, self.name, config))
+                          int64=needs_int64(args, self.name, config),
+                          grouped=self.grouped(args))
 
     def plan(self, args, dag, config, target):
+        grouped = self.grouped(args)
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
-                            *_dims3(args.A), *_dims3(args.B)]
+                            *_dims3(args.A), *_dims3(args.B), *([_get_offs] if grouped else [])]
         items += _epilogue_items(args, dag, "portable", config)
         red_items, post = _reduction_items(args, dag, config, "portable", target)
         items += red_items
-        grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n), args.L)
+        if grouped:  # an upper bound: programs past the last group's tiles return at once
+            grid = ((triton_cdiv(args.M, config.block_m) + args.L)
+                    * triton_cdiv(args.N, config.block_n), 1)
+        else:
+            grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n),
+                    args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),
-                      EVEN_K=args.K % config.block_k == 0, ONE_ROW=args.M <= config.block_m,
-                      EVEN_MN=even_tiles(args, config))
+                      EVEN_K=args.K % config.block_k == 0,
+                      ONE_ROW=args.M <= config.block_m and not grouped,
+                      EVEN_MN=even_tiles(args, config) and not grouped)
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, grid, post

@@ -61,6 +61,8 @@ class KernelSpec:
     int64: bool = False  # element offsets in 64 bits (``int64_lines``): some tensor the
     #                      kernel addresses through pointers reaches past 2^31 - 1 elements
     #                      (``launch_items.needs_int64``); in int32 they would wrap
+    grouped: bool = False  # portable: a grouped GEMM (groups over M: L is the group count,
+    #                        M the rows of every group, ``offs`` their cumulative ends)
 
     @cached_property
     def names(self) -> Names:
@@ -75,7 +77,8 @@ class KernelSpec:
                          str(int(self.prefetch)), str(int(self.int_acc)), ",".join(self.direct),
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
                          str(int(self.early_vectors)), str(self.warps),
-                         str(int(self.fp8_promote)), str(int(self.int64)), GENERATOR_VERSION])
+                         str(int(self.fp8_promote)), str(int(self.int64)),
+                         str(int(self.grouped)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
