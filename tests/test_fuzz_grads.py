@@ -46,18 +46,19 @@ def _subset(grads: dict, keep: int) -> dict:
 
 @drawn(60, 11)
 @given(case=cases(), shape=st.sampled_from(CPU_SHAPES), data_seed=st.integers(0, 2 ** 16),
-       keep=st.integers(1, 15))
-def test_random_backward_dags_match_torch_autograd(case, shape, data_seed, keep):
-    # the mode from the data seed's parity: the drawn examples stay those of before the
-    # modes (a drawn flag would shift them onto a known miss: constant folding in fp32)
-    save = data_seed % 2 == 1
+       keep=st.integers(1, 15), save=st.booleans())
+def test_random_backward_dags_match_torch_autograd(case, shape, data_seed, keep, save):
+    # float64 against the oracle, but literals are fp32 (as in every kernel) and the
+    # passes fold constants in fp32: sigmoid(0.5) folded is 1.5e-8 off float64's, 6e-8 in
+    # a gradient summed over a row (gradients here are O(1) to O(10)): 1e-6, far below
+    # what a wrong derivative rule gives
     args = case.arguments(*shape, torch.float32, seed=data_seed)
     values = dict(args.epilogue.values)
     grads = _subset(_upstream(args, data_seed), keep)
     wrt = set(tensor_operands(args))
     want = reference_grads(case.source, args.A, args.B, values, grads, wrt)
     got = autodiff_grads(case.source, args.A, args.B, values, grads, wrt, save=save)
-    assert_grads_close(got, want, rtol=1e-7, atol=1e-9,
+    assert_grads_close(got, want, rtol=1e-6, atol=1e-6,
                        what=f"{case.source}\n({'save' if save else 'recompute'})")
 
 
