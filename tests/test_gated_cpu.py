@@ -187,6 +187,11 @@ def test_autograd_refused_at_the_forward():
         evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none")
     with torch.no_grad():
         assert evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none").shape == (4, 6)
+    from evtfuse import autodiff
+    D = torch.empty(4, 6)
+    dag = EpilogueArguments(library.SWIGLU, D=D).dag
+    with pytest.raises(NotImplementedError, match="gated epilogues .* have no backward yet"):
+        autodiff.plan_forward(dag, {autodiff.ACCUM})
 
 
 _OFFLINE_SCRIPT = """
