@@ -1,7 +1,8 @@
 """evtfuse: custom GEMM epilogues, written as Python functions, fused into one GPU kernel.
 
 Public API (DESIGN.md): ``EpilogueArguments``, ``GemmArguments``, ``get_kernels``,
-``explain``, ``gemm``, ``grouped_gemm``, ``fuse``, ``linear_cross_entropy``; ``evtfuse.ops`` (relu, gelu, ...) and
+``explain``, ``gemm``, ``grouped_gemm``, ``fuse``, ``linear_cross_entropy``,
+``interleave_gate_up`` (gated epilogues); ``evtfuse.ops`` (relu, gelu, ...) and
 ``evtfuse.reference.evaluate``.
 """
 
@@ -15,6 +16,7 @@ from .backends.triton.versions import check_installed
 from .errors import EpilogueError, Status, UnsupportedError
 from .runtime import Kernel, VerifyResult, explain, fuse, gemm, get_kernels, grouped_gemm
 from .losses import linear_cross_entropy
+from .gated import interleave_gate_up, split_gate_up
 from . import nn  # noqa: E402,F401  (evtfuse.nn.Linear; needs the runtime above)
 
 logs.setup_from_environment()
@@ -22,5 +24,5 @@ check_installed()  # a warning when the installed Triton is outside the tested r
 
 __all__ = ["EpilogueArguments", "GemmArguments", "EpilogueError", "Status", "UnsupportedError",
            "Kernel", "VerifyResult", "get_kernels", "explain", "gemm", "grouped_gemm", "fuse",
-           "linear_cross_entropy", "ops",
+           "linear_cross_entropy", "interleave_gate_up", "split_gate_up", "ops",
            "reference", "nn", "__version__"]

@@ -154,6 +154,9 @@ class GemmArguments:
             epilogue = _identity_epilogue(out)
         if not isinstance(epilogue, EpilogueArguments):
             raise EpilogueError("epilogue must be an EpilogueArguments", variable="epilogue")
+        self.gated = epilogue.parsed.gated
+        if self.gated:  # the epilogue's N: pairs of B's columns
+            self.N = gated_width(B, offs)
         d = epilogue.values.get("D")
         if out is not None and d is not None and out is not d:
             raise EpilogueError("out and the epilogue's D are different tensors; pass the same "
@@ -192,6 +195,8 @@ class GemmArguments:
         if self.offs is not None:
             check_grouped(self.A, self.B, self.offs)
         L, M, K, N = _problem_of(self.A, self.B)
+        if self.gated:
+            N = gated_width(self.B, self.offs)
         dag = self.epilogue.bind((L, M, N), self.offs is not None)
         _check_memory(self.A, self.B, self.epilogue, dag)
         if dag is not self.dag:
@@ -210,6 +215,21 @@ class GemmArguments:
         if self.offs is None:
             return self.epilogue.values
         return {**self.epilogue.values, OFFS_KEY: self.offs}
+
+
+def gated_width(B: torch.Tensor, offs: Any = None) -> int:
+    """The output width N of a gated epilogue (``pairs(accum)``): half of B's columns,
+    which must be even (dense GEMMs only in this slice)."""
+    if offs is not None:
+        raise EpilogueError("gated epilogues (pairs(accum)) run on dense GEMMs only; "
+                            "grouped_gemm does not take them yet (docs/gated.md)")
+    NB = int(B.shape[-1])
+    if NB % 2:
+        raise EpilogueError(f"the epilogue takes the accumulator's columns in pairs "
+                            f"(pairs(accum)), but B has an odd number of columns ({NB}); "
+                            f"B must be (K, 2N): gate and up interleaved "
+                            f"(evtfuse.interleave_gate_up)", variable="B")
+    return NB // 2
 
 
 OFFS_KEY = "<offs>"  # a grouped GEMM's offsets among a launch's values (not an identifier)

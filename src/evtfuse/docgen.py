@@ -165,6 +165,14 @@ def render_ops() -> str:
             what = "row index m (0 .. M-1)" if axis == "row" else "column index n (0 .. N-1)"
             out.append(f"| `{name}()` | {what} |")
         out.append("")
+    pairs = getattr(frontend, "PAIRS", None)
+    if pairs:
+        out += ["## Column pairs (gated epilogues)", "",
+                f"`gate, up = {pairs}(accum)`: the accumulator's columns in pairs, column 2j is "
+                "`gate` j and 2j + 1 is `up` j; the epilogue's values (and operands, outputs) are "
+                "then half as wide as `A @ B`, and `accum` is used nowhere else. A statement of "
+                "its own, once per epilogue; portable kernel family only "
+                "([gated.md](gated.md)).", ""]
     out += ["## Counts", "",
             f"{len(OPS)} rows in the op table; {len(CALLABLE)} callable by name.", ""]
     return "\n".join(out)

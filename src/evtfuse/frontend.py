@@ -41,11 +41,11 @@ from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, FP8_DTYPES,
 class Expr:
     """A binding-independent expression: a name, a literal, a call of a table row, an index."""
 
-    kind: str  # "name" | "const" | "call" | "index"
+    kind: str  # "name" | "const" | "call" | "index" | "pair"
     line: int
     name: str | None = None  # for "name"
     value: float | None = None  # for "const"
-    op: str | None = None  # for "call" (op-table row) and "index" ("row"/"col")
+    op: str | None = None  # for "call" (op-table row), "index" ("row"/"col"), "pair" ("gate"/"up")
     args: tuple["Expr", ...] = ()
     params: tuple[tuple[str, ParamValue], ...] = ()  # for "call": all, in the row's order
 
@@ -71,12 +71,19 @@ class ParsedEpilogue:
     def outputs(self) -> tuple[str, ...]:  # read on every gemm call: computed once
         return tuple(n for n, _ in self.returns)
 
+    @functools.cached_property
+    def gated(self) -> bool:
+        """Whether the epilogue takes the accumulator's columns in pairs
+        (``gate, up = pairs(accum)``): its output is then half as wide as A @ B."""
+        return any(a.expr.kind == "pair" for a in self.assignments)
+
     def text_of(self, line: int) -> str | None:
         k = line - self.line_offset - 1
         return self.source_lines[k] if 0 <= k < len(self.source_lines) else None
 
 
 _INDEX_FUNCTIONS = {"row_index": "row", "col_index": "col"}
+PAIRS = "pairs"  # gate, up = pairs(accum): the accumulator's columns 2j and 2j + 1
 _PY_MINMAX = {"max": "maximum", "min": "minimum"}  # max(a, b) is elementwise
 
 
@@ -86,6 +93,7 @@ class _Parser:
         self.line_offset = line_offset
         self.where = where
         self.defined: dict[str, int] = {}
+        self.paired = False  # a 'gate, up = pairs(accum)' was read
 
     def error(self, message: str, node: ast.AST | None = None, variable: str | None = None):
         line = getattr(node, "lineno", None)
@@ -126,13 +134,58 @@ class _Parser:
             raise self.error("the epilogue must end with a return of its outputs", fn)
         assignments = []
         for stmt in body[:-1]:
-            assignments.append(self.parse_statement(stmt, names))
+            pair = self.parse_pairs(stmt)
+            assignments.extend(pair if pair else [self.parse_statement(stmt, names)])
         returns = self.parse_return(body[-1], names)
+        if any(a.expr.kind == "pair" for a in assignments):
+            self.check_gated(fn, body)
         if "D" not in [n for n, _ in returns]:
             raise EpilogueError("Output node D is not found in the epilogue function.",
                                 variable="D")
         return ParsedEpilogue(fn.name, tuple(names[1:]), tuple(assignments), returns,
                               self.source_lines, self.line_offset, self.where)
+
+    def parse_pairs(self, stmt: ast.stmt) -> list[Assignment] | None:
+        """``gate, up = pairs(accum)``: two assignments of the accumulator's column pairs'
+        halves (Expr "pair"), or None for any other statement."""
+        if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)
+                and _callee_name(stmt.value.func) == PAIRS):
+            return None
+        call = stmt.value
+        if not (len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
+                and len(stmt.targets[0].elts) == 2
+                and all(isinstance(t, ast.Name) for t in stmt.targets[0].elts)):
+            raise self.error("pairs(accum) gives two values: write 'gate, up = pairs(accum)' "
+                             "(two plain names)", stmt)
+        if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Name) \
+                or call.args[0].id != "accum":
+            raise self.error("pairs() takes only accum: write 'gate, up = pairs(accum)' and "
+                             "apply anything else to gate and up after it", stmt)
+        if self.paired:
+            raise self.error("pairs(accum) can be taken once per epilogue", stmt)
+        out = []
+        for t, part in zip(stmt.targets[0].elts, ("gate", "up")):
+            if t.id in self.defined:
+                raise EpilogueError(f"Variable '{t.id}' cannot be defined twice.",
+                                    variable=t.id, line=self.line(stmt), exact=True)
+            self.defined[t.id] = self.line(stmt)
+            out.append(Assignment(t.id, Expr("pair", self.line(stmt), op=part), self.line(stmt)))
+        self.paired = True
+        return out
+
+    def check_gated(self, fn: ast.FunctionDef, body: list[ast.stmt]) -> None:
+        """In a gated epilogue ``accum`` (2N columns wide) appears only in ``pairs(accum)``:
+        everything else lives in the (M, N) space of the pairs."""
+        for stmt in body:
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) \
+                    and _callee_name(stmt.value.func) == PAIRS:
+                continue
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Name) and node.id == "accum":
+                    raise self.error(
+                        "accum cannot be used in a gated epilogue except as 'gate, up = "
+                        "pairs(accum)': its columns come in pairs (2N wide) while the "
+                        "epilogue's values are N wide; use gate and up", node, "accum")
 
     def parse_statement(self, stmt: ast.stmt, params: list[str]) -> Assignment:
         if isinstance(stmt, ast.Return):
@@ -269,6 +322,10 @@ class _Parser:
         if fname is None:
             raise self.error(f"unsupported call in the value of '{target}': call a recognised "
                              "function by name (relu, gelu, ...)", node, target)
+        if fname == PAIRS:
+            raise self.error(f"pairs(accum) gives two values and must be the whole value of "
+                             f"a statement 'gate, up = pairs(accum)' (in the value of "
+                             f"'{target}')", node, target)
         if fname in _INDEX_FUNCTIONS:
             if node.args or node.keywords:
                 raise self.error(f"{fname}() takes no arguments", node, target)
@@ -589,6 +646,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         return acc
 
     loads: dict[str, ir.Node] = {}
+    parts: dict[str, ir.Node] = {}  # pairs(accum): "gate" / "up"
 
     def lookup(name: str, line: int) -> ir.Node:
         if name in env:
@@ -613,6 +671,10 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             return node
         if e.kind == "const":
             return ir.const_node(e.value, e.line)
+        if e.kind == "pair":
+            if e.op not in parts:
+                parts[e.op] = ir.accum_node(e.line, e.op)
+            return parts[e.op]
         return ir.index_node(e.op, e.line)
 
     def build(e: Expr, target: str) -> ir.Node:
@@ -684,7 +746,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
     for name, (op, _, rline) in pending.items():
         raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned; "
                     "return it (reductions are outputs)", rline, name)
-    return ir.Dag(tuple(outputs), specs, parsed.name)
+    return ir.Dag(tuple(outputs), specs, parsed.name, parsed.gated)
 
 
 _GROUPED_LAYOUTS = ("a Python number, a 0-d tensor, (G, 1, 1) per group, (N,) or (G, 1, N) per "

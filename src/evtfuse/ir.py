@@ -20,7 +20,7 @@ from .optable import OPS, Category, OpDef, ParamValue
 
 
 class NodeKind(Enum):
-    ACCUM = "accum"  # the GEMM accumulator, A @ B
+    ACCUM = "accum"  # the GEMM accumulator, A @ B; op "gate"/"up": its even/odd columns (pairs)
     LOAD = "load"  # an operand of the epilogue (scalar, vector or tensor)
     CONST = "const"  # a literal of the source, or a folded constant
     COMPUTE = "compute"  # one row of the op table
@@ -99,7 +99,8 @@ class OutputKind(Enum):
 class Node:
     kind: NodeKind
     inputs: tuple["Node", ...] = ()
-    op: str | None = None  # op-table row for COMPUTE/REDUCE; "row"/"col" for INDEX
+    op: str | None = None  # op-table row for COMPUTE/REDUCE; "row"/"col" for INDEX;
+    #                        ACCUM: None (the accumulator), "gate" / "up" (``pairs(accum)``)
     params: tuple[tuple[str, ParamValue], ...] = ()  # a row's parameters, in its order
     value: float | None = None  # CONST
     operand: OperandSpec | None = None  # LOAD
@@ -120,7 +121,7 @@ class Node:
 
     def short(self) -> str:
         if self.kind is NodeKind.ACCUM:
-            return "accum"
+            return "accum" if self.op is None else f"pairs(accum).{self.op}"
         if self.kind is NodeKind.LOAD:
             return f"load {self.operand.name}"
         if self.kind is NodeKind.CONST:
@@ -144,11 +145,16 @@ class Output:
 
 @dataclass(frozen=True)
 class Dag:
-    """An epilogue: outputs in return order, and every declared operand in parameter order."""
+    """An epilogue: outputs in return order, and every declared operand in parameter order.
+
+    ``gated``: the epilogue takes the accumulator's columns in pairs (``gate, up =
+    pairs(accum)``): the GEMM's accumulator is 2N wide, the epilogue's (L, M, N) space is
+    its pairs (column 2j is gate j, 2j+1 up j), and only "gate"/"up" ACCUM nodes read it."""
 
     outputs: tuple[Output, ...]
     operands: tuple[OperandSpec, ...]
     name: str = "epilogue"
+    gated: bool = False
 
     @functools.cached_property
     def nodes(self) -> tuple[Node, ...]:
@@ -188,7 +194,7 @@ class Dag:
         return tuple(o for o in self.outputs if o.node.kind is NodeKind.REDUCE)
 
     def replace_outputs(self, outputs: Iterable[Output]) -> "Dag":
-        return Dag(tuple(outputs), self.operands, self.name)
+        return Dag(tuple(outputs), self.operands, self.name, self.gated)
 
     def __str__(self) -> str:
         return format_dag(self)
@@ -212,8 +218,14 @@ def _postorder(node: Node, seen: set[int], order: list[Node]) -> None:
 
 # ---------------------------------------------------------------- construction helpers
 
-def accum_node(line: int | None = None) -> Node:
-    return Node(NodeKind.ACCUM, space=Space.FULL, batched=True, var="accum", line=line)
+PAIR_PARTS = ("gate", "up")  # pairs(accum): column 2j is gate j, column 2j + 1 is up j
+
+
+def accum_node(line: int | None = None, part: str | None = None) -> Node:
+    """The accumulator, or with ``part`` ("gate" / "up") one of its column pairs' halves."""
+    assert part is None or part in PAIR_PARTS, part
+    return Node(NodeKind.ACCUM, op=part, space=Space.FULL, batched=True,
+                var="accum" if part is None else part, line=line)
 
 
 def load_node(spec: OperandSpec, line: int | None = None) -> Node:
@@ -297,6 +309,9 @@ def verify(dag: Dag) -> None:
         elif n.kind is NodeKind.CONST:
             if n.value is None:
                 raise IRError("constant without a value")
+        elif n.kind is NodeKind.ACCUM:
+            if (n.op is not None) != dag.gated or (n.op is not None and n.op not in PAIR_PARTS):
+                raise IRError(f"{n.short()} in a DAG with gated={dag.gated}")
         for u in dag.users[id(n)]:
             if u.kind is NodeKind.REDUCE and n.kind is NodeKind.REDUCE:
                 raise IRError("reduction of a reduction")
@@ -329,6 +344,8 @@ def signature(dag: Dag) -> str:
     for o in dag.outputs:
         parts.append(f"out {o.name}={names[id(o.node)]}:{o.kind.name}:{dtype_name(o.dtype)}:"
                      f"{int(o.batched)}")
+    if dag.gated:
+        parts.append("gated")
     return ";".join(parts)
 
 
@@ -354,7 +371,8 @@ def _label(n: Node, names: dict[int, str]) -> str:
 def format_dag(dag: Dag) -> str:
     """One line per node, in evaluation order, then the outputs."""
     names: dict[int, str] = {}
-    lines = [f"dag {dag.name}({', '.join(o.name for o in dag.operands)})"]
+    lines = [f"dag {dag.name}({', '.join(o.name for o in dag.operands)})"
+             + (" gated: pairs(accum)" if dag.gated else "")]
     for k, n in enumerate(dag.nodes):
         names[id(n)] = f"%{k}"
         where = f"  # line {n.line}" if n.line else ""
@@ -378,7 +396,7 @@ _EVT_NAMES = {
 
 def _evt_leaf(n: Node) -> str:
     if n.kind is NodeKind.ACCUM:
-        return "Sm90AccFetch"
+        return "Sm90AccFetch" if n.op is None else f"Sm90AccFetch<{n.op}: pairs>"
     if n.kind is NodeKind.CONST:
         return f"Sm90ScalarBroadcast<{n.value!r}>"
     if n.kind is NodeKind.INDEX:
@@ -451,6 +469,6 @@ def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
 
 __all__ = [
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
-    "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
+    "PAIR_PARTS", "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
     "with_inputs", "verify", "IRError", "format_dag", "format_evt", "dtype_name", "signature",
 ]

@@ -328,6 +328,30 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
+#: Gated epilogues (``pairs(accum)``, docs/gated.md) by name: the activation of gate.
+GATED: Mapping[str, str] = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
+
+
+def gated(kind: str = "swiglu", *, bias: bool = False) -> str:
+    """A gated epilogue: ``D = act(gate) * up`` over ``gate, up = pairs(accum)`` (the
+    accumulator's interleaved column pairs; B from ``evtfuse.interleave_gate_up``).
+    ``bias``: two per-column operands of the output's width N, ``bias_gate`` and
+    ``bias_up`` (the ``nn.Linear`` biases of the two projections), added before the
+    activation and the product."""
+    if kind not in GATED:
+        raise EpilogueError(f"unknown gated epilogue '{kind}'; one of {', '.join(GATED)}")
+    act = GATED[kind]
+    if bias:
+        return _function(f"{kind}_bias", ("bias_gate", "bias_up"),
+                         ["gate, up = pairs(accum)",
+                          f"D = {act}(gate + bias_gate) * (up + bias_up)"], ("D",))
+    return _function(kind, (), ["gate, up = pairs(accum)", f"D = {act}(gate) * up"], ("D",))
+
+
+SWIGLU = gated("swiglu")
+GEGLU = gated("geglu")
+
+
 # ----------------------------------------------------------------------------- C++ names
 
 @dataclass(frozen=True)
@@ -418,5 +442,5 @@ __all__ = [
     "Scale", "SCALES", "ACTIVATIONS", "CLAMP_BOUNDS", "linear_combination", "lin_comb_elt_act",
     "lin_comb_clamp", "lin_comb_bias_elt_act", "lin_comb_generic", "per_channel_scaling",
     "fp8_scaled_output", "lin_comb_args", "per_channel_args", "fp8_scaled_output_args",
-    "MenuEntry", "CUTLASS_MENU", "menu_table",
+    "MenuEntry", "CUTLASS_MENU", "menu_table", "GATED", "gated", "SWIGLU", "GEGLU",
 ]

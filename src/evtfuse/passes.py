@@ -50,7 +50,7 @@ def eliminate_dead_code(dag: Dag) -> Dag:
     """
     keep: list[Output] = []
     needed = {id(n) for o in dag.outputs if o.kind is not OutputKind.NONE
-              for n in Dag((o,), dag.operands).nodes}
+              for n in Dag((o,), dag.operands, dag.name, dag.gated).nodes}
     for o in dag.outputs:
         if o.kind is OutputKind.NONE and id(o.node) not in needed:
             continue
@@ -242,7 +242,7 @@ def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec) -> Dag:
         return load if n.kind is NodeKind.ACCUM else _same_or_new(n, inputs)
 
     operands = dag.operands if saved in dag.operands else (*dag.operands, saved)
-    return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name)
+    return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name, dag.gated)
 
 
 PIPELINE: tuple[tuple[str, Pass], ...] = (

@@ -74,6 +74,9 @@ def evaluate(dag_or_args: Any, accum: torch.Tensor | None = None,
 class _Evaluator:
     def __init__(self, dag: Dag, acc3: torch.Tensor, values: Mapping[str, Any], dtype: torch.dtype):
         self.dag, self.acc3, self.values, self.dtype = dag, acc3, values, dtype
+        # the epilogue's (L, M, N): a gated one's N is half the accumulator's (its pairs)
+        L, M, NA = acc3.shape
+        self.shape = (L, M, NA // 2) if dag.gated else (L, M, NA)
         self.device = acc3.device
         self.cache: dict[int, torch.Tensor] = {}
         # whether each reduction keeps L is a property of the output it feeds (Output.batched),
@@ -99,9 +102,9 @@ class _Evaluator:
         return t.to(self.dtype) if t.dtype != self.dtype else t
 
     def _compute(self, n: Node) -> torch.Tensor:
-        L, M, N = self.acc3.shape
-        if n.kind is NodeKind.ACCUM:
-            return self.acc3
+        L, M, N = self.shape
+        if n.kind is NodeKind.ACCUM:  # pairs(accum): gate = columns 0, 2, ..; up = 1, 3, ..
+            return self.acc3 if n.op is None else self.acc3[..., {"gate": 0, "up": 1}[n.op]::2]
         if n.kind is NodeKind.CONST:
             return torch.tensor(n.value, dtype=self.dtype, device=self.device)
         if n.kind is NodeKind.INDEX:
@@ -143,7 +146,7 @@ class _Evaluator:
         raise NotImplementedError(n.kind)
 
     def run(self, shapes: Mapping[str, tuple[int, ...]], cast: bool) -> dict[str, torch.Tensor]:
-        L, M, N = self.acc3.shape
+        L, M, N = self.shape
         result: dict[str, torch.Tensor] = {}
         for o in self.dag.outputs:
             v = _as3d(self._float(self.value(o.node)))

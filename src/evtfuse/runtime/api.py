@@ -103,9 +103,11 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
 _parsed_cache: dict[Any, Any] = {}
 
 
-def _output_shape(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
-    """Shape of an output gemm allocates: (M, N), or (L, M, N) when A or B is batched."""
-    M, N = A.shape[-2], B.shape[-1]
+def _output_shape(A: torch.Tensor, B: torch.Tensor, gated: bool = False) -> tuple[int, ...]:
+    """Shape of an output gemm allocates: (M, N), or (L, M, N) when A or B is batched;
+    ``gated`` (``pairs(accum)``): N is half of B's columns (an odd count is refused when
+    the arguments are built)."""
+    M, N = A.shape[-2], (B.shape[-1] // 2 if gated else B.shape[-1])
     if A.dim() == 3 or B.dim() == 3:
         return (max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1), M, N)
     return (M, N)
@@ -113,7 +115,7 @@ def _output_shape(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
 
 @constant_result
 def _epilogue_of(epilogue) -> tuple:
-    """(source, first line, name, from a function, its name, params, outputs) of an
+    """(source, first line, name, from a function, its name, params, outputs, gated) of an
     epilogue, parsed and checked once per function or string: constants, under
     torch.compile too (the function is read here, never traced)."""
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
@@ -122,7 +124,7 @@ def _epilogue_of(epilogue) -> tuple:
         text = epilogue_text(epilogue)
         parsed = parse_epilogue(text)
         hit = _epilogues[key] = (text.source, text.line_offset, text.where, text.from_function,
-                                 parsed.name, parsed.params, parsed.outputs)
+                                 parsed.name, parsed.params, parsed.outputs, parsed.gated)
         _parsed_cache[(text.source, text.line_offset, text.where)] = parsed
     return hit
 
@@ -168,7 +170,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
     autograd.check_backward(backward)
-    source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(
+    source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
     named = operands_and_outputs
     dtypes = {}
@@ -179,6 +181,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
             dtypes[name] = named.pop(f"{name}_dtype")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
+    if grad and gated:
+        raise NotImplementedError(
+            f"gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and gated "
+            "epilogues (pairs(accum)) have no backward yet: their results would be detached "
+            "from the graph. Run under torch.no_grad() (inference) or detach the inputs.")
     if grad:
         return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
                                (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
@@ -186,7 +193,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     shape = None
     for name in outputs:
         if name not in named:
-            shape = shape or _output_shape(A, B)
+            shape = shape or _output_shape(A, B, gated)
             outs.append(torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device))
             onames.append(name)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
@@ -216,7 +223,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     read on the host: no synchronisation (docs/grouped.md). The call is one operator,
     ``torch.ops.evtfuse.grouped_gemm``; no autograd yet (inputs that require grad under
     grad mode are refused, never silently detached)."""
-    source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(
+    source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
     named = operands_and_outputs
     dtypes = {}
@@ -332,7 +339,7 @@ def _sort(named: dict, fn_name: str, params: tuple, outputs: tuple) -> tuple:
 def run_kernel_through_op(kernel: Kernel, args: GemmArguments) -> None:
     """``Kernel.run`` under torch.compile: one ``torch.ops.evtfuse.gemm`` call naming the
     kernel (the arguments' outputs are all given)."""
-    source, line, where, from_fn, fn_name, params, outputs = _epilogue_of(args.epilogue.epilogue)
+    source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(args.epilogue.epilogue)
     named = args.epilogue.values
     check_no_grad(args.A, args.B, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)

@@ -164,6 +164,8 @@ def _portable_source(spec: KernelSpec) -> str:
     # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
     # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
     rows = "grp_rows" if spec.grouped else "M"
+    gated = spec.dag.gated
+    rnb, nb = ("rnb", "(2 * N)") if gated else ("rn", "N")  # B's columns
     params = ", ".join(["A", "B", rows, "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
                        + (["offs"] if spec.grouped else []) + [p for p, _ in roles])
     I1, I2 = "    ", "        "
@@ -180,7 +182,8 @@ def _portable_source(spec: KernelSpec) -> str:
         *([] if spec.grouped else [f"{I1}bid = tl.program_id(1)", f"{I1}bid64 = bid.to(tl.int64)"]),
         # grouped: an upper bound of the row tiles (each group ends at most one partial tile)
         f"{I1}num_pid_m = tl.cdiv({rows}, BLOCK_M){' + L' if spec.grouped else ''}",
-        f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
+        # gated (``pairs(accum)``): a tile is BLOCK_N columns of B, BLOCK_N // 2 of the output
+        f"{I1}num_pid_n = tl.cdiv({'2 * N' if gated else 'N'}, BLOCK_N)",
         # one row of tiles (M <= BLOCK_M): the program is its tile's column
         f"{I1}if ONE_ROW:",
         f"{I2}pid_m = pid * 0",
@@ -193,13 +196,13 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I2}pid_n = (pid % group) // group_m",
         *(_group_lines(I1, I2) if spec.grouped else []),
         f"{I1}rm = {'grp_row0 + ' if spec.grouped else ''}pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"{I1}rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        f"{I1}{rnb} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         f"{I1}rk = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge load wrapped ones (row m % M) instead of masking:
         # the mainloop's loads stay unmasked wherever K is a multiple of BLOCK_K, and the
         # store mask drops those rows and columns
         f"{I1}a_ptrs = A + bid64 * sa_l + (rm % M)[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
-        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + (rn % N)[None, :].to(tl.int64) * sb_n",
+        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + ({rnb} % {nb})[None, :].to(tl.int64) * sb_n",
         f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
         f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
         f"{I2}if EVEN_K:",
@@ -213,10 +216,14 @@ def _portable_source(spec: KernelSpec) -> str:
         f"out_dtype={_acc_type(spec)})",
         f"{I2}a_ptrs += BLOCK_K * sa_k",
         f"{I2}b_ptrs += BLOCK_K * sb_k",
+        *(_gated_split_lines(I1) if gated else []),
         f"{I1}mask = (rm[:, None] < M) & (rn[None, :] < N)",
     ]
     lines += epi.prologue(I1)
-    lines += epi.body(_GroupedTile() if spec.grouped else _PortableTile(), I1)
+    tile = _GroupedTile() if spec.grouped else _PortableTile()
+    if gated:
+        tile.bn = "(BLOCK_N // 2)"
+    lines += epi.body(tile, I1)
     finish = epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)", I1)
     helper: list[str] = []
     if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
@@ -225,6 +232,18 @@ def _portable_source(spec: KernelSpec) -> str:
                   *int64_lines(spec, epi.fold_params(), I1), *finish, "", ""]
         lines.append(f"{I1}_ef_fold_finish({names})")
     return "\n".join(helper + lines) + "\n"
+
+
+def _gated_split_lines(indent: str) -> list[str]:
+    """After the mainloop of a gated epilogue's tile (``pairs(accum)``): the accumulator's
+    BLOCK_N columns split into their pairs' halves, gate (even columns) and up (odd), and
+    ``rn`` the tile's BLOCK_N // 2 output columns. ``tl.reshape`` keeps the element order
+    (``can_reorder=False``), so (BM, BN // 2, 2)'s last axis is the pair."""
+    return [
+        f"{indent}acc_gate, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2), "
+        "can_reorder=False))",
+        f"{indent}rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)",
+    ]
 
 
 GROUP_SCAN = 128  # groups of ``offs`` a grouped program reads per step when finding its own

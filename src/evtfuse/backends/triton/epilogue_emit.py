@@ -160,9 +160,16 @@ class EpilogueEmitter:
             return f"({v}).to(tl.float32)"
         return v
 
+    @staticmethod
+    def _acc(n: Node, sub) -> str:
+        """The accumulator tile, or one half of its column pairs (``pairs(accum)``: the
+        portable kernel's ``acc_gate`` / ``acc_up``, ``codegen._gated_split_lines``)."""
+        return sub.acc if n.op is None else f"{sub.acc}_{n.op}"
+
     def _expr(self, n: Node, env: dict[int, str], sub) -> str:
         if n.kind is NodeKind.ACCUM:
-            return f"{sub.acc}.to(tl.float32)" if self.spec.int_acc else sub.acc
+            acc = self._acc(n, sub)
+            return f"{acc}.to(tl.float32)" if self.spec.int_acc else acc
         if n.kind is NodeKind.CONST:
             return _lit(n.value)
         if n.kind is NodeKind.INDEX:
@@ -216,7 +223,7 @@ class EpilogueEmitter:
                 v = f"({v} + {sub.zeros()})"
             if o.dtype in INT_OUTPUTS:
                 if self.spec.int_acc and o.node.kind is NodeKind.ACCUM and o.dtype == torch.int32:
-                    v = sub.acc  # the exact int32 accumulator
+                    v = self._acc(o.node, sub)  # the exact int32 accumulator
                 else:  # round half to even, saturate, as CUTLASS's float-to-int converters
                     lo, hi = INT_OUTPUTS[o.dtype]
                     v = f"_ef_round_sat({v}, {lo}, {hi})"

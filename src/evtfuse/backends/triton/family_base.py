@@ -32,6 +32,25 @@ SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scra
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
+GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the portable family only in this "
+                 "release (docs/gated.md)")
+
+
+def gated_refusal(args: GemmArguments) -> str | None:
+    """What the portable kernel does not do yet with a gated epilogue (``pairs(accum)``):
+    it stores full outputs only (no reductions or stored vectors), with B's 2N columns
+    below 2^31."""
+    if not getattr(args, "gated", False):
+        return None
+    for o in args.dag.outputs:
+        if o.kind not in (OutputKind.FULL, OutputKind.NONE):
+            return (f"output {o.name} is a {o.kind.value}; gated epilogues (pairs(accum)) "
+                    f"store full (M, N) outputs only in this release (docs/gated.md)")
+    if 2 * args.N >= 2 ** 31:
+        return f"B has 2N = {2 * args.N} columns; gated epilogues need fewer than 2^31"
+    return None
+
+
 GROUPED_REFUSAL = ("grouped GEMMs (grouped_gemm, offs) run on the portable family only for now "
                    "(TMA kernels do not find their group in offs yet; docs/grouped.md)")
 

@@ -4,15 +4,18 @@ Layer: backends/triton. Runs on any GPU and under Triton's CPU interpreter, any 
 it refuses only what every family refuses (``KernelFamily._common``). The one family that
 runs grouped GEMMs (``evtfuse.grouped_gemm``, groups over M): the same kernel, each program
 finding its group in ``offs`` on the device (``codegen._group_lines``). Invariant: its
-plan's items follow the portable kernel's parameters (``launch_items``).
+plan's items follow the portable kernel's parameters (``launch_items``). Also the one family
+that runs gated epilogues (``pairs(accum)``, docs/gated.md): a tile is BLOCK_N columns of
+B and BLOCK_N // 2 of the output, the accumulator split after the mainloop.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...errors import Status
 from .family_base import (_INT_DTYPES, INTERPRETER, KernelFamily, TileConfig, even_tiles,
-                          fp8_promote, triton_cdiv)
+                          fp8_promote, gated_refusal, triton_cdiv)
 from .launch_items import _dims3, _get_offs, _epilogue_items, _get_a, _get_b, _reduction_items, needs_int64
 from .spec import KernelSpec
 
@@ -22,7 +25,9 @@ class PortableFamily(KernelFamily):
     description = "one program per tile, pointer loads with masks (any GPU, any strides; CPU interpreter)"
 
     def supports(self, args, target):
-        return self._common(args, target)
+        st = self._common(args, target)
+        why = gated_refusal(args) if st else None
+        return Status.fail(why) if why else st
 
     @staticmethod
     def grouped(args) -> bool:
@@ -64,8 +69,9 @@ class PortableFamily(KernelFamily):
         if grouped:  # an upper bound: programs past the last group's tiles return at once
             grid = ((triton_cdiv(args.M, config.block_m) + args.L)
                     * triton_cdiv(args.N, config.block_n), 1)
-        else:
-            grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n),
+        else:  # gated (pairs(accum)): a tile spans BLOCK_N of B's 2N columns
+            nb = 2 * args.N if getattr(args, "gated", False) else args.N
+            grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(nb, config.block_n),
                     args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),

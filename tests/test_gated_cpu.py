@@ -1,0 +1,220 @@
+"""Gated epilogues (``gate, up = pairs(accum)``, interleaved layout) on the CPU tier: the
+portable kernel under Triton's interpreter against torch's two separate projections,
+the interleave helper, the frontend's parse and its errors, other families' refusals,
+autograd's refusal, and an offline sm_90 compile (docs/gated.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, library
+from evtfuse.frontend import parse_epilogue
+from evtfuse.reference import evaluate
+from offline_run import run_offline
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="CPU-interpreter tier; tests/gpu/test_gpu_gated.py on a GPU")
+
+GEN = torch.Generator().manual_seed(34)
+F = torch.nn.functional
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def swiglu(accum, bias_gate, bias_up):
+    gate, up = pairs(accum)
+    D = silu(gate + bias_gate) * (up + bias_up)
+    return D
+
+
+def expected(x, Wg, Wu, act, bg=None, bu=None):
+    g = x.float() @ Wg.float().T
+    u = x.float() @ Wu.float().T
+    if bg is not None:
+        g, u = g + bg.float(), u + bu.float()
+    return act(g) * u
+
+
+@pytest.mark.parametrize("kind,act", [("swiglu", F.silu), ("geglu", F.gelu)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_library_gated_against_torch(kind, act, bias, dtype):
+    M, K, N = 37, 40, 26  # odd M, N not a multiple of any tile's half width
+    x, Wg, Wu = rand(M, K, dtype=dtype), rand(N, K, dtype=dtype), rand(N, K, dtype=dtype)
+    W = evtfuse.interleave_gate_up(Wg, Wu)
+    ops = {}
+    if bias:
+        ops = dict(bias_gate=rand(N, dtype=dtype), bias_up=rand(N, dtype=dtype))
+    D = evtfuse.gemm(x, W.t(), library.gated(kind, bias=bias), tune="none", **ops)
+    assert D.shape == (M, N) and D.dtype == dtype
+    want = expected(x, Wg, Wu, act, ops.get("bias_gate"), ops.get("bias_up"))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(D.float(), want, atol=tol * 10, rtol=tol)
+
+
+def test_every_interpreter_config_and_the_reference():
+    M, K, N = 19, 24, 21
+    x, Wg, Wu = rand(M, K), rand(N, K), rand(N, K)
+    bg, bu = rand(N), rand(N)
+    W = evtfuse.interleave_gate_up(Wg, Wu)
+    D = torch.empty(M, N)
+    args = GemmArguments(x, W.t(), D, epilogue=EpilogueArguments(swiglu, bias_gate=bg,
+                                                                 bias_up=bu, D=D))
+    want = expected(x, Wg, Wu, F.silu, bg, bu)
+    torch.testing.assert_close(evaluate(args)["D"], want, atol=1e-4, rtol=1e-4)
+    kernels = evtfuse.get_kernels(args)
+    assert len(kernels) == 2
+    for k in kernels:
+        D.fill_(float("nan"))
+        k.run(args)
+        torch.testing.assert_close(D, want, atol=1e-4, rtol=1e-4)
+
+
+def test_operand_kinds_row_index_and_several_outputs():
+    """Per-row and full operands, col_index over the output width, gate returned as an
+    output of its own, and a row-major B."""
+    def epi(accum, C, r, alpha):
+        gate, up = pairs(accum)
+        G = gate * 1.0
+        D = relu(gate) * up * r + alpha * C + col_index()
+        return D, G
+
+    M, K, N = 9, 16, 12
+    x, Wg, Wu = rand(M, K), rand(N, K), rand(N, K)
+    B = evtfuse.interleave_gate_up(Wg, Wu).t().contiguous()  # (K, 2N) row-major
+    C, r = rand(M, N), rand(M, 1)
+    D, G = evtfuse.gemm(x, B, epi, tune="none", C=C, r=r, alpha=0.5)
+    g, u = x @ Wg.T, x @ Wu.T
+    torch.testing.assert_close(G, g, atol=1e-4, rtol=1e-4)
+    want = F.relu(g) * u * r + 0.5 * C + torch.arange(N, dtype=torch.float32)
+    torch.testing.assert_close(D, want, atol=1e-4, rtol=1e-4)
+
+
+def test_batched():
+    L, M, K, N = 2, 7, 16, 10
+    x, Wg, Wu = rand(L, M, K), rand(N, K), rand(N, K)
+    W = evtfuse.interleave_gate_up(Wg, Wu)
+    D = evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none")
+    assert D.shape == (L, M, N)
+    torch.testing.assert_close(D, expected(x, Wg, Wu, F.silu), atol=1e-4, rtol=1e-4)
+
+
+def test_interleave_round_trip():
+    Wg, Wu = rand(5, 3), rand(5, 3)
+    W = evtfuse.interleave_gate_up(Wg, Wu)
+    assert W.shape == (10, 3)
+    assert torch.equal(W[0], Wg[0]) and torch.equal(W[1], Wu[0]) and torch.equal(W[9], Wu[4])
+    g, u = evtfuse.split_gate_up(W)
+    assert torch.equal(g, Wg) and torch.equal(u, Wu)
+    b = evtfuse.interleave_gate_up(torch.arange(3.0), -torch.arange(3.0))
+    assert b.tolist() == [0.0, -0.0, 1.0, -1.0, 2.0, -2.0]
+    with pytest.raises(EpilogueError, match="one shape"):
+        evtfuse.interleave_gate_up(rand(5, 3), rand(4, 3))
+    with pytest.raises(EpilogueError, match="even number"):
+        evtfuse.split_gate_up(rand(5, 3))
+
+
+def test_parse_tuple_assignment():
+    p = parse_epilogue(swiglu)
+    assert p.gated
+    assert [(a.target, a.expr.kind, a.expr.op) for a in p.assignments[:2]] == \
+        [("gate", "pair", "gate"), ("up", "pair", "up")]
+    assert not parse_epilogue("def e(accum):\n    D = accum\n    return D").gated
+    D = torch.empty(3, 4)
+    dag = EpilogueArguments(swiglu, bias_gate=rand(4), bias_up=rand(4), D=D).dag
+    assert dag.gated and "pairs(accum).gate" in str(dag)
+
+
+@pytest.mark.parametrize("src,match", [
+    ("def e(accum):\n    gate, up = pairs(accum)\n    D = gate * accum\n    return D",
+     "line 3.*accum cannot be used in a gated epilogue"),
+    ("def e(accum):\n    t = accum * 2.0\n    gate, up = pairs(accum)\n    D = gate\n    return D",
+     "line 2.*accum cannot be used in a gated epilogue"),
+    ("def e(accum):\n    gate, up = pairs(accum)\n    D = gate\n    return D, accum",
+     "accum cannot be used in a gated epilogue"),
+    ("def e(accum, C):\n    gate, up = pairs(accum + C)\n    D = gate\n    return D",
+     "pairs\\(\\) takes only accum"),
+    ("def e(accum):\n    g = pairs(accum)\n    D = g\n    return D", "gives two values"),
+    ("def e(accum):\n    D = relu(pairs(accum))\n    return D", "whole value of a statement"),
+    ("def e(accum):\n    gate, up = pairs(accum)\n    g, u = pairs(accum)\n    D = g\n    return D",
+     "once per epilogue"),
+    ("def e(accum):\n    gate, gate2, up = pairs(accum)\n    D = gate\n    return D",
+     "gives two values"),
+    ("def e(accum, up):\n    gate, up = pairs(accum)\n    D = gate\n    return D",
+     "cannot be defined twice"),
+])
+def test_source_errors(src, match):
+    with pytest.raises(EpilogueError, match=match):
+        parse_epilogue(src)
+
+
+def test_odd_columns_refused():
+    x, B = rand(4, 8), rand(8, 7)
+    with pytest.raises(EpilogueError, match="odd number of columns \\(7\\)"):
+        evtfuse.gemm(x, B, library.SWIGLU, tune="none")
+
+
+def test_grouped_refused():
+    A, B = rand(8, 16), rand(2, 16, 12)
+    offs = torch.tensor([4, 8], dtype=torch.int32)
+    D = torch.empty(8, 6)
+    with pytest.raises(EpilogueError, match="dense GEMMs only"):
+        GemmArguments(A, B, D, offs=offs, epilogue=EpilogueArguments.unbound(library.SWIGLU, D=D))
+
+
+def test_other_families_and_reductions_refused_with_a_reason():
+    x, B = rand(8, 16), rand(16, 12)
+    D = torch.empty(8, 6)
+    args = GemmArguments(x, B, D, epilogue=EpilogueArguments(library.SWIGLU, D=D))
+    text = evtfuse.explain(args, cc=90)
+    assert "hopper: refused: gated epilogues" in text and "gluon: refused: gated" in text
+    assert "portable: supported" in text
+    S = torch.empty(8, 1)
+    epi = EpilogueArguments("def e(accum):\n    gate, up = pairs(accum)\n    D = gate * up\n"
+                            "    S = sum(D)\n    return D, S", D=D, S=S)
+    args = GemmArguments(x, B, D, epilogue=epi)
+    assert evtfuse.get_kernels(args) == []
+    assert "store full (M, N) outputs only" in evtfuse.explain(args)
+
+
+def test_autograd_refused_at_the_forward():
+    x, W = rand(4, 8).requires_grad_(), rand(12, 8)
+    with pytest.raises(NotImplementedError, match="gated epilogues .* have no backward yet"):
+        evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none")
+    with torch.no_grad():
+        assert evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none").shape == (4, 6)
+    from evtfuse import autodiff
+    D = torch.empty(4, 6)
+    dag = EpilogueArguments(library.SWIGLU, D=D).dag
+    with pytest.raises(NotImplementedError, match="gated epilogues .* have no backward yet"):
+        autodiff.plan_forward(dag, {autodiff.ACCUM})
+
+
+_OFFLINE_SCRIPT = """
+import json, torch
+from evtfuse import EpilogueArguments, GemmArguments, library, interleave_gate_up
+from evtfuse.backends.triton.families import PortableFamily, TileConfig
+from evtfuse.runtime.offline import compile_for
+M, K, N = 4096, 1024, 2048
+dt = torch.bfloat16
+x, W = torch.empty(M, K, dtype=dt), torch.empty(2 * N, K, dtype=dt)
+bg, bu, D = torch.empty(N, dtype=dt), torch.empty(N, dtype=dt), torch.empty(M, N, dtype=dt)
+epi = EpilogueArguments(library.gated("swiglu", bias=True), bias_gate=bg, bias_up=bu, D=D)
+args = GemmArguments(x, W.t(), D, epilogue=epi)
+out = {}
+for bn in (128, 256):
+    c = compile_for(PortableFamily(), TileConfig(128, bn, 64, 8, 8, 3), args)
+    out[bn] = {"shared": c.shared_bytes, "spills": c.spills}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_gated_kernel_compiles_for_sm90():
+    """The gated portable kernel (bf16 SwiGLU with biases, W.t()) compiles offline to an
+    sm_90 cubin at BLOCK_N 128 and 256."""
+    got = run_offline(_OFFLINE_SCRIPT, timeout=600)
+    assert got["128"]["shared"] > 0 and got["256"]["shared"] > 0, got
