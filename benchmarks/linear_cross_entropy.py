@@ -140,24 +140,14 @@ class Bench:
     def compile(self) -> dict:
         fn = torch.compile(lambda h, W, y: F.cross_entropy(F.linear(h, W).float(), y),
                            mode="max-autotune-no-cudagraphs")
-
-        def step():
-            loss = fn(self.h, self.W, self.y)
-            loss.backward()
-            return loss
-
+        step = _backward_step(lambda: fn(self.h, self.W, self.y))
         return self.step_result("compile", step)
 
     def evtfuse(self) -> dict:
         out = {}
         for mib in self.args.chunk_mib:
             cross_entropy.CHUNK_BYTES = int(mib * MIB)
-
-            def step():
-                loss = evtfuse.linear_cross_entropy(self.h, self.W, self.y)
-                loss.backward()
-                return loss
-
+            step = _backward_step(lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y))
             try:
                 out[f"chunk_{mib:g}_mib"] = self.step_result(f"evtfuse chunk {mib:g} MiB", step)
             except Exception as exc:  # noqa: BLE001  (one chunk size failing is a result)
@@ -178,35 +168,30 @@ class Bench:
         """evtfuse under torch.compile (Inductor): its backward recomputes the chunks (one
         GEMM more than eager evtfuse; docs/pytorch.md)."""
         fn = torch.compile(lambda h, W, y: evtfuse.linear_cross_entropy(h, W, y), fullgraph=True)
-
-        def step():
-            loss = fn(self.h, self.W, self.y)
-            loss.backward()
-            return loss
-
+        step = _backward_step(lambda: fn(self.h, self.W, self.y))
         return self.step_result("evtfuse_compile", step)
 
     def liger(self) -> dict:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
         lf = LigerFusedLinearCrossEntropyLoss()
-
-        def step():
-            loss = lf(self.W, self.h, self.y)
-            loss.backward()
-            return loss
-
+        step = _backward_step(lambda: lf(self.W, self.h, self.y))
         return self.step_result("liger", step)
 
     def cce(self) -> dict:
         from cut_cross_entropy import linear_cross_entropy as cce
-
-        def step():
-            loss = cce(self.h, self.W, self.y)
-            loss.backward()
-            return loss
-
+        step = _backward_step(lambda: cce(self.h, self.W, self.y))
         return self.step_result("cce", step)
+
+
+def _backward_step(loss):
+    """A training step: ``loss()``, then its backward; returns the loss."""
+    def step():
+        out = loss()
+        out.backward()
+        return out
+
+    return step
 
 
 def _error(exc: BaseException) -> str:
