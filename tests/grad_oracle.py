@@ -131,6 +131,15 @@ def epi(accum, C, bias, rowv, s):
     return D, V, W, S, E
 """
 
+# outputs of which a gradient may reach any subset (D, F) or none (G, passed as None)
+SUBSET_OUTPUTS = """
+def epi(accum, C, alpha):
+    F = alpha * accum + C
+    G = F * F
+    D = relu(F)
+    return D, F, G
+"""
+
 
 def shared_outputs_values(rand, M: int, N: int, lead: tuple) -> dict:
     """``SHARED_OUTPUTS``'s operands (``rand(*shape, seed=)``) and outputs; ``lead``: (L,)

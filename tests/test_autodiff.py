@@ -20,8 +20,8 @@ from evtfuse.frontend import bind, parse_epilogue
 from evtfuse.unparse import literal, to_source
 
 from epilogue_fuzz import cases, drawn
-from grad_oracle import (GB, SHARED_OUTPUTS, assert_grads_close, autodiff_grads,
-                         reference_grads, shared_outputs_values)
+from grad_oracle import (GB, SHARED_OUTPUTS, SUBSET_OUTPUTS, assert_grads_close,
+                         autodiff_grads, reference_grads, shared_outputs_values)
 
 M, N, K = 6, 5, 4
 
@@ -145,13 +145,7 @@ def epi(accum, rowv):
 
 def test_gradients_into_a_subset_of_outputs_and_unstored_ones():
     A, B = _rand(M, K), _rand(K, N, seed=1)
-    src = """
-def epi(accum, C, alpha):
-    F = alpha * accum + C
-    G = F * F
-    D = relu(F)
-    return D, F, G
-"""
+    src = SUBSET_OUTPUTS
     values = dict(C=_rand(M, N, seed=2), alpha=1.5, D=torch.empty(M, N), F=torch.empty(M, N),
                   G=None)
     for graded in ({"D"}, {"F"}, {"D", "F"}):

@@ -22,8 +22,8 @@ from evtfuse.errors import EpilogueError
 from evtfuse.frontend import parse_epilogue
 from evtfuse.nn import Linear
 
-from grad_oracle import (GA, GB, SHARED_OUTPUTS, assert_grads_close, reference_grads,
-                         shared_outputs_values)
+from grad_oracle import (GA, GB, SHARED_OUTPUTS, SUBSET_OUTPUTS, assert_grads_close,
+                         reference_grads, shared_outputs_values)
 
 M, N, K = 12, 8, 6
 TOL = dict(rtol=2e-4, atol=2e-4)  # fp32 kernels against float64 torch
@@ -166,13 +166,7 @@ def test_max_ties_share_their_gradient(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_into_a_subset_of_outputs_unstored_and_given_outputs(mode):
-    src = """
-def epi(accum, C, alpha):
-    F = alpha * accum + C
-    G = F * F
-    D = relu(F)
-    return D, F, G
-"""
+    src = SUBSET_OUTPUTS
     A, B = _rand(M, K), _rand(K, N, seed=1)
     base = dict(C=_rand(M, N, seed=2), alpha=1.5)
     for graded in ({"D"}, {"F"}, {"D", "F"}):
