@@ -231,11 +231,10 @@ class StreamLocal:
         return got
 
     def _make(self) -> list:
+        capturing = self.index is not None and torch.cuda.is_current_stream_capturing()
         if self.index is None:
-            return [torch.empty(shape, dtype=dt, device=self.device) if fill is None
-                    else torch.full(shape, fill, dtype=dt, device=self.device)
-                    for shape, dt, fill in self.specs]
-        if torch.cuda.is_current_stream_capturing():  # a capture's own pool takes only its stream's
+            made = _allocate(self.specs, self.device)
+        elif capturing:  # a capture's own pool takes only its stream's allocations
             with torch.cuda.stream(torch.cuda.default_stream(self.index)):
                 made = _allocate(self.specs, self.device)
         else:
@@ -250,7 +249,7 @@ class StreamLocal:
         for t, (_, _, fill) in zip(made, self.specs):
             if fill is not None:
                 t.fill_(fill)
-        if torch.cuda.is_current_stream_capturing():
+        if capturing:
             StreamLocal._captured.append(made)
         return made
 
