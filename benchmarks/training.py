@@ -4,8 +4,9 @@
     PYTHONPATH=src python3 benchmarks/training.py --out bench_out/training.json
 
 MLP up-projection with bias and gelu_tanh, forward + backward (8192 tokens, 4096 -> 14336,
-bf16; the upstream gradient a fixed random tensor): ``evtfuse.nn.Linear`` eager against
-the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ W``,
+bf16; the upstream gradient a fixed random tensor): ``evtfuse.nn.Linear`` eager
+(``backward="auto"``, which saves the accumulator at this K, and ``backward="recompute"``)
+against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ W``,
 ``dW = g.T @ x``, each timed alone), eager torch (``F.linear`` + ``F.gelu``) and
 ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same step. Times are medians of
 ``triton.testing.do_bench`` with the gradients reset between steps; peak memory is
@@ -48,10 +49,16 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
     lin = evtfuse.nn.Linear(d_in, d_out, device="cuda", dtype=BF,
                             epilogue=evtfuse.nn.with_activation("gelu_tanh"))
     lin.load_state_dict(ref.state_dict())
+    lin_r = evtfuse.nn.Linear(d_in, d_out, device="cuda", dtype=BF, backward="recompute",
+                              epilogue=evtfuse.nn.with_activation("gelu_tanh"))
+    lin_r.load_state_dict(ref.state_dict())
     g = torch.randn(tokens, d_out, device="cuda", dtype=BF)
 
     def ev():
         lin(x).backward(g)
+
+    def ev_recompute():
+        lin_r(x).backward(g)
 
     def eager():
         F.gelu(F.linear(x, ref.weight, ref.bias), approximate="tanh").backward(g)
@@ -65,7 +72,7 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
     W = ref.weight.detach()
     xd = x.detach()
     out: dict = {"shape": [tokens, d_in, d_out]}
-    params = [x, lin.weight, lin.bias, ref.weight, ref.bias]
+    params = [x, lin.weight, lin.bias, lin_r.weight, lin_r.bias, ref.weight, ref.bias]
 
     def grads_of(fn) -> list:
         for t in params:
@@ -74,16 +81,21 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
         return [t.grad.float() for t in params if t.grad is not None]
 
     ev()  # tune and compile evtfuse's forward and backward kernels
+    ev_recompute()
     got, want = grads_of(ev), grads_of(eager)  # (dX, dW, db) each
     out["rel_err"] = {n: float((a - b).norm() / b.norm())
                       for n, a, b in zip(("dX", "dW", "db"), got, want)}
+    got = grads_of(ev_recompute)
+    out["rel_err_recompute"] = {n: float((a - b).norm() / b.norm())
+                                for n, a, b in zip(("dX", "dW", "db"), got, want)}
     compiled()
     grads = params
     out["fwd_gemm_ms"] = _ms(lambda: xd @ W.T, None)
     out["dx_gemm_ms"] = _ms(lambda: g @ W, None)
     out["dw_gemm_ms"] = _ms(lambda: g.T @ xd, None)
     out["three_gemms_ms"] = out["fwd_gemm_ms"] + out["dx_gemm_ms"] + out["dw_gemm_ms"]
-    for name, fn in (("evtfuse", ev), ("eager", eager), ("compiled", compiled)):
+    for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
+                     ("compiled", compiled)):
         try:
             out[f"{name}_ms"] = _ms(fn, grads)
             for p in grads:
