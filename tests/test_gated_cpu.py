@@ -158,12 +158,75 @@ def test_odd_columns_refused():
         evtfuse.gemm(x, B, library.SWIGLU, tune="none")
 
 
-def test_grouped_refused():
-    A, B = rand(8, 16), rand(2, 16, 12)
-    offs = torch.tensor([4, 8], dtype=torch.int32)
-    D = torch.empty(8, 6)
-    with pytest.raises(EpilogueError, match="dense GEMMs only"):
-        GemmArguments(A, B, D, offs=offs, epilogue=EpilogueArguments.unbound(library.SWIGLU, D=D))
+def moe_swiglu(accum, bias_gate, bias_up, w, C, scale):
+    gate, up = pairs(accum)
+    D = silu(gate + bias_gate) * (up + bias_up) * w + scale * C
+    return D
+
+
+@pytest.mark.parametrize("sizes", [[7, 0, 20, 1], [0, 0, 13], [3]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_grouped_moe_swiglu_against_per_expert_torch(sizes, dtype):
+    """A mixture of experts' up-projection: experts' (G, N, K) gate and up weights
+    interleaved along N, transposed into grouped_gemm's B; per-expert biases (G, 1, N),
+    routing weights per row (T, 1), a full (T, N) operand and a scalar; ragged and empty
+    groups, rows past offs[-1] untouched. Against torch, expert by expert, from the
+    weights as they were before interleaving."""
+    G, K, N = len(sizes), 24, 10
+    T = sum(sizes) + 3  # three rows past the last group
+    x = rand(T, K, dtype=dtype)
+    Wg, Wu = rand(G, N, K, dtype=dtype) / K ** 0.5, rand(G, N, K, dtype=dtype) / K ** 0.5
+    W = evtfuse.interleave_gate_up(Wg, Wu, dim=1)  # (G, 2N, K)
+    bg, bu = rand(G, 1, N, dtype=dtype), rand(G, 1, N, dtype=dtype)
+    w, C = rand(T, 1, dtype=dtype), rand(T, N, dtype=dtype)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    D = torch.full((T, N), float("nan"), dtype=dtype)
+    evtfuse.grouped_gemm(x, W.mT, offs, moe_swiglu, bias_gate=bg, bias_up=bu, w=w, C=C,
+                         scale=0.5, D=D)
+    start = 0
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.float16 else dict(atol=1e-4, rtol=1e-4)
+    for g, end in enumerate(offs.tolist()):
+        want = expected(x[start:end], Wg[g], Wu[g], F.silu, bg[g], bu[g]) * w[start:end].float() \
+            + 0.5 * C[start:end].float()
+        torch.testing.assert_close(D[start:end].float(), want, **tol)
+        start = end
+    assert D[start:].isnan().all()
+
+
+def test_grouped_library_source_and_allocated_output():
+    """library.SWIGLU on a grouped GEMM: the output evtfuse allocates is (T, N), half of
+    B's columns."""
+    x, W = rand(9, 16), rand(2, 12, 16)
+    offs = torch.tensor([4, 9], dtype=torch.int32)
+    D = evtfuse.grouped_gemm(x, W.mT, offs, library.SWIGLU)
+    assert D.shape == (9, 6)
+    Wg, Wu = evtfuse.split_gate_up(W, dim=1)
+    for g, (s, e) in enumerate(((0, 4), (4, 9))):
+        torch.testing.assert_close(D[s:e], expected(x[s:e], Wg[g], Wu[g], F.silu),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_grouped_odd_columns_and_reductions_refused():
+    A, offs = rand(8, 16), torch.tensor([4, 8], dtype=torch.int32)
+    with pytest.raises(EpilogueError, match="odd number of columns \\(7\\)"):
+        evtfuse.grouped_gemm(A, rand(2, 16, 7), offs, library.SWIGLU)
+    with pytest.raises(EpilogueError, match="grouped GEMMs do not compute reductions yet"):
+        evtfuse.grouped_gemm(A, rand(2, 16, 12), offs,
+                             "def e(accum):\n    g, u = pairs(accum)\n    D = g * u\n"
+                             "    R = sum(D)\n    return D, R", R=torch.empty(8, 1))
+
+
+def test_stacked_interleave_round_trip():
+    Wg, Wu = rand(3, 5, 4), rand(3, 5, 4)
+    W = evtfuse.interleave_gate_up(Wg, Wu, dim=1)
+    assert W.shape == (3, 10, 4) and W.is_contiguous()
+    assert torch.equal(W[2, 8], Wg[2, 4]) and torch.equal(W[2, 9], Wu[2, 4])
+    g, u = evtfuse.split_gate_up(W, dim=-2)
+    assert torch.equal(g, Wg) and torch.equal(u, Wu)
+    with pytest.raises(EpilogueError, match="dim 3 is out of range"):
+        evtfuse.interleave_gate_up(Wg, Wu, dim=3)
+    with pytest.raises(EpilogueError, match="even number of rows along dim 1, not 5"):
+        evtfuse.split_gate_up(Wg, dim=1)
 
 
 def test_other_families_and_reductions_refused_with_a_reason():

@@ -189,6 +189,18 @@ def test_bad_operands_and_outputs():
                              b=rand(3, 1, 12))
 
 
+def test_a_copy_with_new_values_stays_grouped():
+    """The tuner times candidates on scratch outputs (``EpilogueArguments.with_values``):
+    the copy of a grouped problem's arguments binds as grouped, its (T, N) D included."""
+    A, B, offs = rand(8, 16), rand(3, 16, 12), offs_of([4, 0, 4])
+    D = torch.empty(8, 12)
+    args = GemmArguments(A, B, D, offs=offs,
+                         epilogue=EpilogueArguments.unbound("def e(accum): D = accum; return D", D=D))
+    scratch = torch.empty_like(D)
+    copy = args.epilogue.with_values(D=scratch)
+    assert repr(copy.dag) == repr(args.epilogue.dag) and copy.values["D"] is scratch
+
+
 def test_other_families_refuse_with_a_reason():
     A, B, offs = rand(8, 16), rand(2, 16, 12), offs_of([4, 4])
     D = torch.empty(8, 12)

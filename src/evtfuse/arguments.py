@@ -101,8 +101,8 @@ class EpilogueArguments:
         new.values = {**self.values, **changes}
         check_names(new.parsed, new.values)
         new._dags, new._problem = {}, None
-        if self._problem is not None:
-            new.bind(self._problem)
+        if self._problem is not None:  # bound as it was (a grouped problem keeps its marker)
+            new.bind(self._problem[:3], grouped=len(self._problem) > 3)
         return new
 
     def __repr__(self) -> str:
@@ -156,7 +156,7 @@ class GemmArguments:
             raise EpilogueError("epilogue must be an EpilogueArguments", variable="epilogue")
         self.gated = epilogue.parsed.gated
         if self.gated:  # the epilogue's N: pairs of B's columns
-            self.N = gated_width(B, offs)
+            self.N = gated_width(B)
         d = epilogue.values.get("D")
         if out is not None and d is not None and out is not d:
             raise EpilogueError("out and the epilogue's D are different tensors; pass the same "
@@ -196,7 +196,7 @@ class GemmArguments:
             check_grouped(self.A, self.B, self.offs)
         L, M, K, N = _problem_of(self.A, self.B)
         if self.gated:
-            N = gated_width(self.B, self.offs)
+            N = gated_width(self.B)
         dag = self.epilogue.bind((L, M, N), self.offs is not None)
         _check_memory(self.A, self.B, self.epilogue, dag)
         if dag is not self.dag:
@@ -217,12 +217,9 @@ class GemmArguments:
         return {**self.epilogue.values, OFFS_KEY: self.offs}
 
 
-def gated_width(B: torch.Tensor, offs: Any = None) -> int:
+def gated_width(B: torch.Tensor) -> int:
     """The output width N of a gated epilogue (``pairs(accum)``): half of B's columns,
-    which must be even (dense GEMMs only in this slice)."""
-    if offs is not None:
-        raise EpilogueError("gated epilogues (pairs(accum)) run on dense GEMMs only; "
-                            "grouped_gemm does not take them yet (docs/gated.md)")
+    which must be even (dense B (K, 2N) or (L, K, 2N), grouped B (G, K, 2N))."""
     NB = int(B.shape[-1])
     if NB % 2:
         raise EpilogueError(f"the epilogue takes the accumulator's columns in pairs "

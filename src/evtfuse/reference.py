@@ -182,10 +182,11 @@ def evaluate_grouped(epilogue: Any, A: torch.Tensor, B: torch.Tensor, offs: torc
     for integer outputs). Reads ``offs`` on the host (a reference, not a kernel)."""
     from .arguments import EpilogueArguments
 
-    G, T, N = B.shape[0], A.shape[0], B.shape[-1]
+    parsed = EpilogueArguments.unbound(epilogue, **values).parsed
+    # a gated epilogue's (pairs(accum)) N is half of B's columns
+    G, T, N = B.shape[0], A.shape[0], B.shape[-1] // (2 if parsed.gated else 1)
     ends = [int(e) for e in offs.tolist()]
     outs = {}
-    parsed = EpilogueArguments.unbound(epilogue, **values).parsed
     for name in parsed.outputs:
         buf = values[name]
         if isinstance(buf, torch.Tensor):

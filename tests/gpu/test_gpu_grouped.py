@@ -5,7 +5,8 @@ routing (one group a quarter of the tokens, some groups empty), bf16, the expert
 passed as ``W.mT``, per-group bias and scale, per-row routing weights and a full operand,
 against a per-group loop of the reference evaluator (``reference.evaluate_grouped``);
 that no call reads ``offs`` on the host (a CUDA graph captures it and replays with other
-offsets); and that the grid's programs past the last group write nothing. Run with
+offsets); that the grid's programs past the last group write nothing; and a gated (SwiGLU)
+expert up-projection (``pairs(accum)``). Run with
 ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_grouped.py``.
 """
 
@@ -63,6 +64,32 @@ def test_moe_up_projection(G, skewed):
     D = evtfuse.grouped_gemm(A, W.mT, offs, MOE, tune="none", **ops)
     torch.cuda.synchronize()
     ref = evaluate_grouped(MOE, A, W.mT, offs, {**ops, "D": D})["D"]
+    torch.testing.assert_close(D.float(), ref.float(), atol=3e-2, rtol=2e-2)
+
+
+SWIGLU_MOE = """def moe(accum, w):
+    gate, up = pairs(accum)
+    D = silu(gate) * up * w
+    return D"""
+
+
+@pytest.mark.parametrize("G", [8, 64])
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+def test_moe_swiglu_gated(G, skewed):
+    """A gated (SwiGLU) expert up-projection with routing weights: experts' gate and up
+    weights interleaved along N (``interleave_gate_up(..., dim=1)``), tuned as by default,
+    against the reference."""
+    T, K, N = 4096, 512, 768
+    dt = torch.bfloat16
+    A = _rand(T, K, dtype=dt, seed=21)
+    Wg, Wu = (_rand(G, N, K, dtype=dt, seed=s, scale=K ** -0.5) for s in (22, 23))
+    W = evtfuse.interleave_gate_up(Wg, Wu, dim=1)
+    offs = _offs(_sizes(G, T, skewed))
+    w = _rand(T, 1, seed=24).abs()
+    D = torch.full((T, N), float("nan"), dtype=dt, device="cuda")
+    evtfuse.grouped_gemm(A, W.mT, offs, SWIGLU_MOE, w=w, D=D)
+    torch.cuda.synchronize()
+    ref = evaluate_grouped(SWIGLU_MOE, A, W.mT, offs, {"w": w, "D": D})["D"]
     torch.testing.assert_close(D.float(), ref.float(), atol=3e-2, rtol=2e-2)
 
 

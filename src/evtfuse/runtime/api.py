@@ -218,7 +218,9 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     Operands: per group (G, 1, N) (an expert's bias) and (G, 1, 1), per row (T, 1) (routing
     weights), full (T, N), per column (N,), scalars. Outputs: full (T, N) (allocated in A's
     dtype unless given; ``<name>_dtype`` picks another) and per-row (T, 1) values; no
-    reductions yet. Rows at or past offs[-1] belong to no group and are not written (an
+    reductions yet. A gated epilogue (``gate, up = pairs(accum)``, docs/gated.md) takes B
+    (G, K, 2N), each expert's gate and up columns interleaved (``interleave_gate_up``), and
+    gives (T, N) outputs. Rows at or past offs[-1] belong to no group and are not written (an
     output evtfuse allocates holds whatever ``torch.empty`` gave there). ``offs`` is never
     read on the host: no synchronisation (docs/grouped.md). The call is one operator,
     ``torch.ops.evtfuse.grouped_gemm``; no autograd yet (inputs that require grad under
@@ -242,7 +244,8 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
             "graph. Run under torch.no_grad() (inference) or detach the inputs.")
     for name in outputs:
         if name not in named:
-            outs.append(torch.empty((A.shape[0], B.shape[-1]), dtype=dtypes.get(name, A.dtype),
+            width = B.shape[-1] // 2 if gated else B.shape[-1]  # odd: refused when bound
+            outs.append(torch.empty((A.shape[0], width), dtype=dtypes.get(name, A.dtype),
                                     device=A.device))
             onames.append(name)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
