@@ -4,9 +4,10 @@ same run (BENCHMARKS.md, "Inside PyTorch").
     PYTHONPATH=src python3 benchmarks/pytorch_integration.py --out bench_out/pytorch.json
 
 1. ``compiled``: a function calling ``evtfuse.gemm`` (alpha-beta, 4096^3 bf16) eager and
-   under ``torch.compile(fullgraph=True)``: time per call (``do_bench``, median) and the
-   host time per call (back-to-back calls, wall clock over a synchronised loop), and
-   the compiled function's first call.
+   under ``torch.compile(fullgraph=True)``: time per call (``do_bench``, median of five
+   interleaved rounds) and the host time per call (back-to-back calls, wall clock over a
+   synchronised loop), beside ``torch.addmm`` eager and compiled (torch.compile's own cost
+   per call), and the compiled function's first call.
 2. ``graphs``: a stack of 32 launch-bound layers (M=64, 4096x4096, bias + gelu_tanh)
    under ``torch.compile(mode="reduce-overhead")``, time per layer, against the evtfuse
    kernel's own GPU time (torch.profiler), beside torch.compile's own fusion of the same
@@ -53,7 +54,7 @@ def _host_us(fn, n=200) -> float:
     return host
 
 
-def compiled_call() -> dict:
+def compiled_call(rounds: int = 5) -> dict:
     M = N = K = 4096
     A, B, C = (torch.randn(s, device="cuda", dtype=BF) for s in ((M, K), (K, N), (M, N)))
     D = torch.empty(M, N, device="cuda", dtype=BF)
@@ -61,18 +62,28 @@ def compiled_call() -> dict:
     def f(A, B, C, D):
         return evtfuse.gemm(A, B, AB, C=C, alpha=1.0, beta=0.5, D=D)
 
+    def addmm(A, B, C, D):  # torch.compile's own cost per call, beside a plain torch op
+        return torch.addmm(C, A, B, beta=0.5)
+
     f(A, B, C, D)  # tune and compile evtfuse's kernel first
     torch._dynamo.reset()
     cf = torch.compile(f, fullgraph=True)
     t = time.perf_counter()
     cf(A, B, C, D)
     torch.cuda.synchronize()
-    first = time.perf_counter() - t
-    out = {"first_compiled_call_s": first}
-    for name, fn in (("eager", f), ("compiled", cf)):
-        out[f"{name}_ms"] = _ms(lambda: fn(A, B, C, D))
-        out[f"{name}_host_us"] = statistics.median(_host_us(lambda: fn(A, B, C, D))
-                                                   for _ in range(5))
+    out = {"first_compiled_call_s": time.perf_counter() - t}
+    peers = {"eager": f, "compiled": cf, "torch_addmm_eager": addmm,
+             "torch_addmm_compiled": torch.compile(addmm, fullgraph=True)}
+    times: dict = {name: [] for name in peers}
+    hosts: dict = {name: [] for name in peers}
+    for _ in range(rounds):  # interleaved: a drift of clocks falls on every peer alike
+        for name, fn in peers.items():
+            times[name].append(_ms(lambda: fn(A, B, C, D)))
+            hosts[name].append(_host_us(lambda: fn(A, B, C, D)))
+    for name in peers:
+        out[f"{name}_ms"] = statistics.median(times[name])
+        out[f"{name}_host_us"] = statistics.median(hosts[name])
+    out["compiled_minus_eager_us"] = (out["compiled_ms"] - out["eager_ms"]) * 1e3
     return out
 
 
@@ -88,37 +99,39 @@ def _profiled_kernel_ms(fn, name_part: str, n=50) -> float:
 
 
 def graphs(layers: int = 32) -> dict:
-    """A stack of ``layers`` launch-bound layers (M=64, 4096x4096, bias + gelu_tanh, each its
-    own weight) in one graph: per-layer time = the stack's time / ``layers``, so the graph's
-    own replay cost (tens of microseconds of Python in cudagraph trees) is spread as in a
-    model, against the evtfuse kernel's GPU time per layer (torch.profiler)."""
+    """A model of ``layers`` launch-bound layers (M=64, 4096x4096, bias + gelu_tanh, each its
+    own weight, inference) in one graph: per-layer time = the stack's time / ``layers``, so
+    the graph's own replay cost (tens of microseconds of Python in cudagraph trees) is
+    spread as in a model, against the evtfuse kernel's GPU time per layer (torch.profiler).
+    The weights are the modules' parameters, as in a model: cudagraph trees copy any other
+    tensor input into the graph's pool at every replay."""
     M, N = 64, 4096
     x = torch.randn(M, N, device="cuda", dtype=BF)
-    Ws = [torch.randn(N, N, device="cuda", dtype=BF) / N ** 0.5 for _ in range(layers)]
-    bs = [torch.randn(N, device="cuda", dtype=BF) for _ in range(layers)]
-
-    def ev(x):
-        for W, b in zip(Ws, bs):
-            x = evtfuse.gemm(x, W.t(), GELU, bias=b)
-        return x
-
-    def eager(x):
-        for W, b in zip(Ws, bs):
-            x = torch.nn.functional.gelu(x @ W.t() + b, approximate="tanh")
-        return x
+    ref = torch.nn.Sequential(*(m for _ in range(layers) for m in (
+        torch.nn.Linear(N, N, device="cuda", dtype=BF), torch.nn.GELU(approximate="tanh"))))
+    ev = torch.nn.Sequential(*(
+        evtfuse.nn.Linear(N, N, device="cuda", dtype=BF,
+                          epilogue=evtfuse.nn.with_activation("gelu_tanh"))
+        for _ in range(layers)))
+    ev.load_state_dict({f"{i}.{p}": t for i in range(layers)
+                        for p, t in ref[2 * i].state_dict().items()})
+    ref.requires_grad_(False), ev.requires_grad_(False)
+    linears = list(ref)[::2]
 
     def lt(x):
-        for W, b in zip(Ws, bs):
-            x = torch._addmm_activation(b, x, W.t(), use_gelu=True)
+        for lin in linears:
+            x = torch._addmm_activation(lin.bias, x, lin.weight.t(), use_gelu=True)
         return x
 
     ev(x)
     torch._dynamo.reset()
     ro = torch.compile(ev, mode="reduce-overhead", fullgraph=True)
-    tc = torch.compile(eager, mode="reduce-overhead", fullgraph=True)
+    tc = torch.compile(ref, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):
         ro(x), tc(x)
+    want = ref(x).float()
     out = {"layers": layers,
+           "rel_err": ((ro(x).float() - want).norm() / want.norm()).item(),
            "evtfuse_reduce_overhead_ms": _ms(lambda: ro(x)) / layers,
            "evtfuse_kernel_ms": _profiled_kernel_ms(lambda: ev(x), "evtfuse") / layers,
            "evtfuse_eager_ms": _ms(lambda: ev(x)) / layers,
