@@ -10,7 +10,8 @@ against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ 
 ``dW = g.T @ x``, each timed alone), eager torch (``F.linear`` + ``F.gelu``) and
 ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same step. Times are medians of
 ``triton.testing.do_bench`` with the gradients reset between steps; peak memory is
-``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it.
+``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it;
+``*_kernels_ms``: each kernel's GPU time per step (torch.profiler).
 """
 
 from __future__ import annotations
@@ -31,6 +32,24 @@ BF = torch.bfloat16
 def _ms(fn, grads) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, grad_to_none=grads,
                                    return_mode="median")
+
+
+def _kernels_ms(fn, grads, steps: int = 10) -> dict:
+    """GPU time per step of each kernel ``fn`` launches (torch.profiler), by kernel name:
+    where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            for p in grads:
+                p.grad = None
+            fn()
+        torch.cuda.synchronize()
+    rows = {e.key[:90]: e.device_time_total / steps / 1e3 for e in prof.key_averages()
+            if e.device_time_total > 0}
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
 
 
 def _peak_mib(fn) -> float:
@@ -103,6 +122,11 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_peak_mib"] = _peak_mib(fn)
         except Exception as e:  # one peer's failure does not lose the others
             out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
+    for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager)):
+        try:
+            out[f"{name}_kernels_ms"] = _kernels_ms(fn, grads)
+        except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
+            out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if "evtfuse_ms" in out:
         out["ratio_to_three_gemms"] = out["evtfuse_ms"] / out["three_gemms_ms"]
         if "compiled_ms" in out:

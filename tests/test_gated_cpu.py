@@ -193,6 +193,20 @@ def test_grouped_moe_swiglu_against_per_expert_torch(sizes, dtype):
     assert D[start:].isnan().all()
 
 
+def test_grouped_swiglu_matches_torch_grouped_mm_on_concatenated_halves():
+    """The MoE benchmark's pair (benchmarks/moe.py): ``torch._grouped_mm`` over the
+    concatenated [gate; up] expert weights, then the epilogue in torch, equals evtfuse's
+    fused call over the same weights interleaved."""
+    G, K, N, T = 3, 32, 8, 48
+    x, Wg, Wu, w = rand(T, K), rand(G, N, K), rand(G, N, K), rand(T, 1).abs()
+    offs = torch.tensor([16, 16, 48], dtype=torch.int32)
+    h = torch._grouped_mm(x, torch.cat((Wg, Wu), dim=1).mT, offs=offs).float()
+    want = F.silu(h[:, :N]) * h[:, N:] * w
+    epi = "def e(accum, w):\n    gate, up = pairs(accum)\n    D = silu(gate) * up * w\n    return D"
+    got = evtfuse.grouped_gemm(x, evtfuse.interleave_gate_up(Wg, Wu, dim=1).mT, offs, epi, w=w)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_grouped_library_source_and_allocated_output():
     """library.SWIGLU on a grouped GEMM: the output evtfuse allocates is (T, N), half of
     B's columns."""
