@@ -125,6 +125,106 @@ def test_many_groups():
           bias=rand(G, 1, N))
 
 
+# -- groups over K (a mixture of experts' weight gradient): A (M, T), B (T, N) -> (G, M, N)
+
+def k_groups_reference(A, B, offs):
+    """The (G, M, N) accumulator of a grouped GEMM over K, group by group in torch."""
+    ends = offs.tolist()
+    return torch.stack([A[:, s:e].float() @ B[s:e].float()
+                        for s, e in zip([0] + ends[:-1], ends)])
+
+
+K_CASES = {  # group sizes over T, T (>= their sum: columns past offs[-1] are in no group)
+    "ragged": ([7, 33, 1, 20], 61),
+    "empty_first_last": ([0, 12, 0, 40, 0], 52),
+    "one_group": ([45], 45),
+    "past_the_end": ([9, 14], 30),
+    "all_empty": ([0, 0, 0], 5),
+}
+
+
+@pytest.mark.parametrize("case", list(K_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_groups_over_k_every_operand_and_output_kind(case, dtype):
+    """The weight gradient of experts, ``x.T @ dY`` per group (A a transposed view, as
+    autograd has it), with the batched operands of a (G, M, N) problem: per-group full,
+    per-row and per-column vectors, a shared full tensor, a scalar; a per-row reduction
+    and a per-group total. Empty groups give the epilogue of a zero accumulator."""
+    sizes, T = K_CASES[case]
+    G, M, N = len(sizes), 24, 20
+    x, dY = rand(T, M, dtype=dtype), rand(T, N, dtype=dtype)
+    offs = offs_of(sizes)
+    ops = dict(C=rand(G, M, N, dtype=dtype), r=rand(G, M, 1), c=rand(G, 1, N), S=rand(M, N),
+               alpha=0.25)
+    epi = """def e(accum, C, r, c, S, alpha):
+    D = alpha * accum + C * r + c
+    E = relu(D) - S
+    R = sum(E)
+    Z = max(D)
+    return D, E, R, Z"""
+    outs = dict(D=torch.empty(G, M, N, dtype=dtype), R=torch.empty(G, M, 1),
+                Z=torch.empty(G, 1, 1))
+    D, E, R, Z = evtfuse.grouped_gemm(x.t(), dY, offs, epi, **ops, **outs)
+    assert E.shape == (G, M, N) and E.dtype == dtype
+    acc = k_groups_reference(x.t(), dY, offs)
+    want_D = 0.25 * acc + ops["C"].float() * ops["r"] + ops["c"]
+    want_E = torch.relu(want_D.to(dtype).float()) - ops["S"]
+    tol = dict(atol=3e-2, rtol=2e-2) if dtype == torch.float16 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(D.float(), want_D, **tol)
+    torch.testing.assert_close(E.float(), want_E, **tol)
+    ref = evaluate_grouped(epi, x.t(), dY, offs, {**ops, "D": D, "E": E, "R": R, "Z": Z})
+    for name, t in (("R", R), ("Z", Z)):
+        torch.testing.assert_close(t.float(), ref[name].float(), **tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_groups_over_k_identity_allocated_offsets_past_t_and_gated():
+    """The identity epilogue allocates (G, M, N); offsets past T are clamped to it; a
+    gated epilogue over K takes B (T, 2N) and gives (G, M, N)."""
+    M, N, T = 10, 14, 30
+    A, B = rand(M, T), rand(T, N)
+    offs = torch.tensor([12, 12, 99], dtype=torch.int32)
+    D = evtfuse.grouped_gemm(A, B, offs)
+    assert D.shape == (3, M, N)
+    want = torch.stack([A[:, :12] @ B[:12], torch.zeros(M, N), A[:, 12:] @ B[12:]])
+    torch.testing.assert_close(D, want, atol=1e-4, rtol=1e-4)
+    G2 = evtfuse.grouped_gemm(A, B, offs, "def e(accum):\n    g, u = pairs(accum)\n"
+                              "    D = silu(g) * u\n    return D")
+    acc = torch.stack([A[:, :12] @ B[:12], torch.zeros(M, N), A[:, 12:] @ B[12:]])
+    torch.testing.assert_close(G2, torch.nn.functional.silu(acc[..., 0::2]) * acc[..., 1::2],
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_groups_over_k_empty_dimensions():
+    offs = offs_of([3, 2])
+    assert evtfuse.grouped_gemm(rand(0, 5), rand(5, 4), offs).shape == (2, 0, 4)
+    assert evtfuse.grouped_gemm(rand(3, 5), rand(5, 0), offs).shape == (2, 3, 0)
+    zero = evtfuse.grouped_gemm(rand(3, 0), rand(0, 4), offs_of([0, 0]))
+    assert zero.shape == (2, 3, 4) and (zero == 0).all()
+
+
+def test_groups_over_k_refuse_a_misshaped_output():
+    A, B, offs = rand(8, 16), rand(16, 12), offs_of([10, 6])
+    with pytest.raises(EpilogueError, match="give it the shape \\(L, M, N\\)") as e:
+        evtfuse.grouped_gemm(A, B, offs, D=torch.empty(8, 12))
+    assert e.value.variable == "D"
+
+
+def test_groups_over_k_compile_fullgraph_aot_eager():
+    A, B, offs, bias = rand(12, 30), rand(30, 20), offs_of([10, 5, 15]), rand(3, 1, 20)
+
+    def f(A, B, offs, bias):
+        return evtfuse.grouped_gemm(A, B, offs, "def e(accum, bias): D = accum + bias; return D",
+                                    bias=bias)
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(A, B, offs, bias).graph_break_count == 0
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(A, B, offs, bias)
+    torch.testing.assert_close(got, f(A, B, offs, bias))
+    torch.testing.assert_close(got, k_groups_reference(A, B, offs) + bias, atol=1e-4, rtol=1e-4)
+
+
 def test_compile_fullgraph_aot_eager():
     G, T, K, N = 3, 30, 16, 20
     A, B, offs = rand(T, K), rand(G, K, N), offs_of([10, 5, 15])
@@ -158,7 +258,9 @@ BAD = {
     "groups differ": (lambda A, B, o: (A, B, o[:1]), "offs has 1 groups but B", "offs"),
     "offs on meta": (lambda A, B, o: (A, B, o.to("meta")), "keep the offsets on A's device", "offs"),
     "3-D A": (lambda A, B, o: (A[None], B, o), "A must be (T, K)", "A"),
-    "2-D B": (lambda A, B, o: (A, B[0], o), "B must be (G, K, N)", "B"),
+    "4-D B": (lambda A, B, o: (A, B[None], o), "B must be (G, K, N)", "B"),
+    "3-D A over K": (lambda A, B, o: (A[None], B[0], o), "A must be (M, T)", "A"),
+    "T differs over K": (lambda A, B, o: (A, B[0, :10], o), "differs from B's K", "B"),
     "K differs": (lambda A, B, o: (A[:, :8], B, o), "differs from B's K", "B"),
 }
 

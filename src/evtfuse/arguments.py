@@ -127,19 +127,21 @@ class GemmArguments:
     the fp32 accumulator, as cuBLAS's default: an error that does not grow with K, at a
     cost in time (docs/dtypes-and-layouts.md).
 
-    ``offs``: a grouped GEMM (``evtfuse.grouped_gemm``, docs/grouped.md): A is (T, K), B
-    (G, K, N), ``offs`` (G,) int32 cumulative end rows on A's device; the problem is then
-    (L, M, N) = (G, T, N) with each row in one group (``frontend.bind``'s ``grouped``).
+    ``offs``: a grouped GEMM (``evtfuse.grouped_gemm``, docs/grouped.md), ``offs`` (G,)
+    int32 cumulative group ends on A's device. Groups over M (``group_dim`` "M"): A is
+    (T, K), B (G, K, N); the problem is then (L, M, N) = (G, T, N) with each row in one
+    group (``frontend.bind``'s ``grouped``). Groups over K ("K", a mixture of experts'
+    weight gradient): A is (M, T), B (T, N), each group a range of T; the problem is then
+    a batched one, (L, M, N) = (G, M, N), whose batch g sums over its group's range.
     """
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                  accumulator_type: torch.dtype = torch.float32,
                  epilogue: EpilogueArguments | None = None, *, allow_tf32: bool = False,
                  fp8_fast_accum: bool = True, offs: torch.Tensor | None = None):
-        if offs is not None:
-            check_grouped(A, B, offs)
+        self.group_dim = None if offs is None else check_grouped(A, B, offs)
         self.offs = offs
-        self.L, self.M, self.K, self.N = _problem_of(A, B)
+        self.L, self.M, self.K, self.N = _problem_of(A, B, offs)
         if not isinstance(accumulator_type, torch.dtype):
             raise EpilogueError(f"accumulator_type must be a torch.dtype, not "
                                 f"{accumulator_type!r}", variable="accumulator_type")
@@ -163,7 +165,7 @@ class GemmArguments:
                                 "tensor to both", variable="D")
         self.out = out if out is not None else d
         self.epilogue = epilogue
-        self.dag = epilogue.bind(self.problem, offs is not None)
+        self.dag = epilogue.bind(self.problem, self.group_dim == "M")
         self._optimized: ir.Dag | None = None
         _check_memory(self.A, self.B, epilogue, self.dag)
         self._state = self._current_state()
@@ -193,11 +195,11 @@ class GemmArguments:
         if now == self._state:
             return self._state
         if self.offs is not None:
-            check_grouped(self.A, self.B, self.offs)
-        L, M, K, N = _problem_of(self.A, self.B)
+            self.group_dim = check_grouped(self.A, self.B, self.offs)
+        L, M, K, N = _problem_of(self.A, self.B, self.offs)
         if self.gated:
             N = gated_width(self.B)
-        dag = self.epilogue.bind((L, M, N), self.offs is not None)
+        dag = self.epilogue.bind((L, M, N), self.group_dim == "M")
         _check_memory(self.A, self.B, self.epilogue, dag)
         if dag is not self.dag:
             self._optimized = None
@@ -233,19 +235,25 @@ OFFS_KEY = "<offs>"  # a grouped GEMM's offsets among a launch's values (not an 
 MAX_GROUPS = 1024
 
 
-def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> None:
-    """A grouped GEMM's A, B and offs make one problem: A (T, K), B (G, K, N), offs (G,)
-    int32 on A's device; ``EpilogueError`` naming the argument otherwise. The values of
-    offs are not read (they stay on the device: no host synchronisation)."""
+def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> str:
+    """A grouped GEMM's A, B and offs make one problem: groups over M, A (T, K), B
+    (G, K, N); or groups over K, A (M, T), B (T, N); offs (G,) int32 on A's device. Returns
+    the grouped dimension, "M" or "K"; ``EpilogueError`` naming the argument otherwise. The
+    values of offs are not read (they stay on the device: no host synchronisation)."""
     if not isinstance(offs, torch.Tensor):
-        raise EpilogueError(f"offs must be a torch.Tensor of int32 cumulative group end rows, "
+        raise EpilogueError(f"offs must be a torch.Tensor of int32 cumulative group ends, "
                             f"not {type(offs).__name__}", variable="offs")
-    for name, t, dims in (("A", A, "(T, K)"), ("B", B, "(G, K, N)")):
+    for name, t in (("A", A), ("B", B)):
         if not isinstance(t, torch.Tensor):
             raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
                                 variable=name)
+    dim = "K" if B.dim() == 2 else "M"
+    layouts = {"M": (("A", A, "(T, K)"), ("B", B, "(G, K, N)")),
+               "K": (("A", A, "(M, T)"), ("B", B, "(T, N)"))}
+    for name, t, dims in layouts[dim]:
         if t.dim() != len(dims.split(",")):
-            raise EpilogueError(f"grouped_gemm: {name} must be {dims}, got shape "
+            raise EpilogueError(f"grouped_gemm: {name} must be {dims} (groups over M: A (T, K), "
+                                f"B (G, K, N); over K: A (M, T), B (T, N)), got shape "
                                 f"{tuple(t.shape)}", variable=name)
     if offs.dim() != 1:
         raise EpilogueError(f"offs must be 1-D (G,), got shape {tuple(offs.shape)}",
@@ -257,16 +265,19 @@ def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> None:
         raise EpilogueError(f"offs is on {offs.device} but A is on {A.device}; keep the "
                             "offsets on A's device (they are never copied to the host)",
                             variable="offs")
-    if offs.shape[0] != B.shape[0]:
+    if dim == "M" and offs.shape[0] != B.shape[0]:
         raise EpilogueError(f"offs has {offs.shape[0]} groups but B {tuple(B.shape)} has "
                             f"{B.shape[0]}; give one end row per group of B", variable="offs")
     if not 1 <= offs.shape[0] <= MAX_GROUPS:
         raise EpilogueError(f"offs has {offs.shape[0]} groups; grouped_gemm takes 1 to "
                             f"{MAX_GROUPS}", variable="offs")
+    return dim
 
 
-def _problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int]:
-    """(L, M, K, N) of A @ B; ``EpilogueError`` naming A or B when they do not make one."""
+def _problem_of(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor | None = None
+                ) -> tuple[int, int, int, int]:
+    """(L, M, K, N) of A @ B; ``EpilogueError`` naming A or B when they do not make one.
+    A grouped GEMM over K (2-D A and B with ``offs``): L is the group count."""
     for name, t in (("A", A), ("B", B)):
         if not isinstance(t, torch.Tensor):
             raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
@@ -288,6 +299,8 @@ def _problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int]:
                             variable="B")
     if A.device != B.device:
         raise EpilogueError(f"A is on {A.device} and B on {B.device}", variable="B")
+    if offs is not None and A.dim() == 2 and B.dim() == 2:
+        return offs.shape[0], A.shape[-2], A.shape[-1], B.shape[-1]
     return max(la, lb), A.shape[-2], A.shape[-1], B.shape[-1]
 
 

@@ -175,14 +175,19 @@ def evaluate_grouped(epilogue: Any, A: torch.Tensor, B: torch.Tensor, offs: torc
                      values: Mapping[str, Any], *, compute_dtype: torch.dtype = torch.float32
                      ) -> dict[str, torch.Tensor]:
     """A grouped GEMM's stored outputs (``evtfuse.grouped_gemm``), by name, shaped like
-    their buffers: ``evaluate`` once per group on the group's rows, rounded to each
-    output's dtype. ``values``: the operands and the output buffers (shapes and dtypes
-    only); a per-group operand (G, 1, N) or (G, 1, 1) gives the group its slice, a
-    (T, N) or (T, 1) one its rows. Rows at or past offs[-1] belong to no group: NaN (0
-    for integer outputs). Reads ``offs`` on the host (a reference, not a kernel)."""
+    their buffers, rounded to each output's dtype. ``values``: the operands and the output
+    buffers (shapes and dtypes only). Groups over M (B (G, K, N)): ``evaluate`` once per
+    group on the group's rows; a per-group operand (G, 1, N) or (G, 1, 1) gives the group
+    its slice, a (T, N) or (T, 1) one its rows; rows at or past offs[-1] belong to no
+    group: NaN (0 for integer outputs). Groups over K (A (M, T), B (T, N)): the batch g of
+    the accumulator is A[:, offs[g-1]:offs[g]] @ B[offs[g-1]:offs[g]] (zero for an empty
+    group), then ``evaluate`` of the batched (G, M, N) problem. Reads ``offs`` on the host
+    (a reference, not a kernel)."""
     from .arguments import EpilogueArguments
 
     parsed = EpilogueArguments.unbound(epilogue, **values).parsed
+    if B.dim() == 2:
+        return _evaluate_k_grouped(epilogue, A, B, offs, values, parsed.gated, compute_dtype)
     # a gated epilogue's (pairs(accum)) N is half of B's columns
     G, T, N = B.shape[0], A.shape[0], B.shape[-1] // (2 if parsed.gated else 1)
     ends = [int(e) for e in offs.tolist()]
@@ -214,3 +219,19 @@ def evaluate_grouped(epilogue: Any, A: torch.Tensor, B: torch.Tensor, offs: torc
                     outs[name][..., start:end, :] = r.reshape(outs[name][..., start:end, :].shape)
         start = max(start, end)
     return outs
+
+
+def _evaluate_k_grouped(epilogue, A, B, offs, values, gated: bool, compute_dtype) -> dict:
+    from .arguments import EpilogueArguments
+
+    G, M, N = offs.shape[0], A.shape[0], B.shape[-1]
+    acc = torch.zeros(G, M, N, dtype=compute_dtype, device=A.device)
+    start = 0
+    for g, end in enumerate(int(e) for e in offs.tolist()):
+        end = min(max(end, 0), A.shape[1])
+        if end > start:
+            acc[g] = torch.matmul(A[:, start:end].to(compute_dtype), B[start:end].to(compute_dtype))
+        start = max(start, end)
+    epi = EpilogueArguments(epilogue, **values)
+    epi.bind((G, M, N // 2 if gated else N))
+    return evaluate(epi, acc, compute_dtype=compute_dtype)

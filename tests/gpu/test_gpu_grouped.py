@@ -1,4 +1,4 @@
-"""GPU tier: grouped GEMMs (``evtfuse.grouped_gemm``, groups over M; the portable family).
+"""GPU tier: grouped GEMMs (``evtfuse.grouped_gemm``, over M and over K; the portable family).
 
 A mixture of experts' up-projection at moderate sizes: 8 and 64 groups, uniform and skewed
 routing (one group a quarter of the tokens, some groups empty), bf16, the expert weight
@@ -6,7 +6,7 @@ passed as ``W.mT``, per-group bias and scale, per-row routing weights and a full
 against a per-group loop of the reference evaluator (``reference.evaluate_grouped``);
 that no call reads ``offs`` on the host (a CUDA graph captures it and replays with other
 offsets); that the grid's programs past the last group write nothing; and a gated (SwiGLU)
-expert up-projection (``pairs(accum)``). Run with
+expert up-projection (``pairs(accum)``); groups over K (the experts' weight gradient). Run with
 ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_grouped.py``.
 """
 
@@ -91,6 +91,27 @@ def test_moe_swiglu_gated(G, skewed):
     torch.cuda.synchronize()
     ref = evaluate_grouped(SWIGLU_MOE, A, W.mT, offs, {"w": w, "D": D})["D"]
     torch.testing.assert_close(D.float(), ref.float(), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("G", [8, 64])
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+def test_moe_weight_gradient_groups_over_k(G, skewed):
+    """Groups over K: the experts' weight gradient ``x[rows].T @ dY[rows]`` per expert,
+    A the transposed view of the tokens (M, T), B (T, N), output (G, M, N) scaled per
+    expert, with its per-row sums (G, M, 1) in the same kernel."""
+    T, M, N = 4096, 512, 1024
+    dt = torch.bfloat16
+    x, dY = _rand(T, M, dtype=dt, seed=31), _rand(T, N, dtype=dt, seed=32)
+    offs = _offs(_sizes(G, T, skewed))
+    epi = "def e(accum, s):\n    D = accum * s\n    R = sum(D)\n    return D, R"
+    s = _rand(G, 1, 1, seed=33).abs()
+    D = torch.full((G, M, N), float("nan"), dtype=dt, device="cuda")
+    R = torch.full((G, M, 1), float("nan"), device="cuda")
+    evtfuse.grouped_gemm(x.t(), dY, offs, epi, s=s, D=D, R=R)
+    torch.cuda.synchronize()
+    ref = evaluate_grouped(epi, x.t(), dY, offs, {"s": s, "D": D, "R": R})
+    torch.testing.assert_close(D.float(), ref["D"].float(), atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(R, ref["R"], atol=0.5, rtol=2e-2)
 
 
 def test_rows_past_the_end_untouched_and_tuned():

@@ -209,12 +209,18 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  epilogue: EpilogueSource | None = None, *, tune: str = "fast",
                  allow_tf32: bool = False, fp8_fast_accum: bool = True, cc: int | None = None,
                  **operands_and_outputs: Any):
-    """A grouped GEMM with a fused epilogue, groups over M (a mixture of experts' forward),
-    in ``torch._grouped_mm``'s layout: A (T, K) rows sorted by group, B (G, K, N) (any
-    strides: an expert weight (G, N, K) passed as ``W.mT``), ``offs`` (G,) int32 cumulative
-    end rows on A's device (group g has rows offs[g-1] to offs[g]); returns the outputs in
-    the function's return order, as ``gemm``.
+    """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
+    outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
+    group ends on A's device.
 
+    Groups over M (a mixture of experts' forward): A (T, K) rows sorted by group, B
+    (G, K, N) (any strides: an expert weight (G, N, K) passed as ``W.mT``); group g has rows
+    offs[g-1] to offs[g]. Groups over K (the experts' weight gradient, ``x.T @ dY`` per
+    expert): A (M, T), B (T, N), group g the range offs[g-1] to offs[g] of T; the result is
+    batched, (G, M, N), and its operands and outputs take the batched rule with L = G
+    (docs/grouped.md); an empty group's accumulator is zero.
+
+    Over M:
     Operands: per group (G, 1, N) (an expert's bias) and (G, 1, 1), per row (T, 1) (routing
     weights), full (T, N), per column (N,), scalars. Outputs: full (T, N) (allocated in A's
     dtype unless given; ``<name>_dtype`` picks another) and per-row (T, 1) values; no
@@ -242,11 +248,11 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
             f"grouped_gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and "
             "grouped GEMMs have no backward yet: their results would be detached from the "
             "graph. Run under torch.no_grad() (inference) or detach the inputs.")
+    width = B.shape[-1] // 2 if gated else B.shape[-1]  # odd: refused when bound
+    shape = (offs.shape[0], A.shape[0], width) if B.dim() == 2 else (A.shape[0], width)
     for name in outputs:
         if name not in named:
-            width = B.shape[-1] // 2 if gated else B.shape[-1]  # odd: refused when bound
-            outs.append(torch.empty((A.shape[0], width), dtype=dtypes.get(name, A.dtype),
-                                    device=A.device))
+            outs.append(torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device))
             onames.append(name)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))

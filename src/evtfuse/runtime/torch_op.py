@@ -20,8 +20,9 @@ nothing. This operator has no autograd formula: ``evtfuse.gemm`` calls its funct
 rather than return results detached from the graph.
 
 ``evtfuse::grouped_gemm`` (``api.grouped_gemm``) is the same with ``Tensor offs`` after B
-(a grouped GEMM: A (T, K), B (G, K, N), offs (G,) int32 cumulative end rows); it has no
-autograd form yet, and ``grouped_gemm`` refuses inputs that require grad.
+(a grouped GEMM: A (T, K), B (G, K, N) over M, or A (M, T), B (T, N) over K; offs (G,)
+int32 cumulative group ends); it has no autograd form yet, and ``grouped_gemm`` refuses
+inputs that require grad.
 """
 
 from __future__ import annotations
@@ -214,14 +215,17 @@ def _grouped_impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
 
 
 def _grouped_fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
-    """``_fake`` for ``evtfuse::grouped_gemm``: A (T, K), B (G, K, N), offs (G,)."""
-    if A.dim() != 2 or B.dim() != 3 or offs.dim() != 1:
-        raise EpilogueError(f"grouped_gemm: A must be (T, K), B (G, K, N) and offs (G,); got A "
-                            f"{tuple(A.shape)}, B {tuple(B.shape)}, offs {tuple(offs.shape)}")
+    """``_fake`` for ``evtfuse::grouped_gemm``: groups over M, A (T, K), B (G, K, N); or
+    over K, A (M, T), B (T, N); offs (G,)."""
+    if A.dim() != 2 or B.dim() not in (2, 3) or offs.dim() != 1:
+        raise EpilogueError(f"grouped_gemm: A must be (T, K) and B (G, K, N), or A (M, T) and "
+                            f"B (T, N), and offs (G,); got A {tuple(A.shape)}, B "
+                            f"{tuple(B.shape)}, offs {tuple(offs.shape)}")
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
-    torch._check(offs.shape[0] == B.shape[0],
-                 lambda: f"offs has {offs.shape[0]} groups but B has {B.shape[0]}")
+    if B.dim() == 3:
+        torch._check(offs.shape[0] == B.shape[0],
+                     lambda: f"offs has {offs.shape[0]} groups but B has {B.shape[0]}")
     return None
 
 

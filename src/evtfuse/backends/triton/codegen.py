@@ -164,10 +164,14 @@ def _portable_source(spec: KernelSpec) -> str:
     # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
     # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
     rows = "grp_rows" if spec.grouped else "M"
+    # groups over K: the parameter is all groups' K; ``K`` becomes the program's group's
+    # (``_k_group_lines``)
+    depth = "grp_k" if spec.k_grouped else "K"
     gated = spec.dag.gated
     rnb, nb = ("rnb", "(2 * N)") if gated else ("rn", "N")  # B's columns
-    params = ", ".join(["A", "B", rows, "N", "K", "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
-                       + (["offs"] if spec.grouped else []) + [p for p, _ in roles])
+    params = ", ".join(["A", "B", rows, "N", depth, "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
+                       + (["offs"] if spec.grouped or spec.k_grouped else [])
+                       + [p for p, _ in roles])
     I1, I2 = "    ", "        "
     lines = [
         "@triton.jit",
@@ -203,6 +207,7 @@ def _portable_source(spec: KernelSpec) -> str:
         # store mask drops those rows and columns
         f"{I1}a_ptrs = A + bid64 * sa_l + (rm % M)[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
         f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + ({rnb} % {nb})[None, :].to(tl.int64) * sb_n",
+        *(_k_group_lines(I1) if spec.k_grouped else []),
         f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
         f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
         f"{I2}if EVEN_K:",
@@ -243,6 +248,20 @@ def _gated_split_lines(indent: str) -> list[str]:
         f"{indent}acc_gate, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2), "
         "can_reorder=False))",
         f"{indent}rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)",
+    ]
+
+
+def _k_group_lines(i1: str) -> list[str]:
+    """A program of a grouped GEMM over K (``KernelSpec.k_grouped``): its batch ``bid`` is
+    its group, whose range of K is offs[bid-1] to offs[bid] (on the device, clamped to
+    [0, grp_k): offsets past the whole K never read outside A and B). ``K`` becomes that
+    range's length (an empty group's accumulator is zero) and the pointers move to its
+    start; the mainloop then runs as in a dense batched GEMM (``EVEN_K`` is off)."""
+    return [
+        f"{i1}grp_k0 = tl.minimum(tl.maximum(tl.load(offs + bid - 1, mask=bid > 0, other=0), 0), grp_k)",
+        f"{i1}K = tl.maximum(tl.minimum(tl.load(offs + bid), grp_k) - grp_k0, 0)",
+        f"{i1}a_ptrs += grp_k0.to(tl.int64) * sa_k",
+        f"{i1}b_ptrs += grp_k0.to(tl.int64) * sb_k",
     ]
 
 

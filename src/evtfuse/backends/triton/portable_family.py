@@ -2,8 +2,9 @@
 
 Layer: backends/triton. Runs on any GPU and under Triton's CPU interpreter, any strides;
 it refuses only what every family refuses (``KernelFamily._common``). The one family that
-runs grouped GEMMs (``evtfuse.grouped_gemm``, groups over M): the same kernel, each program
-finding its group in ``offs`` on the device (``codegen._group_lines``). Invariant: its
+runs grouped GEMMs (``evtfuse.grouped_gemm``): the same kernel, over M each program
+finding its group in ``offs`` on the device (``codegen._group_lines``), over K each batch
+its group's range of K (``codegen._k_group_lines``). Invariant: its
 plan's items follow the portable kernel's parameters (``launch_items``). Also the one family
 that runs gated epilogues (``pairs(accum)``, docs/gated.md): a tile is BLOCK_N columns of
 B and BLOCK_N // 2 of the output, the accumulator split after the mainloop.
@@ -31,7 +32,13 @@ class PortableFamily(KernelFamily):
 
     @staticmethod
     def grouped(args) -> bool:
-        return getattr(args, "offs", None) is not None
+        """Groups over M (each program finds its group's rows in ``offs``)."""
+        return getattr(args, "group_dim", None) == "M"
+
+    @staticmethod
+    def k_grouped(args) -> bool:
+        """Groups over K (a batched grid; each batch's K range from ``offs``)."""
+        return getattr(args, "group_dim", None) == "K"
 
     def configs(self, args, target):
         if target.kind == INTERPRETER:
@@ -57,12 +64,13 @@ class PortableFamily(KernelFamily):
                           target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
                           fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config),
-                          grouped=self.grouped(args))
+                          grouped=self.grouped(args), k_grouped=self.k_grouped(args))
 
     def plan(self, args, dag, config, target):
-        grouped = self.grouped(args)
+        grouped, k_grouped = self.grouped(args), self.k_grouped(args)
         items: list[Any] = [_get_a, _get_b, args.M, args.N, args.K, args.L,
-                            *_dims3(args.A), *_dims3(args.B), *([_get_offs] if grouped else [])]
+                            *_dims3(args.A), *_dims3(args.B),
+                            *([_get_offs] if grouped or k_grouped else [])]
         items += _epilogue_items(args, dag, "portable", config)
         red_items, post = _reduction_items(args, dag, config, "portable", target)
         items += red_items
@@ -75,7 +83,7 @@ class PortableFamily(KernelFamily):
                     args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                       GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),
-                      EVEN_K=args.K % config.block_k == 0,
+                      EVEN_K=args.K % config.block_k == 0 and not k_grouped,
                       ONE_ROW=args.M <= config.block_m and not grouped,
                       EVEN_MN=even_tiles(args, config) and not grouped)
         if target.kind != INTERPRETER:

@@ -63,6 +63,8 @@ class KernelSpec:
     #                      (``launch_items.needs_int64``); in int32 they would wrap
     grouped: bool = False  # portable: a grouped GEMM (groups over M: L is the group count,
     #                        M the rows of every group, ``offs`` their cumulative ends)
+    k_grouped: bool = False  # portable: a grouped GEMM over K (L is the group count, a
+    #                          batch's K the range of its group in ``offs``)
 
     @cached_property
     def names(self) -> Names:
@@ -78,7 +80,7 @@ class KernelSpec:
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
                          str(int(self.early_vectors)), str(self.warps),
                          str(int(self.fp8_promote)), str(int(self.int64)),
-                         str(int(self.grouped)), GENERATOR_VERSION])
+                         str(int(self.grouped)), str(int(self.k_grouped)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
