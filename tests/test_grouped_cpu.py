@@ -242,15 +242,6 @@ def test_compile_fullgraph_aot_eager():
     torch.testing.assert_close(got, f(A, B, offs, bias, w))
 
 
-def test_no_grad_refused():
-    G, T, K, N = 2, 8, 16, 16
-    A, B, offs = rand(T, K).requires_grad_(), rand(G, K, N), offs_of([4, 4])
-    with pytest.raises(NotImplementedError, match="grouped GEMMs have no backward yet"):
-        evtfuse.grouped_gemm(A, B, offs)
-    with torch.no_grad():
-        evtfuse.grouped_gemm(A, B, offs)
-
-
 BAD = {
     "int64 offs": (lambda A, B, o: (A, B, o.long()), "offs must be torch.int32", "offs"),
     "2-D offs": (lambda A, B, o: (A, B, o[None]), "offs must be 1-D", "offs"),

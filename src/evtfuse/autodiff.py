@@ -114,7 +114,9 @@ class BackwardPlan:
     carrying its gradient; ``saved``: saved value name -> backward operand; ``outputs``:
     ``accum`` or a forward operand -> the backward output holding its gradient (absent:
     no gradient reaches it); ``batch_summed``: full operands shared by all batches, whose
-    per-batch gradient the caller sums over L."""
+    per-batch gradient the caller sums over L; ``caller_sums``: outputs that hold the term
+    of a reduction the caller computes (a grouped kernel's operand gradients,
+    ``grouped_autograd.rowwise``): output name -> (the reduction's kind, batched)."""
 
     dag: Dag  # optimised, only the operands it reads
     source: str
@@ -124,6 +126,7 @@ class BackwardPlan:
     outputs: tuple[tuple[str, str], ...]
     batch_summed: frozenset[str]
     first_batch: str | None = None  # operand: (L, 1, 1), 1.0 for batch 0 and 0.0 after
+    caller_sums: tuple[tuple[str, OutputKind, bool], ...] = ()
 
     @property
     def empty(self) -> bool:

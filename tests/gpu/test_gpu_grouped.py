@@ -6,7 +6,8 @@ passed as ``W.mT``, per-group bias and scale, per-row routing weights and a full
 against a per-group loop of the reference evaluator (``reference.evaluate_grouped``);
 that no call reads ``offs`` on the host (a CUDA graph captures it and replays with other
 offsets); that the grid's programs past the last group write nothing; and a gated (SwiGLU)
-expert up-projection (``pairs(accum)``); groups over K (the experts' weight gradient). Run with
+expert up-projection (``pairs(accum)``); groups over K (the experts' weight gradient); a
+training step's gradients. Run with
 ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_grouped.py``.
 """
 
@@ -112,6 +113,37 @@ def test_moe_weight_gradient_groups_over_k(G, skewed):
     ref = evaluate_grouped(epi, x.t(), dY, offs, {"s": s, "D": D, "R": R})
     torch.testing.assert_close(D.float(), ref["D"].float(), atol=3e-2, rtol=2e-2)
     torch.testing.assert_close(R, ref["R"], atol=0.5, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["save", "recompute"])
+def test_moe_training_step_gradients(mode):
+    """Gradients of a grouped GEMM over M (bf16, skewed routing): A, the expert weight,
+    per-expert bias and per-token routing weights, against torch autograd of a per-expert
+    loop in fp32 from the same bf16 values."""
+    G, T, K, N = 8, 2048, 256, 512
+    dt = torch.bfloat16
+    A = _rand(T, K, dtype=dt, seed=41).requires_grad_()
+    W = _rand(G, N, K, dtype=dt, seed=42, scale=K ** -0.5).requires_grad_()
+    bias = _rand(G, 1, N, dtype=dt, seed=43).requires_grad_()
+    w = _rand(T, 1, seed=44).abs().requires_grad_()
+    sizes = _sizes(G, T, True)
+    offs = _offs(sizes)
+    epi = "def e(accum, bias, w): D = gelu_tanh(accum + bias) * w; return D"
+    g = _rand(T, N, dtype=dt, seed=45)
+    evtfuse.grouped_gemm(A, W.mT, offs, epi, bias=bias, w=w, backward=mode).backward(g)
+    got = [t.grad.float() for t in (A, W, bias, w)]
+    ref = [t.detach().float().requires_grad_() for t in (A, W, bias, w)]
+    rA, rW, rb, rw = ref
+    start, outs = 0, []
+    for e, n in enumerate(sizes):
+        rows = slice(start, start + n)
+        outs.append(torch.nn.functional.gelu(rA[rows] @ rW[e].T + rb[e], approximate="tanh")
+                    * rw[rows])
+        start += n
+    torch.cat(outs).backward(g.float())
+    for name, a, r in zip(("A", "W", "bias", "w"), got, ref):
+        err = ((a - r.grad).norm() / r.grad.norm()).item()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
 
 
 def test_rows_past_the_end_untouched_and_tuned():

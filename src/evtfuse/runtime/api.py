@@ -24,7 +24,7 @@ from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
 from .device import device_guard, interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
-from . import autograd, torch_op
+from . import autograd, grouped_autograd, torch_op
 from .torch_op import Layout, check_no_grad, constant_result, layout_text
 from .tuner import choose_kernel
 
@@ -208,7 +208,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
 def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  epilogue: EpilogueSource | None = None, *, tune: str = "fast",
                  allow_tf32: bool = False, fp8_fast_accum: bool = True, cc: int | None = None,
-                 **operands_and_outputs: Any):
+                 backward: str = "auto", **operands_and_outputs: Any):
     """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
     outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
     group ends on A's device.
@@ -229,8 +229,11 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     gives (T, N) outputs. Rows at or past offs[-1] belong to no group and are not written (an
     output evtfuse allocates holds whatever ``torch.empty`` gave there). ``offs`` is never
     read on the host: no synchronisation (docs/grouped.md). The call is one operator,
-    ``torch.ops.evtfuse.grouped_gemm``; no autograd yet (inputs that require grad under
-    grad mode are refused, never silently detached)."""
+    ``torch.ops.evtfuse.grouped_gemm``. Over M it is differentiable with respect to A, B
+    and every tensor operand (``runtime.grouped_autograd``; ``backward`` as ``gemm``'s);
+    over K, and with gated epilogues, inputs that require grad under grad mode are refused,
+    never silently detached."""
+    autograd.check_backward(backward)
     source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
     named = operands_and_outputs
@@ -243,11 +246,16 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
-    if grad:
+    if grad and (gated or B.dim() == 2):
+        what = "gated epilogues (pairs(accum))" if gated else "grouped GEMMs over K"
         raise NotImplementedError(
             f"grouped_gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and "
-            "grouped GEMMs have no backward yet: their results would be detached from the "
-            "graph. Run under torch.no_grad() (inference) or detach the inputs.")
+            f"{what} have no backward yet: their results would be detached from the graph. "
+            "Run under torch.no_grad() (inference) or detach the inputs.")
+    if grad:
+        return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
+                               (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
+                               nones, scalars, snames, outs, onames, backward, offs)
     width = B.shape[-1] // 2 if gated else B.shape[-1]  # odd: refused when bound
     shape = (offs.shape[0], A.shape[0], width) if B.dim() == 2 else (A.shape[0], width)
     for name in outputs:
@@ -298,22 +306,32 @@ def _requiring_grad(A: torch.Tensor, B: torch.Tensor, tensors: list, tnames: lis
 
 
 def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, options, grad,
-                    tensors, tnames, nones, scalars, snames, outs, onames, backward):
+                    tensors, tnames, nones, scalars, snames, outs, onames, backward, offs=None):
     """``gemm`` for a call some input of which requires grad: one call of the differentiable
     operator ``evtfuse::gemm_functional`` (``runtime.autograd``), which returns new outputs;
     those the caller gave are written by a copy (itself differentiable, as torch's
     ``out.copy_(x)``: a tensor reused across training steps carries the last step's graph,
     so give a fresh one per step). "auto" for ``backward`` is resolved here, from K (a
-    guard under torch.compile when K is symbolic), so the layout says the mode as data."""
+    guard under torch.compile when K is symbolic), so the layout says the mode as data.
+    ``offs``: ``grouped_gemm`` over M, through ``evtfuse::grouped_gemm_functional``
+    (``runtime.grouped_autograd``); the copy keeps what a given output held in the rows
+    of no group (at or past offs[-1]), as the call without gradients does."""
     alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, A.dtype))}" for n in outputs
                   if n not in named)
     mode = autograd.backward_mode(backward, A.shape[-1], A.dtype, options[1])
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line, where,
                          from_fn, options, "", grad, alloc, mode)
     # the given outputs only tell their shapes and dtypes: no autograd edge to what they held
-    results = autograd.call(A, B, source, layout, tensors, scalars, [o.detach() for o in outs])
+    given_outs = [o.detach() for o in outs]
+    if offs is None:
+        results = autograd.call(A, B, source, layout, tensors, scalars, given_outs)
+    else:
+        results = grouped_autograd.call(A, B, offs, source, layout, tensors, scalars, given_outs)
+        unowned = torch.arange(A.shape[0], device=A.device) >= offs[-1]  # no host read
     got = {}
     for name, given, r in zip(onames, outs, results):
+        if offs is not None:
+            r = torch.where(unowned.view(-1, *([1] * (r.dim() - 1))), given.detach(), r)
         given.copy_(r)
         got[name] = given
     got.update(zip((a.split(":")[0] for a in alloc), results[len(outs):]))

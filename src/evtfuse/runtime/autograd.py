@@ -41,7 +41,7 @@ import torch
 from .. import autodiff
 from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
-from ..ir import NodeKind, OperandKind
+from ..ir import NodeKind, OperandKind, OutputKind
 from ..unparse import to_source
 from . import torch_op
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
@@ -107,16 +107,28 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def problem_of(A: torch.Tensor, B: torch.Tensor) -> tuple:
+def problem_of(A: torch.Tensor, B: torch.Tensor, grouped: bool = False) -> tuple:
+    """(L, M, N) of A @ B; of a grouped GEMM over M (A (T, K), B (G, K, N)), (G, T, N)."""
+    if grouped:
+        return B.shape[0], A.shape[0], B.shape[-1]
     la = A.shape[0] if A.dim() == 3 else 1
     lb = B.shape[0] if B.dim() == 3 else 1
     return (la if lb == 1 else lb), A.shape[-2], B.shape[-1]
 
 
-def _full_shape(A: torch.Tensor, B: torch.Tensor) -> tuple:
-    """The shape ``evtfuse.gemm`` gives a full output: (M, N), or (L, M, N) when batched."""
-    L, M, N = problem_of(A, B)
-    return (L, M, N) if A.dim() == 3 or B.dim() == 3 else (M, N)
+def _full_shape(A: torch.Tensor, B: torch.Tensor, grouped: bool = False) -> tuple:
+    """The shape ``evtfuse.gemm`` gives a full output: (M, N), or (L, M, N) when batched;
+    a grouped GEMM's (over M): (T, N)."""
+    L, M, N = problem_of(A, B, grouped)
+    return (L, M, N) if (A.dim() == 3 or B.dim() == 3) and not grouped else (M, N)
+
+
+def hidden_shape(s: autodiff.Saved, problem: tuple, grouped: bool) -> tuple:
+    """The shape of a hidden output the forward stores for its backward (a grouped GEMM's
+    rows are (T, ...) whatever their group)."""
+    if grouped:
+        return (problem[1], 1 if s.kind is OutputKind.ROW else problem[2])
+    return autodiff.output_shape(s.kind, s.batched, problem)
 
 
 def _pattern(shape, problem) -> tuple | None:
@@ -149,8 +161,9 @@ class Forward:
     layout: Layout  # for evtfuse::gemm over the returned outputs, in order
     alloc: tuple[tuple[str, torch.dtype], ...]
     hidden: tuple[autodiff.Saved, ...]
-    batches: int  # 1, or 2 for any L > 1
+    batches: int  # 1, or 2 for any L > 1 (1 for a grouped GEMM: each row in one group)
     where: str
+    grouped: bool  # a grouped GEMM over M (``grouped_autograd``)
     backwards: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -161,9 +174,11 @@ class Forward:
 _forwards: dict[tuple, Forward] = {}
 
 
-def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> Forward:
-    """The ``Forward`` of a call (built once per structure)."""
-    problem = problem_of(A, B)
+def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
+               grouped: bool = False) -> Forward:
+    """The ``Forward`` of a call (built once per structure); ``grouped``: a grouped GEMM
+    over M (``evtfuse.grouped_gemm``, A (T, K), B (G, K, N))."""
+    problem = problem_of(A, B, grouped)
     pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
     place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
     place = tuple(int(p) for p in place)
@@ -172,7 +187,7 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> For
            lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
            mode,
            tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
-           A.dim(), B.dim())
+           A.dim(), B.dim(), grouped)
     hit = _forwards.get(key)
     if hit is not None:
         return hit
@@ -181,16 +196,17 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list) -> For
     if any(p is None for p in pats):  # the frontend names the tensor that does not fit
         values = values_of(lay, tensors, [1.0] * len(lay.scalars), outs)
         values.update({a.split(":")[0]: None for a in lay.alloc})
-        bind(parsed, values, tuple(int(d) for d in problem))
+        bind(parsed, values, tuple(int(d) for d in problem), grouped)
         raise EpilogueError("a tensor's shape does not broadcast to the output (L, M, N)")
     if len(_forwards) > 1024:
         _forwards.clear()
-    hit = _forwards[key] = _build(source, parsed, lay, tensors, outs, pats, place, A, B, mode)
+    hit = _forwards[key] = _build(source, parsed, lay, tensors, outs, pats, place, A, B, mode,
+                                  grouped)
     return hit
 
 
 def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
-           mode: str) -> Forward:
+           mode: str, grouped: bool) -> Forward:
     def meta(shape, dtype):
         return torch.empty(shape, dtype=dtype, device="meta")
 
@@ -203,12 +219,13 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
     for name, t, pat in zip(lay.outs, outs, pats[n:]):
         values[name] = meta(_placeholder(pat, place), t.dtype)
     alloc = []
-    full = place if (A.dim() == 3 or B.dim() == 3) else place[1:]
+    full = place if (A.dim() == 3 or B.dim() == 3) and not grouped else place[1:]
     for item in lay.alloc:
         name, dt = item.split(":")
         alloc.append((name, getattr(torch, dt)))
         values[name] = meta(full, alloc[-1][1])
-    dag = bind(parsed, values, place)
+    dag = bind(parsed, values, place, grouped)
+    batches = 1 if grouped else place[0]
     wrt = {n for n in lay.grad if n not in ("A", "B")}
     if "A" in lay.grad or "B" in lay.grad:
         if A.dtype not in _GRAD_DTYPES:
@@ -217,7 +234,7 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
                                 "(dA and dB are torch matmuls in their dtype)", variable="A")
         wrt.add(autodiff.ACCUM)
     keep = saved_accum_dtype(A.dtype) if mode == "save" else None
-    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=place[0])
+    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=batches)
     hidden = tuple(s for s in plan.saved if s.hidden)
     names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
     if hidden:
@@ -229,17 +246,18 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
         source = text
         run = Layout(lay.tensors, lay.nones, lay.scalars, names, lay.line, lay.where,
                      lay.from_function, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc)
-    return Forward(parsed, plan, source, run, tuple(alloc), hidden, place[0], parsed.where)
+    return Forward(parsed, plan, source, run, tuple(alloc), hidden, batches, parsed.where,
+                   grouped)
 
 
 def _allocate(fwd: Forward, A, B, outs: list) -> list:
     """The op's results before they are written: like ``outs``, the allocated full outputs,
     the hidden ones (fp32, the saved accumulator in its own dtype)."""
-    problem = problem_of(A, B)
+    problem = problem_of(A, B, fwd.grouped)
     res = [torch.empty(t.shape, dtype=t.dtype, device=A.device) for t in outs]
-    full = _full_shape(A, B)
+    full = _full_shape(A, B, fwd.grouped)
     res += [A.new_empty(full, dtype=dt) for _, dt in fwd.alloc]
-    res += [A.new_empty(autodiff.output_shape(s.kind, s.batched, problem), dtype=s.dtype)
+    res += [A.new_empty(hidden_shape(s, problem, fwd.grouped), dtype=s.dtype)
             for s in fwd.hidden]
     return res
 
@@ -271,11 +289,18 @@ torch.library.register_fake("evtfuse::gemm_functional", _fake, lib=_lib)
 
 def _setup_context(ctx, inputs, output) -> None:
     A, B, epilogue, layout, tensors, scalars, outs = inputs
+    remember(ctx, (A, B), A, B, epilogue, layout, tensors, scalars, outs, output)
+
+
+def remember(ctx, first: tuple, A, B, epilogue: str, layout: str, tensors, scalars, outs,
+             output, grouped: bool = False) -> None:
+    """Keep on ``ctx`` what the backward of a call needs: the tensors ``first`` (A, B and a
+    grouped GEMM's offs), the operands and what the forward saved for it."""
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped)
     position = {name: k for k, name in enumerate(fwd.output_names)}
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
-    ctx.save_for_backward(A, B, *tensors, *(t for _, t in saved))
+    ctx.save_for_backward(*first, *tensors, *(t for _, t in saved))
     ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars)
     ctx.saved_names = [name for name, _ in saved]
     ctx.n_outs = len(outs)
@@ -283,10 +308,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grads):
-    if torch.is_grad_enabled():  # create_graph=True: this backward would itself be recorded
-        raise NotImplementedError(
-            "evtfuse computes first-order gradients only: a gradient of its backward "
-            "(autograd.grad(..., create_graph=True), then a second backward) is not supported")
+    check_first_order()
     fwd: Forward = ctx.fwd
     lay: Layout = ctx.lay
     A, B, *rest = ctx.saved_tensors
@@ -295,36 +317,17 @@ def _backward(ctx, grads):
     saved = dict(zip(ctx.saved_names, rest[n:]))
     needs = ctx.needs_input_grad
     need_a, need_b, need_t = needs[0], needs[1], needs[4]
-    wanted = {name for name, need in zip(lay.tensors, need_t) if need}
-    if need_a or need_b:
-        wanted.add(autodiff.ACCUM)
-    differentiable = {o.name for o in fwd.plan.differentiable_outputs()}
-    graded = {name: g for name, g in zip(fwd.output_names, grads)
-              if g is not None and name in differentiable}
     # the scalars' place: None for a list of numbers, [] for an empty one (torch.library's
     # gradient structure counts an empty list as a list of tensors)
     no_scalars = None if ctx.scalars else []
     none = (None, None, None, None, [None] * n, no_scalars, [None] * ctx.n_outs)
-    if not graded or not wanted:
-        return none
-    key = (frozenset(graded), frozenset(wanted))
-    bplan = fwd.backwards.get(key)
-    if bplan is None:
-        bplan = fwd.backwards[key] = autodiff.backward(
-            fwd.plan, key[0], key[1], batches=fwd.batches, name=f"{fwd.parsed.name}_backward")
-    if bplan.empty:
-        return none
     problem = problem_of(A, B)
-    values: dict[str, Any] = dict(tensors)
-    values.update(zip(lay.scalars, ctx.scalars))
-    values.update({op: graded[o].contiguous() for o, op in bplan.grads})
-    values.update({op: saved[s] for s, op in bplan.saved})
-    if bplan.first_batch:
-        values[bplan.first_batch] = autodiff.first_batch(problem[0], A.device)
-    for inj in bplan.injected:
-        values[inj.name] = autodiff.injected_gradient(inj, saved[inj.saved.name],
-                                                      graded[inj.of], problem).contiguous()
-    results = _run_backward(bplan, A, B, values, tensors, lay, fwd)
+    request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
+                              need_t, problem, A.device)
+    if request is None:
+        return none
+    bplan, values = request
+    results = run_backward(bplan, A, B, values, tensors, lay, fwd)
     dacc = results.get(autodiff.ACCUM)
     da = db = None
     if dacc is not None:
@@ -341,16 +344,63 @@ def _backward(ctx, grads):
     return da, db, None, None, tgrads, no_scalars, [None] * ctx.n_outs
 
 
+def check_first_order() -> None:
+    if torch.is_grad_enabled():  # create_graph=True: this backward would itself be recorded
+        raise NotImplementedError(
+            "evtfuse computes first-order gradients only: a gradient of its backward "
+            "(autograd.grad(..., create_graph=True), then a second backward) is not supported")
+
+
+def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict, scalars,
+                    need_ab: bool, need_t, problem: tuple, device, transform=None):
+    """(the backward plan, its operands' values) of a call whose outputs got ``grads``, or
+    None when no gradient arrives at a differentiable output or none is wanted. Plans are
+    kept per (graded outputs, wanted inputs) on ``fwd``; ``transform`` adapts a new one
+    (a grouped GEMM's: ``grouped_autograd.rowwise``)."""
+    wanted = {name for name, need in zip(lay.tensors, need_t) if need}
+    if need_ab:
+        wanted.add(autodiff.ACCUM)
+    differentiable = {o.name for o in fwd.plan.differentiable_outputs()}
+    graded = {name: g for name, g in zip(fwd.output_names, grads)
+              if g is not None and name in differentiable}
+    if not graded or not wanted:
+        return None
+    key = (frozenset(graded), frozenset(wanted))
+    bplan = fwd.backwards.get(key)
+    if bplan is None:
+        bplan = autodiff.backward(fwd.plan, key[0], key[1], batches=fwd.batches,
+                                  name=f"{fwd.parsed.name}_backward")
+        bplan = fwd.backwards[key] = transform(bplan) if transform else bplan
+    if bplan.empty:
+        return None
+    values: dict[str, Any] = dict(tensors)
+    values.update(zip(lay.scalars, scalars))
+    values.update({op: graded[o].contiguous() for o, op in bplan.grads})
+    values.update({op: saved[s] for s, op in bplan.saved})
+    if bplan.first_batch:
+        values[bplan.first_batch] = autodiff.first_batch(problem[0], device)
+    for inj in bplan.injected:
+        values[inj.name] = autodiff.injected_gradient(inj, saved[inj.saved.name],
+                                                      graded[inj.of], problem).contiguous()
+    return bplan, values
+
+
 def _sum_to(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A batched product's gradient of a tensor shared by the batches: summed over L."""
     return t.sum(0) if t.dim() > like.dim() else t
 
 
-def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict,
-                  lay: Layout, fwd: Forward) -> dict:
+def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict,
+                 lay: Layout, fwd: Forward, offs: torch.Tensor | None = None) -> dict:
     """The backward epilogue through ``evtfuse::gemm``: {accum or operand: its gradient}.
     A dAccum that is a full operand as it is (the upstream gradient of ``accum + bias``) is
-    taken from it, not copied by the kernel; with nothing else to compute, no kernel runs."""
+    taken from it, not copied by the kernel; with nothing else to compute, no kernel runs.
+    A grouped GEMM's (``offs``): through ``evtfuse::grouped_gemm``, every result zeroed
+    first (rows past offs[-1] are not written), the terms of ``bplan.caller_sums`` (T, N)
+    or (T, 1) in fp32."""
+    grouped = offs is not None
+    new = A.new_zeros if grouped else A.new_empty
+    terms = {name for name, _, _ in bplan.caller_sums}
     outs, onames, results = [], [], {}
     for target, name in bplan.outputs:
         if target == autodiff.ACCUM:
@@ -359,12 +409,16 @@ def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dic
             if node.kind is NodeKind.LOAD and node.operand.kind is OperandKind.FULL:
                 results[target] = values[node.operand.name].to(dtype)
                 continue
-            t = A.new_empty(_full_shape(A, B), dtype=dtype)
+            t = new(_full_shape(A, B, grouped), dtype=dtype)
+        elif name in terms:
+            rows = bplan.dag.output(name).kind is OutputKind.ROW
+            t = new(_full_shape(A, B, grouped)[:-1] + (1,) * rows + (B.shape[-1],) * (not rows),
+                    dtype=torch.float32)
         elif target in bplan.batch_summed:
-            t = A.new_empty(problem_of(A, B), dtype=tensors[target].dtype)
+            t = new(problem_of(A, B), dtype=tensors[target].dtype)
         else:
             op = tensors[target]
-            t = A.new_empty(op.shape, dtype=op.dtype)
+            t = new(op.shape, dtype=op.dtype)
         outs.append(t)
         onames.append(name)
         results[target] = t
@@ -389,7 +443,10 @@ def _run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dic
         # a GEMM over K = 0 runs the epilogue alone
         a = A.new_empty((*A.shape[:-1], 0))
         b = B.new_empty((*B.shape[:-2], 0, B.shape[-1]))
-    torch_op.call(a, b, bplan.source, blay.text(), tvals, svals, outs)
+    if grouped:
+        torch_op.call_grouped(a, b, offs, bplan.source, blay.text(), tvals, svals, outs)
+    else:
+        torch_op.call(a, b, bplan.source, blay.text(), tvals, svals, outs)
     return results
 
 

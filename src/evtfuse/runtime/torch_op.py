@@ -21,8 +21,9 @@ rather than return results detached from the graph.
 
 ``evtfuse::grouped_gemm`` (``api.grouped_gemm``) is the same with ``Tensor offs`` after B
 (a grouped GEMM: A (T, K), B (G, K, N) over M, or A (M, T), B (T, N) over K; offs (G,)
-int32 cumulative group ends); it has no autograd form yet, and ``grouped_gemm`` refuses
-inputs that require grad.
+int32 cumulative group ends); its functional, differentiable form over M is
+``evtfuse::grouped_gemm_functional`` (``runtime.grouped_autograd``), and ``grouped_gemm``
+refuses inputs that require grad over K.
 """
 
 from __future__ import annotations

@@ -1,0 +1,158 @@
+"""Gradients of grouped GEMMs over M: the operator ``torch.ops.evtfuse.grouped_gemm_functional``.
+
+Layer: runtime, beside ``runtime.autograd``, whose forward plans, backward plans and backward
+kernel call it shares (``forward_of(..., grouped=True)``). Schema::
+
+    evtfuse::grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout,
+                                     Tensor?[] tensors, Scalar[] scalars, Tensor[] outs) -> Tensor[]
+
+The functional form of ``evtfuse::grouped_gemm`` (A (T, K), B (G, K, N), offs (G,)), as
+``gemm_functional`` is of ``evtfuse::gemm``. Forward: the epilogue with the hidden outputs
+its backward reads (the accumulator, (T, N), in "save" mode), one grouped kernel. Backward:
+the backward epilogue, derived with one batch (each row is in one group), runs as a grouped
+kernel (K = 0 when it reads no accumulator) that writes dAccum (T, N). A grouped epilogue
+computes no reductions yet, so an operand gradient that sums over rows or columns (a
+per-group bias (G, 1, N), routing weights (T, 1), a per-group scale (G, 1, 1), a shared
+(N,) vector) is stored by that kernel as its (T, N) fp32 term (``rowwise``) and summed here
+by torch, per group with ``index_add`` over each row's group (found from offs on the device:
+no host synchronisation): memory for one (T, N) fp32 tensor per such operand. Then
+dA = dAccum @ B_g^T (a grouped GEMM over M) and dB_g = A_g^T @ dAccum_g (a grouped GEMM
+over K), both evtfuse calls. Rows at or past offs[-1] are in no group: their gradients are
+zero, and no gradient flows from the outputs' rows there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import autodiff
+from ..ir import NodeKind, Output, OutputKind, Space
+from ..unparse import to_source
+from .autograd import (Forward, _allocate, backward_inputs, check_first_order, forward_of,
+                       problem_of, remember, run_backward)
+from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
+
+SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
+          "Tensor?[] tensors, Scalar[] scalars, Tensor[] outs) -> Tensor[]")
+_lib.define(SCHEMA)
+
+
+def _impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
+    from .api import run_grouped_values
+
+    lay = parse_layout(layout)
+    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped=True)
+    results = _allocate(fwd, A, B, outs)
+    run_grouped_values(A, B, offs, fwd.source, fwd.layout,
+                       values_of(fwd.layout, tensors, scalars, results))
+    return results
+
+
+def _fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
+    torch._check(A.shape[-1] == B.shape[-2],
+                 lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
+    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs, grouped=True)
+    return _allocate(fwd, A, B, outs)
+
+
+_lib.impl("grouped_gemm_functional", _impl, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::grouped_gemm_functional", _fake, lib=_lib)
+
+
+def rowwise(bplan: autodiff.BackwardPlan) -> autodiff.BackwardPlan:
+    """``bplan`` for a grouped kernel, which computes no reductions: each reduction output
+    (an operand's gradient summed over rows, columns or both) stored instead as its term,
+    under the same name, (T, N) or, for a term constant along its row, (T, 1) fp32; the
+    caller sums it (``caller_sums``, ``_sum_rows``). Every full output is per row."""
+    outs, sums = [], []
+    for o in bplan.dag.outputs:
+        if o.node.kind is NodeKind.REDUCE:
+            term = o.node.inputs[0]
+            kind = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW}.get(term.space)
+            if kind is None:
+                raise NotImplementedError(
+                    f"{bplan.dag.name}: the gradient {o.name} sums a value constant along "
+                    f"the rows of a group; grouped GEMMs cannot compute it yet")
+            outs.append(Output(o.name, term, kind, torch.float32))
+            sums.append((o.name, o.kind, o.batched))
+        elif o.kind is OutputKind.FULL:
+            outs.append(Output(o.name, o.node, OutputKind.FULL, o.dtype))
+        else:
+            outs.append(o)
+    dag = bplan.dag.replace_outputs(outs)
+    return dataclasses.replace(bplan, dag=dag, source=to_source(dag), caller_sums=tuple(sums))
+
+
+def _sum_rows(term: torch.Tensor, kind: OutputKind, batched: bool, offs: torch.Tensor,
+              like: torch.Tensor) -> torch.Tensor:
+    """A reduction of its term (T, N) or (T, 1) (rows past offs[-1] are zero), as the
+    kernel would compute it: along each row (ROW), over the rows (COL) or both (SCALAR),
+    the rows per group when ``batched``; in the operand's shape and dtype."""
+    if kind is OutputKind.ROW:
+        g = term.sum(-1, keepdim=True)
+    else:
+        per_col = term if kind is OutputKind.COL else term.sum(-1, keepdim=True)
+        if batched:
+            G = offs.shape[0]
+            rows = torch.arange(term.shape[0], device=term.device, dtype=offs.dtype)
+            group = torch.searchsorted(offs, rows, right=True).clamp_max(G - 1)
+            g = per_col.new_zeros(G, per_col.shape[-1]).index_add_(0, group, per_col)
+        else:
+            g = per_col.sum(0)
+    return g.to(like.dtype).reshape(like.shape)
+
+
+def _backward(ctx, grads):
+    check_first_order()
+    from .api import grouped_gemm
+
+    fwd: Forward = ctx.fwd
+    lay: Layout = ctx.lay
+    A, B, offs, *rest = ctx.saved_tensors
+    n = len(lay.tensors)
+    tensors = dict(zip(lay.tensors, rest[:n]))
+    saved = dict(zip(ctx.saved_names, rest[n:]))
+    needs = ctx.needs_input_grad
+    need_a, need_b, need_t = needs[0], needs[1], needs[5]
+    no_scalars = None if ctx.scalars else []  # as runtime.autograd's
+    none = (None,) * 5 + ([None] * n, no_scalars, [None] * ctx.n_outs)
+    request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
+                              need_t, problem_of(A, B, True), A.device, rowwise)
+    if request is None:
+        return none
+    bplan, values = request
+    results = run_backward(bplan, A, B, values, tensors, lay, fwd, offs)
+    names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
+    dacc = results.get(autodiff.ACCUM)
+    da = db = None
+    if dacc is not None:
+        if need_a:  # rows past offs[-1] stay zero
+            da = grouped_gemm(dacc, B.mT, offs, tune=lay.tune, D=torch.zeros_like(A))
+        if need_b:
+            db = grouped_gemm(A.mT, dacc, offs, tune=lay.tune).reshape(B.shape)
+    tgrads = []
+    for name, need in zip(lay.tensors, need_t):
+        g = results.get(name) if need else None
+        if g is not None and names[name] in sums:
+            g = _sum_rows(g, *sums[names[name]], offs, tensors[name])
+        tgrads.append(None if g is None else g.reshape(tensors[name].shape))
+    return da, db, None, None, None, tgrads, no_scalars, [None] * ctx.n_outs
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    A, B, offs, epilogue, layout, tensors, scalars, outs = inputs
+    remember(ctx, (A, B, offs), A, B, epilogue, layout, tensors, scalars, outs, output, True)
+
+
+torch.library.register_autograd("evtfuse::grouped_gemm_functional", _backward,
+                                setup_context=_setup_context, lib=_lib)
+
+
+def call(A, B, offs, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
+    return torch.ops.evtfuse.grouped_gemm_functional.default(A, B, offs, wire(source), layout,
+                                                             tensors, scalars, outs)
+
+
+__all__ = ["SCHEMA", "call", "rowwise"]
