@@ -168,6 +168,19 @@ def test_show_says_which_backward_mode_auto_picks():
     assert "== backward with" not in res.output
 
 
+def test_show_a_gated_epilogue_and_its_backward():
+    """N is the output's width (B gets 2N columns); the recompute backward is itself gated,
+    its operand gradients summed by torch, dAccum interleaved."""
+    src = ("def e(accum, bias_gate):\n    gate, up = pairs(accum)\n"
+           "    D = silu(gate + bias_gate) * up\n    return D")
+    res = invoke("show", src, "--mnkl", "32,16,8,1", "--operand", "bias_gate=col", "--no-source")
+    assert res.exit_code == 0, res.output
+    chosen = res.output.split("== backward with")[0]
+    assert "= pairs(accum)" in chosen and "gated: pairs(accum)" in chosen
+    assert "grad_bias_gate: summed by torch" in chosen
+    assert "the gradients of gate and up interleaved" in chosen
+
+
 def test_show_operand_and_output_kinds():
     res = invoke("show", "def e(accum, s, r): D = accum * s + r; return D", "--mnkl",
                  "32,16,8,3", "--operand", "s=batch-scalar", "--operand", "r=row:f16",

@@ -1,7 +1,8 @@
 """Gated epilogues (``gate, up = pairs(accum)``, interleaved layout) on the CPU tier: the
 portable kernel under Triton's interpreter against torch's two separate projections,
 the interleave helper, the frontend's parse and its errors, other families' refusals,
-autograd's refusal, and an offline sm_90 compile (docs/gated.md)."""
+gradients (dense and grouped) against torch autograd, and an offline sm_90 compile
+(docs/gated.md)."""
 
 from __future__ import annotations
 
@@ -258,17 +259,88 @@ def test_other_families_and_reductions_refused_with_a_reason():
     assert "store full (M, N) outputs only" in evtfuse.explain(args)
 
 
-def test_autograd_refused_at_the_forward():
-    x, W = rand(4, 8).requires_grad_(), rand(12, 8)
-    with pytest.raises(NotImplementedError, match="gated epilogues .* have no backward yet"):
-        evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none")
-    with torch.no_grad():
-        assert evtfuse.gemm(x, W.t(), library.SWIGLU, tune="none").shape == (4, 6)
-    from evtfuse import autodiff
-    D = torch.empty(4, 6)
-    dag = EpilogueArguments(library.SWIGLU, D=D).dag
-    with pytest.raises(NotImplementedError, match="gated epilogues .* have no backward yet"):
-        autodiff.plan_forward(dag, {autodiff.ACCUM})
+GATED_GRAD = """def e(accum, bias_gate, bias_up, w, s):
+    gate, up = pairs(accum)
+    D = silu(gate + bias_gate) * (up + bias_up) * w
+    E = gelu_tanh(gate) * s
+    return D, E"""
+
+
+def _gated_reference(x, Wg, Wu, bg, bu, w, s):
+    gate, up = x @ Wg.mT, x @ Wu.mT
+    return F.silu(gate + bg) * (up + bu) * w, F.gelu(gate, approximate="tanh") * s
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_gradients_against_torch(mode, batched):
+    """Gradients of a gated epilogue with two outputs, with respect to x, the two
+    projections' weights (through the interleaved one), their biases, a per-row vector and
+    a scalar: the backward interleaves dgate and dup into dAccum; the gated kernel
+    computes no reductions, so the operands' gradients are summed by torch."""
+    L, M, K, N = 3, 12, 16, 10
+    lead = (L,) if batched else ()
+    x = rand(*lead, M, K).requires_grad_()
+    Wg, Wu = rand(N, K).requires_grad_(), rand(N, K).requires_grad_()
+    bg, bu = rand(N).requires_grad_(), rand(N).requires_grad_()
+    w, s = rand(*lead, M, 1).requires_grad_(), rand(1).requires_grad_()
+    leaves = dict(x=x, Wg=Wg, Wu=Wu, bg=bg, bu=bu, w=w, s=s)
+    gD, gE = rand(*lead, M, N), rand(*lead, M, N)
+    W = evtfuse.interleave_gate_up(Wg, Wu)
+    D, E = evtfuse.gemm(x, W.t(), GATED_GRAD, bias_gate=bg, bias_up=bu, w=w, s=s,
+                        backward=mode)
+    ((D * gD).sum() + (E * gE).sum()).backward()
+    got = {k: t.grad.clone() for k, t in leaves.items()}
+    for t in leaves.values():
+        t.grad = None
+    rD, rE = _gated_reference(x, Wg, Wu, bg, bu, w, s)
+    ((rD * gD).sum() + (rE * gE).sum()).backward()
+    for k, t in leaves.items():
+        torch.testing.assert_close(got[k], t.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{k}: {m}")
+
+
+def test_gradient_through_one_half_only():
+    """An epilogue that uses gate only: dup is zero, interleaved as such."""
+    x, W = rand(6, 8).requires_grad_(), rand(12, 8)
+    src = "def e(accum):\n    g, u = pairs(accum)\n    D = relu(g)\n    return D"
+    evtfuse.gemm(x, W.t(), src).sum().backward()
+    Wg, _ = evtfuse.split_gate_up(W)
+    torch.testing.assert_close(x.grad, (x.detach() @ Wg.T > 0).float() @ Wg, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+def test_grouped_moe_swiglu_gradients(mode):
+    """A mixture of experts' gated up-projection trains: gradients of x, the experts' gate
+    and up weights (interleaved along N), per-expert biases and routing weights, against
+    torch expert by expert."""
+    sizes, K, N = [5, 0, 9], 16, 6
+    G, T = len(sizes), sum(sizes) + 2
+    x = rand(T, K).requires_grad_()
+    Wg, Wu = rand(G, N, K).requires_grad_(), rand(G, N, K).requires_grad_()
+    bg, bu = rand(G, 1, N).requires_grad_(), rand(G, 1, N).requires_grad_()
+    w = rand(T, 1).requires_grad_()
+    leaves = dict(x=x, Wg=Wg, Wu=Wu, bg=bg, bu=bu, w=w)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    src = ("def e(accum, bias_gate, bias_up, w):\n    gate, up = pairs(accum)\n"
+           "    D = silu(gate + bias_gate) * (up + bias_up) * w\n    return D")
+    W = evtfuse.interleave_gate_up(Wg, Wu, dim=1)
+    D = evtfuse.grouped_gemm(x, W.mT, offs, src, bias_gate=bg, bias_up=bu, w=w, backward=mode)
+    end = int(offs[-1])
+    g = rand(T, N)
+    (D[:end] * g[:end]).sum().backward()
+    got = {k: t.grad.clone() for k, t in leaves.items()}
+    for t in leaves.values():
+        t.grad = None
+    start, loss = 0, 0.0
+    for e, n in enumerate(sizes):
+        rows = slice(start, start + n)
+        rD = F.silu(x[rows] @ Wg[e].T + bg[e]) * (x[rows] @ Wu[e].T + bu[e]) * w[rows]
+        loss = loss + (rD * g[rows]).sum()
+        start += n
+    loss.backward()
+    for k, t in leaves.items():
+        torch.testing.assert_close(got[k], t.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{k}: {m}")
+    assert (got["x"][end:] == 0).all()
 
 
 _OFFLINE_SCRIPT = """

@@ -45,6 +45,16 @@ from .passes import optimize, read_saved_accumulator
 from .unparse import to_source
 
 ACCUM = "accum"  # in ``wrt`` / ``wanted``: the accumulator (A and B)
+
+
+def accum_target(part: str | None) -> str:
+    """Where a backward plan's ``outputs`` put the accumulator's gradient: ``accum``, or for
+    a gated epilogue (``pairs(accum)``) ``accum.gate`` and ``accum.up``, the gradients of its
+    even and odd columns (the caller interleaves them)."""
+    return ACCUM if part is None else f"{ACCUM}.{part}"
+
+
+ACCUM_TARGETS = (ACCUM, *(accum_target(p) for p in ir.PAIR_PARTS))
 _KIND_OF_SPACE = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW,
                   Space.COL: OutputKind.COL, Space.SCALAR: OutputKind.SCALAR}
 _OPERAND_OF_OUTPUT = {OutputKind.FULL: OperandKind.FULL, OutputKind.ROW: OperandKind.PER_ROW,
@@ -83,9 +93,10 @@ class ForwardPlan:
     names: frozenset[str]  # every name the forward uses (operands, outputs, hidden ones)
 
     @property
-    def saved_accum(self) -> Saved | None:
-        """The saved accumulator ("save" mode), or None: the backward recomputes A @ B."""
-        return next((s for s in self.saved if s.role == "accum"), None)
+    def saved_accums(self) -> tuple[Saved, ...]:
+        """The saved accumulator ("save" mode; a gated epilogue's gate and up halves), or
+        nothing: the backward recomputes A @ B."""
+        return tuple(s for s in self.saved if s.role == "accum")
 
     def differentiable_outputs(self) -> tuple[Output, ...]:
         """The outputs a gradient can come from: stored, floating point, reached from wrt."""
@@ -234,10 +245,6 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     ``save_accum``: "save" mode, the dtype in which the forward stores the accumulator
     when its backward reads it (None: the backward recomputes it); ``batches``: the
     problem's L (the saved accumulator is per batch when L > 1)."""
-    if dag.gated:  # the backward of pairs(accum) would interleave dgate and dup: not yet
-        raise NotImplementedError(
-            f"{dag.name}: gated epilogues (pairs(accum)) have no backward yet (docs/gated.md); "
-            "run under torch.no_grad() (inference) or detach the inputs")
     wrt = frozenset(wrt)
     active = _active(dag, wrt)
     names = _Namer([o.name for o in dag.operands] + [o.name for o in dag.outputs])
@@ -275,11 +282,12 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken))
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
-    acc = next(n for n in dag.nodes if n.kind is NodeKind.ACCUM)
-    s = Saved(names("saved_accum"), ACCUM, "accum", OutputKind.FULL, batches > 1, True,
-              save_accum)
-    hidden.append(Output(s.name, acc, OutputKind.FULL, save_accum, s.batched))
-    return ForwardPlan(dag, wrt, active, (*saved, s),
+    for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
+        s = Saved(names(f"saved_{acc.var}"), accum_target(acc.op), "accum", OutputKind.FULL,
+                  batches > 1, True, save_accum)
+        hidden.append(Output(s.name, acc, OutputKind.FULL, save_accum, s.batched))
+        saved.append(s)
+    return ForwardPlan(dag, wrt, active, tuple(saved),
                        dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken))
 
 
@@ -376,11 +384,11 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             if g is not None:
                 add(inp, g)
     outputs, results, summed = [], [], set()
-    acc = next((n for n in dag.nodes if n.kind is NodeKind.ACCUM), None)
-    kept = plan.saved_accum
-    if ACCUM in wanted and acc is not None and id(acc) in adj:
-        outputs.append(Output("D", adj[id(acc)], OutputKind.FULL, torch.float32, True))
-        results.append((ACCUM, "D"))
+    for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
+        if ACCUM in wanted and id(acc) in adj:
+            out_name = "D" if acc.op is None else names(f"grad_{acc.op}")
+            outputs.append(Output(out_name, adj[id(acc)], OutputKind.FULL, torch.float32, True))
+            results.append((accum_target(acc.op), out_name))
     loads = {n.operand.name: n for n in dag.nodes if n.kind is NodeKind.LOAD}
     for spec in dag.operands:
         n = loads.get(spec.name)
@@ -404,15 +412,18 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     filler = Output("D", ir.const_node(0.0), OutputKind.NONE, None, False)
     if not any(o.name == "D" for o in outputs):
         outputs.insert(0, filler)
-    bwd = Dag(tuple(outputs), tuple(operands), name)
-    if kept is not None:  # "save" mode: the accumulator is read from the forward's copy
+    bwd = Dag(tuple(outputs), tuple(operands), name, dag.gated)
+    for kept in plan.saved_accums:  # "save" mode: the accumulator is read from the forward's copy
         kspec = OperandSpec(names(kept.name), OperandKind.FULL, kept.dtype, kept.batched)
         saved_ops.append((kept.name, kspec.name))
-        bwd = read_saved_accumulator(bwd, kspec)
+        part = None if kept.of == ACCUM else kept.of.split(".")[1]
+        bwd = read_saved_accumulator(bwd, kspec, part)
     bwd = optimize(bwd)
     if not any(o.name == "D" for o in bwd.outputs):  # dead-code elimination dropped it
         bwd = bwd.replace_outputs((filler, *bwd.outputs))
-    bwd = Dag(bwd.outputs, bwd.used_operands, name)
+    # gated while it still reads the accumulator's pairs (not when it reads saved copies)
+    gated = any(n.kind is NodeKind.ACCUM for n in bwd.nodes) and dag.gated
+    bwd = Dag(bwd.outputs, bwd.used_operands, name, gated)
     used = {o.name for o in bwd.operands}
     return BackwardPlan(bwd, to_source(bwd), tuple(grads),
                         tuple((s, n) for s, n in saved_ops if n in used),
@@ -472,6 +483,6 @@ def wrt_of_dag(dag: Dag) -> frozenset[str]:
                                 and o.dtype is not None and o.dtype.is_floating_point])
 
 
-__all__ = ["ACCUM", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
+__all__ = ["ACCUM", "ACCUM_TARGETS", "accum_target", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
            "backward", "reads_accumulator", "output_shape", "reduced_dims", "first_batch",
            "injected_gradient", "wrt_of_dag", "differentiable_dtype"]

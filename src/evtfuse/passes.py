@@ -230,16 +230,19 @@ def eliminate_reductions(dag: Dag) -> Dag:
     return dag.replace_outputs(outs) if changed else dag
 
 
-def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec) -> Dag:
-    """Every use of the accumulator becomes a load of the full operand ``saved`` (the
-    accumulator as a forward stored it; added to the operands): the DAG then reads no
-    ``A @ B``, so it runs over K = 0. Not in ``PIPELINE``: the backward of an epilogue
-    applies it in "save" mode (``autodiff.backward``)."""
+def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec, part: str | None = None) -> Dag:
+    """Every use of the accumulator (``part``: of its "gate" or "up" half, in a gated DAG)
+    becomes a load of the full operand ``saved`` (that value as a forward stored it; added
+    to the operands): with every part replaced, the DAG reads no ``A @ B``, so it runs over
+    K = 0. Not in ``PIPELINE``: the backward of an epilogue applies it in "save" mode
+    (``autodiff.backward``)."""
     assert saved.kind is ir.OperandKind.FULL, saved
     load = ir.load_node(saved)
 
     def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
-        return load if n.kind is NodeKind.ACCUM else _same_or_new(n, inputs)
+        if n.kind is NodeKind.ACCUM and n.op == part:
+            return load
+        return _same_or_new(n, inputs)
 
     operands = dag.operands if saved in dag.operands else (*dag.operands, saved)
     return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name, dag.gated)

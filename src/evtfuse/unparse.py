@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from .ir import Dag, Node, NodeKind
+from .ir import PAIR_PARTS, Dag, Node, NodeKind
 from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS
 
 _SYMBOL = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Lt": "<", "LtE": "<=",
@@ -62,13 +62,17 @@ def to_source(dag: Dag, name: str | None = None) -> str:
             out_name.setdefault(id(o.node), o.name)
     text: dict[int, str] = {}
     lines: list[str] = []
+    part_names: dict[str | None, str] = {None: "accum"}
+    if dag.gated:  # the accumulator's column pairs, named once: ``gate, up = pairs(accum)``
+        part_names.update(zip(PAIR_PARTS, (next(fresh), next(fresh))))
+        lines.append(f"{part_names['gate']}, {part_names['up']} = pairs(accum)")
 
     def ref(n: Node) -> str:
         return text[id(n)]
 
     for n in dag.nodes:
         if n.kind is NodeKind.ACCUM:
-            text[id(n)] = "accum"
+            text[id(n)] = part_names[n.op]
         elif n.kind is NodeKind.LOAD:
             text[id(n)] = n.operand.name
         elif n.kind is NodeKind.CONST:

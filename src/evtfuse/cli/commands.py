@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import cli
+from ..runtime.autograd import caller_reductions  # a gated kernel's sums go to torch
 from .base import EXIT_VERIFY, CliError, _fail, _user_errors
 from .device import Device, pick_device
 from .problem import BuiltProblem, ProblemSpec, build_problem, problem_spec_from_flags, short_dtype
@@ -204,7 +205,8 @@ def backward_lines(args) -> list[str]:
     else:
         mode = "recompute"
         rule = "# the backward reads no accumulator: no GEMM (K = 0), nothing saved, in any mode"
-    bps = {m: autodiff.backward(p, graded, wrt, batches=args.L, name=f"{dag.name}_backward")
+    bps = {m: caller_reductions(autodiff.backward(p, graded, wrt, batches=args.L,
+                                                  name=f"{dag.name}_backward"))
            for m, p in plans.items()}
     bp, plan = bps[mode], plans[mode]
     lines = ["", f"== backward: the gradients of {names} from those of {', '.join(graded)} ==",
@@ -216,9 +218,14 @@ def backward_lines(args) -> list[str]:
         lines.append(f"# the forward keeps {what} for "
                      f"{'the' if s.role == 'accum' else s.of + chr(39) + 's'} gradient ({how})")
     lines.append(bp.source.rstrip())
-    lines.append("# then dA = D @ B^T and dB = A^T @ D (torch matmuls)"
+    dacc = ("the gradients of gate and up interleaved (columns 2j and 2j + 1)" if dag.gated
+            else "D")
+    lines.append(f"# then, with dAccum = {dacc}: dA = dAccum @ B^T and dB = A^T @ dAccum "
+                 "(torch matmuls)"
                  + (f"; {', '.join(sorted(bp.batch_summed))}: summed over L"
-                    if bp.batch_summed else ""))
+                    if bp.batch_summed else "")
+                 + (f"; {', '.join(n for n, _, _ in bp.caller_sums)}: summed by torch (a gated "
+                    "kernel computes no reductions)" if bp.caller_sums else ""))
     lines += ["", "== backward DAG ==", ir.format_dag(bp.dag)]
     for other, obp in bps.items():
         if other != mode:

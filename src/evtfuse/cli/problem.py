@@ -142,7 +142,8 @@ def build_problem(source: str, spec: ProblemSpec, device: Device) -> BuiltProble
     lead = (L,) if L > 1 else ()
     # accum ~ N(0, 1) whatever K is, so activations see interesting values
     a_shape = lead + ((M, K) if spec.a_major == "k" else (K, M))
-    b_shape = lead + ((K, N) if spec.b_major == "n" else (N, K))
+    NB = 2 * N if parsed.gated else N  # gated (pairs(accum)): B holds N pairs of columns
+    b_shape = lead + ((K, NB) if spec.b_major == "n" else (NB, K))
     A = randn(*a_shape, dtype=spec.ab_dtype)
     B = randn(*b_shape, dtype=spec.ab_dtype, scale=K ** -0.5)
     if spec.a_major == "m":

@@ -181,11 +181,6 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
             dtypes[name] = named.pop(f"{name}_dtype")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
-    if grad and gated:
-        raise NotImplementedError(
-            f"gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and gated "
-            "epilogues (pairs(accum)) have no backward yet: their results would be detached "
-            "from the graph. Run under torch.no_grad() (inference) or detach the inputs.")
     if grad:
         return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
                                (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
@@ -231,8 +226,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     read on the host: no synchronisation (docs/grouped.md). The call is one operator,
     ``torch.ops.evtfuse.grouped_gemm``. Over M it is differentiable with respect to A, B
     and every tensor operand (``runtime.grouped_autograd``; ``backward`` as ``gemm``'s);
-    over K, and with gated epilogues, inputs that require grad under grad mode are refused,
-    never silently detached."""
+    over K, inputs that require grad under grad mode are refused, never silently detached."""
     autograd.check_backward(backward)
     source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
@@ -246,12 +240,11 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
-    if grad and (gated or B.dim() == 2):
-        what = "gated epilogues (pairs(accum))" if gated else "grouped GEMMs over K"
+    if grad and B.dim() == 2:
         raise NotImplementedError(
             f"grouped_gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and "
-            f"{what} have no backward yet: their results would be detached from the graph. "
-            "Run under torch.no_grad() (inference) or detach the inputs.")
+            "grouped GEMMs over K have no backward yet: their results would be detached from "
+            "the graph. Run under torch.no_grad() (inference) or detach the inputs.")
     if grad:
         return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
                                (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,

@@ -33,6 +33,8 @@ raises the frontend's message.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +43,7 @@ import torch
 from .. import autodiff
 from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
-from ..ir import NodeKind, OperandKind, OutputKind
+from ..ir import PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
 from . import torch_op
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
@@ -107,20 +109,44 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def problem_of(A: torch.Tensor, B: torch.Tensor, grouped: bool = False) -> tuple:
-    """(L, M, N) of A @ B; of a grouped GEMM over M (A (T, K), B (G, K, N)), (G, T, N)."""
+def problem_of(A: torch.Tensor, B: torch.Tensor, grouped: bool = False,
+               gated: bool = False) -> tuple:
+    """(L, M, N) of the epilogue over A @ B; of a grouped GEMM over M (A (T, K), B
+    (G, K, N)), (G, T, N); ``gated`` (``pairs(accum)``): N is half of B's columns."""
+    N = B.shape[-1] // 2 if gated else B.shape[-1]
     if grouped:
-        return B.shape[0], A.shape[0], B.shape[-1]
+        return B.shape[0], A.shape[0], N
     la = A.shape[0] if A.dim() == 3 else 1
     lb = B.shape[0] if B.dim() == 3 else 1
-    return (la if lb == 1 else lb), A.shape[-2], B.shape[-1]
+    return (la if lb == 1 else lb), A.shape[-2], N
 
 
-def _full_shape(A: torch.Tensor, B: torch.Tensor, grouped: bool = False) -> tuple:
+def _full_shape(A: torch.Tensor, B: torch.Tensor, grouped: bool = False,
+                gated: bool = False) -> tuple:
     """The shape ``evtfuse.gemm`` gives a full output: (M, N), or (L, M, N) when batched;
     a grouped GEMM's (over M): (T, N)."""
-    L, M, N = problem_of(A, B, grouped)
+    L, M, N = problem_of(A, B, grouped, gated)
     return (L, M, N) if (A.dim() == 3 or B.dim() == 3) and not grouped else (M, N)
+
+
+@functools.lru_cache(maxsize=256)
+def _gated(source: str, line: int, where: str, from_function: bool) -> bool:
+    """Whether an epilogue takes the accumulator in pairs (``pairs(accum)``)."""
+    return parse_epilogue(EpilogueText(source, line, where, from_function)).gated
+
+
+def accumulator_gradient(results: dict, fwd: "Forward") -> torch.Tensor | None:
+    """dAccum from a backward's results: as it is, or a gated epilogue's gradients of gate
+    and up interleaved into the accumulator's 2N columns (a half no gradient reached is
+    zero); None when none reached it."""
+    if not fwd.gated:
+        return results.get(autodiff.ACCUM)
+    gate, up = (results.get(autodiff.accum_target(p)) for p in PAIR_PARTS)
+    if gate is None and up is None:
+        return None
+    gate = torch.zeros_like(up) if gate is None else gate
+    up = torch.zeros_like(gate) if up is None else up
+    return torch.stack((gate, up), dim=-1).flatten(-2)
 
 
 def hidden_shape(s: autodiff.Saved, problem: tuple, grouped: bool) -> tuple:
@@ -164,6 +190,7 @@ class Forward:
     batches: int  # 1, or 2 for any L > 1 (1 for a grouped GEMM: each row in one group)
     where: str
     grouped: bool  # a grouped GEMM over M (``grouped_autograd``)
+    gated: bool  # the epilogue takes the accumulator in pairs: its N is half of B's
     backwards: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -178,7 +205,8 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
                grouped: bool = False) -> Forward:
     """The ``Forward`` of a call (built once per structure); ``grouped``: a grouped GEMM
     over M (``evtfuse.grouped_gemm``, A (T, K), B (G, K, N))."""
-    problem = problem_of(A, B, grouped)
+    gated = _gated(source, lay.line, lay.where, lay.from_function)
+    problem = problem_of(A, B, grouped, gated)
     pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
     place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
     place = tuple(int(p) for p in place)
@@ -247,15 +275,15 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
         run = Layout(lay.tensors, lay.nones, lay.scalars, names, lay.line, lay.where,
                      lay.from_function, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc)
     return Forward(parsed, plan, source, run, tuple(alloc), hidden, batches, parsed.where,
-                   grouped)
+                   grouped, parsed.gated)
 
 
 def _allocate(fwd: Forward, A, B, outs: list) -> list:
     """The op's results before they are written: like ``outs``, the allocated full outputs,
     the hidden ones (fp32, the saved accumulator in its own dtype)."""
-    problem = problem_of(A, B, fwd.grouped)
+    problem = problem_of(A, B, fwd.grouped, fwd.gated)
     res = [torch.empty(t.shape, dtype=t.dtype, device=A.device) for t in outs]
-    full = _full_shape(A, B, fwd.grouped)
+    full = _full_shape(A, B, fwd.grouped, fwd.gated)
     res += [A.new_empty(full, dtype=dt) for _, dt in fwd.alloc]
     res += [A.new_empty(hidden_shape(s, problem, fwd.grouped), dtype=s.dtype)
             for s in fwd.hidden]
@@ -321,14 +349,16 @@ def _backward(ctx, grads):
     # gradient structure counts an empty list as a list of tensors)
     no_scalars = None if ctx.scalars else []
     none = (None, None, None, None, [None] * n, no_scalars, [None] * ctx.n_outs)
-    problem = problem_of(A, B)
+    problem = problem_of(A, B, False, fwd.gated)
+    # a gated kernel computes no reductions: the caller sums a gated backward's terms
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
-                              need_t, problem, A.device)
+                              need_t, problem, A.device, caller_reductions if fwd.gated else None)
     if request is None:
         return none
     bplan, values = request
     results = run_backward(bplan, A, B, values, tensors, lay, fwd)
-    dacc = results.get(autodiff.ACCUM)
+    dacc = accumulator_gradient(results, fwd)
+    names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
     da = db = None
     if dacc is not None:
         if need_a:
@@ -340,8 +370,47 @@ def _backward(ctx, grads):
         g = results.get(name) if need else None
         if g is not None and name in bplan.batch_summed:
             g = g.sum(0)
+        if g is not None and names[name] in sums:
+            g = _sum_term(g, *sums[names[name]], tensors[name])
         tgrads.append(None if g is None else g.reshape(tensors[name].shape))
     return da, db, None, None, tgrads, no_scalars, [None] * ctx.n_outs
+
+
+def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
+                      ) -> autodiff.BackwardPlan:
+    """``bplan`` for a kernel that computes no reductions (a grouped one; a gated one while
+    it reads the accumulator's pairs): each reduction output (an operand's gradient summed
+    over rows, columns or both) stored instead as its term, under the same name, full or,
+    for a term constant along its row, per row, in fp32; the caller sums it
+    (``BackwardPlan.caller_sums``). A grouped kernel's full outputs are per row, (T, N)."""
+    if not grouped and not bplan.dag.gated:
+        return bplan
+    outs, sums = [], []
+    for o in bplan.dag.outputs:
+        if o.node.kind is NodeKind.REDUCE:
+            term = o.node.inputs[0]
+            kind = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW}.get(term.space)
+            if kind is None:
+                raise NotImplementedError(
+                    f"{bplan.dag.name}: the gradient {o.name} sums a value constant along "
+                    "the rows; this kernel cannot compute it yet")
+            outs.append(Output(o.name, term, kind, torch.float32, term.batched and not grouped))
+            sums.append((o.name, o.kind, o.batched))
+        elif o.kind is OutputKind.FULL and grouped:
+            outs.append(Output(o.name, o.node, OutputKind.FULL, o.dtype))
+        else:
+            outs.append(o)
+    dag = bplan.dag.replace_outputs(outs)
+    return dataclasses.replace(bplan, dag=dag, source=to_source(dag), caller_sums=tuple(sums))
+
+
+def _sum_term(term: torch.Tensor, kind: OutputKind, batched: bool,
+              like: torch.Tensor) -> torch.Tensor:
+    """A reduction (``kind``, over L too unless ``batched``) of its term, as the kernel
+    would compute it, in the operand's shape and dtype."""
+    t = term.reshape((1,) * (3 - term.dim()) + tuple(term.shape))
+    dims = autodiff.reduced_dims(kind, batched)
+    return (t.sum(dim=dims, keepdim=True) if dims else t).to(like.dtype).reshape(like.shape)
 
 
 def check_first_order() -> None:
@@ -400,20 +469,22 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
     or (T, 1) in fp32."""
     grouped = offs is not None
     new = A.new_zeros if grouped else A.new_empty
-    terms = {name for name, _, _ in bplan.caller_sums}
+    full = _full_shape(A, B, grouped, fwd.gated)
+    terms = {name for name, _, _ in bplan.caller_sums}  # (L, M, N), (M, 1), (T, N), ...
     outs, onames, results = [], [], {}
     for target, name in bplan.outputs:
-        if target == autodiff.ACCUM:
+        if target in autodiff.ACCUM_TARGETS:
             dtype = A.dtype if A.dtype in _GRAD_DTYPES else torch.float32
             node = bplan.dag.output(name).node
             if node.kind is NodeKind.LOAD and node.operand.kind is OperandKind.FULL:
                 results[target] = values[node.operand.name].to(dtype)
                 continue
-            t = new(_full_shape(A, B, grouped), dtype=dtype)
+            t = new(full, dtype=dtype)
         elif name in terms:
-            rows = bplan.dag.output(name).kind is OutputKind.ROW
-            t = new(_full_shape(A, B, grouped)[:-1] + (1,) * rows + (B.shape[-1],) * (not rows),
-                    dtype=torch.float32)
+            out = bplan.dag.output(name)
+            lead = full[:-2] if out.batched else ()
+            cols = (1,) if out.kind is OutputKind.ROW else full[-1:]
+            t = new((*lead, full[-2], *cols), dtype=torch.float32)
         elif target in bplan.batch_summed:
             t = new(problem_of(A, B), dtype=tensors[target].dtype)
         else:
@@ -441,8 +512,9 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
     if not any(nd.kind is NodeKind.ACCUM for nd in bplan.dag.nodes):
         # nothing reads the accumulator (a linear layer's dAccum is the upstream gradient):
         # a GEMM over K = 0 runs the epilogue alone
+        # (a gated forward's backward then reads saved halves: N wide, not in pairs)
         a = A.new_empty((*A.shape[:-1], 0))
-        b = B.new_empty((*B.shape[:-2], 0, B.shape[-1]))
+        b = B.new_empty((*B.shape[:-2], 0, full[-1]))
     if grouped:
         torch_op.call_grouped(a, b, offs, bplan.source, blay.text(), tvals, svals, outs)
     else:

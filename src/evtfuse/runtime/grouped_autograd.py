@@ -13,9 +13,10 @@ the backward epilogue, derived with one batch (each row is in one group), runs a
 kernel (K = 0 when it reads no accumulator) that writes dAccum (T, N). A grouped epilogue
 computes no reductions yet, so an operand gradient that sums over rows or columns (a
 per-group bias (G, 1, N), routing weights (T, 1), a per-group scale (G, 1, 1), a shared
-(N,) vector) is stored by that kernel as its (T, N) fp32 term (``rowwise``) and summed here
+(N,) vector) is stored by that kernel as its (T, N) fp32 term and summed here
 by torch, per group with ``index_add`` over each row's group (found from offs on the device:
-no host synchronisation): memory for one (T, N) fp32 tensor per such operand. Then
+no host synchronisation; ``autograd.caller_reductions``): memory for one (T, N) fp32 tensor
+per such operand. Then
 dA = dAccum @ B_g^T (a grouped GEMM over M) and dB_g = A_g^T @ dAccum_g (a grouped GEMM
 over K), both evtfuse calls. Rows at or past offs[-1] are in no group: their gradients are
 zero, and no gradient flows from the outputs' rows there.
@@ -23,15 +24,14 @@ zero, and no gradient flows from the outputs' rows there.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import torch
 
-from .. import autodiff
-from ..ir import NodeKind, Output, OutputKind, Space
-from ..unparse import to_source
-from .autograd import (Forward, _allocate, backward_inputs, check_first_order, forward_of,
-                       problem_of, remember, run_backward)
+from ..ir import OutputKind
+from .autograd import (Forward, _allocate, accumulator_gradient, backward_inputs,
+                       caller_reductions, check_first_order, forward_of, problem_of, remember,
+                       run_backward)
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
@@ -59,30 +59,6 @@ def _fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
 
 _lib.impl("grouped_gemm_functional", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::grouped_gemm_functional", _fake, lib=_lib)
-
-
-def rowwise(bplan: autodiff.BackwardPlan) -> autodiff.BackwardPlan:
-    """``bplan`` for a grouped kernel, which computes no reductions: each reduction output
-    (an operand's gradient summed over rows, columns or both) stored instead as its term,
-    under the same name, (T, N) or, for a term constant along its row, (T, 1) fp32; the
-    caller sums it (``caller_sums``, ``_sum_rows``). Every full output is per row."""
-    outs, sums = [], []
-    for o in bplan.dag.outputs:
-        if o.node.kind is NodeKind.REDUCE:
-            term = o.node.inputs[0]
-            kind = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW}.get(term.space)
-            if kind is None:
-                raise NotImplementedError(
-                    f"{bplan.dag.name}: the gradient {o.name} sums a value constant along "
-                    f"the rows of a group; grouped GEMMs cannot compute it yet")
-            outs.append(Output(o.name, term, kind, torch.float32))
-            sums.append((o.name, o.kind, o.batched))
-        elif o.kind is OutputKind.FULL:
-            outs.append(Output(o.name, o.node, OutputKind.FULL, o.dtype))
-        else:
-            outs.append(o)
-    dag = bplan.dag.replace_outputs(outs)
-    return dataclasses.replace(bplan, dag=dag, source=to_source(dag), caller_sums=tuple(sums))
 
 
 def _sum_rows(term: torch.Tensor, kind: OutputKind, batched: bool, offs: torch.Tensor,
@@ -119,13 +95,14 @@ def _backward(ctx, grads):
     no_scalars = None if ctx.scalars else []  # as runtime.autograd's
     none = (None,) * 5 + ([None] * n, no_scalars, [None] * ctx.n_outs)
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
-                              need_t, problem_of(A, B, True), A.device, rowwise)
+                              need_t, problem_of(A, B, True, fwd.gated), A.device,
+                              functools.partial(caller_reductions, grouped=True))
     if request is None:
         return none
     bplan, values = request
     results = run_backward(bplan, A, B, values, tensors, lay, fwd, offs)
     names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
-    dacc = results.get(autodiff.ACCUM)
+    dacc = accumulator_gradient(results, fwd)
     da = db = None
     if dacc is not None:
         if need_a:  # rows past offs[-1] stay zero
@@ -155,4 +132,4 @@ def call(A, B, offs, source: str, layout: str, tensors: list, scalars: list, out
                                                              tensors, scalars, outs)
 
 
-__all__ = ["SCHEMA", "call", "rowwise"]
+__all__ = ["SCHEMA", "call"]
