@@ -1,9 +1,13 @@
-"""Autotuning: time candidate kernels once per problem, remember the winner on disk.
+"""Autotuning: time candidate kernels once per problem class, remember the winner on disk.
 
 Layer: runtime. The key holds everything that changes which kernel is best or whether
 it runs at all: the code generator's and the search's versions (new kernel families and
-a new search re-tune), the epilogue's DAG signature, L/M/N/K, dtypes, layouts (strides'
-order and TMA alignment), the GPU's name and capability, and the tuning mode. The
+a new search re-tune), the epilogue's DAG signature, L, N, K and M's size class
+(``size_class``: a new M in a known class, as in training with variable sequence lengths
+or serving with a new batch size, reuses the class's choice instead of tuning again),
+dtypes, layouts (strides' order and TMA alignment), the GPU's name and capability, and
+the tuning mode. A choice is reused only where it is among the problem's own candidates
+(a kernel that needs 64-bit offsets at the larger M has another name). The
 in-memory table answers repeated calls without touching the disk. "fast" tuning times the
 heuristic's first few candidates within a time budget (28 s by default, so that a first
 call with its parsing and launch stays under 30 s; ``EVTFUSE_TUNE_BUDGET_S``);
@@ -26,28 +30,53 @@ from ..errors import UnsupportedError
 from ..ir import signature
 from . import cache
 from .device import device_name
-from .kernel import tensor_key
 
 log = logging.getLogger("evtfuse")
 
 FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: api.order_by_fill)
-TUNER_VERSION = "8"  # part of the key: a choice made by an older search is made again
+TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;
 #                      6: candidates ordered by how much of the GPU their tiles fill;
 #                      7: ping-pong bands of 16 row-tiles for three-tile epilogues, and
 #                      exhaustive tuning tries its pick at other tile orders;
-#                      8: two-warpgroup consumers for epilogues of many ops)
-_memory: dict[str, object] = {}
+#                      8: two-warpgroup consumers for epilogues of many ops;
+#                      9: keyed on M's size class)
+_memory: dict = {}  # (key, M): the kernel chosen for that M; key: its class's record
+
+
+def size_class(m: int) -> int:
+    """The class of a problem's M in the tuning key: the class's largest M. Up to 64 rows,
+    classes of 16, 32 and 64 (the small-M tiles differ there); above, four classes per
+    octave (M rounded up to 2^k times 5/4, 6/4, 7/4 or 2): within a class the number of
+    row tiles differs by at most a quarter, so the waves of a tile grid, which decide
+    between candidates, differ little. Every other dimension is keyed exactly."""
+    m = int(m)
+    if m <= 64:
+        return 16 if m <= 16 else 32 if m <= 32 else 64
+    octave = 1 << ((m - 1).bit_length() - 1)  # the power of two below m (m > octave)
+    return next(octave * q // 4 for q in (5, 6, 7, 8) if m <= octave * q // 4)
+
+
+def layout_key(t: torch.Tensor) -> tuple:
+    """What a kernel's support and speed depend on in a tensor, its sizes aside (the key
+    holds L, N, K and M's class; the DAG's signature each operand's kind): dtype, which
+    dims are unit-stride or of size 1, the strides' order and 16-byte alignment (TMA),
+    the address's alignment, the device."""
+    strides, size = t.stride(), t.element_size()
+    return (str(t.dtype), tuple(d == 1 for d in t.shape), tuple(s == 1 for s in strides),
+            tuple(sorted(range(t.dim()), key=lambda d: strides[d])),
+            tuple(s * size % 16 == 0 for s in strides), t.data_ptr() % 16 == 0,
+            str(t.device))
 
 
 def tuning_key(args: GemmArguments, tune: str, cc) -> str:
     values = args.epilogue.values
-    # what a kernel's support and speed depend on in each tensor: the launch plans' key
-    tensors = sorted((k, str(tensor_key(v))) for k, v in values.items()
+    tensors = sorted((k, layout_key(v)) for k, v in values.items()
                      if isinstance(v, torch.Tensor))
-    return cache.make_key(GENERATOR_VERSION, TUNER_VERSION, signature(args.dag), args.L, args.M, args.N, args.K,
-                          str(tensor_key(args.A)), str(tensor_key(args.B)), tensors,
-                          None if args.offs is None else str(tensor_key(args.offs)), args.allow_tf32,
+    return cache.make_key(GENERATOR_VERSION, TUNER_VERSION, signature(args.dag), args.L,
+                          size_class(args.M), args.N, args.K,
+                          layout_key(args.A), layout_key(args.B), tensors,
+                          None if args.offs is None else layout_key(args.offs), args.allow_tf32,
                           args.fp8_fast_accum, device_name(args.A.device), cc, tune)
 
 
@@ -82,20 +111,21 @@ def _scratch(args: GemmArguments) -> GemmArguments:
 
 
 def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
-    """The kernel to run ``args`` with: cached, or found by timing candidates."""
+    """The kernel to run ``args`` with: its size class's choice (``size_class``: in this
+    process, or from the disk cache), or found by timing candidates."""
     from .api import explain, get_kernels
 
     if tune not in ("fast", "exhaustive", "none"):
         raise ValueError(f"tune must be 'fast', 'exhaustive' or 'none', not {tune!r}")
     key = tuning_key(args, tune, cc)
-    hit = _memory.get(key)
+    hit = _memory.get((key, args.M))
     if hit is not None:
         return hit
     kernels = get_kernels(args, cc=cc)
     if not kernels:
         raise UnsupportedError("no evtfuse kernel supports these arguments:\n" + explain(args, cc))
     by_name = {k.name: k for k in kernels}
-    record = cache.load_choice(key)
+    record = _memory.get(key) or cache.load_choice(key)
     if record and tune == "exhaustive" and record.get("kernel") not in by_name:
         # an exhaustive choice may be a candidate at another tile order (_refine_tile_order)
         for k in kernels:
@@ -103,15 +133,20 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
                 by_name.setdefault(v.name, v)
     if record and record.get("kernel") in by_name:
         chosen = by_name[record["kernel"]]
-        log.debug("tuning cache hit: %s", chosen.name)
+        log.info("evtfuse: %s for %dx%dx%d: the choice of its size class (tuned at M=%s)",
+                 chosen.name, args.M, args.N, args.K, record.get("M"))
     elif tune == "none" or len(kernels) == 1 or args.A.device.type != "cuda":
         chosen = kernels[0]
     else:
+        log.info("evtfuse: tuning %dx%dx%d (M class %d): %d candidates", args.M, args.N,
+                 args.K, size_class(args.M), len(kernels))
         chosen = _search(args, kernels, tune)
         if tune == "exhaustive":
             chosen = _refine_tile_order(args, chosen, kernels)
-        cache.store_choice(key, tuning_record(args, chosen, tune))
-    _memory[key] = chosen
+        record = tuning_record(args, chosen, tune)
+        cache.store_choice(key, record)
+        _memory[key] = record
+    _memory[(key, args.M)] = chosen
     return chosen
 
 
