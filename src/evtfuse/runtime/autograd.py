@@ -278,7 +278,7 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
                    grouped, parsed.gated)
 
 
-def _allocate(fwd: Forward, A, B, outs: list) -> list:
+def allocate_results(fwd: Forward, A, B, outs: list) -> list:
     """The op's results before they are written: like ``outs``, the allocated full outputs,
     the hidden ones (fp32, the saved accumulator in its own dtype)."""
     problem = problem_of(A, B, fwd.grouped, fwd.gated)
@@ -295,7 +295,7 @@ def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> list:
 
     lay = parse_layout(layout)
     fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs)
-    results = _allocate(fwd, A, B, outs)
+    results = allocate_results(fwd, A, B, outs)
     run_values(A, B, fwd.source, fwd.layout, values_of(fwd.layout, tensors, scalars, results))
     return results
 
@@ -305,7 +305,7 @@ def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
     fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs)
-    return _allocate(fwd, A, B, outs)
+    return allocate_results(fwd, A, B, outs)
 
 
 _lib.impl("gemm_functional", _impl, "CompositeExplicitAutograd")
@@ -532,4 +532,6 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
 
 
 __all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",
-           "backward_mode", "check_backward", "save_threshold", "saved_accum_dtype"]
+           "backward_mode", "check_backward", "save_threshold", "saved_accum_dtype",
+           "allocate_results", "accumulator_gradient", "backward_inputs", "caller_reductions",
+           "check_first_order", "problem_of", "remember", "run_backward"]

@@ -29,7 +29,7 @@ import functools
 import torch
 
 from ..ir import OutputKind
-from .autograd import (Forward, _allocate, accumulator_gradient, backward_inputs,
+from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
                        caller_reductions, check_first_order, forward_of, problem_of, remember,
                        run_backward)
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
@@ -44,7 +44,7 @@ def _impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
 
     lay = parse_layout(layout)
     fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped=True)
-    results = _allocate(fwd, A, B, outs)
+    results = allocate_results(fwd, A, B, outs)
     run_grouped_values(A, B, offs, fwd.source, fwd.layout,
                        values_of(fwd.layout, tensors, scalars, results))
     return results
@@ -54,7 +54,7 @@ def _fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
     fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs, grouped=True)
-    return _allocate(fwd, A, B, outs)
+    return allocate_results(fwd, A, B, outs)
 
 
 _lib.impl("grouped_gemm_functional", _impl, "CompositeExplicitAutograd")
