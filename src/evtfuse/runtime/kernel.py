@@ -194,6 +194,12 @@ class LaunchPlan:
         for step in self.post:
             step(values)
 
+    def warmup(self, A, B, values) -> None:
+        """Compile the kernel for these arguments without launching it (Triton's JIT warmup;
+        under ``AsyncCompileMode`` the compile runs in its executor's thread)."""
+        self.jit.warmup(*self.positional(A, B, values), grid=self.grid, **self.consts,
+                        **LAUNCH_OPTIONS)
+
     def positional(self, A, B, values) -> list:
         pos = self.template.copy()
         for k, get in self.slots:

@@ -12,7 +12,8 @@ in-memory table answers repeated calls without touching the disk. "fast" tuning 
 heuristic's first few candidates within a time budget (28 s by default, so that a first
 call with its parsing and launch stays under 30 s; ``EVTFUSE_TUNE_BUDGET_S``);
 "exhaustive" times all, then the winner at other tile orders (``TILE_ORDERS``); "none"
-takes the first.
+takes the first. Candidates compile at once in a pool of threads (``_precompile``) before
+any is timed.
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ def _search(args: GemmArguments, kernels, tune: str):
     args = _scratch(args)
     times: dict[str, list[float]] = {}
     ran = []
+    budget -= _precompile(cands, args)  # the candidates' compiles, at once
     t_start = time.perf_counter()
     show = log.isEnabledFor(logging.INFO) or os.environ.get("EVTFUSE_PROGRESS", "1") != "0"
     bar = tqdm(cands, desc=f"evtfuse tuning {args.M}x{args.N}x{args.K}", leave=False,
@@ -261,6 +263,47 @@ def _search(args: GemmArguments, kernels, tune: str):
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
     return best
+
+
+def compile_workers() -> int:
+    """Threads compiling candidates at once (``EVTFUSE_COMPILE_WORKERS``; default: the
+    CPU count, at most 16). Triton's compiles release the GIL: two threads compiled four
+    candidates 1.7x as fast as one on a 2-core machine (offline sm_90 compiles)."""
+    default = min(16, os.cpu_count() or 1)
+    return max(1, int(os.environ.get("EVTFUSE_COMPILE_WORKERS", default)))
+
+
+def _precompile(cands, args: GemmArguments) -> float:
+    """Compile the candidates' kernels in a pool of ``compile_workers`` threads (Triton's
+    ``AsyncCompileMode``) before any is timed; returns the seconds it took. A candidate
+    that fails here is left to the timing loop, which compiles it again and reports the
+    failure (``_report_failure``); nothing runs on the GPU here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..backends.triton.versions import async_compile_mode
+
+    mode, workers = async_compile_mode(), compile_workers()
+    if mode is None or workers <= 1 or len(cands) <= 1:
+        return 0.0
+    t0 = time.perf_counter()
+    plans = []
+    for k in cands:  # module generation and import: here, one by one
+        try:
+            plans.append(k.plan(args))
+        except Exception:  # noqa: BLE001  (reported by the timing loop)
+            continue
+    with ThreadPoolExecutor(min(workers, len(plans)) or 1) as pool, \
+            mode(pool, ignore_errors=True):
+        for plan in plans:
+            if hasattr(plan, "warmup"):
+                try:
+                    plan.warmup(args.A, args.B, args.launch_values)
+                except Exception:  # noqa: BLE001  (reported by the timing loop)
+                    continue
+    spent = time.perf_counter() - t0
+    log.info("evtfuse: %d candidates compiled in %.1f s (%d threads)", len(plans), spent,
+             min(workers, len(plans)))
+    return spent
 
 
 def _report_failure(kernel, exc: BaseException) -> None:

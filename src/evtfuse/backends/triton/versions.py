@@ -97,6 +97,18 @@ WORKAROUNDS: dict[str, str] = {
 }
 
 
+def async_compile_mode():
+    """Triton's ``AsyncCompileMode`` (a context in which a JIT function's ``warmup`` hands
+    its compile to an executor: ``runtime.tuner`` compiles candidates in threads), or None.
+    The same private module and constructor in every tested release (3.9 adds a cleanup
+    step inside it); None where it is gone, and candidates compile one by one."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return None
+    return AsyncCompileMode
+
+
 def parse(version: str) -> tuple[int, int, int]:
     """``"3.7.1+git..."`` -> (3, 7, 1)."""
     parts = [int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3]]

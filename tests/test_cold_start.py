@@ -1,0 +1,131 @@
+"""A first call's cost: tuning by size class (``runtime.tuner.size_class``: a new M in a
+known class reuses the class's choice, from this process or from the disk cache, and M
+outside it does not) and the candidates' compiles at once (``tuner._precompile``; what
+Triton does in its threads is checked on the GPU tier, here the tuner's side of it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.runtime import cache, tuner
+from evtfuse.runtime.tuner import size_class
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="CPU-interpreter tier (the tuner's keys are the same on a GPU)")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tuner, "_memory", {})
+    monkeypatch.setattr(cache, "_loaded", {})
+
+
+def test_size_classes():
+    assert [size_class(m) for m in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    previous = 64
+    for m in range(65, 20000, 7):
+        c = size_class(m)
+        assert m <= c <= 1.25 * m + 1 and c >= previous  # tight, and monotonic
+        assert size_class(c) == c  # a class's largest M is in it
+        previous = c
+    assert size_class(4096) == 4096 and size_class(4097) == 5120
+
+
+def _args(M, N=24, K=16):
+    A, B = torch.randn(M, K), torch.randn(K, N)
+    D = torch.empty(M, N)
+    return GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def e(accum, bias): D = relu(accum + bias); return D", bias=torch.randn(N), D=D))
+
+
+def test_keys_follow_the_class_of_m_and_every_other_dimension():
+    key = tuner.tuning_key(_args(1000), "fast", None)
+    assert tuner.tuning_key(_args(1020), "fast", None) == key  # both in (896, 1024]
+    assert tuner.tuning_key(_args(1100), "fast", None) != key
+    assert tuner.tuning_key(_args(1000, N=32), "fast", None) != key
+    assert tuner.tuning_key(_args(1000, K=32), "fast", None) != key
+
+
+def test_a_new_m_in_a_known_class_reuses_the_stored_choice():
+    """A choice on disk for M = 1000 (the one a tuning made: here the heuristic's second
+    candidate, so that reuse shows) serves M = 1010 in a fresh process (the in-memory table
+    empty) without tuning; M = 1100, in the next class, takes its own (the first)."""
+    first = _args(1000)
+    kernels = evtfuse.get_kernels(first)
+    assert len(kernels) >= 2
+    picked = kernels[1]
+    cache.store_choice(tuner.tuning_key(first, "fast", None),
+                       tuner.tuning_record(first, picked, "fast"))
+    assert tuner.choose_kernel(_args(1010)).name == picked.name
+    assert tuner.choose_kernel(_args(1100)).name == kernels[0].name
+    again = _args(1010)
+    D = evtfuse.gemm(again.A, again.B, "def e(accum, bias): D = relu(accum + bias); return D",
+                     bias=again.epilogue.values["bias"])
+    torch.testing.assert_close(D, torch.relu(again.A @ again.B + again.epilogue.values["bias"]),
+                               atol=1e-4, rtol=1e-4)
+
+
+class _Plan:
+    def __init__(self, log, name, fails):
+        self.log, self.name, self.fails = log, name, fails
+
+    def warmup(self, A, B, values):
+        self.log.append(("warmup", self.name))
+        if self.fails:
+            raise RuntimeError("a compile error")
+
+
+class _Kernel:
+    def __init__(self, log, name, plan_fails=False, warmup_fails=False):
+        self.log, self.name = log, name
+        self.plan_fails, self.warmup_fails = plan_fails, warmup_fails
+
+    def plan(self, args):
+        self.log.append(("plan", self.name))
+        if self.plan_fails:
+            raise RuntimeError("unsupported")
+        return _Plan(self.log, self.name, self.warmup_fails)
+
+
+def test_precompile_warms_every_plan_inside_triton_s_async_mode(monkeypatch):
+    """Every candidate's plan is built first, one by one, then warmed up inside the async
+    compile mode with a pool of the configured size; a candidate whose plan or compile fails
+    is left to the timing loop (no exception escapes)."""
+    from evtfuse.backends.triton import versions
+
+    log, modes = [], []
+
+    class Mode:
+        def __init__(self, pool, ignore_errors):
+            modes.append((pool._max_workers, ignore_errors))
+
+        def __enter__(self):
+            log.append(("enter", None))
+
+        def __exit__(self, *exc):
+            log.append(("exit", None))
+
+    monkeypatch.setattr(versions, "async_compile_mode", lambda: Mode)
+    monkeypatch.setenv("EVTFUSE_COMPILE_WORKERS", "3")
+    kernels = [_Kernel(log, "a"), _Kernel(log, "b", plan_fails=True),
+               _Kernel(log, "c", warmup_fails=True), _Kernel(log, "d")]
+    spent = tuner._precompile(kernels, _args(64))
+    assert spent >= 0 and modes == [(3, True)]
+    assert log == [("plan", "a"), ("plan", "b"), ("plan", "c"), ("plan", "d"), ("enter", None),
+                   ("warmup", "a"), ("warmup", "c"), ("warmup", "d"), ("exit", None)]
+    log.clear()
+    monkeypatch.setenv("EVTFUSE_COMPILE_WORKERS", "1")  # one thread: compiles stay in the loop
+    assert tuner._precompile(kernels, _args(64)) == 0.0 and log == []
+
+
+def test_triton_s_async_compile_mode_is_found():
+    """The tested releases all have it (versions.async_compile_mode); without it the
+    tuner compiles one candidate at a time."""
+    from evtfuse.backends.triton.versions import async_compile_mode
+
+    mode = async_compile_mode()
+    assert mode is not None and hasattr(mode, "__enter__") and hasattr(mode, "submit")
