@@ -129,3 +129,16 @@ def test_triton_s_async_compile_mode_is_found():
 
     mode = async_compile_mode()
     assert mode is not None and hasattr(mode, "__enter__") and hasattr(mode, "submit")
+
+
+def test_no_precompile_inside_another_async_compile_mode():
+    """Triton's modes do not nest: inside one (a caller's own), candidates compile one by
+    one rather than fail."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evtfuse.backends.triton.versions import async_compile_mode
+
+    mode = async_compile_mode()
+    with ThreadPoolExecutor(1) as pool, mode(pool):
+        assert async_compile_mode() is None
+    assert async_compile_mode() is mode

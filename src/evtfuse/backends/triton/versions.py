@@ -101,12 +101,13 @@ def async_compile_mode():
     """Triton's ``AsyncCompileMode`` (a context in which a JIT function's ``warmup`` hands
     its compile to an executor: ``runtime.tuner`` compiles candidates in threads), or None.
     The same private module and constructor in every tested release (3.9 adds a cleanup
-    step inside it); None where it is gone, and candidates compile one by one."""
+    step inside it); None where it is gone, or while another one is active (the caller's:
+    they do not nest), and candidates compile one by one."""
     try:
-        from triton.runtime._async_compile import AsyncCompileMode
+        from triton.runtime._async_compile import AsyncCompileMode, active_mode
     except ImportError:
         return None
-    return AsyncCompileMode
+    return None if active_mode.get() is not None else AsyncCompileMode
 
 
 def parse(version: str) -> tuple[int, int, int]:
