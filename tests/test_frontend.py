@@ -275,11 +275,16 @@ def test_message_missing_accum():
     e = _raises(EpilogueArguments, fail_missing_accum, alpha=1.0, beta=2.0,
                 C=_randn(M, N), D=_poisoned(M, N))
     assert str(e) == "accum must be an input to the epilogue function"
-    e = _raises(EpilogueArguments, "def f(alpha, accum): D = accum; return D", alpha=1.0,
-                D=_poisoned(M, N))
-    assert str(e) == "accum must be an input to the epilogue function"
     e = _raises(EpilogueArguments, "def f(): D = 1.0; return D", D=_poisoned(M, N))
     assert str(e) == "accum must be an input to the epilogue function"
+
+
+def test_accum_not_first_says_it_must_come_first():
+    """accum listed after an operand is not missing: the message says where it goes."""
+    e = _raises(EpilogueArguments, "def f(alpha, accum): D = accum; return D", alpha=1.0,
+                D=_poisoned(M, N))
+    assert e.bare_message.startswith("accum must be the first parameter of the epilogue")
+    assert "write 'def f(accum, alpha)'" in str(e) and e.line == 1 and e.variable == "accum"
 
 
 def test_message_missing_D():

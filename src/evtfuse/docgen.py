@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import frontend, ir, library
+from . import frontend, ir, library, spellings
 from .derivative import Diff, NoDerivative, TextAlgebra, apply_rule
 from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS, UNARY_OPERATORS,
                       Category, Choice, OpDef)
@@ -173,6 +173,9 @@ def render_ops() -> str:
                 "then half as wide as `A @ B`, and `accum` is used nowhere else. A statement of "
                 "its own, once per epilogue; portable kernel family only "
                 "([gated.md](gated.md)).", ""]
+    out += ["## torch's spellings", "",
+            "Written as torch writes them, these calls mean the ops above "
+            "(`evtfuse.spellings`):", "", *(f"- {form}" for form in spellings.FORMS), ""]
     out += ["## Counts", "",
             f"{len(OPS)} rows in the op table; {len(CALLABLE)} callable by name.", ""]
     return "\n".join(out)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Union
 
 import torch
 
-from . import ir
+from . import ir, spellings
 from .errors import EpilogueError, not_an_operand, scalar_value
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, FP8_DTYPES, OPS,
@@ -118,6 +118,11 @@ class _Parser:
             raise self.error("epilogue parameters cannot have default values; pass every "
                              "operand to EpilogueArguments", fn)
         names = [p.arg for p in a.posonlyargs + a.args]
+        if "accum" in names[1:]:
+            raise self.error(f"accum must be the first parameter of the epilogue function (the "
+                             f"accumulator, A @ B, comes before the operands): write "
+                             f"'def {fn.name}(accum, {', '.join(n for n in names if n != 'accum')})'",
+                             fn, "accum")
         if not names or names[0] != "accum":
             raise EpilogueError("accum must be an input to the epilogue function", variable="accum")
         seen_params: set[str] = set()
@@ -317,6 +322,13 @@ class _Parser:
                          f"'{target}'", node, target)
 
     def parse_call(self, node: ast.Call, target: str) -> Expr:
+        try:  # torch's spellings (methods, keywords) as evtfuse's
+            spelled = spellings.rewrite(node, lambda name: name in self.defined)
+        except spellings.SpellingError as exc:
+            raise self.error(f"{exc} (in the value of '{target}')", node, target) from None
+        if not isinstance(spelled, ast.Call):  # softplus(x, beta) is softplus(beta * x) / beta
+            return self.parse_expr(spelled, target)
+        node = spelled
         line = self.line(node)
         fname = _callee_name(node.func)
         if fname is None:

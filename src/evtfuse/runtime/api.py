@@ -123,6 +123,7 @@ def _epilogue_of(epilogue) -> tuple:
     if hit is None:
         text = epilogue_text(epilogue)
         parsed = parse_epilogue(text)
+        _check_keyword_names(parsed)
         hit = _epilogues[key] = (text.source, text.line_offset, text.where, text.from_function,
                                  parsed.name, parsed.params, parsed.outputs, parsed.gated)
         _parsed_cache[(text.source, text.line_offset, text.where)] = parsed
@@ -130,6 +131,50 @@ def _epilogue_of(epilogue) -> tuple:
 
 
 _epilogues: dict[Any, tuple] = {}
+
+# gemm's and grouped_gemm's own keywords: an operand or output of one of these names could
+# not be passed (``<output>_dtype`` picks an allocated output's dtype)
+_CALL_KEYWORDS = frozenset(["A", "B", "offs", "epilogue", "tune", "allow_tf32",
+                            "fp8_fast_accum", "cc", "deterministic", "backward"])
+
+
+def _check_keyword_names(parsed) -> None:
+    """An operand or output named like a keyword of ``gemm`` (``tune``, ``cc``, ...) or an
+    output's ``<name>_dtype`` could not be passed: an error naming it and its line."""
+    lines = {name: parsed.line_offset + 1 for name in parsed.params}  # the def line
+    lines.update(parsed.returns)
+    dtype_keys = {f"{o}_dtype" for o in parsed.outputs}
+    for name, line in lines.items():
+        if name in _CALL_KEYWORDS or name in dtype_keys:
+            what = "a keyword of gemm" if name in _CALL_KEYWORDS else \
+                f"the keyword that picks output {name[:-len('_dtype')]}'s dtype"
+            raise EpilogueError(f"the epilogue's '{name}' has the name of {what}, so it "
+                                f"cannot be passed to gemm; rename it", variable=name,
+                                line=line, where=parsed.where, source_line=parsed.text_of(line))
+
+
+def _check_operands_given(A, B, fn_name: str, params: tuple, named: dict,
+                          call: str = "gemm") -> None:
+    """What ``gemm`` checks before anything else, in its own words: A and B are 2-D or 3-D
+    tensors, and every operand of the epilogue is a keyword argument of the call (a
+    misspelt one named with the closest parameter)."""
+    for name, t in (("A", A), ("B", B)):
+        if isinstance(t, torch.Tensor) and t.dim() not in (2, 3):
+            raise EpilogueError(f"{call}: {name} must have 2 or 3 dimensions ((M, K) / (L, M, K) "
+                                f"for A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",
+                                variable=name)
+    missing = [p for p in params if p not in named]
+    if not missing:
+        return
+    import difflib
+
+    unknown = [k for k in named if k not in params]
+    close = {m: difflib.get_close_matches(m, unknown, n=1) for m in missing}
+    p = missing[0]
+    hint = f"; '{close[p][0]}' was given: a misspelling of {p}?" if close[p] else ""
+    raise EpilogueError(f"Argument {p} is not provided in the kwargs of {call}: pass every "
+                        f"operand of {fn_name}({', '.join(['accum', *params])}) as a keyword "
+                        f"argument{hint}", variable=p)
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
@@ -179,6 +224,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
             if named is operands_and_outputs:
                 named = dict(named)
             dtypes[name] = named.pop(f"{name}_dtype")
+    _check_operands_given(A, B, fn_name, params, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
     if grad:
@@ -238,6 +284,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                 named = dict(named)
             dtypes[name] = named.pop(f"{name}_dtype")
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
+    _check_operands_given(A, B, fn_name, params, named, "grouped_gemm")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
     if grad and B.dim() == 2:
