@@ -133,7 +133,9 @@ def render_ops() -> str:
     out = ["# Epilogue ops", "", GENERATED_NOTE.format(what="`evtfuse.optable.OPS`"), "",
            "Every name below is recognised inside an epilogue by the frontend (by name, from "
            "the AST: the function is never called). The same names are importable from "
-           "`evtfuse.ops`, where they compute with torch, so an epilogue also runs eagerly. "
+           "`evtfuse.ops`, where they compute with torch, so an epilogue also runs eagerly "
+           "(`from evtfuse.ops import *` leaves Python's own `sum`, `max`, `min` and `abs` "
+           "alone: import those by name, or write `ops.sum`). "
            "Numeric literals in the source (`2.0`) are compile-time constants; parameters "
            "such as `slope=` must be literals, and a name from a fixed set such as `cast`'s "
            "dtype a string (`\"fp16\"`) or a torch dtype (`torch.float16`). Adding an op is "

@@ -1,7 +1,8 @@
 """User-facing epilogue functions (layer: frontend support).
 
 ``from evtfuse.ops import relu, gelu, sum`` lets an epilogue written for evtfuse run in
-plain torch too: each name here applies its row of the op table (``evtfuse.optable``),
+plain torch too (``import *`` takes every name but those of Python's builtins, ``sum``,
+``max``, ``min``, ``abs``, which it leaves alone: ``BUILTIN_NAMES``): each name here applies its row of the op table (``evtfuse.optable``),
 so the eager meaning and the fused meaning are the same text. Inside an epilogue the
 frontend recognises these names by the AST; it never calls these functions.
 
@@ -20,7 +21,11 @@ import torch
 
 from .optable import CALLABLE, Category, OpDef, ParamValue, torch_apply
 
-__all__ = sorted(CALLABLE)
+# ``from evtfuse.ops import *`` leaves Python's own sum, max, min and abs alone (shadowing
+# them would change code around the epilogue); import those by name
+# (``from evtfuse.ops import sum``) or write ``ops.sum``
+BUILTIN_NAMES = frozenset(n for n in CALLABLE if hasattr(builtins, n))
+__all__ = sorted(set(CALLABLE) - BUILTIN_NAMES)
 
 
 def _as_tensor(x):
