@@ -271,12 +271,19 @@ def _raises(fn, *args, **kwargs) -> EpilogueError:
     return info.value
 
 
+def _documented(e: EpilogueError, message: str, variable: str) -> None:
+    """A message CUTLASS documents: word for word first, then its location (the line)."""
+    assert e.bare_message == message and e.variable == variable and e.line is not None
+    assert str(e).startswith(f"{message} (line {e.line} of ")
+
+
 def test_message_missing_accum():
     e = _raises(EpilogueArguments, fail_missing_accum, alpha=1.0, beta=2.0,
                 C=_randn(M, N), D=_poisoned(M, N))
-    assert str(e) == "accum must be an input to the epilogue function"
+    _documented(e, "accum must be an input to the epilogue function", "accum")
     e = _raises(EpilogueArguments, "def f(): D = 1.0; return D", D=_poisoned(M, N))
-    assert str(e) == "accum must be an input to the epilogue function"
+    _documented(e, "accum must be an input to the epilogue function", "accum")
+    assert str(e).startswith("accum must be an input to the epilogue function (line 1 of ")
 
 
 def test_accum_not_first_says_it_must_come_first():
@@ -290,23 +297,24 @@ def test_accum_not_first_says_it_must_come_first():
 def test_message_missing_D():
     e = _raises(EpilogueArguments, fail_missing_D, alpha=1.0, beta=2.0, C=_randn(M, N),
                 F=_poisoned(M, N))
-    assert str(e) == "Output node D is not found in the epilogue function."
-    assert e.variable == "D"
+    _documented(e, "Output node D is not found in the epilogue function.", "D")
+    assert e.line == _line_of(fail_missing_D, "return")
 
 
 def test_message_ssa():
     e = _raises(EpilogueArguments, bad_ssa, D=_poisoned(M, N), tmp=_poisoned(M, N))
-    assert str(e) == "Variable 'tmp' cannot be defined twice."
-    assert e.variable == "tmp"
+    _documented(e, "Variable 'tmp' cannot be defined twice.", "tmp")
     assert e.line == _line_of(bad_ssa, "tmp = tmp - 1.0")
     e = _raises(EpilogueArguments, bad_augassign, D=_poisoned(M, N))
-    assert str(e) == "Variable 'tmp' cannot be defined twice."
+    _documented(e, "Variable 'tmp' cannot be defined twice.", "tmp")
     assert e.line == _line_of(bad_augassign, "tmp += 1.0")
     # a parameter is defined too
     e = _raises(EpilogueArguments, "def f(accum, a):\n    a = accum\n    D = a\n    return D",
                 a=1.0, D=_poisoned(M, N))
-    assert str(e) == "Variable 'a' cannot be defined twice."
+    _documented(e, "Variable 'a' cannot be defined twice.", "a")
     assert e.line == 2
+    assert str(e) == ("Variable 'a' cannot be defined twice. (line 2 of the epilogue string)"
+                      "\n    a = accum")
 
 
 def test_message_argument_not_provided():

@@ -17,7 +17,7 @@ class EpilogueError(ValueError):
 
     The text starts with the line (``line 3 of my_epi: ...``) and ends with the source
     line, except for the messages CUTLASS documents (``exact=True``), which stay word for
-    word; their line is still in ``.line``.
+    word at the start, the location after them (``... twice. (line 3 of my_epi)``).
     """
 
     def __init__(self, message: str, *, variable: str | None = None, line: int | None = None,
@@ -27,9 +27,10 @@ class EpilogueError(ValueError):
         self.line = line
         self.bare_message = message
         text = message
-        if line is not None and not exact:  # documented messages stay word for word
+        if line is not None:
             loc = f"line {line}" + (f" of {where}" if where else "")
-            text = f"{loc}: {message}"
+            # documented messages stay word for word, the location after them
+            text = f"{message} ({loc})" if exact else f"{loc}: {message}"
             if source_line:
                 text += f"\n    {source_line.strip()}"
         super().__init__(text)

@@ -99,11 +99,19 @@ class _Parser:
         line = getattr(node, "lineno", None)
         if line is not None:
             line += self.line_offset
-            k = line - self.line_offset - 1
-            text = self.source_lines[k] if 0 <= k < len(self.source_lines) else None
             return EpilogueError(message, variable=variable, line=line, where=self.where,
-                                 source_line=text)
+                                 source_line=self._source_line(line))
         return EpilogueError(message, variable=variable)
+
+    def exact_error(self, message: str, node: ast.AST, variable: str) -> EpilogueError:
+        """One of the messages CUTLASS documents, word for word, its location after it."""
+        line = self.line(node)
+        return EpilogueError(message, variable=variable, line=line, where=self.where,
+                             source_line=self._source_line(line), exact=True)
+
+    def _source_line(self, line: int) -> str | None:
+        k = line - self.line_offset - 1
+        return self.source_lines[k] if 0 <= k < len(self.source_lines) else None
 
     def line(self, node: ast.AST) -> int:
         return node.lineno + self.line_offset
@@ -124,7 +132,7 @@ class _Parser:
                              f"'def {fn.name}(accum, {', '.join(n for n in names if n != 'accum')})'",
                              fn, "accum")
         if not names or names[0] != "accum":
-            raise EpilogueError("accum must be an input to the epilogue function", variable="accum")
+            raise self.exact_error("accum must be an input to the epilogue function", fn, "accum")
         seen_params: set[str] = set()
         for p in names:
             if p in seen_params:
@@ -145,8 +153,8 @@ class _Parser:
         if any(a.expr.kind == "pair" for a in assignments):
             self.check_gated(fn, body)
         if "D" not in [n for n, _ in returns]:
-            raise EpilogueError("Output node D is not found in the epilogue function.",
-                                variable="D")
+            raise self.exact_error("Output node D is not found in the epilogue function.",
+                                   body[-1], "D")
         return ParsedEpilogue(fn.name, tuple(names[1:]), tuple(assignments), returns,
                               self.source_lines, self.line_offset, self.where)
 
@@ -171,8 +179,8 @@ class _Parser:
         out = []
         for t, part in zip(stmt.targets[0].elts, ("gate", "up")):
             if t.id in self.defined:
-                raise EpilogueError(f"Variable '{t.id}' cannot be defined twice.",
-                                    variable=t.id, line=self.line(stmt), exact=True)
+                raise self.exact_error(f"Variable '{t.id}' cannot be defined twice.", stmt,
+                                       t.id)
             self.defined[t.id] = self.line(stmt)
             out.append(Assignment(t.id, Expr("pair", self.line(stmt), op=part), self.line(stmt)))
         self.paired = True
@@ -205,16 +213,14 @@ class _Parser:
             target, value = stmt.targets[0], stmt.value
         elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
             name = stmt.target.id
-            raise EpilogueError(f"Variable '{name}' cannot be defined twice.", variable=name,
-                                line=self.line(stmt), exact=True)
+            raise self.exact_error(f"Variable '{name}' cannot be defined twice.", stmt, name)
         else:
             kind = type(stmt).__name__
             raise self.error(f"unsupported statement ({kind}); an epilogue is a sequence of "
                              "single assignments followed by a return", stmt)
         name = target.id
         if name in self.defined:
-            raise EpilogueError(f"Variable '{name}' cannot be defined twice.", variable=name,
-                                line=self.line(stmt), exact=True)
+            raise self.exact_error(f"Variable '{name}' cannot be defined twice.", stmt, name)
         try:
             expr = self.parse_expr(value, name)
         except RecursionError:  # what the loops over + - * / chains and signs do not cover
