@@ -82,6 +82,8 @@ TORCH_OWN: dict[str, Callable[..., torch.Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
     "hardswish": F.hardswish, "softplus": F.softplus, "exp": torch.exp, "log": torch.log,
     "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs, "sin": torch.sin,
+    "log1p": torch.log1p, "expm1": torch.expm1, "floor": torch.floor, "ceil": torch.ceil,
+    "round": torch.round, "sign": torch.sign,
     "cos": torch.cos, "tan": torch.tan, "erf": torch.erf, "maximum": torch.maximum,
     "minimum": torch.minimum,
     "clamp": lambda x, lo, hi: torch.clamp(x, lo, hi),

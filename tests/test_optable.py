@@ -73,6 +73,10 @@ def _exact_cases():
         "minimum": ((a, b), lambda: torch.where(a < b, a, b)),
         "hardswish": ((a,), lambda: a * torch.where(a + 3.0 < 0, 0.0,
                                                     torch.where(a + 3.0 > 6, 6.0, a + 3.0)) / 6.0),
+        "floor": ((a,), lambda: _elementwise64(math.floor, a).float()),
+        "ceil": ((a,), lambda: _elementwise64(math.ceil, a).float()),
+        "round": ((a * 2.0,), lambda: _elementwise64(round, a * 2.0).float()),  # halves to even
+        "sign": ((a,), lambda: (a > 0).float() - (a < 0).float()),
     }
 
 
@@ -192,6 +196,8 @@ TRANSCENDENTAL = {
     "cos": (math.cos, False),
     "tan": (math.tan, False),
     "erf": (math.erf, False),
+    "log1p": (math.log1p, True),
+    "expm1": (math.expm1, False),
 }
 
 
@@ -281,7 +287,7 @@ def test_row_metadata():
 # --------------------------------------------------------------- evtfuse.ops in plain torch
 
 def test_ops_all_is_the_callable_rows_but_python_builtins():
-    assert ops.BUILTIN_NAMES == {"sum", "max", "min", "abs"}
+    assert ops.BUILTIN_NAMES == {"sum", "max", "min", "abs", "round"}
     assert ops.__all__ == sorted(set(CALLABLE) - ops.BUILTIN_NAMES)
     for name in ("add", "sub", "mul", "div", "neg", "pow", "lt", "eq"):
         assert name not in ops.__all__  # spelled with Python operators
@@ -295,7 +301,7 @@ def _ops_inputs(name: str):
     row = OPS[name]
     if row.category is Category.SELECT:
         return [_signed(50) > 0, _signed(51), _signed(52)]
-    if name in ("log", "sqrt", "rsqrt"):
+    if name in ("log", "sqrt", "rsqrt", "log1p"):
         return [_positive(53)]
     if name == "clamp":
         return [_signed(54), torch.tensor(-0.5), torch.tensor(1.5)]

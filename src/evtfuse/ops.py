@@ -2,7 +2,7 @@
 
 ``from evtfuse.ops import relu, gelu, sum`` lets an epilogue written for evtfuse run in
 plain torch too (``import *`` takes every name but those of Python's builtins, ``sum``,
-``max``, ``min``, ``abs``, which it leaves alone: ``BUILTIN_NAMES``): each name here applies its row of the op table (``evtfuse.optable``),
+``max``, ``min``, ``abs``, ``round``, which it leaves alone: ``BUILTIN_NAMES``): each name here applies its row of the op table (``evtfuse.optable``),
 so the eager meaning and the fused meaning are the same text. Inside an epilogue the
 frontend recognises these names by the AST; it never calls these functions.
 
@@ -21,7 +21,7 @@ import torch
 
 from .optable import CALLABLE, Category, OpDef, ParamValue, torch_apply
 
-# ``from evtfuse.ops import *`` leaves Python's own sum, max, min and abs alone (shadowing
+# ``from evtfuse.ops import *`` leaves Python's own sum, max, min, abs, round alone (shadowing
 # them would change code around the epilogue); import those by name
 # (``from evtfuse.ops import sum``) or write ``ops.sum``
 BUILTIN_NAMES = frozenset(n for n in CALLABLE if hasattr(builtins, n))

@@ -236,17 +236,40 @@ def _ef_lse_reduce(m, s):
     safe = tl.where(tl.abs(mm) == float('inf'), 0.0, mm)  # as _ef_lse_part
     return mm, tl.sum(s * tl.exp(m - safe), axis=0)
 ''',
+    "_ef_round": '''
+@triton.jit
+def _ef_round(x):
+    # round half to even (torch.round), exact for every fp32 (x - floor(x) is exact; from
+    # 2^23 on x is an integer); a zero keeps x's sign (round(-0.3) is -0.0); inf, NaN stay
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+    return tl.where(r == 0.0, x * 0.0, r)
+''',
     "_ef_round_sat": '''
 @triton.jit
 def _ef_round_sat(x, lo, hi):
     # round half to even, then saturate to [lo, hi] (exact for every finite fp32); NaN gives
     # 0 as CUTLASS's converters do, and zero is +0.0 (an integer has no signed zero)
-    f = tl.floor(x)
-    d = x - f
-    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
-    r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
-    r = tl.minimum(tl.maximum(r, lo), hi)
+    r = tl.minimum(tl.maximum(_ef_round(x), lo), hi)
     return tl.where((x != x) | (r == 0.0), 0.0, r)
+''',
+    "_ef_log1p": '''
+@triton.jit
+def _ef_log1p(x):
+    # log(1 + x): its series where |x| < 1/16 (where 1 + x would lose x; a subnormal x gives
+    # x), else log(1 + x); inf, -1 and below -1 give inf, -inf and NaN as torch.log1p does
+    return tl.where(tl.abs(x) < 0.0625, _ef_log1p_series(x), tl.log(1.0 + x))
+''',
+    "_ef_expm1": '''
+@triton.jit
+def _ef_expm1(x):
+    # exp(x) - 1: its series up to x^7 where |x| < 1/16 (relative error < 1e-13; exp(x) - 1
+    # would lose x there), else exp(x) - 1; -inf gives -1, inf inf, NaN NaN
+    s = x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664 + x * (
+        0.008333333333333333 + x * (0.001388888888888889 + x * 0.0001984126984126984))))))
+    return tl.where(tl.abs(x) < 0.0625, s, tl.exp(x) - 1.0)
 ''',
     "_ef_sat": '''
 @triton.jit
