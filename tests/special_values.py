@@ -33,7 +33,8 @@ import torch.nn.functional as F
 import evtfuse
 from evtfuse.backends.triton import versions
 from evtfuse.optable import (BINARY_OPERATORS, CALLABLE, CAST_TARGETS, COMPARE_OPERATORS,
-                             FP8_DTYPES, OPS, UNARY_OPERATORS, Category, OpDef, f32, int_range)
+                             FP8_DTYPES, OPERATOR_SYMBOLS, OPS, UNARY_OPERATORS, Category, OpDef,
+                             f32, int_range)
 
 FMAX = torch.finfo(torch.float32).max
 TINY = torch.finfo(torch.float32).tiny  # smallest normal, 2^-126
@@ -75,7 +76,8 @@ TORCH_OWN: dict[str, Callable[..., torch.Tensor]] = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
     "pow": lambda x, exponent: torch.pow(x, exponent),
     "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq,
-    "ne": torch.ne,
+    "ne": torch.ne, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+    "logical_not": torch.logical_not,
     "identity": lambda x: x.clone(), "relu": torch.relu,
     "leaky_relu": lambda x, slope: F.leaky_relu(x, slope),
     "sigmoid": torch.sigmoid, "log_sigmoid": F.logsigmoid, "tanh": torch.tanh, "gelu": F.gelu,
@@ -283,8 +285,6 @@ def check(what: str, got, ins, name: str, params: dict, gpu: bool = False,
 
 # ---------------------------------------------------------------- epilogue text of a row
 
-_SYMBOLS = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Lt": "<", "LtE": "<=",
-            "Gt": ">", "GtE": ">=", "Eq": "==", "NotEq": "!=", "USub": "-", "UAdd": "+"}
 ARGS = ("X", "Y", "Z")
 
 
@@ -304,10 +304,10 @@ def expression(row: OpDef, params: dict) -> str:
     for table in (BINARY_OPERATORS, COMPARE_OPERATORS):
         for py, op in table.items():
             if op == row.name:
-                return f"({args[0]} {_SYMBOLS[py]} {args[1]})"
+                return f"({args[0]} {OPERATOR_SYMBOLS[py]} {args[1]})"
     for py, op in UNARY_OPERATORS.items():
         if op == row.name:
-            return f"({_SYMBOLS[py]}{args[0]})"
+            return f"({OPERATOR_SYMBOLS[py]}{args[0]})"
     if row.name == "pow":
         return f"({args[0]} ** {source_literal(params['exponent'])})"
     assert row.name in CALLABLE, f"no way to write op {row.name} in an epilogue"

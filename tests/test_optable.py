@@ -152,6 +152,18 @@ def test_comparisons():
         assert torch.equal(got, w), name
 
 
+def test_logical_rows():
+    a, b = _signed(14), _signed(15)
+    a[0, :3] = torch.tensor([0.0, -0.0, float("nan")])  # zeros are false, NaN true
+    for name, want in (("logical_and", torch.logical_and(a, b)),
+                       ("logical_or", torch.logical_or(a > 1, b > 1))):
+        args = (a, b) if name == "logical_and" else (a > 1, b > 1)
+        got = _apply(name, *args)
+        assert got.dtype == torch.bool and torch.equal(got, want), name
+    assert torch.equal(_apply("logical_not", a), a == 0)
+    assert OPS["logical_and"].category is Category.COMPARE
+
+
 def test_where():
     a, b = _signed(11), _signed(12)
     cond = _signed(13) > 0
@@ -265,7 +277,8 @@ def test_every_row_is_covered():
     """A new row must come with its own check here (not only the generic table reading)."""
     covered = (set(_exact_cases()) | set(TRANSCENDENTAL) |
                {"pow", "leaky_relu", "clamp", "lt", "le", "gt", "ge", "eq", "ne", "where",
-                "multiply_add"} | {"cast"})  # cast: tests/test_cast.py
+                "multiply_add", "logical_and", "logical_or", "logical_not"}
+               | {"cast"})  # cast: tests/test_cast.py
     assert covered == set(OPS) - REDUCTIONS
 
 

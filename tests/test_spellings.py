@@ -99,3 +99,16 @@ def test_a_one_dimensional_a_is_named():
                                             r"shape \(24,\)") as e:
         evtfuse.gemm(A[0], B)
     assert e.value.variable == "A"
+
+
+def test_conditions_combine_with_and_or_not():
+    """``&``, ``|`` and ``~`` of comparisons (Python's precedence: ``~`` first, then ``&``,
+    then ``|``), a runtime scalar on one side, and of plain values (true where nonzero,
+    as torch.logical_*)."""
+    src = ("def e(accum, C, t):\n    m = (accum > 0) & ~(C < t) | (accum < -2.0)\n"
+           "    D = where(m, accum, C * t)\n    E = where(logical_and(accum, C - 1.0), 1.0, 0.0)"
+           "\n    return D, E")
+    D, E = evtfuse.gemm(A, B, src, C=C, t=-0.5)
+    m = (ACC > 0) & ~(C < -0.5) | (ACC < -2.0)
+    torch.testing.assert_close(D, torch.where(m, ACC, C * -0.5), atol=1e-4, rtol=1e-4)
+    assert torch.equal(E, torch.logical_and(ACC, C - 1.0).float())

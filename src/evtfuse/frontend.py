@@ -283,7 +283,7 @@ class _Parser:
                 node = node.operand
             inner = self.parse_expr(node, target)
             for opname, line in reversed(chain):
-                if inner.kind == "const":
+                if inner.kind == "const" and opname in ("neg", "identity"):
                     inner = Expr("const", line,
                                  value=-inner.value if opname == "neg" else inner.value)
                 elif opname != "identity":
@@ -296,7 +296,8 @@ class _Parser:
             while isinstance(node, ast.BinOp) and not isinstance(node.op, ast.Pow):
                 if type(node.op).__name__ not in BINARY_OPERATORS:
                     raise self.error(f"unsupported operator {type(node.op).__name__} in the "
-                                     f"value of '{target}'; use + - * / ** or a function",
+                                     f"value of '{target}'; use + - * / ** & | or a "
+                                     f"function",
                                      node, target)
                 spine.append(node)
                 node = node.left

@@ -413,6 +413,19 @@ _ROWS: tuple[OpDef, ...] = (
           doc="a == b", grad=_NO_GRADIENT),
     OpDef("ne", 2, torch.ne, "({0} != {1})", Category.COMPARE, commutative=True,
           doc="a != b", grad=_NO_GRADIENT),
+    # a value is true where it is nonzero (NaN included), as torch.logical_*; the outer
+    # != 0 keeps a mask the interpreter takes where one side is a scalar (versions.py,
+    # WORKAROUNDS: interpreter_scalar_and)
+    OpDef("logical_and", 2, torch.logical_and, "(((({0}) != 0) & (({1}) != 0)) != 0)",
+          Category.COMPARE, commutative=True,
+          doc="a and b (`a & b` of conditions; a value is true where nonzero)",
+          grad=_NO_GRADIENT),
+    OpDef("logical_or", 2, torch.logical_or, "(((({0}) != 0) | (({1}) != 0)) != 0)",
+          Category.COMPARE, commutative=True,
+          doc="a or b (`a | b` of conditions; a value is true where nonzero)",
+          grad=_NO_GRADIENT),
+    OpDef("logical_not", 1, torch.logical_not, "(({0}) == 0)", Category.COMPARE,
+          doc="not a (`~a` of a condition; true where a is zero)", grad=_NO_GRADIENT),
     # ---- activations and math functions ----
     OpDef("identity", 1, lambda x: x, "{0}", doc="x", grad=lambda d: (d.g,)),
     # a select, not max(x, 0.0): torch keeps -0.0 (and a GPU's max gives +0.0 for it)
@@ -548,9 +561,13 @@ _ROWS: tuple[OpDef, ...] = (
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}
 
 # Python operators the frontend maps to table rows.
-BINARY_OPERATORS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div"}
+BINARY_OPERATORS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div",
+                    "BitAnd": "logical_and", "BitOr": "logical_or"}
 COMPARE_OPERATORS = {"Lt": "lt", "LtE": "le", "Gt": "gt", "GtE": "ge", "Eq": "eq", "NotEq": "ne"}
-UNARY_OPERATORS = {"USub": "neg", "UAdd": "identity"}
+UNARY_OPERATORS = {"USub": "neg", "UAdd": "identity", "Invert": "logical_not"}
+OPERATOR_SYMBOLS = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Lt": "<", "LtE": "<=",
+                    "Gt": ">", "GtE": ">=", "Eq": "==", "NotEq": "!=", "BitAnd": "&",
+                    "BitOr": "|", "USub": "-", "UAdd": "+", "Invert": "~"}
 
 # Names a user may call in an epilogue (every row but the operator-only ones).
 _OPERATOR_ONLY = {"add", "sub", "mul", "div", "neg", "pow", "lt", "le", "gt", "ge", "eq", "ne"}

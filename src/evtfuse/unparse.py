@@ -16,11 +16,9 @@ import math
 from typing import Iterator
 
 from .ir import PAIR_PARTS, Dag, Node, NodeKind
-from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPS
+from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPERATOR_SYMBOLS, OPS
 
-_SYMBOL = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Lt": "<", "LtE": "<=",
-           "Gt": ">", "GtE": ">=", "Eq": "==", "NotEq": "!="}
-_INFIX = {op: _SYMBOL[py] for table in (BINARY_OPERATORS, COMPARE_OPERATORS)
+_INFIX = {op: OPERATOR_SYMBOLS[py] for table in (BINARY_OPERATORS, COMPARE_OPERATORS)
           for py, op in table.items()}
 
 
