@@ -76,3 +76,20 @@ def test_int8_through_gemm():
     A, B = ints(M, K), ints(N, K).T
     Y = evtfuse.gemm(A, B, "def epi(accum): D = accum; return D", D=torch.empty(M, N, dtype=torch.int32))
     assert torch.equal(Y.long(), A.long() @ B.long())
+
+
+def test_allocated_outputs_default_to_int32_for_int8_and_bf16_for_fp8():
+    """An output gemm allocates takes A's dtype but for int8 inputs (int32, as
+    torch._int_mm: no silent rounding of the product to int8) and fp8 ones (bf16, as
+    torch._scaled_mm is commonly called); ``<name>_dtype`` still picks another."""
+    from evtfuse.runtime.api import default_output_dtype
+
+    A, B = ints(24, 32), ints(32, 16)
+    D = evtfuse.gemm(A, B)
+    assert D.dtype == torch.int32 and torch.equal(D.long(), A.long() @ B.long())
+    D8 = evtfuse.gemm(A, B, "def e(accum): D = accum * 0.01; return D", D_dtype=torch.int8)
+    assert D8.dtype == torch.int8
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert default_output_dtype(fp8) == torch.bfloat16
+    for same in (torch.float16, torch.bfloat16, torch.float32, torch.uint8):
+        assert default_output_dtype(same) == same

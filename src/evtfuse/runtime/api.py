@@ -103,6 +103,17 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
 _parsed_cache: dict[Any, Any] = {}
 
 
+def default_output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of an output ``gemm`` allocates (``<name>_dtype`` picks another): A's, but
+    int32 for int8 inputs (as ``torch._int_mm``: a silent rounding of the product to int8
+    would be a trap) and bf16 for fp8 inputs (as ``torch._scaled_mm`` is commonly called)."""
+    if dtype == torch.int8:
+        return torch.int32
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        return torch.bfloat16
+    return dtype
+
+
 def _output_shape(A: torch.Tensor, B: torch.Tensor, gated: bool = False) -> tuple[int, ...]:
     """Shape of an output gemm allocates: (M, N), or (L, M, N) when A or B is batched;
     ``gated`` (``pairs(accum)``): N is half of B's columns (an odd count is refused when
@@ -184,7 +195,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
     function's return order (one tensor when it returns one).
 
-    Outputs not given are allocated as full (L, M, N) tensors in A's dtype;
+    Outputs not given are allocated as full (L, M, N) tensors in A's dtype (int32 for int8
+    inputs, bf16 for fp8: ``default_output_dtype``);
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
@@ -235,7 +247,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     for name in outputs:
         if name not in named:
             shape = shape or _output_shape(A, B, gated)
-            outs.append(torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device))
+            outs.append(torch.empty(shape, dtype=dtypes.get(name, default_output_dtype(A.dtype)), device=A.device))
             onames.append(name)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
@@ -263,8 +275,8 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
 
     Over M:
     Operands: per group (G, 1, N) (an expert's bias) and (G, 1, 1), per row (T, 1) (routing
-    weights), full (T, N), per column (N,), scalars. Outputs: full (T, N) (allocated in A's
-    dtype unless given; ``<name>_dtype`` picks another) and per-row (T, 1) values; no
+    weights), full (T, N), per column (N,), scalars. Outputs: full (T, N) (allocated as
+    ``gemm`` allocates; ``<name>_dtype`` picks another) and per-row (T, 1) values; no
     reductions yet. A gated epilogue (``gate, up = pairs(accum)``, docs/gated.md) takes B
     (G, K, 2N), each expert's gate and up columns interleaved (``interleave_gate_up``), and
     gives (T, N) outputs. Rows at or past offs[-1] belong to no group and are not written (an
@@ -300,7 +312,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     shape = (offs.shape[0], A.shape[0], width) if B.dim() == 2 else (A.shape[0], width)
     for name in outputs:
         if name not in named:
-            outs.append(torch.empty(shape, dtype=dtypes.get(name, A.dtype), device=A.device))
+            outs.append(torch.empty(shape, dtype=dtypes.get(name, default_output_dtype(A.dtype)), device=A.device))
             onames.append(name)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
@@ -356,8 +368,8 @@ def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, 
     ``offs``: ``grouped_gemm`` over M, through ``evtfuse::grouped_gemm_functional``
     (``runtime.grouped_autograd``); the copy keeps what a given output held in the rows
     of no group (at or past offs[-1]), as the call without gradients does."""
-    alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, A.dtype))}" for n in outputs
-                  if n not in named)
+    alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, default_output_dtype(A.dtype)))}"
+                  for n in outputs if n not in named)
     mode = autograd.backward_mode(backward, A.shape[-1], A.dtype, options[1])
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line, where,
                          from_fn, options, "", grad, alloc, mode)
