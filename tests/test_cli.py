@@ -543,3 +543,45 @@ def test_verify_command_is_run_with_verification():
     assert res.exit_code == 0, res.output
     assert "verify:   PASSED" in res.output and "ok   D:" in res.output
     assert "time:" not in res.output
+
+
+DRAWN = ("def e(accum, C, bias):\n    F = relu(accum + bias)\n    D = F * C\n"
+         "    R = sum(F)\n    return D, F, R")
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_show_draws_the_dag(tmp_path, monkeypatch, suffix):
+    """--png draws the DAG after the passes with matplotlib where Graphviz is absent."""
+    from evtfuse.cli import draw
+
+    monkeypatch.setattr(draw.shutil, "which", lambda name: None)
+    out = tmp_path / f"dag{suffix}"
+    res = invoke("show", DRAWN, "--operand", "bias=col", "--output", "R=row", "--no-source",
+                 "--no-backward", "--png", str(out))
+    assert res.exit_code == 0, res.output
+    assert f"drawn to {out} by matplotlib" in res.output
+    head = out.read_bytes()[:64]
+    assert head.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in out.read_bytes()
+
+
+def test_dag_in_graphviz_language_tells_node_kinds_apart():
+    from evtfuse import EpilogueArguments
+    from evtfuse.cli.draw import graph, to_dot
+
+    M, N = 8, 6
+    args = EpilogueArguments(DRAWN, C=torch.empty(M, N), bias=torch.empty(N),
+                             D=torch.empty(M, N), F=torch.empty(M, N), R=torch.empty(M, 1))
+    args.bind((1, M, N))
+    shapes, edges = graph(args.dag)
+    kinds = sorted(s.kind for s in shapes.values())
+    assert kinds.count("store") == 3 and "reduce" in kinds and kinds.count("load") == 3
+    dot = to_dot(args.dag)
+    assert dot.startswith('digraph "e"') and "shape=diamond" in dot and "peripheries=2" in dot
+    assert '"R\\nper-row reduction, float32"' in dot
+    assert len(edges) == dot.count(" -> ")
+
+
+def test_show_png_refuses_other_formats(tmp_path):
+    res = invoke("show", DRAWN, "--operand", "bias=col", "--output", "R=row", "--no-source",
+                 "--no-backward", "--png", str(tmp_path / "dag.jpg"))
+    assert res.exit_code != 0 and "the drawing is written as .png, .svg, .pdf" in res.output

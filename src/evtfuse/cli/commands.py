@@ -7,12 +7,14 @@ that replacing them there (as the tests do) takes effect here too.
 
 from __future__ import annotations
 
+import subprocess
 from typing import Annotated, Optional
 
 import typer
 
 from .. import cli
 from ..runtime.autograd import caller_reductions  # a gated kernel's sums go to torch
+from . import draw
 from .base import EXIT_VERIFY, CliError, _fail, _user_errors
 from .device import Device, pick_device
 from .problem import BuiltProblem, ProblemSpec, build_problem, problem_spec_from_flags, short_dtype
@@ -131,10 +133,14 @@ def show(
         "--backward/--no-backward",
         help="print the backward epilogue (the gradients of A, B and every float tensor "
              "operand) and its DAG")] = True,
+    png: Annotated[Optional[str], typer.Option(
+        "--png", help="also draw the DAG (after the passes) to this file: .png, .svg or "
+                      ".pdf (Graphviz's dot if installed, else matplotlib)")] = None,
 ):
     """Print the epilogue's DAG, its EVT view (as CUTLASS would nest it), its backward
     epilogue (in the mode evtfuse.gemm's backward="auto" picks for this K, and the other
-    mode's source) and the generated Triton kernel for a given shape and dtypes."""
+    mode's source) and the generated Triton kernel for a given shape and dtypes; --png
+    draws the DAG."""
     from .. import ir
     from ..passes import optimize
 
@@ -155,6 +161,12 @@ def show(
             typer.echo(ir.format_dag(opt))
         typer.echo("\n== EVT ==")
         typer.echo(ir.format_evt(opt))
+        if png:
+            try:
+                how = draw.draw(opt, png)
+            except (ValueError, RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+                raise CliError(f"--png: {exc}") from None
+            typer.echo(f"\n(the DAG drawn to {png} by {how})")
         if backward:
             for line in backward_lines(built.args):
                 typer.echo(line)
