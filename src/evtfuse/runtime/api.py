@@ -229,13 +229,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     autograd.check_backward(backward)
     source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
-    named = operands_and_outputs
-    dtypes = {}
-    for name in outputs:  # <name>_dtype keywords pick an allocated output's dtype
-        if f"{name}_dtype" in named:
-            if named is operands_and_outputs:
-                named = dict(named)
-            dtypes[name] = named.pop(f"{name}_dtype")
+    named, dtypes = _split_dtypes(operands_and_outputs, outputs)
     _check_operands_given(A, B, fn_name, params, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
     grad = _requiring_grad(A, B, tensors, tnames)
@@ -243,19 +237,12 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
                                (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
                                nones, scalars, snames, outs, onames, backward)
-    shape = None
-    for name in outputs:
-        if name not in named:
-            shape = shape or _output_shape(A, B, gated)
-            outs.append(torch.empty(shape, dtype=dtypes.get(name, default_output_dtype(A.dtype)), device=A.device))
-            onames.append(name)
+    _allocate_missing(A, outputs, named, dtypes, lambda: _output_shape(A, B, gated), outs,
+                      onames)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
     torch_op.call(A, B, source, layout, tensors, scalars, outs)
-    if len(outputs) == 1:
-        return outs[0] if onames else None
-    got = dict(zip(onames, outs))
-    return tuple(got.get(n) for n in outputs)
+    return _returned(outputs, onames, outs)
 
 
 def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
@@ -288,13 +275,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     autograd.check_backward(backward)
     source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
         _IDENTITY if epilogue is None else epilogue)
-    named = operands_and_outputs
-    dtypes = {}
-    for name in outputs:
-        if f"{name}_dtype" in named:
-            if named is operands_and_outputs:
-                named = dict(named)
-            dtypes[name] = named.pop(f"{name}_dtype")
+    named, dtypes = _split_dtypes(operands_and_outputs, outputs)
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
     _check_operands_given(A, B, fn_name, params, named, "grouped_gemm")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
@@ -309,14 +290,44 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                                (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
                                nones, scalars, snames, outs, onames, backward, offs)
     width = B.shape[-1] // 2 if gated else B.shape[-1]  # odd: refused when bound
-    shape = (offs.shape[0], A.shape[0], width) if B.dim() == 2 else (A.shape[0], width)
-    for name in outputs:
-        if name not in named:
-            outs.append(torch.empty(shape, dtype=dtypes.get(name, default_output_dtype(A.dtype)), device=A.device))
-            onames.append(name)
+    _allocate_missing(A, outputs, named, dtypes,
+                      lambda: (offs.shape[0], A.shape[0], width) if B.dim() == 2
+                      else (A.shape[0], width), outs, onames)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
                          where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
     torch_op.call_grouped(A, B, offs, source, layout, tensors, scalars, outs)
+    return _returned(outputs, onames, outs)
+
+
+def _split_dtypes(named: dict, outputs: tuple) -> tuple[dict, dict]:
+    """(the operands and outputs, {output: dtype}): the ``<name>_dtype`` keywords, which
+    pick an allocated output's dtype, taken out of ``named`` (copied only when one is)."""
+    dtypes = {}
+    for name in outputs:
+        if f"{name}_dtype" in named:
+            if not dtypes:
+                named = dict(named)
+            dtypes[name] = named.pop(f"{name}_dtype")
+    return named, dtypes
+
+
+def _allocate_missing(A: torch.Tensor, outputs: tuple, named: dict, dtypes: dict,
+                      shape: Callable[[], tuple], outs: list, onames: list) -> None:
+    """Append to ``outs`` / ``onames`` a new tensor of ``shape()`` for each output not
+    given, in its ``dtypes`` entry or ``default_output_dtype``."""
+    missing = [n for n in outputs if n not in named]
+    if not missing:
+        return
+    size = shape()
+    for name in missing:
+        outs.append(torch.empty(size, dtype=dtypes.get(name, default_output_dtype(A.dtype)),
+                                device=A.device))
+        onames.append(name)
+
+
+def _returned(outputs: tuple, onames: list, outs: list):
+    """The outputs in the epilogue's return order (one tensor when it returns one; None for
+    an output not stored)."""
     if len(outputs) == 1:
         return outs[0] if onames else None
     got = dict(zip(onames, outs))
@@ -328,21 +339,11 @@ def run_grouped_values(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor, sou
     """The eager implementation of ``torch.ops.evtfuse.grouped_gemm``: validated on every
     call (no launch-plan fast path yet: a grouped call costs the host more than a dense
     one), then one launch of the chosen kernel's plan, no host synchronisation."""
-    guard = device_guard(A)
-    if guard is None:
-        _run_grouped(A, B, offs, source, lay, values)
-        return
-    with guard:
-        _run_grouped(A, B, offs, source, lay, values)
+    _on_device(A, _run_grouped, A, B, offs, source, lay, values)
 
 
 def _run_grouped(A, B, offs, source: str, lay: Layout, values: dict[str, Any]) -> None:
-    key = (source, lay.line, lay.where)
-    parsed = _parsed_cache.get(key)
-    if parsed is None:
-        parsed = _parsed_cache[key] = parse_epilogue(
-            EpilogueText(source, lay.line, lay.where, lay.from_function))
-    epi = EpilogueArguments.unbound(parsed, **values)
+    epi = EpilogueArguments.unbound(_parsed_of(source, lay), **values)
     acc = torch.float32 if A.dtype.is_floating_point else torch.int32
     args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=lay.allow_tf32,
                          fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
@@ -448,12 +449,27 @@ def run_values(A: torch.Tensor, B: torch.Tensor, source: str, lay: Layout,
     """The eager implementation of ``torch.ops.evtfuse.gemm``: every output of the
     epilogue ``source`` in place, for ``values`` (every operand and output by name), on
     the tensors' device (and that device's current stream), whichever is current."""
+    _on_device(A, _run_values, A, B, source, lay, values)
+
+
+def _on_device(A: torch.Tensor, run: Callable, *args) -> None:
+    """``run(*args)`` with A's device current (``device_guard``; none where it is already)."""
     guard = device_guard(A)
     if guard is None:
-        _run_values(A, B, source, lay, values)
+        run(*args)
         return
     with guard:
-        _run_values(A, B, source, lay, values)
+        run(*args)
+
+
+def _parsed_of(source: str, lay: Layout):
+    """The parsed epilogue of an operator call's source (parsed once per source)."""
+    key = (source, lay.line, lay.where)
+    parsed = _parsed_cache.get(key)
+    if parsed is None:
+        parsed = _parsed_cache[key] = parse_epilogue(
+            EpilogueText(source, lay.line, lay.where, lay.from_function))
+    return parsed
 
 
 def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
@@ -467,10 +483,7 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
         # place since (address, shape, strides, storage): launch at once
         last.plan(A, B, values)
         return
-    parsed = _parsed_cache.get(key)
-    if parsed is None:
-        parsed = _parsed_cache[key] = parse_epilogue(
-            EpilogueText(source, lay.line, lay.where, lay.from_function))
+    parsed = _parsed_of(source, lay)
     if lay.kernel:
         _run_named(A, B, parsed, lay, values)
         return
