@@ -8,9 +8,22 @@ The kernel cache goes to a per-session temporary folder so tests never touch ~/.
 import os
 import tempfile
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("EVTFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="evtfuse-test-cache-"))
 os.environ.setdefault("EVTFUSE_PROGRESS", "0")
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A cache folder of the test's own; the tuner's in-memory choices and the loaded
+    kernel modules start empty (all restored after the test)."""
+    from evtfuse.runtime import cache, tuner
+
+    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tuner, "_records", {})
+    monkeypatch.setattr(tuner, "_chosen", {})
+    monkeypatch.setattr(cache, "_loaded", {})

@@ -27,16 +27,9 @@ from evtfuse import EpilogueArguments, GemmArguments
 from evtfuse.cli import app
 from evtfuse.runtime import cache, tuner
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="CPU-interpreter tier (the cache itself is the same on a GPU)")
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    """A cache folder of the test's own; the in-memory tuning table forgets its choices."""
-    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(tuner, "_memory", {})
-    monkeypatch.setattr(cache, "_loaded", {})
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="CPU-interpreter tier (the cache itself is the same on a GPU)"),
+              pytest.mark.usefixtures("own_cache")]  # conftest.py
 
 
 def _record(**changes):

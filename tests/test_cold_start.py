@@ -13,15 +13,9 @@ from evtfuse import EpilogueArguments, GemmArguments
 from evtfuse.runtime import cache, tuner
 from evtfuse.runtime.tuner import size_class
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="CPU-interpreter tier (the tuner's keys are the same on a GPU)")
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(tuner, "_memory", {})
-    monkeypatch.setattr(cache, "_loaded", {})
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="CPU-interpreter tier (the tuner's keys are the same on a GPU)"),
+              pytest.mark.usefixtures("own_cache")]  # conftest.py
 
 
 def test_size_classes():
@@ -50,7 +44,7 @@ def test_keys_follow_the_class_of_m_and_every_other_dimension():
     assert tuner.tuning_key(_args(1000, K=32), "fast", None) != key
 
 
-def test_a_new_m_in_a_known_class_reuses_the_stored_choice():
+def test_a_new_m_in_a_known_class_reuses_the_stored_choice(monkeypatch):
     """A choice on disk for M = 1000 (the one a tuning made: here the heuristic's second
     candidate, so that reuse shows) serves M = 1010 in a fresh process (the in-memory table
     empty) without tuning; M = 1100, in the next class, takes its own (the first)."""
@@ -62,6 +56,9 @@ def test_a_new_m_in_a_known_class_reuses_the_stored_choice():
                        tuner.tuning_record(first, picked, "fast"))
     assert tuner.choose_kernel(_args(1010)).name == picked.name
     assert tuner.choose_kernel(_args(1100)).name == kernels[0].name
+    # the class's record is kept in memory once read: a third M of it reads no file
+    monkeypatch.setattr(cache, "load_choice", lambda key: pytest.fail("read the disk again"))
+    assert tuner.choose_kernel(_args(1020)).name == picked.name
     again = _args(1010)
     D = evtfuse.gemm(again.A, again.B, "def e(accum, bias): D = relu(accum + bias); return D",
                      bias=again.epilogue.values["bias"])

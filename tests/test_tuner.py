@@ -226,6 +226,7 @@ def test_cached_exhaustive_choice_at_another_tile_order_is_found(monkeypatch):
     monkeypatch.setattr(api, "get_kernels", lambda a, cc=None: ks)
     monkeypatch.setattr(tuner.cache, "load_choice", lambda key: {"kernel": name})
     monkeypatch.setattr(tuner, "_search", lambda *a: pytest.fail("tuned again"))
-    monkeypatch.setattr(tuner, "_memory", {})
+    monkeypatch.setattr(tuner, "_records", {})
+    monkeypatch.setattr(tuner, "_chosen", {})
     chosen = tuner.choose_kernel(args, "exhaustive")
     assert chosen.name == name and chosen.config.group_m == 16 and chosen.config.cooperative

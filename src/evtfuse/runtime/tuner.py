@@ -42,7 +42,8 @@ TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made
 #                      exhaustive tuning tries its pick at other tile orders;
 #                      8: two-warpgroup consumers for epilogues of many ops;
 #                      9: keyed on M's size class)
-_memory: dict = {}  # (key, M): the kernel chosen for that M; key: its class's record
+_records: dict[str, dict] = {}  # tuning key (M's class) -> its choice, as the disk holds it
+_chosen: dict[tuple, object] = {}  # (tuning key, M) -> the kernel chosen for that M
 
 
 def size_class(m: int) -> int:
@@ -119,14 +120,14 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
     if tune not in ("fast", "exhaustive", "none"):
         raise ValueError(f"tune must be 'fast', 'exhaustive' or 'none', not {tune!r}")
     key = tuning_key(args, tune, cc)
-    hit = _memory.get((key, args.M))
+    hit = _chosen.get((key, args.M))
     if hit is not None:
         return hit
     kernels = get_kernels(args, cc=cc)
     if not kernels:
         raise UnsupportedError("no evtfuse kernel supports these arguments:\n" + explain(args, cc))
     by_name = {k.name: k for k in kernels}
-    record = _memory.get(key) or cache.load_choice(key)
+    record = _records.get(key) or cache.load_choice(key)
     if record and tune == "exhaustive" and record.get("kernel") not in by_name:
         # an exhaustive choice may be a candidate at another tile order (_refine_tile_order)
         for k in kernels:
@@ -134,6 +135,7 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
                 by_name.setdefault(v.name, v)
     if record and record.get("kernel") in by_name:
         chosen = by_name[record["kernel"]]
+        _records[key] = record  # the next M of the class does not read the disk again
         log.info("evtfuse: %s for %dx%dx%d: the choice of its size class (tuned at M=%s)",
                  chosen.name, args.M, args.N, args.K, record.get("M"))
     elif tune == "none" or len(kernels) == 1 or args.A.device.type != "cuda":
@@ -146,8 +148,8 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
             chosen = _refine_tile_order(args, chosen, kernels)
         record = tuning_record(args, chosen, tune)
         cache.store_choice(key, record)
-        _memory[key] = record
-    _memory[(key, args.M)] = chosen
+        _records[key] = record
+    _chosen[(key, args.M)] = chosen
     return chosen
 
 
@@ -292,8 +294,8 @@ def _precompile(cands, args: GemmArguments) -> float:
             plans.append(k.plan(args))
         except Exception:  # noqa: BLE001  (reported by the timing loop)
             continue
-    with ThreadPoolExecutor(min(workers, len(plans)) or 1) as pool, \
-            mode(pool, ignore_errors=True):
+    threads = max(1, min(workers, len(plans)))
+    with ThreadPoolExecutor(threads) as pool, mode(pool, ignore_errors=True):
         for plan in plans:
             if hasattr(plan, "warmup"):
                 try:
@@ -302,7 +304,7 @@ def _precompile(cands, args: GemmArguments) -> float:
                     continue
     spent = time.perf_counter() - t0
     log.info("evtfuse: %d candidates compiled in %.1f s (%d threads)", len(plans), spent,
-             min(workers, len(plans)))
+             threads)
     return spent
 
 
