@@ -349,10 +349,8 @@ def _backward(ctx, grads):
     # gradient structure counts an empty list as a list of tensors)
     no_scalars = None if ctx.scalars else []
     none = (None, None, None, None, [None] * n, no_scalars, [None] * ctx.n_outs)
-    problem = problem_of(A, B, False, fwd.gated)
-    # a gated kernel computes no reductions: the caller sums a gated backward's terms
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
-                              need_t, problem, A.device, caller_reductions if fwd.gated else None)
+                              need_t, A, B)
     if request is None:
         return none
     bplan, values = request
@@ -421,11 +419,11 @@ def check_first_order() -> None:
 
 
 def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict, scalars,
-                    need_ab: bool, need_t, problem: tuple, device, transform=None):
+                    need_ab: bool, need_t, A: torch.Tensor, B: torch.Tensor):
     """(the backward plan, its operands' values) of a call whose outputs got ``grads``, or
     None when no gradient arrives at a differentiable output or none is wanted. Plans are
-    kept per (graded outputs, wanted inputs) on ``fwd``; ``transform`` adapts a new one
-    (a grouped GEMM's: ``grouped_autograd.rowwise``)."""
+    kept per (graded outputs, wanted inputs) on ``fwd``, made for the kernel that runs
+    them (``caller_reductions``: a grouped or gated one leaves its sums to the caller)."""
     wanted = {name for name, need in zip(lay.tensors, need_t) if need}
     if need_ab:
         wanted.add(autodiff.ACCUM)
@@ -437,17 +435,18 @@ def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict
     key = (frozenset(graded), frozenset(wanted))
     bplan = fwd.backwards.get(key)
     if bplan is None:
-        bplan = autodiff.backward(fwd.plan, key[0], key[1], batches=fwd.batches,
-                                  name=f"{fwd.parsed.name}_backward")
-        bplan = fwd.backwards[key] = transform(bplan) if transform else bplan
+        bplan = fwd.backwards[key] = caller_reductions(
+            autodiff.backward(fwd.plan, key[0], key[1], batches=fwd.batches,
+                              name=f"{fwd.parsed.name}_backward"), fwd.grouped)
     if bplan.empty:
         return None
+    problem = problem_of(A, B, fwd.grouped, fwd.gated)
     values: dict[str, Any] = dict(tensors)
     values.update(zip(lay.scalars, scalars))
     values.update({op: graded[o].contiguous() for o, op in bplan.grads})
     values.update({op: saved[s] for s, op in bplan.saved})
     if bplan.first_batch:
-        values[bplan.first_batch] = autodiff.first_batch(problem[0], device)
+        values[bplan.first_batch] = autodiff.first_batch(problem[0], A.device)
     for inj in bplan.injected:
         values[inj.name] = autodiff.injected_gradient(inj, saved[inj.saved.name],
                                                       graded[inj.of], problem).contiguous()

@@ -24,14 +24,11 @@ zero, and no gradient flows from the outputs' rows there.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..ir import OutputKind
 from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
-                       caller_reductions, check_first_order, forward_of, problem_of, remember,
-                       run_backward)
+                       check_first_order, forward_of, remember, run_backward)
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
@@ -95,8 +92,7 @@ def _backward(ctx, grads):
     no_scalars = None if ctx.scalars else []  # as runtime.autograd's
     none = (None,) * 5 + ([None] * n, no_scalars, [None] * ctx.n_outs)
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
-                              need_t, problem_of(A, B, True, fwd.gated), A.device,
-                              functools.partial(caller_reductions, grouped=True))
+                              need_t, A, B)
     if request is None:
         return none
     bplan, values = request
