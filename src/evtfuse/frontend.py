@@ -78,8 +78,13 @@ class ParsedEpilogue:
         return any(a.expr.kind == "pair" for a in self.assignments)
 
     def text_of(self, line: int) -> str | None:
-        k = line - self.line_offset - 1
-        return self.source_lines[k] if 0 <= k < len(self.source_lines) else None
+        return _line_text(self.source_lines, self.line_offset, line)
+
+
+def _line_text(source_lines: tuple[str, ...], line_offset: int, line: int) -> str | None:
+    """The user's source line ``line`` (numbered as in their file), if the source has it."""
+    k = line - line_offset - 1
+    return source_lines[k] if 0 <= k < len(source_lines) else None
 
 
 _INDEX_FUNCTIONS = {"row_index": "row", "col_index": "col"}
@@ -110,8 +115,7 @@ class _Parser:
                              source_line=self._source_line(line), exact=True)
 
     def _source_line(self, line: int) -> str | None:
-        k = line - self.line_offset - 1
-        return self.source_lines[k] if 0 <= k < len(self.source_lines) else None
+        return _line_text(self.source_lines, self.line_offset, line)
 
     def line(self, node: ast.AST) -> int:
         return node.lineno + self.line_offset
@@ -127,10 +131,10 @@ class _Parser:
                              "operand to EpilogueArguments", fn)
         names = [p.arg for p in a.posonlyargs + a.args]
         if "accum" in names[1:]:
+            operands = ", ".join(n for n in names if n != "accum")
             raise self.error(f"accum must be the first parameter of the epilogue function (the "
                              f"accumulator, A @ B, comes before the operands): write "
-                             f"'def {fn.name}(accum, {', '.join(n for n in names if n != 'accum')})'",
-                             fn, "accum")
+                             f"'def {fn.name}(accum, {operands})'", fn, "accum")
         if not names or names[0] != "accum":
             raise self.exact_error("accum must be an input to the epilogue function", fn, "accum")
         seen_params: set[str] = set()

@@ -2,8 +2,9 @@
 
 ``from evtfuse.ops import relu, gelu, sum`` lets an epilogue written for evtfuse run in
 plain torch too (``import *`` takes every name but those of Python's builtins, ``sum``,
-``max``, ``min``, ``abs``, ``round``, which it leaves alone: ``BUILTIN_NAMES``): each name here applies its row of the op table (``evtfuse.optable``),
-so the eager meaning and the fused meaning are the same text. Inside an epilogue the
+``max``, ``min``, ``abs``, ``round``, which it leaves alone: ``BUILTIN_NAMES``): each name
+here applies its row of the op table (``evtfuse.optable``), so the eager meaning and the
+fused meaning are the same text. Inside an epilogue the
 frontend recognises these names by the AST; it never calls these functions.
 
 Reductions in plain torch: ``sum``/``max``/``min`` reduce over every element unless
