@@ -35,17 +35,17 @@ class SpellingError(ValueError):
     """A torch spelling evtfuse cannot take; the message names the call and the fix."""
 
 
-def rewrite(node: ast.Call, is_variable: Callable[[str], bool]) -> ast.Call:
-    """``node`` with evtfuse's spelling: its callee a plain name, torch's keywords mapped."""
+def rewrite(node: ast.Call, is_variable: Callable[[str], bool]) -> ast.AST:
+    """``node`` with evtfuse's spelling: a call with a plain name as callee, torch's
+    keywords mapped, or the operator expression it stands for."""
     name, args = _callee(node, is_variable)
     if name is None:
         return node
-    keywords = list(node.keywords)
-    keywords = _drop_inplace(name, keywords)
+    keywords = _drop_inplace(name, node.keywords)
     if name == "gelu":
         name, keywords = _gelu(keywords)
     elif name in ("clamp", "clip", "clamp_min", "clamp_max"):
-        name, args, keywords = _clamp(name, args, keywords, node)
+        name, args, keywords = _clamp(name, args, keywords)
     elif name == "leaky_relu":
         keywords = [_renamed(k, "negative_slope", "slope") for k in keywords]
     elif name == "softplus":
@@ -120,7 +120,7 @@ def _is_none(node) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def _clamp(name: str, args: list, keywords: list, node: ast.Call):
+def _clamp(name: str, args: list, keywords: list):
     """torch.clamp(x, min=None, max=None) and its aliases as clamp / maximum / minimum."""
     bounds = {"min": None, "max": None}
     slots = {"clamp_min": ("min",), "clamp_max": ("max",)}.get(name, ("min", "max"))
