@@ -194,6 +194,32 @@ def test_grouped_moe_swiglu_against_per_expert_torch(sizes, dtype):
     assert D[start:].isnan().all()
 
 
+def test_grouped_every_interpreter_config_spans_all_columns():
+    """Every candidate of a grouped gated problem whose 2N columns of B take several tiles
+    of each config (the grid counts B's 2N columns, not the output's N) writes every
+    output element."""
+    sizes, K, N = [9, 0, 23], 16, 21
+    G, T = len(sizes), sum(sizes)
+    x = rand(T, K)
+    Wg, Wu = rand(G, N, K) / K ** 0.5, rand(G, N, K) / K ** 0.5
+    W = evtfuse.interleave_gate_up(Wg, Wu, dim=1)
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    D = torch.empty(T, N)
+    epi = EpilogueArguments.unbound("def e(accum):\n    gate, up = pairs(accum)\n"
+                                    "    D = silu(gate) * up\n    return D", D=D)
+    args = GemmArguments(x, W.mT, D, epilogue=epi, offs=offs)
+    kernels = evtfuse.get_kernels(args)
+    assert len(kernels) == 2
+    for k in kernels:
+        D.fill_(float("nan"))
+        k.run(args)
+        start = 0
+        for g, end in enumerate(offs.tolist()):
+            want = expected(x[start:end], Wg[g], Wu[g], F.silu)
+            torch.testing.assert_close(D[start:end], want, atol=1e-4, rtol=1e-4)
+            start = end
+
+
 def test_grouped_swiglu_matches_torch_grouped_mm_on_concatenated_halves():
     """The MoE benchmark's pair (benchmarks/moe.py): ``torch._grouped_mm`` over the
     concatenated [gate; up] expert weights, then the epilogue in torch, equals evtfuse's

@@ -12,17 +12,14 @@ import pytest
 import torch
 
 import evtfuse
-from evtfuse.runtime import cache, tuner
+from evtfuse.runtime import cache
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def test_tuned_call_from_a_fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
+def test_tuned_call_from_a_fresh_cache(own_cache, monkeypatch):
     monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "20")
-    monkeypatch.setattr(tuner, "_memory", {})
-    monkeypatch.setattr(cache, "_loaded", {})
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     src = "def epi(accum, C): D = relu(accum) * 0.8125 + C; return D"  # an epilogue of its own
     A, B = torch.randn(512, 256, device="cuda").half(), torch.randn(256, 384, device="cuda").half()

@@ -74,11 +74,12 @@ class PortableFamily(KernelFamily):
         items += _epilogue_items(args, dag, "portable", config)
         red_items, post = _reduction_items(args, dag, config, "portable", target)
         items += red_items
+        # gated (pairs(accum)): a tile spans BLOCK_N of B's 2N columns
+        nb = 2 * args.N if getattr(args, "gated", False) else args.N
         if grouped:  # an upper bound: programs past the last group's tiles return at once
             grid = ((triton_cdiv(args.M, config.block_m) + args.L)
-                    * triton_cdiv(args.N, config.block_n), 1)
-        else:  # gated (pairs(accum)): a tile spans BLOCK_N of B's 2N columns
-            nb = 2 * args.N if getattr(args, "gated", False) else args.N
+                    * triton_cdiv(nb, config.block_n), 1)
+        else:
             grid = (triton_cdiv(args.M, config.block_m) * triton_cdiv(nb, config.block_n),
                     args.L)
         consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

@@ -236,6 +236,21 @@ def _ef_lse_reduce(m, s):
     safe = tl.where(tl.abs(mm) == float('inf'), 0.0, mm)  # as _ef_lse_part
     return mm, tl.sum(s * tl.exp(m - safe), axis=0)
 ''',
+    "_ef_floor_cuda": '''
+@triton.jit
+def _ef_floor_cuda(x):
+    # floor (cvt.rmi): Triton flushes a subnormal x to a zero of its sign first, so a
+    # negative subnormal would give -0.0: -1.0 there, as torch gives
+    f = tl.floor(x)
+    return tl.where((x < 0.0) & (f == 0.0), -1.0, f)
+''',
+    "_ef_ceil_cuda": '''
+@triton.jit
+def _ef_ceil_cuda(x):
+    # ceil (cvt.rpi): a positive subnormal x gives 1.0 (flushed, it would give +0.0)
+    c = tl.ceil(x)
+    return tl.where((x > 0.0) & (c == 0.0), 1.0, c)
+''',
     "_ef_round": '''
 @triton.jit
 def _ef_round(x):
