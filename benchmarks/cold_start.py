@@ -1,0 +1,132 @@
+"""First-call times of the suite's epilogues, measured on a GPU (BENCHMARKS.md, "First
+calls"):
+
+    PYTHONPATH=src python3 benchmarks/cold_start.py --out bench_out/cold.json
+
+Per workload and shape (``--workloads``, ``--shapes``; the suite's definitions,
+``evtfuse.bench.workloads``), each in processes of its own with evtfuse's and Triton's
+caches in a fresh folder:
+
+- ``fresh_s``: the first ``evtfuse.gemm`` call (``tune="fast"``, the default) of a new
+  process on empty caches: code generation, compiles, tuning;
+- ``warm_ms``: a later call of that process (the median of five, synchronised);
+- ``new_m_ms``: in the same process, the first call at another M of the same size class
+  (``tuner.size_class``: M less a tenth, a multiple of 8), minus that M's warm call: what
+  a new batch size costs;
+- ``second_s``: the first call of a second process on the caches the first one left
+  (tuning records and Triton's binaries hit).
+
+Times are host wall-clock around a synchronised call (imports and input creation apart).
+``--workers N`` sets ``EVTFUSE_COMPILE_WORKERS`` (1: candidates compiled one at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGETS = {"fresh_s": 5.0, "second_s": 1.5, "new_m_ms": 50.0}
+
+
+def _child(workload: str, shape: tuple[int, int, int], phase: str) -> dict:
+    import torch
+
+    import evtfuse
+    from evtfuse.bench import workloads as W
+    from evtfuse.bench.timing import host_timed_s
+    from evtfuse.runtime.tuner import size_class
+
+    w = W.BY_NAME[workload]
+
+    def call_at(m: int):
+        s = (m, shape[1], shape[2])
+        ins = W.make_inputs(w, s, torch.bfloat16, "cuda", 0)
+        outs = W.make_outputs(w, s, torch.bfloat16, "cuda", poison=True)
+        ops = {k: v for k, v in ins.items() if k not in ("A", "B")}
+
+        def call():
+            return evtfuse.gemm(ins["A"], ins["B"], epilogue=w.epilogue, **w.gemm_options(),
+                                **w.epilogue_operands(ops), **outs)
+        return call
+
+    call = call_at(shape[0])
+    first_s, _ = host_timed_s(call)
+    got: dict = {"first_s": first_s}
+    if phase == "fresh":
+        got["warm_ms"] = statistics.median(host_timed_s(call)[0] for _ in range(5)) * 1e3
+        m2 = (shape[0] - shape[0] // 10) // 8 * 8
+        assert size_class(m2) == size_class(shape[0]), (m2, shape[0])
+        other = call_at(m2)
+        new_s, _ = host_timed_s(other)
+        warm2 = statistics.median(host_timed_s(other)[0] for _ in range(5))
+        got.update(new_m=m2, new_m_ms=(new_s - warm2) * 1e3, new_m_warm_ms=warm2 * 1e3)
+    return got
+
+
+def _run_child(workload: str, shape: str, phase: str, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", workload, shape, phase],
+                          env=env, capture_output=True, text=True, timeout=300)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[len("RESULT"):])
+    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench_out/cold_start.json")
+    p.add_argument("--workloads", default="identity,alpha_beta,bias_gelu_tanh,relu_aux,"
+                   "row_amax,bce_loss")
+    p.add_argument("--shapes", default="8192x8192x1024,4096x4096x4096,64x4096x4096")
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--budget-s", type=float, default=540.0, help="start no cell after this")
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        workload, shape, phase = a.child
+        m, n, k = (int(x) for x in shape.split("x"))
+        print("RESULT" + json.dumps(_child(workload, (m, n, k), phase)), flush=True)
+        return 0
+    start = time.monotonic()
+    rows = []
+    for shape in a.shapes.split(","):
+        for workload in a.workloads.split(","):
+            if time.monotonic() - start > a.budget_s:
+                rows.append({"workload": workload, "shape": shape, "skipped": "budget"})
+                continue
+            root = tempfile.mkdtemp(prefix="evtfuse-cold-")
+            env = dict(os.environ, EVTFUSE_CACHE_DIR=os.path.join(root, "evtfuse"),
+                       TRITON_CACHE_DIR=os.path.join(root, "triton"), EVTFUSE_PROGRESS="0")
+            if a.workers is not None:
+                env["EVTFUSE_COMPILE_WORKERS"] = str(a.workers)
+            fresh = _run_child(workload, shape, "fresh", env)
+            second = _run_child(workload, shape, "second", env)
+            row = {"workload": workload, "shape": shape, "workers": a.workers,
+                   "fresh_s": fresh.get("first_s"), "second_s": second.get("first_s"),
+                   **{k: v for k, v in fresh.items() if k != "first_s"},
+                   **({"second_error": second["error"]} if "error" in second else {})}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump({"targets": TARGETS, "rows": rows}, f, indent=1)
+    print(f"{'workload':16} {'shape':16} {'fresh s':>8} {'second s':>9} {'new M ms':>9} "
+          f"{'warm ms':>8}")
+    for r in rows:
+        if "fresh_s" in r and r["fresh_s"] is not None:
+            print(f"{r['workload']:16} {r['shape']:16} {r['fresh_s']:8.2f} "
+                  f"{r['second_s'] or float('nan'):9.2f} {r.get('new_m_ms', float('nan')):9.1f} "
+                  f"{r.get('warm_ms', float('nan')):8.3f}")
+        else:
+            print(f"{r['workload']:16} {r['shape']:16} {r.get('error') or r.get('skipped')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
