@@ -11,7 +11,9 @@ against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ 
 ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same step. Times are medians of
 ``triton.testing.do_bench`` with the gradients reset between steps; peak memory is
 ``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it;
-``*_kernels_ms``: each kernel's GPU time per step (torch.profiler).
+``*_kernels_ms``: each kernel's GPU time per step (torch.profiler), ``*_kernel_sum_ms`` their
+sum, ``*_host_ms`` the host's time to enqueue a step (a step's time above its kernels' sum
+is idle GPU: host-bound where ``*_host_ms`` reaches it).
 """
 
 from __future__ import annotations
@@ -50,6 +52,23 @@ def _kernels_ms(fn, grads, steps: int = 10) -> dict:
     rows = {e.key[:90]: e.device_time_total / steps / 1e3 for e in prof.key_averages()
             if e.device_time_total > 0}
     return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+
+
+def _host_ms(fn, grads, steps: int = 10) -> float:
+    """Host time to enqueue one step, nothing synchronised inside the loop: at or above the
+    step's GPU time, the step is bound by the host (or something in it synchronises)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for p in grads:
+            p.grad = None
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / steps * 1e3
 
 
 def _peak_mib(fn) -> float:
@@ -124,7 +143,9 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
     for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager)):
         try:
-            out[f"{name}_kernels_ms"] = _kernels_ms(fn, grads)
+            out[f"{name}_kernels_ms"] = kernels = _kernels_ms(fn, grads)
+            out[f"{name}_kernel_sum_ms"] = sum(kernels.values())
+            out[f"{name}_host_ms"] = _host_ms(fn, grads)
         except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if "evtfuse_ms" in out:

@@ -461,3 +461,17 @@ def test_kernel_run_refuses_inputs_that_require_grad():
         get_kernels(args)[0].run(args)
     with torch.no_grad():
         get_kernels(args)[0].run(args)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+def test_gradients_keep_their_tensors_memory_order(mode):
+    """A weight passed as ``weight.t()`` (column-major B) and a column-major A get their
+    gradients in their own memory order, as torch's matmul backward gives them: the
+    weight's gradient contiguous, so AccumulateGrad copies nothing."""
+    W = _rand(N, K, seed=1).requires_grad_(True)
+    At = _rand(K, M, seed=2).t().requires_grad_(True)  # a column-major leaf
+    out = evtfuse.gemm(At, W.t(), "def e(accum): D = relu(accum); return D", backward=mode)
+    gW, gA = torch.autograd.grad(out.square().sum(), (W, At))
+    ref = torch.relu(At.detach() @ W.detach().t())
+    torch.testing.assert_close(gW, (2 * ref).t() @ At.detach(), **TOL)
+    assert gW.is_contiguous() and gA.stride() == At.stride(), (gW.stride(), gA.stride())

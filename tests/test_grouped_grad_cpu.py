@@ -146,3 +146,19 @@ def test_refusals_never_detach():
         evtfuse.grouped_gemm(rand(8, 16), rand(2, 16, 12), offs, backward="later")
     with torch.no_grad():  # inference: no gradient asked, none refused
         evtfuse.grouped_gemm(rand(6, 8).requires_grad_(), rand(8, 5), offs)
+
+
+def test_expert_weight_gradient_in_the_weights_memory_order():
+    """An expert weight (G, N, K) passed transposed (``W.mT``, as an MoE layer does) gets a
+    contiguous gradient (no copy by AccumulateGrad), equal to torch's per-group product."""
+    sizes, K, N = [6, 0, 9], 16, 12
+    A, W = rand(sum(sizes), K), rand(len(sizes), N, K).requires_grad_(True)
+    offs = offs_of(sizes)
+    out = evtfuse.grouped_gemm(A, W.mT, offs, "def e(accum): D = relu(accum); return D")
+    (gW,) = torch.autograd.grad(out.square().sum(), (W,))
+    assert gW.is_contiguous(), gW.stride()
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        h = torch.relu(A[start:end] @ W[g].detach().t())
+        torch.testing.assert_close(gW[g], (2 * h).t() @ A[start:end], atol=1e-4, rtol=1e-4)
+        start = end

@@ -360,9 +360,11 @@ def _backward(ctx, grads):
     da = db = None
     if dacc is not None:
         if need_a:
-            da = _sum_to(torch.matmul(dacc, B.transpose(-1, -2)), A)
+            da = _sum_to(in_layout_of(A, lambda: torch.matmul(dacc, B.mT),
+                                      lambda: torch.matmul(B, dacc.mT)), A)
         if need_b:
-            db = _sum_to(torch.matmul(A.transpose(-1, -2), dacc), B)
+            db = _sum_to(in_layout_of(B, lambda: torch.matmul(A.mT, dacc),
+                                      lambda: torch.matmul(dacc.mT, A)), B)
     tgrads = []
     for name, need in zip(lay.tensors, need_t):
         g = results.get(name) if need else None
@@ -453,6 +455,17 @@ def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict
     return bplan, values
 
 
+def in_layout_of(like: torch.Tensor, product, transposed) -> torch.Tensor:
+    """``like``'s gradient ``product()`` in ``like``'s memory order: where ``like`` is
+    column-major (a weight passed as ``weight.t()``), ``transposed()`` (the product's
+    transpose, computed row-major) transposed back, as torch's own matmul backward does, so
+    that the gradient of the weight itself is contiguous and AccumulateGrad copies nothing
+    (a (14336, 4096) bf16 copy: 0.38 ms of a 5.1 ms MLP step on an H200)."""
+    if like.dim() >= 2 and like.stride(-2) == 1 and like.stride(-1) != 1:
+        return transposed().mT
+    return product()
+
+
 def _sum_to(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A batched product's gradient of a tensor shared by the batches: summed over L."""
     return t.sum(0) if t.dim() > like.dim() else t
@@ -533,4 +546,4 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
 __all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",
            "backward_mode", "check_backward", "save_threshold", "saved_accum_dtype",
            "allocate_results", "accumulator_gradient", "backward_inputs", "caller_reductions",
-           "check_first_order", "problem_of", "remember", "run_backward"]
+           "check_first_order", "in_layout_of", "problem_of", "remember", "run_backward"]

@@ -28,7 +28,7 @@ import torch
 
 from ..ir import OutputKind
 from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
-                       check_first_order, forward_of, remember, run_backward)
+                       check_first_order, forward_of, in_layout_of, remember, run_backward)
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
@@ -104,7 +104,8 @@ def _backward(ctx, grads):
         if need_a:  # rows past offs[-1] stay zero
             da = grouped_gemm(dacc, B.mT, offs, tune=lay.tune, D=torch.zeros_like(A))
         if need_b:
-            db = grouped_gemm(A.mT, dacc, offs, tune=lay.tune).reshape(B.shape)
+            db = in_layout_of(B, lambda: grouped_gemm(A.mT, dacc, offs, tune=lay.tune),
+                              lambda: grouped_gemm(dacc.mT, A, offs, tune=lay.tune))
     tgrads = []
     for name, need in zip(lay.tensors, need_t):
         g = results.get(name) if need else None
