@@ -139,3 +139,64 @@ def test_no_precompile_inside_another_async_compile_mode():
     with ThreadPoolExecutor(1) as pool, mode(pool):
         assert async_compile_mode() is None
     assert async_compile_mode() is mode
+
+
+_SAME_CLASS = [(4096, 3680), (64, 56), (8192, 7368)]  # benchmarks/cold_start.py's new Ms
+_NO_M_EDGE = {  # epilogues whose kernels no M of a class changes
+    "alpha_beta": ("def e(accum, C): D = 0.5 * accum + C; return D", {"C": "full"}),
+    "row_amax": ("def e(accum): D = accum; amax = max(abs(accum)); return D, amax",
+                 {"amax": "row"}),
+}
+
+
+def _family_args(src, ops, M, N=2048, K=64, a_col=False):
+    bf = torch.bfloat16
+    A = torch.randn(K, M).to(bf).t() if a_col else torch.randn(M, K).to(bf)
+    B = torch.randn(K, N).to(bf)
+    D = torch.empty(M, N, dtype=bf)
+    made = {"full": lambda: torch.randn(M, N).to(bf), "row": lambda: torch.empty(M, 1),
+            "scalar": lambda: torch.empty(1)}
+    return GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        src, D=D, **{k: made[v]() for k, v in ops.items()}))
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper", "gluon"])
+@pytest.mark.parametrize("epi", list(_NO_M_EDGE))
+def test_a_new_m_of_a_class_reuses_the_compiled_kernel(family, epi):
+    """Every candidate of each family, at two Ms of one size class, has the same module
+    (spec key), the same constexprs and M unspecialised (``do_not_specialize``: Triton
+    keys its compiled kernels on nothing else that M changes here), so the second M runs
+    the first one's compiled kernel. Target: an H100 (132 SMs), offline."""
+    from evtfuse.backends.triton.families import GluonFamily, HopperFamily, PortableFamily, Target
+
+    fam = {"portable": PortableFamily, "hopper": HopperFamily, "gluon": GluonFamily}[family]()
+    target = Target("cuda", 90, torch.device("cpu"), 132, offline=True)
+    src, ops = _NO_M_EDGE[epi]
+    for m1, m2 in _SAME_CLASS:
+        a1, a2 = _family_args(src, ops, m1), _family_args(src, ops, m2)
+        assert size_class(m1) == size_class(m2)
+        assert fam.supports(a1, target) and fam.supports(a2, target)
+        configs = fam.configs(a1, target)
+        assert configs and [c.name for c in configs] == [c.name for c in fam.configs(a2, target)]
+        for c in configs:
+            s1, s2 = fam.spec(a1, c, target), fam.spec(a2, c, target)
+            assert s1.key() == s2.key() and "do_not_specialize" in s1.jit_line(), c.name
+            consts1, consts2 = (fam.plan(a, a.optimized_dag, c, target)[1] for a in (a1, a2))
+            assert consts1 == consts2, (c.name, m1, m2)
+
+
+def test_what_still_costs_a_compile_for_a_new_m():
+    """A whole-output reduction's mask folds away only where the tiles cover M
+    (``EVEN_MN``): an M of another remainder is another compile. A portable kernel keeps M
+    specialised for an M-contiguous A (its loads vectorise on 16 | M)."""
+    from evtfuse.backends.triton.families import PortableFamily, Target
+
+    fam = PortableFamily()
+    target = Target("cuda", 90, torch.device("cpu"), 132, offline=True)
+    src = "def e(accum): D = accum; s = sum(accum); return D, s"
+    a1, a2 = (_family_args(src, {"s": "scalar"}, m) for m in (4096, 3680))
+    c = fam.configs(a1, target)[0]
+    assert fam.plan(a1, a1.optimized_dag, c, target)[1]["EVEN_MN"]
+    assert not fam.plan(a2, a2.optimized_dag, c, target)[1]["EVEN_MN"]
+    col = _family_args(_NO_M_EDGE["alpha_beta"][0], {"C": "full"}, 4096, a_col=True)
+    assert "do_not_specialize" not in fam.spec(col, c, target).jit_line()

@@ -354,15 +354,31 @@ def test_chunks_narrower_than_a_piece(monkeypatch):
     assert slots_fit(buffers(ab.optimized_dag, slots=True), 256, 128)
 
 
-def test_offline_compiles_specialize_as_the_jit_does():
+_SPECIALIZE_SRC = """
+def evtfuse_kernel(one, n16, odd, ptr, M):
+    pass
+"""
+
+
+def test_offline_compiles_specialize_as_the_jit_does(tmp_path):
     """An integer 1 becomes a constant, integers and pointers divisible by 16 carry that
-    divisibility (wider loads and stores in the SASS), others neither: as Triton's JIT."""
+    divisibility (wider loads and stores in the SASS), others neither: as Triton's JIT; a
+    parameter the decorator leaves unspecialised (M: ``KernelSpec.runtime_m``) neither."""
+    from triton.runtime.jit import JITFunction
+
+    from evtfuse.runtime.cache import import_source
     from evtfuse.runtime.offline import _specialized
 
-    sig, consts, attrs = _specialized(["one", "n16", "odd", "ptr"], [1, 384, 7, torch.empty(4)])
-    assert sig == {"one": "constexpr", "n16": "i32", "odd": "i32", "ptr": "*fp32"}
-    assert consts == {(0,): 1}
-    assert attrs == {(1,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]]}
+    path = tmp_path / "specialize_kernel.py"
+    path.write_text(_SPECIALIZE_SRC)
+    module = import_source("evtfuse_specialize_test", str(path), _SPECIALIZE_SRC)
+    # what @triton.jit(do_not_specialize=["M"]) makes with the interpreter off
+    fn = JITFunction(module.evtfuse_kernel, do_not_specialize=["M"])
+    for m in (1, 4096):
+        sig, consts, attrs = _specialized(fn, [1, 384, 7, torch.empty(4), m])
+        assert sig == {"one": "constexpr", "n16": "i32", "odd": "i32", "ptr": "*fp32", "M": "i32"}
+        assert consts == {(0,): 1}
+        assert attrs == {(1,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]]}
 
 
 CASES = {

@@ -32,3 +32,29 @@ def test_tuned_call_from_a_fresh_cache(own_cache, monkeypatch):
     entries = cache.list_entries()
     assert len(entries) == 1 and entries[0]["M"] == 512 and entries[0]["epilogue"] == "epi"
     assert cache.record_problem({k: v for k, v in entries[0].items() if k != "file"}) is None
+
+
+def test_a_new_m_of_a_known_size_class_compiles_nothing(own_cache, monkeypatch):
+    """After a tuned call at M=1024, a call at M=920 (the same size class) takes the class's
+    kernel and Triton compiles nothing (``jit_cache_hook`` runs on every in-memory miss of
+    a JIT function, before it compiles): M is unspecialised, the constexprs are the same."""
+    from triton import knobs
+
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "20")
+    src = "def epi(accum, C): D = gelu_tanh(accum) * 0.5 + C; return D"
+    N, K = 2048, 512
+    B = torch.randn(K, N, device="cuda").to(torch.bfloat16)
+
+    def call(m):
+        A = torch.randn(m, K, device="cuda").to(torch.bfloat16)
+        C = torch.randn(m, N, device="cuda").to(torch.bfloat16)
+        out = evtfuse.gemm(A, B, src, C=C)
+        ref = torch.nn.functional.gelu(A.float() @ B.float(), approximate="tanh") * 0.5 + C.float()
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
+
+    call(1024)
+    misses = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
+                        lambda *a, **k: misses.append(k.get("repr", a)) and False)
+    call(920)
+    assert not misses, misses

@@ -76,16 +76,19 @@ def _compiled_kernel_fn(source: str, folder: str):
     return import_source(f"evtfuse_offline_{abs(hash(source))}", path, source).evtfuse_kernel
 
 
-def _specialized(names: list[str], values: list) -> tuple[dict, dict, dict]:
+def _specialized(fn, values: list) -> tuple[dict, dict, dict]:
     """Signature, constants and attributes as Triton's JIT derives them from the launch
     values: an integer equal to 1 becomes a constant, integers and data pointers divisible
-    by 16 carry that divisibility (which widens loads and stores), as on the GPU."""
+    by 16 carry that divisibility (which widens loads and stores), as on the GPU; not for
+    a parameter the kernel's decorator leaves unspecialised (``do_not_specialize``)."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
     signature, constexprs, attrs = {}, {}, {}
-    for i, (name, v) in enumerate(zip(names, values)):
-        kind, attr = native_specialize_impl(BaseBackend, v, False, True, True)
+    for i, (param, v) in enumerate(zip(fn.params, values)):
+        name = param.name
+        kind, attr = native_specialize_impl(BaseBackend, v, False, not param.do_not_specialize,
+                                            not param.do_not_specialize_on_alignment)
         signature[name] = kind
         if kind == "constexpr":
             constexprs[(i,)] = v
@@ -108,7 +111,7 @@ def _compile(fn, spec, family, config, args, target, cc) -> Compiled:
     options.update(LAUNCH_OPTIONS)  # as every launch passes them
     if spec.family == "gluon":  # Gluon pipelines explicitly; num_stages is a kernel constexpr
         options.pop("num_stages", None)
-    signature, constexprs, attrs = _specialized(names, pos)
+    signature, constexprs, attrs = _specialized(fn, pos)
     for name in names[len(pos):]:
         signature[name] = "constexpr"
     constexprs.update({(names.index(k),): v for k, v in consts.items()})

@@ -163,7 +163,7 @@ def _portable_source(spec: KernelSpec) -> str:
     roles = epilogue_params(spec.names, spec.dag, "portable")
     # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
     # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
-    rows = "grp_rows" if spec.grouped else "M"
+    rows = spec.rows_param()
     # groups over K: the parameter is all groups' K; ``K`` becomes the program's group's
     # (``_k_group_lines``)
     depth = "grp_k" if spec.k_grouped else "K"
@@ -174,7 +174,7 @@ def _portable_source(spec: KernelSpec) -> str:
                        + [p for p, _ in roles])
     I1, I2 = "    ", "        "
     lines = [
-        "@triton.jit",
+        spec.jit_line(),
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
@@ -412,7 +412,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I1}return bid, pid_m, pid_n",
         "",
         "",
-        "@triton.jit",
+        spec.jit_line(),
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",

@@ -214,9 +214,18 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def even_tiles(args: GemmArguments, config: TileConfig) -> bool:
-    """Whether ``config``'s tiles cover M and N exactly (the kernels' ``EVEN_MN``
-    constexpr: no tile reaches past an edge, so the epilogue's reduction masks fold away)."""
-    return args.M % config.block_m == 0 and args.N % config.block_n == 0
+    """The kernels' ``EVEN_MN`` constexpr: whether ``config``'s tiles cover exactly the
+    edges the epilogue's reductions run across (a per-row one N's, a per-column one M's,
+    a whole-output one both), so that their masks fold away. Only reductions read it: False
+    without any, so that a new M changes it (and costs a compile) only for an epilogue
+    with a per-column or whole-output reduction."""
+    kinds = {o.kind for o in args.optimized_dag.reductions}
+    if not kinds:
+        return False
+    across_m = any(k is not OutputKind.ROW for k in kinds)  # the tile's mask otherwise
+    across_n = any(k is not OutputKind.COL for k in kinds)
+    return ((not across_m or args.M % config.block_m == 0)
+            and (not across_n or args.N % config.block_n == 0))
 
 
 def tile_count(args: GemmArguments, config: TileConfig) -> int:

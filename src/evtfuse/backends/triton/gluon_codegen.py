@@ -643,7 +643,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     # ---- the kernel: shared memory, barriers, partitions
     kparams = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + params)
     L += [
-        "@gluon.jit",
+        spec.jit_line("gluon"),
         f"def evtfuse_kernel({kparams},",
         f"                   {consts_sig},",
         "                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):",

@@ -396,7 +396,7 @@ class GluonFamily(KernelFamily):
                           config.epi_split, True,
                           direct=direct, coop=config.cooperative, chunk=chunk,
                           tile_n=config.block_n if chunk else 0, warps=config.num_warps,
-                          int64=needs_int64(args, self.name, config, direct))
+                          int64=needs_int64(args, self.name, config, direct), runtime_m=True)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

@@ -145,7 +145,7 @@ class HopperFamily(KernelFamily):
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2,
                           early_vectors=early, fp8_promote=fp8_promote(args, target),
-                          int64=needs_int64(args, self.name, config))
+                          int64=needs_int64(args, self.name, config), runtime_m=True)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)

@@ -64,7 +64,8 @@ class PortableFamily(KernelFamily):
                           target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
                           fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config),
-                          grouped=self.grouped(args), k_grouped=self.k_grouped(args))
+                          grouped=self.grouped(args), k_grouped=self.k_grouped(args),
+                          runtime_m=args.A.stride(-1) == 1)
 
     def plan(self, args, dag, config, target):
         grouped, k_grouped = self.grouped(args), self.k_grouped(args)

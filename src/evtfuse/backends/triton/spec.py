@@ -65,6 +65,22 @@ class KernelSpec:
     #                        M the rows of every group, ``offs`` their cumulative ends)
     k_grouped: bool = False  # portable: a grouped GEMM over K (L is the group count, a
     #                          batch's K the range of its group in ``offs``)
+    runtime_m: bool = False  # M (a grouped GEMM's rows) passed unspecialised: Triton
+    #                          neither folds M == 1 nor assumes 16 | M, so every M of a size
+    #                          class runs the same compiled kernel (``jit_line``). Where A
+    #                          is read through TMA or along K; a portable kernel's loads of
+    #                          an M-contiguous A vectorise on 16 | M, so there it stays
+
+    def jit_line(self, module: str = "triton") -> str:
+        """The kernel's decorator: ``@triton.jit`` or ``@gluon.jit``, with M's parameter
+        unspecialised where ``runtime_m``."""
+        if not self.runtime_m:
+            return f"@{module}.jit"
+        return f"@{module}.jit(do_not_specialize=[{self.rows_param()!r}])"
+
+    def rows_param(self) -> str:
+        """The kernel parameter that holds M (a grouped kernel's: every group's rows)."""
+        return "grp_rows" if self.grouped else "M"
 
     @cached_property
     def names(self) -> Names:
@@ -80,17 +96,19 @@ class KernelSpec:
                          str(int(self.coop)), str(self.chunk), str(self.tile_n), str(int(self.l2_spread)),
                          str(int(self.early_vectors)), str(self.warps),
                          str(int(self.fp8_promote)), str(int(self.int64)),
-                         str(int(self.grouped)), str(int(self.k_grouped)), GENERATOR_VERSION])
+                         str(int(self.grouped)), str(int(self.k_grouped)),
+                         str(int(self.runtime_m)), GENERATOR_VERSION])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-GENERATOR_VERSION = "40"  # also part of the tuning key: a new generator re-tunes
+GENERATOR_VERSION = "41"  # also part of the tuning key: a new generator re-tunes
 #                           (35: the interpreter's maximum/minimum with a scalar first; gluon
 #                           stages planned with the scratch of per-column reductions;
 #                           36: the gluon family takes batched problems; 37-39: identifiers
 #                           by number, ``names``; 64-bit offsets past 2^31 elements,
 #                           ``int64``; special values as torch: neg, relu, leaky_relu, tanh,
-#                           softplus, pow, logsumexp; masks kept boolean for Triton 3.9)
+#                           softplus, pow, logsumexp; masks kept boolean for Triton 3.9;
+#                           41: M unspecialised, ``runtime_m``)
 TMA_FAMILIES = ("hopper", "gluon")  # full aux tiles move through tensor descriptors
 _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, not a stale L1
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
