@@ -17,7 +17,7 @@ import torch
 
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
-from ..backends.triton.families import KernelFamily, Target, TileConfig, fp8_promote
+from ..backends.triton.families import INTERPRETER, KernelFamily, Target, TileConfig, fp8_promote
 from ..backends.triton.launch import direct_launcher
 from ..backends.triton.versions import LAUNCH_OPTIONS
 from ..errors import Status, UnsupportedError
@@ -37,7 +37,7 @@ class Kernel:
         self.target = target
         self.name = f"{family.name}_{config.name}"
         self._fns: dict[str, Any] = {}
-        self._plans: dict[tuple, LaunchPlan | EmptyProblemPlan] = {}
+        self._plans: dict[tuple, LaunchPlan | EmptyProblemPlan | Bf16AsFp32Plan] = {}
         # (a weak reference to the last arguments, their checked state, plan): no tensor of
         # a call is kept alive (a CUDA graph pool's tensors must die with the graph)
         self._last: tuple = (lambda: None, None, None)
@@ -80,7 +80,7 @@ class Kernel:
             log.debug("kernel %s: module k%s loaded", self.name, key)
         return fn
 
-    def plan(self, args: GemmArguments) -> "LaunchPlan | EmptyProblemPlan":
+    def plan(self, args: GemmArguments) -> "LaunchPlan | EmptyProblemPlan | Bf16AsFp32Plan":
         """The launch plan for problems shaped like ``args`` (checked, compiled, cached).
 
         ``args`` is validated again first when one of its tensors changed since it was
@@ -93,7 +93,9 @@ class Kernel:
         key = structure_key(args)
         plan = self._plans.get(key)
         if plan is None or plan.parsed is not args.epilogue.parsed:
-            if args.L * args.M * args.N == 0:
+            if self.target.kind == INTERPRETER and Bf16AsFp32Plan.needed(args):
+                plan = Bf16AsFp32Plan(self, args)
+            elif args.L * args.M * args.N == 0:
                 self._require(args)
                 plan = EmptyProblemPlan(args)
             else:
@@ -205,6 +207,45 @@ class LaunchPlan:
         for k, get in self.slots:
             pos[k] = get(A, B, values)
         return pos
+
+
+def _fp32(v):
+    return v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v
+
+
+class Bf16AsFp32Plan:
+    """bf16 under Triton's CPU interpreter, which reads and writes bf16 memory wrongly
+    (numpy has no bf16): every bf16 tensor goes to the kernel as an fp32 copy (exact), and
+    every bf16 output is computed into an fp32 copy of it, then rounded to bf16 by torch
+    (to nearest even, as a GPU kernel's store rounds; elements the kernel leaves alone come
+    back as they were). On the GPU bf16 products are exact in the fp32 accumulator, so
+    the results are the GPU's up to the order of the K sum. The inner plan is the kernel's
+    own for the fp32 stand-ins' structure."""
+
+    __slots__ = ("inner", "parsed", "outputs")
+
+    @staticmethod
+    def needed(args: GemmArguments) -> bool:
+        return any(isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16
+                   for v in (args.A, args.B, *args.epilogue.values.values()))
+
+    def __init__(self, kernel: "Kernel", args: GemmArguments):
+        values = {k: _fp32(v) for k, v in args.epilogue.values.items()}
+        stand_in = GemmArguments(_fp32(args.A), _fp32(args.B), values.get("D"),
+                                 args.accumulator_type, args.epilogue.with_values(**values),
+                                 allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum,
+                                 offs=args.offs)
+        self.inner = kernel.plan(stand_in)
+        self.parsed = args.epilogue.parsed
+        self.outputs = tuple(args.epilogue.parsed.outputs)
+
+    def __call__(self, A, B, values) -> None:
+        wide = {k: _fp32(v) for k, v in values.items()}
+        self.inner(_fp32(A), _fp32(B), wide)
+        for name in self.outputs:
+            out = values.get(name)
+            if isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
+                out.copy_(wide[name])
 
 
 class EmptyProblemPlan:

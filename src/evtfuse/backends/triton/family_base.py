@@ -140,9 +140,6 @@ class KernelFamily:
         elif args.accumulator_type != torch.float32:
             return Status.fail(f"accumulator_type {args.accumulator_type}: float inputs "
                                "accumulate in torch.float32")
-        if target.kind == INTERPRETER and args.A.dtype == torch.bfloat16:
-            return Status.fail("bf16 under Triton's CPU interpreter gives wrong results; use "
-                               "fp16/fp32 on the CPU, bf16 on a GPU")
         if target.kind == INTERPRETER and args.A.device.type != "cpu":
             return Status.fail("the Triton interpreter needs CPU tensors")
         why = interpreter_refusal() if target.kind == INTERPRETER else None
