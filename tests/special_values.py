@@ -333,7 +333,8 @@ def group_source(cases: list[tuple[OpDef, dict]]) -> tuple[str, list[str]]:
 
 
 def elementwise_rows() -> list[OpDef]:
-    return [r for r in OPS.values() if r.category is not Category.REDUCE]
+    """Every row computed per element (conditional stores apart: tests/test_store_where_cpu.py)."""
+    return [r for r in OPS.values() if r.category not in (Category.REDUCE, Category.STORE)]
 
 
 def reduction_rows() -> list[OpDef]:

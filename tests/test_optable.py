@@ -278,8 +278,19 @@ def test_every_row_is_covered():
     covered = (set(_exact_cases()) | set(TRANSCENDENTAL) |
                {"pow", "leaky_relu", "clamp", "lt", "le", "gt", "ge", "eq", "ne", "where",
                 "multiply_add", "logical_and", "logical_or", "logical_not"}
-               | {"cast"})  # cast: tests/test_cast.py
+               | {"cast", "store_where"})  # tests/test_cast.py, test_store_where_cpu.py
     assert covered == set(OPS) - REDUCTIONS
+
+
+def test_store_where_reads_as_the_value_where_stored():
+    """store_where's table reading: the value where the condition holds (a bool, or a
+    nonzero float), NaN where the output's buffer keeps its own element."""
+    x = _signed(36)
+    got = _apply("store_where", x > 0, x)
+    assert torch.equal(got[x > 0], x[x > 0]) and got[x <= 0].isnan().all()
+    got = _apply("store_where", (x > 0).float(), x)
+    assert torch.equal(got[x > 0], x[x > 0]) and got[x <= 0].isnan().all()
+    assert OPS["store_where"].category is Category.STORE and OPS["store_where"].grad is None
 
 
 def test_row_metadata():

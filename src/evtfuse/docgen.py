@@ -37,6 +37,11 @@ _SECTIONS = (
      "`L` keeps batches apart. A reduction cannot feed further computation. In the "
      "derivative, `x` is the reduced value, `out` the result and `g` its gradient (both "
      "broadcast back), `ties` the number of reduced elements equal to the result."),
+    (Category.STORE, "Conditional stores",
+     "The whole value of an assignment whose result is returned as a full output you "
+     "give: `D = store_where(x > 0.0, x)` writes D where the condition holds and leaves "
+     "its other elements as they were. Portable kernels only (the TMA families store whole "
+     "tiles and say so in `explain`); no derivative yet."),
 )
 DERIVATIVE_NOTE = (
     "The derivative column gives the gradient flowing into each input from `g`, the gradient "
@@ -59,6 +64,8 @@ def _operator_spelling(name: str) -> str | None:
 def _arg_names(row: OpDef) -> list[str]:
     if row.category is Category.SELECT:
         return ["cond", "a", "b"]
+    if row.category is Category.STORE:
+        return ["cond", "x"]
     return list(_ARG_NAMES[: row.arity])
 
 

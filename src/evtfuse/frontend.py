@@ -77,6 +77,14 @@ class ParsedEpilogue:
         (``gate, up = pairs(accum)``): its output is then half as wide as A @ B."""
         return any(a.expr.kind == "pair" for a in self.assignments)
 
+    @functools.cached_property
+    def conditional_outputs(self) -> tuple[str, ...]:
+        """Outputs assigned ``store_where(cond, value)``: written only where cond holds, so
+        the caller must give their buffers (``gemm`` allocates no such output)."""
+        stores = {a.target for a in self.assignments
+                  if a.expr.kind == "call" and OPS[a.expr.op].category is Category.STORE}
+        return tuple(n for n in self.outputs if n in stores)
+
     def text_of(self, line: int) -> str | None:
         return _line_text(self.source_lines, self.line_offset, line)
 
@@ -691,6 +699,10 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             if node.kind is ir.NodeKind.REDUCE:
                 raise error(f"'{e.name}' is the result of a reduction ({node.op}); a reduction "
                             "can only be returned, not used in further computation", e.line, e.name)
+            if node.kind is ir.NodeKind.COMPUTE and OPS[node.op].category is Category.STORE:
+                raise error(f"'{e.name}' is a conditional store (store_where); it can only be "
+                            "returned, not used in further computation (compute with the "
+                            "value it stores instead)", e.line, e.name)
             return node
         if e.kind == "const":
             return ir.const_node(e.value, e.line)
@@ -727,6 +739,10 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         if _contains_reduction(a.expr):
             raise error(f"a reduction must be the whole value of an assignment (as in "
                         f"'{a.target} = sum(x)'), not part of an expression", a.line, a.target)
+        if _contains_store(a.expr, top=True):
+            raise error(f"store_where(...) must be the whole value of an assignment (as in "
+                        f"'{a.target} = store_where(x > 0.0, x)'), not part of an expression",
+                        a.line, a.target)
         node = build(a.expr, a.target)
         if node.kind in (ir.NodeKind.COMPUTE,) and node.var is None:
             node = ir.Node(node.kind, node.inputs, node.op, node.params, node.value, node.operand,
@@ -750,6 +766,14 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             node = ir.reduce_node(op, src, kind.space, batched, var=name, line=rline)
         else:
             node = lookup(name, line)
+            if node.kind is ir.NodeKind.COMPUTE and OPS[node.op].category is Category.STORE \
+                    and kind is not OutputKind.FULL:
+                held = "is None" if kind is OutputKind.NONE else \
+                    f"has shape {_fmt_shape(tuple(given[name].shape))}"
+                raise error(f"'{name}' = store_where(...) writes only where its condition holds "
+                            f"and keeps the buffer's values elsewhere, so output {name} must be "
+                            f"a full output buffer you give (M, N) or (L, M, N); it {held}",
+                            line, name)
             if kind is OutputKind.FULL and node.batched and not batched and problem[0] > 1 \
                     and not grouped:
                 raise error(f"output {name} has shape {_fmt_shape(tuple(given[name].shape))}, "
@@ -769,6 +793,12 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
     for name, (op, _, rline) in pending.items():
         raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned; "
                     "return it (reductions are outputs)", rline, name)
+    for a in parsed.assignments:
+        if a.expr.kind == "call" and OPS[a.expr.op].category is Category.STORE \
+                and a.target not in parsed.outputs:
+            raise error(f"'{a.target}' = store_where(...) is a conditional store whose result "
+                        "is never returned; return it (a conditional store is an output)",
+                        a.line, a.target)
     return ir.Dag(tuple(outputs), specs, parsed.name, parsed.gated)
 
 
@@ -813,6 +843,17 @@ def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, valu
         return
     raise EpilogueError(f"output {name} has shape {shape}; a grouped GEMM stores full (T, N) "
                         f"outputs and per-row (T, 1) values only", variable=name)
+
+
+def _contains_store(e: Expr, top: bool = False) -> bool:
+    """Whether ``e`` holds a ``store_where`` call (below its top, where ``top``)."""
+    stack = list(e.args) if top and e.kind == "call" else [e]
+    while stack:
+        x = stack.pop()
+        if x.kind == "call" and OPS[x.op].category is Category.STORE:
+            return True
+        stack.extend(x.args)
+    return False
 
 
 def _contains_reduction(e: Expr) -> bool:

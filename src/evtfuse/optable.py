@@ -44,6 +44,7 @@ class Category(Enum):
     SELECT = "select"  # where(cond, a, b)
     REDUCE = "reduce"  # sum/max/min/logsumexp; over which axes is decided by the output
     INDEX = "index"  # row_index(), col_index(): the element's coordinates
+    STORE = "store"  # store_where(cond, value): an output's whole value, stored where cond
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,14 @@ def _t_maximum(a, b):
 
 def _t_minimum(a, b):
     return torch.where(torch.isnan(a) | (a < b), a, b)
+
+
+def _t_store_where(cond, value):
+    """A conditional store as a value: ``value`` where ``cond`` holds, NaN elsewhere (what
+    a stored output keeps there is its buffer's own value, which the reference evaluator
+    and ``Kernel.verify`` take from the buffer)."""
+    cond = cond if cond.dtype == torch.bool else cond != 0
+    return torch.where(cond, value, torch.full_like(value, float("nan")))
 
 
 def _t_clamp(x, lo, hi):
@@ -522,6 +531,11 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("where", 3, torch.where, "tl.where({0}, {1}, {2})", Category.SELECT,
           doc="a where cond else b",
           grad=lambda d: (None, d.where(d.x, d.g, 0.0), d.where(d.x, 0.0, d.g))),
+    OpDef("store_where", 2, _t_store_where, "{1}", Category.STORE,
+          doc="an output stored only where cond holds (nonzero); the output's other "
+              "elements keep what its buffer held. The whole value of an assignment whose "
+              "result is returned as a full output, given by the caller; portable kernels "
+              "only (TMA stores write whole tiles)"),
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
           doc="a * b + c (fused on a GPU and under Triton 3.9's CPU interpreter: rounded "
               "once, so finite where only a * b overflows)",

@@ -145,11 +145,23 @@ class _Evaluator:
             return OPS[n.op].torch_fn(src, dims)
         raise NotImplementedError(n.kind)
 
+    def _stored(self, o) -> torch.Tensor:
+        """What output ``o`` holds after the kernel: its node's value, or for a conditional
+        store (``store_where(cond, value)``) the value where cond holds and the buffer's own
+        elements (``values[o.name]``, as they are now) elsewhere."""
+        n = o.node
+        if n.kind is not NodeKind.COMPUTE or OPS[n.op].category is not Category.STORE:
+            return self.value(n)
+        cond, value = (self.value(i) for i in n.inputs)
+        cond = cond if cond.dtype == torch.bool else cond != 0
+        held = _as3d(self.values[o.name].to(self.device)).to(self.dtype)
+        return torch.where(cond, self._float(value), held)
+
     def run(self, shapes: Mapping[str, tuple[int, ...]], cast: bool) -> dict[str, torch.Tensor]:
         L, M, N = self.shape
         result: dict[str, torch.Tensor] = {}
         for o in self.dag.outputs:
-            v = _as3d(self._float(self.value(o.node)))
+            v = _as3d(self._float(self._stored(o)))
             # keep the axes the output has; the value is constant along the others (a
             # reduction already collapsed them, anything else was checked by the frontend),
             # so one slice of them is the value, also where the problem has none (M = 0:

@@ -412,3 +412,27 @@ def test_exhaustive_tuning_checks_tile_orders_and_caches_its_choice(monkeypatch)
     monkeypatch.setattr(tuner, "_search", lambda *a: pytest.fail("tuned again"))
     again = evtfuse.gemm(A, B, ALPHA_BETA, C=C, alpha=0.5, beta=1.5, tune="exhaustive")
     assert torch.equal(again, D)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_conditional_store_keeps_the_buffer_where_the_condition_fails(dtype):
+    """``D = store_where(cond, value)`` through ``gemm`` (tuned: the portable family, the
+    TMA families refuse conditional stores), every element the condition leaves as it was,
+    bit for bit; and ``Kernel.verify`` of every candidate on poisoned buffers."""
+    M, N, K = 1000, 776, 264
+    A, B, C = _rand(M, K, dtype=dtype), _rand(K, N, dtype=dtype), _rand(M, N, dtype=dtype)
+    src = "def clip(accum, C):\n    F = accum * 0.5\n    D = store_where(F > C, F)\n    return D"
+    old = _rand(M, N, dtype=dtype)
+    D = old.clone()
+    evtfuse.gemm(A, B, src, C=C, D=D)
+    F = (A.float() @ B.float()) * 0.5
+    stored = F > C.float()
+    margin = (F - C.float()).abs() > 1e-2  # away from the edge, where rounding may decide
+    kept = stored & margin
+    torch.testing.assert_close(D.float()[kept], F[kept].to(dtype).float(), rtol=2e-2, atol=5e-2)
+    assert torch.equal(D[~stored & margin], old[~stored & margin])
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, C=C, D=D))
+    kernels = get_kernels(args)
+    assert kernels and all(k.family.name == "portable" for k in kernels)
+    for k in kernels:
+        assert k.verify(args), k.verify(args)

@@ -144,14 +144,17 @@ class Kernel:
             for o in stored:  # NaN; integers: the dtype's minimum (an unlikely result)
                 t = values[o.name]
                 t.fill_(float("nan") if t.dtype.is_floating_point else torch.iinfo(t.dtype).min)
+        # a conditional store (store_where) keeps its buffer where its condition fails: the
+        # reference reads the buffer as it was before the kernel
+        before = {o: values[o].clone() for o in args.epilogue.parsed.conditional_outputs}
         self.run(args)
         if args.A.device.type == "cuda":
             torch.cuda.synchronize(args.A.device)
         accum = accumulator(args)
-        ref = evaluate(args, accum, cast=False)
+        ref = evaluate(args, accum, before, cast=False)
         # integer inputs accumulate exactly: no summation-order noise to allow for
         slack = {} if not args.A.dtype.is_floating_point else accumulation_slack(
-            lambda acc: evaluate(args, acc, cast=False), accum, ref, args.K,
+            lambda acc: evaluate(args, acc, before, cast=False), accum, ref, args.K,
             [o.name for o in stored])
         tf32 = args.allow_tf32 and args.A.dtype == torch.float32 and self.target.kind == "cuda"
         fast_k = 0 if fp8_promote(args, self.target) else args.K  # fp8 inputs only

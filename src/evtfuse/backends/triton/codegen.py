@@ -96,9 +96,12 @@ class _PortableTile(_TritonTile):
     def load_full(self, u: User, batched: bool) -> str:
         return f"tl.load({self._offsets(u, batched)}, mask=mask, other=0.0).to(tl.float32)"
 
-    def store_full(self, u: User, value: str, batched: bool) -> str:
+    def store_full(self, u: User, value: str, batched: bool, where: str | None = None) -> str:
+        """The store of a full output's tile; ``where``: a conditional store's condition
+        (``store_where``), the elements it does not hold left as the buffer has them."""
+        mask = "mask" if where is None else f"mask & ({where})"
         return (f"tl.store({self._offsets(u, batched)}, "
-                f"({value}).to({u('ptr')}.dtype.element_ty), mask=mask)")
+                f"({value}).to({u('ptr')}.dtype.element_ty), mask={mask})")
 
 
 @dataclass

@@ -219,6 +219,10 @@ class EpilogueEmitter:
             env[id(n)] = name
         for o in full_outputs(self.dag):
             v = self._arg(o.node, env, True)
+            where = None
+            if o.node.kind is NodeKind.COMPUTE and OPS[o.node.op].category is Category.STORE:
+                cond = o.node.inputs[0]  # store_where(cond, value): stored where cond holds
+                where = env[id(cond)] if cond.dtype is torch.bool else f"({env[id(cond)]} != 0.0)"
             if o.node.space is not Space.FULL:
                 v = f"({v} + {sub.zeros()})"
             if o.dtype in INT_OUTPUTS:
@@ -229,7 +233,9 @@ class EpilogueEmitter:
                     v = f"_ef_round_sat({v}, {lo}, {hi})"
             elif o.dtype in FP8_DTYPES:  # saturate (satfinite), NaN kept, as CUTLASS does
                 v = _saturated(v, o.dtype)
-            lines.append(indent + sub.store_full(self.names.user(o.name), v, o.batched))
+            store = (sub.store_full(self.names.user(o.name), v, o.batched) if where is None else
+                     sub.store_full(self.names.user(o.name), v, o.batched, where=where))
+            lines.append(indent + store)
         for o in vector_outputs(self.dag):
             lines += self._store_vector(o, env, sub, indent)
         for o in reduce_outputs(self.dag):

@@ -20,7 +20,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
-from ...optable import FP8_DTYPES
+from ...optable import FP8_DTYPES, OPS, Category
 from .codegen import check_emittable
 from .spec import KernelSpec
 from .versions import interpreter_refusal
@@ -49,6 +49,17 @@ def gated_refusal(args: GemmArguments) -> str | None:
     if 2 * args.N >= 2 ** 31:
         return f"B has 2N = {2 * args.N} columns; gated epilogues need fewer than 2^31"
     return None
+
+
+def conditional_store_refusal(args: GemmArguments) -> str | None:
+    """The TMA families' refusal of conditional stores (``store_where``): a TMA store
+    writes a whole tile, so the elements a condition leaves alone would be overwritten."""
+    stores = [o.name for o in args.dag.outputs if o.node.kind is NodeKind.COMPUTE
+              and OPS[o.node.op].category is Category.STORE]
+    if not stores:
+        return None
+    return (f"conditional stores (store_where: {', '.join(stores)}) run in the portable family "
+            "only: TMA stores write whole tiles")
 
 
 GROUPED_REFUSAL = ("grouped GEMMs (grouped_gemm, offs) run on the portable family only for now "

@@ -19,7 +19,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, OperandKind, OutputKind
-from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles, tile_count,
+from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, conditional_store_refusal, SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles, tile_count,
                           tile_work)
 from .gluon_buffers import buffers, chunk_columns, slots_fit
 from .launch_items import (_batched, _epilogue_items, _gluon_descriptor, _gluon_full_getter,
@@ -87,6 +87,9 @@ class GluonFamily(KernelFamily):
             return Status.fail(GROUPED_REFUSAL)
         if getattr(args, "gated", False):
             return Status.fail(GATED_REFUSAL)
+        why = conditional_store_refusal(args)
+        if why:
+            return Status.fail(why)
         if target.kind != "cuda":
             return Status.fail("Gluon kernels need a Hopper GPU (they do not run under "
                                "Triton's CPU interpreter)")

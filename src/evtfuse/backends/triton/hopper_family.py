@@ -15,7 +15,7 @@ from typing import Any
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
-from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, tile_count)
 from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
                            _reduction_items, _tma_refusal, needs_int64)
@@ -32,6 +32,9 @@ class HopperFamily(KernelFamily):
             return Status.fail(GROUPED_REFUSAL)
         if getattr(args, "gated", False):
             return Status.fail(GATED_REFUSAL)
+        why = conditional_store_refusal(args)
+        if why:
+            return Status.fail(why)
         st = self._common(args, target)
         if not st:
             return st
