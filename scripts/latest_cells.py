@@ -6,14 +6,16 @@ aid for BENCHMARKS.md: each ratio stays within its own run.
 
     python3 scripts/latest_cells.py RUN_LABEL=FILE.json ... [--drop RUN:workload@shape ...]
                                     [--runs-file RUNS.txt] [--chart latest_chart.png]
-                                    [--spread [RUN]]
+                                    [--spread [RUN]] [--tables]
 
 Files are given oldest first; a later run's cell replaces an earlier one. ``--drop``
 removes a cell of one run (e.g. measured with code since reverted). ``--runs-file`` reads
 the same arguments (``LABEL=FILE`` items and a ``--drop`` line) from a file, with paths
 relative to that file's folder (``benchmarks/results/<date>/RUNS.txt``). ``--spread``
 lists every draw of each cell's ratios to torch.compile and cuBLASLt (from run RUN on), to
-see which cells sit within their run-to-run noise of a target.
+see which cells sit within their run-to-run noise of a target. ``--tables`` prints, instead
+of the one flat table, BENCHMARKS.md's tables: one per workload family, each cell with
+every peer's time from the run that measured it.
 """
 
 from __future__ import annotations
@@ -97,6 +99,46 @@ def summary(latest: dict[tuple, tuple[str, dict]]) -> dict:
             "slower_than_compiled": [v for v in vs_compiled if v[0] > 1.0]}
 
 
+# BENCHMARKS.md's tables: workload families, and the shapes in the order they are listed
+FAMILIES = (
+    ("Elementwise epilogues", ("identity", "alpha_beta", "bias_relu", "bias_gelu_tanh",
+                               "silu_mul", "relu_aux")),
+    ("Reductions and losses", ("row_amax", "row_logsumexp", "bce_loss", "lmhead_ce")),
+    ("fp8 inputs", ("fp8_scale_amax",)),
+)
+SHAPE_ORDER = ("64x8192x8192", "2048^3", "4096^3", "8192x8192x1024", "16384x4096x4096",
+               "8192^3", "8192x128256x4096")
+
+
+def family_tables(latest: dict[tuple, tuple[str, dict]]) -> str:
+    """One Markdown table per workload family: every peer's median ms from the cell's own
+    run, evtfuse's time over the floor (in brackets) and over torch.compile's, the run. A
+    cuBLASLt time marked * does part of the epilogue only (``lt_partial``)."""
+    ms = lambda c, s: c["systems"].get(s, {}).get("ms")  # noqa: E731
+    f3 = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    order = {s: i for i, s in enumerate(SHAPE_ORDER)}
+    out = []
+    for title, workloads in FAMILIES:
+        rows = sorted(((w, sh), lc) for (w, sh, _dt), lc in latest.items() if w in workloads)
+        if not rows:
+            continue
+        rows.sort(key=lambda r: (workloads.index(r[0][0]), order.get(r[0][1], len(order))))
+        out += [f"### {title}", "",
+                "| workload | shape | evtfuse (x floor) | cuBLAS `A @ B` | cuBLASLt fused "
+                "| eager | torch.compile | evtfuse / compile | run |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for (w, shape), (label, c) in rows:
+            r = c["ratios"]
+            lt = ms(c, "lt")
+            lt_s = f3(lt) + ("*" if lt is not None and c.get("lt_partial") else "")
+            out.append(f"| {w} | {shape} | {f3(ms(c, 'evtfuse'))} "
+                       f"({f3(r.get('evtfuse/floor'))}) | {f3(ms(c, 'mm'))} | {lt_s} | "
+                       f"{f3(ms(c, 'eager'))} | {f3(ms(c, 'compiled'))} | "
+                       f"{f3(r.get('evtfuse/compiled'))} | {label} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def _read_runs_file(path: str) -> tuple[list[str], list[str]]:
     """(LABEL=FILE items with paths made relative to the file's folder, --drop items)."""
     with open(path) as f:
@@ -121,6 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drop", nargs="*", default=[], help="LABEL:workload@shape")
     p.add_argument("--runs-file", help="a file of LABEL=path.json items and a --drop line")
     p.add_argument("--chart", help="draw the latest cells' time over floor (the suite's chart)")
+    p.add_argument("--tables", action="store_true",
+                   help="BENCHMARKS.md's tables (one per workload family, every peer) "
+                        "instead of the flat one")
     p.add_argument("--spread", metavar="RUN", nargs="?", const="",
                    help="also every draw of each cell's evtfuse/compiled and evtfuse/cuBLASLt "
                         "ratios (from run RUN on, all runs without it), widest range first")
@@ -133,13 +178,16 @@ def main(argv: list[str] | None = None) -> None:
         p.error("no runs: give LABEL=path.json items or --runs-file")
     latest = collect([tuple(i.split("=", 1)) for i in items], drop)
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    print("| workload | shape | dtype | run | evtfuse ms | x floor | evt/compiled | evt/lt |")
-    print("|---|---|---|---|---|---|---|---|")
-    for (w, shape, dt), (label, c) in sorted(latest.items()):
-        r = c["ratios"]
-        print(f"| {w} | {shape} | {dt} | {label} | {c['systems']['evtfuse']['ms']:.3f} | "
-              f"{fmt(r.get('evtfuse/floor'))} | {fmt(r.get('evtfuse/compiled'))} | "
-              f"{fmt(r.get('evtfuse/lt'))} |")
+    if a.tables:
+        print(family_tables(latest))
+    else:
+        print("| workload | shape | dtype | run | evtfuse ms | x floor | evt/compiled | evt/lt |")
+        print("|---|---|---|---|---|---|---|---|")
+        for (w, shape, dt), (label, c) in sorted(latest.items()):
+            r = c["ratios"]
+            print(f"| {w} | {shape} | {dt} | {label} | {c['systems']['evtfuse']['ms']:.3f} | "
+                  f"{fmt(r.get('evtfuse/floor'))} | {fmt(r.get('evtfuse/compiled'))} | "
+                  f"{fmt(r.get('evtfuse/lt'))} |")
     s = summary(latest)
     cells = lambda xs: ", ".join(f"{w}@{sh} {v:.2f} ({lb})" for v, w, sh, lb in xs)  # noqa: E731
     print(f"\ngeomean evtfuse/compiled over {len(s['vs_compiled'])} non-identity cells: "
