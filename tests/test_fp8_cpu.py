@@ -144,7 +144,7 @@ def test_compare_allows_fast_fp8_accumulation_error_growing_with_k():
 
 def test_promoted_fp8_offers_256x128_tiles_first():
     """With promotion each tile keeps a second accumulator; the hopper family then offers
-    its 256x128 tiles first (measured fastest, BENCHMARKS.md nineteenth session), where
+    its 256x128 tiles first (measured fastest, benchmarks/HISTORY.md, nineteenth session), where
     the fast accumulation keeps 128x256 first. Problems too small to fill the GPU with
     256x128 tiles keep the tiles that do."""
     from evtfuse.runtime.offline import offered

@@ -4,7 +4,7 @@ Mutations: a statement the language does not have (loops, imports, subscripts, a
 access, strings, ``%``, walrus, ...) or a call it does not allow (unknown function, wrong
 arity, a keyword argument, a function not called), a deleted or repeated line, a renamed
 function, another return, or an operand of the wrong type, shape or dtype. The property
-(DESIGN.md, "Validation"): building the arguments either succeeds, and then the portable
+(docs/architecture.md, validation): building the arguments either succeeds, and then the portable
 kernel matches the reference, or raises ``EpilogueError`` (or ``UnsupportedError``), never
 another exception, and leaves every output tensor as it was. CPU tier only (the frontend
 knows nothing of GPUs); ``EVTFUSE_FUZZ_EXAMPLES`` and ``EVTFUSE_FUZZ_SEED`` as in

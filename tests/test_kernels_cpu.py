@@ -139,7 +139,7 @@ def test_odd_tails_hopper():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_row_problem_with_one_dimensional_full_tensors(family):
     # M = 1: an (N,) tensor spans the whole (1, N) output, so it reads as a full tile
-    # (DESIGN.md's shapes right-align); the TMA path once built a 1-D descriptor for it
+    # (operand shapes right-align); the TMA path once built a 1-D descriptor for it
     # (found by the fuzz test)
     M, N, K = 1, 16, 16
     A, B = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16)
@@ -741,7 +741,7 @@ def test_one_row_kernels_compile_without_the_tile_orders_divisions():
     """sm_90 PTX (offline compile, no GPU) of bias+relu at 64x8192x8192 with 64-row tiles:
     the hopper kernel has no integer division or remainder at all (the grouped tile order
     and the persistent loop's trip count cost 21 at M=256), the portable one fewer than at
-    M=256. What the one-row path bought at M=64 (BENCHMARKS.md, twelfth session) is the
+    M=256. What the one-row path bought at M=64 (benchmarks/HISTORY.md, twelfth session) is the
     divisions ahead of the first load; this keeps them from coming back."""
     n = run_offline(_DIVISIONS_SCRIPT, timeout=600)
     assert n["hopper64"] == 0 and n["hopper256"] > 0, n

@@ -1,4 +1,4 @@
-"""The reference evaluator on the examples of /work/shared/reference/, against plain torch.
+"""The reference evaluator on the examples of CUTLASS's epilogue documentation, against plain torch.
 
 Tolerances: elementwise epilogues whose torch expression is the same sequence of fp32
 operations must match bit for bit (torch.equal). Epilogues with transcendental functions

@@ -1,6 +1,6 @@
 """evtfuse: custom GEMM epilogues, written as Python functions, fused into one GPU kernel.
 
-Public API (DESIGN.md): ``EpilogueArguments``, ``GemmArguments``, ``get_kernels``,
+Public API (docs/architecture.md): ``EpilogueArguments``, ``GemmArguments``, ``get_kernels``,
 ``explain``, ``gemm``, ``grouped_gemm``, ``fuse``, ``linear_cross_entropy``,
 ``interleave_gate_up`` (gated epilogues); ``evtfuse.ops`` (relu, gelu, ...) and
 ``evtfuse.reference.evaluate``.

@@ -8,7 +8,7 @@ Layer: frontend. User text is parsed with ``ast`` and walked; it is never execut
   ``ParsedEpilogue`` of small expression trees;
 * ``bind`` turns it into an ``ir.Dag`` once the operands' values and the problem shape
   (L, M, N) are known: shapes decide each operand's kind and each output's (see
-  DESIGN.md, "the tensor's shape decides its kind").
+  docs/architecture.md, "the tensor's shape decides its kind").
 
 Every error is an ``EpilogueError`` naming the variable and, for source errors, the line.
 """
@@ -575,7 +575,7 @@ def _dims(name: str, shape: tuple[int, ...], problem: tuple[int, int, int], what
 
 
 def classify_operand(name: str, value: Any, problem: tuple[int, int, int]) -> OperandSpec:
-    """The operand's kind from its Python type and shape (DESIGN.md's table)."""
+    """The operand's kind from its Python type and shape (docs/architecture.md's table)."""
     if isinstance(value, bool) or value is None:
         raise not_an_operand(name, value)
     if isinstance(value, numbers.Real):

@@ -6,7 +6,7 @@ have typed; ``*_args`` factories wrap a source and its values into ``EpilogueArg
 Nothing here is special to a backend: a kernel sees the same DAG it would see for the
 hand-written function.
 
-The operand's shape decides its kind (DESIGN.md), so one source serves many CUTLASS
+The operand's shape decides its kind (docs/architecture.md), so one source serves many CUTLASS
 variants: ``alpha`` may be a Python number (runtime scalar, CUTLASS ``alpha``), a 0-d
 tensor (``alpha_ptr``), an ``(L, 1, 1)`` tensor (``alpha_ptr_array``, per batch) or a
 vector (per-channel alpha: ``(N,)`` per column, ``(M, 1)`` per row); ``bias`` is a per-row

@@ -6,7 +6,7 @@ with ``workload``, ``title``, ``shape`` [M, N, K], ``dtype``, ``flops``, ``bytes
 adds ``floor`` and ``ratios``; everything else reads cells and never assumes that a
 system or a value is there.
 
-The floor (../shared/GPU.md): max(compute, memory), compute = 2MNK at cuBLAS's rate
+The floor (benchmarks/README.md): max(compute, memory), compute = 2MNK at cuBLAS's rate
 measured on that shape, memory = bytes (A, B, every epilogue input and stored output,
 each once) at the copy bandwidth measured in the same run.
 """

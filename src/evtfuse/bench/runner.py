@@ -175,7 +175,7 @@ class Runner:
         median of its rounds' medians (``rec[key + "_rounds"]`` keeps them). Interleaved
         because the GPU's clock moves with its power state over a cell: measured one
         system after the other, the same kernel read 1.54 and 1.98 ms within a minute at
-        8192^3 on an H100 (BENCHMARKS.md, fifth session), more than the ratios measured."""
+        8192^3 on an H100 (benchmarks/HISTORY.md, fifth session), more than the ratios measured."""
         timers, self.timers = self.timers, []
         times: list[list[float]] = [[] for _ in timers]
         for _ in range(max(1, self.cfg.rounds)):

@@ -29,7 +29,7 @@ DTYPES: Mapping[str, torch.dtype] = {
 FP8 = getattr(torch, "float8_e4m3fn", None)
 # fp8 inputs: evtfuse (``fp8_fast_accum``) and cuBLAS's peers (``use_fast_accum``) are
 # measured in the same accumulation mode: fast, the tensor cores' reduced precision over
-# all of K (evtfuse's default; BENCHMARKS.md, nineteenth session, measures both modes)
+# all of K (evtfuse's default; benchmarks/HISTORY.md, nineteenth session, measures both modes)
 FP8_FAST_ACCUM = True
 
 

@@ -16,7 +16,7 @@ errors average out. TF32 inputs (10-bit mantissa) are allowed 5e-3. fp8: see
 Those bounds are relative to each output's own scale. An output far smaller than the
 accumulator it came from (``min(abs(accum))`` per column: the values nearest zero) carries
 the accumulator's summation-order noise at the accumulator's scale, which they miss: every
-family failed such an output while matching a float64 reference to 1.5e-6 (BENCHMARKS.md,
+family failed such an output while matching a float64 reference to 1.5e-6 (benchmarks/HISTORY.md,
 twenty-first session). ``accumulation_slack`` measures how far each output moves when the
 accumulator moves by that noise, and ``compare`` allows that much more.
 """
@@ -50,8 +50,8 @@ TOLERANCES.update(FP8_TOLERANCES)
 # every k-step, at any K). With fast accumulation (``fp8_fast_accum``, the default) that
 # precision holds over the whole of K and the error grows about as sqrt(K): 2.1e-4 /
 # 5.4e-4 / 1.3e-3 / 3.1e-3 at K = 256 / 1024 / 4096 / 16384, the largest element's error
-# 3.6e-3 / 8.9e-3 / 2.4e-2 / 4.6e-2 of the accumulator's RMS (BENCHMARKS.md, nineteenth
-# session, scripts/fp8_accum_probe.py). So both bounds grow by sqrt(K / FP8_FAST_K0)
+# 3.6e-3 / 8.9e-3 / 2.4e-2 / 4.6e-2 of the accumulator's RMS (benchmarks/HISTORY.md, nineteenth
+# session, fp8_accum_probe.py, since removed). So both bounds grow by sqrt(K / FP8_FAST_K0)
 # past FP8_FAST_K0, keeping 3.5-10x over those errors (epilogues that cancel most of
 # the accumulator, e.g. min(accum + c), amplify them relative to their outputs).
 FP8_INPUT_TOLERANCE = (2e-3, 2e-2)

@@ -352,7 +352,7 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
     and columns past the edge are not asked for). H100, 2048^3, one wave of 128x128 tiles:
     alpha-beta 0.0325 -> 0.0314 ms, BCE 0.0362 -> 0.0350, silu*X 0.0331 -> 0.0320; the
     whole tile asked for at once, before or halfway through the mainloop, was slower than
-    nothing (BENCHMARKS.md, thirteenth session)."""
+    nothing (benchmarks/HISTORY.md, thirteenth session)."""
     before = [f"{i2}pf_steps = tl.minimum(k_tiles - 1, {L2_SPREAD_STEPS})",
               f"{i2}pf_first = k_tiles - pf_steps",
               f"{i2}pf_r = tl.arange(0, BLOCK_M)"]
@@ -508,7 +508,7 @@ def _early_vector_lines(spec: KernelSpec, piece_n: list[str], indent: str) -> li
     """Every piece's column indices and per-row/per-column operand loads, at the top of
     the tile's epilogue (``KernelSpec.early_vectors``): the pieces' L2 round trips overlap
     instead of each waiting behind the previous piece's store. Measured on an H100
-    (BENCHMARKS.md, fourteenth session): the one-wave two-per-SM kernel at 2048^3, where
+    (benchmarks/HISTORY.md, fourteenth session): the one-wave two-per-SM kernel at 2048^3, where
     both programs of an SM reach their epilogue together and nothing hides a load."""
     lines = [f"{indent}rn{s} = {off} + tl.arange(0, SUB_N)" for s, off in enumerate(piece_n)]
     for op in spec.dag.used_operands:

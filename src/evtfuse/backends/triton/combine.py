@@ -38,8 +38,8 @@ def launch_shape(T: int, EXT: int) -> tuple[int, int, int]:
     every partial or spreads the results over ``PROGRAMS`` programs; as many partials per
     step as keep a step within ``STEP_ELEMENTS`` loads (16 at least, fewer only where
     ``T`` is smaller); eight warps where the launch has fewer than 16 programs, so more
-    loads are in flight. Measured on an H100 (``scripts/combine_shape_probe.py``, partials
-    read from DRAM, launch included; BENCHMARKS.md, fifteenth session), against the
+    loads are in flight. Measured on an H100 (``combine_shape_probe.py``, partials
+    read from DRAM, launch included; benchmarks/HISTORY.md, fifteenth session), against the
     earlier shapes: 64 rows of 128 partials 8.3 -> 5.8-6.5 us, 2048 rows of 16 partials
     6.2 -> 5.1-5.7 us, 8192 rows of 64 partials 8.8 -> 7.5-8.3 us."""
     block = min(BLOCK, max(16, triton.next_power_of_2(EXT)))

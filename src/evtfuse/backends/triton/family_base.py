@@ -179,7 +179,7 @@ def fp8_promote(args: GemmArguments, target: Target) -> bool:
     (``fp8_fast_accum=False``). On Hopper the tensor cores add fp8 products with fewer
     bits than fp32: with fast accumulation over all of K the error grows with K (H100,
     relative norm error 2.1e-4 at K = 256, 1.3e-3 at 4096, 3.1e-3 at 16384), promoted it
-    stays at 1.3e-4 (BENCHMARKS.md, nineteenth session)."""
+    stays at 1.3e-4 (benchmarks/HISTORY.md, nineteenth session)."""
     return (args.A.dtype in FP8_DTYPES and not args.fp8_fast_accum
             and target.kind != INTERPRETER)
 

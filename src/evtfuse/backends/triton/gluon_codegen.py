@@ -33,7 +33,8 @@ indices) need that layout here. Scope (``gluon_family.GluonFamily.supports``): H
 global memory instead); stored per-row/-column vectors (``_GluonTile.along``). Batched problems
 (L > 1): the persistent schedule runs the tiles of every batch, batch by batch; a batched
 A or B and every aux tile and output move by 3-D TMA blocks (``Buffers.batch``).
-Design notes and measurements of the prototype: ``scripts/gluon_probe.py``.
+Design notes and measurements of the prototype: benchmarks/HISTORY.md (its probe,
+``gluon_probe.py``, is in the git history).
 
 **Cooperative tiles** (``KernelSpec.coop``, CUTLASS's ``KernelTmaWarpSpecializedCooperative``):
 both consumers work on every tile of the program, consumer ``WHICH`` on rows
@@ -328,7 +329,7 @@ def _tile_coords(batch: bool) -> list[str]:
 MEM_FIRST = "second"
 # cooperative tiles: the memory warp loads the first tile's aux halves once consumer 0 has
 # waited for the ring's first fill (its k-step min(k_tiles, NUM_STAGES) - 1), so that they
-# do not compete with it; False: at once (``scripts/perf_probe.py --coop-eager``)
+# do not compete with it; False: at once (measured with a probe since removed)
 COOP_GO = True
 
 

@@ -151,7 +151,7 @@ class GluonFamily(KernelFamily):
     # from one wave to the next while the output streams through it; bands of 8 cover half
     # of B per wave and fetch it again (Nsight Compute, identity, 8192x8192x1024: L2 hit
     # rate 93% against 85%, DRAM throughput 30% against 35%). Measured on H100
-    # (scripts/group_probe.py, guarded timing, ms, GROUP_M 4 / 8): identity 0.1937 / 0.1957,
+    # (group_probe.py, guarded timing, ms, GROUP_M 4 / 8): identity 0.1937 / 0.1957,
     # row amax 0.2178 / 0.2183, BCE 0.2836 / 0.2910 at 8192x8192x1024; alpha-beta 0.1882 /
     # 0.1887 and BCE 0.2061 / 0.2072 at 4096^3; alpha-beta 0.0333 / 0.0335, BCE 0.0397 /
     # 0.0402, identity 0.0287 / 0.0286 at 2048^3.
@@ -317,7 +317,7 @@ class GluonFamily(KernelFamily):
         slots, stages = self._slots_and_stages(dag, split, elt)
         if stages < GLUON_MIN_STAGES:
             return []
-        # measured (scripts/gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
+        # measured (gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
         # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
         return [TileConfig(self.BM, self.BN, self.BK, g, 4, stages, epi_split=split, slots=slots)
                 for g in self._pp_groups(dag)]

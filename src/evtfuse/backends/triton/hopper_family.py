@@ -55,7 +55,7 @@ class HopperFamily(KernelFamily):
         elt = args.A.element_size()
         tile_bytes = self._tile_bytes(args)
         bk = {4: 32, 2: 64, 1: 128}[elt]
-        # measured on H100 bf16 (scripts/perf_probe.py, BENCHMARKS.md): 128x256x64 with
+        # measured on H100 bf16 (perf_probe.py, benchmarks/HISTORY.md): 128x256x64 with
         # 3 stages and a 2-way split epilogue wins at 4096^3..8192^3, with or without aux
         # loads; aux prefetch into registers and 2 CTAs/SM were slower everywhere
         cands = [
@@ -89,7 +89,7 @@ class HopperFamily(KernelFamily):
         # of 128x256 at 2048^3 on 132 SMs do; relu aux there 0.035 ms, 128x128 0.039)
         # promoted fp8 accumulation (a second accumulator per tile): 256x128 tiles led at
         # 4096^3 and 8192^3 (fp8 scale+amax 0.138 / 1.10-1.15 ms; the 128x256 tiles first
-        # otherwise took 0.241 / 1.86: fp8_accum_probe.py, BENCHMARKS.md nineteenth session)
+        # otherwise took 0.241 / 1.86: fp8_accum_probe.py, benchmarks/HISTORY.md, nineteenth session)
         promote = fp8_promote(args, target)
         fits.sort(key=lambda c: (fill_rank(args, c, sms), promote and c.block_m != 256))
         # aux tiles asked into L2 over the mainloop (codegen._l2_spread_lines): in one wave

@@ -225,7 +225,7 @@ def atomic_folded(o) -> bool:
     stream; the same structure launched on concurrent streams is not supported).
 
     This replaced per-group tickets (the tile that completes a row block combined the
-    block's partials): measured on an H100 (BENCHMARKS.md, fifth session), that design
+    block's partials): measured on an H100 (benchmarks/HISTORY.md, fifth session), that design
     made gluon row amax at 8192x8192x1024 0.21 -> 0.71 ms although the tickets alone cost
     nothing and the combines alone ~20 us; the combine ran on whichever tile came last,
     so a late SM took every combine of its row blocks and fell further behind."""

@@ -93,7 +93,7 @@ WORKAROUNDS: dict[str, str] = {
     "gluon_multicast": (
         "3.7 added TMA multicast (async_load(..., multicast=True)) and cluster barriers to "
         "Gluon on Hopper: a mainloop sharing A/B tiles across a CTA cluster became "
-        "expressible (not used yet; BENCHMARKS.md)"),
+        "expressible (not used yet; benchmarks/HISTORY.md)"),
 }
 
 
