@@ -217,13 +217,11 @@ def test_tile_order_variants_of_a_real_kernel():
 def test_cached_exhaustive_choice_at_another_tile_order_is_found(monkeypatch):
     """A cached exhaustive choice that is a candidate at another tile order (not in the
     candidate list) is rebuilt from the cache, not tuned again."""
-    from evtfuse.runtime import api
-
     args, h100, ks = _h100_kernels(8192, 8192, 1024)
     coop = next(k for k in ks if k.config.cooperative)
     name = coop.name.replace(f"_g{coop.config.group_m}_", "_g16_")
     assert name not in {k.name for k in ks}
-    monkeypatch.setattr(api, "get_kernels", lambda a, cc=None: ks)
+    monkeypatch.setattr(tuner, "get_kernels", lambda a, cc=None: ks)
     monkeypatch.setattr(tuner.cache, "load_choice", lambda key: {"kernel": name})
     monkeypatch.setattr(tuner, "_search", lambda *a: pytest.fail("tuned again"))
     monkeypatch.setattr(tuner, "_records", {})

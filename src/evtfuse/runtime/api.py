@@ -1,102 +1,34 @@
-"""Kernel discovery and the one-call API: ``get_kernels``, ``explain``, ``gemm``, ``fuse``.
+"""The one-call API: ``gemm``, ``grouped_gemm``, ``fuse``; and ``get_kernels``, ``explain``.
 
-Layer: runtime. ``get_kernels`` asks every family whether it supports the arguments and
-returns its configurations as ``Kernel`` objects, best first. ``gemm`` allocates missing
-outputs, picks a kernel by autotuning on first use for the (epilogue, shapes, dtypes,
-layouts, GPU) and remembers the choice on disk (``runtime.tuner``). Invariant: its
-cached paths serve a call only after the memory checks of ``GemmArguments`` hold for the
-call's tensors as they are now (``memory.tensor_state``).
+Layer: runtime, above ``runtime.discovery`` (``get_kernels``, ``explain``: re-exported
+here) and ``runtime.tuner``. ``gemm`` allocates missing outputs, picks a kernel by
+autotuning on first use for the (epilogue, shapes, dtypes, layouts, GPU) and remembers
+the choice on disk (``runtime.tuner``). Invariant: its cached paths serve a call only
+after the memory checks of ``GemmArguments`` hold for the call's tensors as they are now
+(``memory.tensor_state``).
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from ..arguments import EpilogueArguments, GemmArguments, check_grouped
-from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
-from .device import device_guard, interpreter_enabled, sm_count, target_of
+from .device import device_guard
+from .discovery import explain, get_kernels, kernels_for, order_by_fill  # noqa: F401 (re-exported)
 from .kernel import Kernel
 from . import autograd, grouped_autograd, torch_op
 from .torch_op import Layout, check_no_grad, constant_result, layout_text
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
-
-_kernel_objects: dict[tuple, Kernel] = {}
-
-
-def _target(args: GemmArguments, cc: int | None) -> Target:
-    kind, cc_value = target_of(args.A.device, cc)
-    if kind == INTERPRETER and not interpreter_enabled():
-        kind = "none"
-    return Target(kind, cc_value, args.A.device, sm_count(args.A.device))
-
-
-def _no_target_reason(target: Target) -> str | None:
-    if target.kind == "none":
-        return ("tensors are on the CPU and Triton's interpreter is off: use CUDA tensors, or "
-                "set TRITON_INTERPRET=1 (evtfuse.runtime.device.use_interpreter()) for CPU runs")
-    return None
-
-
-def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
-    """Kernels that support ``args``, best first; ``[]`` when none does (see ``explain``)."""
-    target = _target(args, cc)
-    if _no_target_reason(target):
-        return []
-    return kernels_for(args, target)
-
-
-def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
-    """``get_kernels`` for a given target (``runtime.offline`` asks for an sm_90 GPU's)."""
-    kernels: list[Kernel] = []
-    for family in FAMILIES:
-        if not family.supports(args, target):
-            continue
-        for config in family.configs(args, target):
-            key = (family.name, config, target)
-            k = _kernel_objects.get(key)
-            if k is None:
-                k = _kernel_objects[key] = Kernel(family, config, target)
-            kernels.append(k)
-    return order_by_fill(kernels, args, target)
-
-
-def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
-    """``kernels`` (in the families' order) with the configs whose tiles leave most of the
-    GPU idle moved behind those that fill it (``family_base.fill_rank``; a stable sort, so
-    problems that every config fills keep the families' order). At 64x8192x8192 the gluon
-    family's 128-row tiles occupy 64 of 132 SMs (relu aux 0.070 ms) and the hopper family's
-    64x64 ones 128 (0.0595): the fast tuning's budget must reach those first (a 12 s
-    budget spent it on the gluon configs; BENCHMARKS.md, fifteenth session). Under the
-    interpreter the order is the families'."""
-    if target.kind != "cuda":
-        return kernels
-    return sorted(kernels, key=lambda k: fill_rank(args, k.config, target.sms))
-
-
-def explain(args: GemmArguments, cc: int | None = None) -> str:
-    """Why each kernel family does or does not support ``args``."""
-    target = _target(args, cc)
-    lines = [f"target: {target.kind} (cc {target.cc}), problem L={args.L} M={args.M} "
-             f"N={args.N} K={args.K}, A/B {args.A.dtype}"]
-    why = _no_target_reason(target)
-    if why:
-        return "\n".join(lines + [f"no kernel can run: {why}"])
-    for family in FAMILIES:
-        status = family.supports(args, target)
-        verdict = "supported" if status else f"refused: {status.reason}"
-        lines.append(f"{family.name}: {verdict}")
-    return "\n".join(lines)
-
 
 # ------------------------------------------------------------------ one call
 
@@ -124,24 +56,39 @@ def _output_shape(A: torch.Tensor, B: torch.Tensor, gated: bool = False) -> tupl
     return (M, N)
 
 
+class _Epilogue(NamedTuple):
+    """What a ``gemm`` call reads of its epilogue, parsed and checked once per function or
+    string (``_epilogue_of``): the ``EpilogueText`` that crosses the operator's boundary
+    and the names the call's keywords are sorted by."""
+
+    source: str  # the epilogue's source text (the operator's ``epilogue`` string)
+    line: int  # the line of the user's file its first line is (0 for a string)
+    where: str  # what error messages call it
+    from_function: bool  # given as a function (not as source text)
+    name: str  # the function's name
+    params: tuple  # its operands' names, after accum, in order
+    outputs: tuple  # its outputs' names, in return order
+    gated: bool  # ``pairs(accum)``: B holds 2N columns for N output columns
+
+
 @constant_result
-def _epilogue_of(epilogue) -> tuple:
-    """(source, first line, name, from a function, its name, params, outputs, gated) of an
-    epilogue, parsed and checked once per function or string: constants, under
-    torch.compile too (the function is read here, never traced)."""
+def _epilogue_of(epilogue) -> _Epilogue:
+    """An epilogue's ``_Epilogue``, parsed and checked once per function or string: a
+    constant, under torch.compile too (the function is read here, never traced)."""
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
     hit = _epilogues.get(key)
     if hit is None:
         text = epilogue_text(epilogue)
         parsed = parse_epilogue(text)
         _check_keyword_names(parsed)
-        hit = _epilogues[key] = (text.source, text.line_offset, text.where, text.from_function,
-                                 parsed.name, parsed.params, parsed.outputs, parsed.gated)
+        hit = _epilogues[key] = _Epilogue(text.source, text.line_offset, text.where,
+                                          text.from_function, parsed.name, parsed.params,
+                                          parsed.outputs, parsed.gated)
         _parsed_cache[(text.source, text.line_offset, text.where)] = parsed
     return hit
 
 
-_epilogues: dict[Any, tuple] = {}
+_epilogues: dict[Any, _Epilogue] = {}
 
 # gemm's and grouped_gemm's own keywords: an operand or output of one of these names could
 # not be passed (``<output>_dtype`` picks an allocated output's dtype)
@@ -164,8 +111,7 @@ def _check_keyword_names(parsed) -> None:
                                 line=line, where=parsed.where, source_line=parsed.text_of(line))
 
 
-def _check_operands_given(A, B, fn_name: str, params: tuple, named: dict,
-                          call: str = "gemm") -> None:
+def _check_operands_given(A, B, epi: _Epilogue, named: dict, call: str = "gemm") -> None:
     """What ``gemm`` checks before anything else, in its own words: A and B are 2-D or 3-D
     tensors, and every operand of the epilogue is a keyword argument of the call (a
     misspelt one named with the closest parameter)."""
@@ -174,6 +120,7 @@ def _check_operands_given(A, B, fn_name: str, params: tuple, named: dict,
             raise EpilogueError(f"{call}: {name} must have 2 or 3 dimensions ((M, K) / (L, M, K) "
                                 f"for A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",
                                 variable=name)
+    params = epi.params
     missing = [p for p in params if p not in named]
     if not missing:
         return
@@ -184,7 +131,7 @@ def _check_operands_given(A, B, fn_name: str, params: tuple, named: dict,
     p = missing[0]
     hint = f"; '{close[p][0]}' was given: a misspelling of {p}?" if close[p] else ""
     raise EpilogueError(f"Argument {p} is not provided in the kwargs of {call}: pass every "
-                        f"operand of {fn_name}({', '.join(['accum', *params])}) as a keyword "
+                        f"operand of {epi.name}({', '.join(['accum', *params])}) as a keyword "
                         f"argument{hint}", variable=p)
 
 
@@ -227,21 +174,21 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
     autograd.check_backward(backward)
-    source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
-        _IDENTITY if epilogue is None else epilogue)
+    epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
+    outputs = epi.outputs
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
-    _check_operands_given(A, B, fn_name, params, named)
-    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    _check_operands_given(A, B, epi, named)
+    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     grad = _requiring_grad(A, B, tensors, tnames)
     if grad:
-        return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
-                               (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
-                               nones, scalars, snames, outs, onames, backward)
-    _allocate_missing(A, outputs, named, dtypes, lambda: _output_shape(A, B, gated), outs,
+        return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
+                               grad, tensors, tnames, nones, scalars, snames, outs, onames,
+                               backward)
+    _allocate_missing(A, outputs, named, dtypes, lambda: _output_shape(A, B, epi.gated), outs,
                       onames)
-    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
-                         where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
-    torch_op.call(A, B, source, layout, tensors, scalars, outs)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
+                         epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc))
+    torch_op.call(A, B, epi.source, layout, tensors, scalars, outs)
     return _returned(outputs, onames, outs)
 
 
@@ -273,12 +220,12 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     and every tensor operand (``runtime.grouped_autograd``; ``backward`` as ``gemm``'s);
     over K, inputs that require grad under grad mode are refused, never silently detached."""
     autograd.check_backward(backward)
-    source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(
-        _IDENTITY if epilogue is None else epilogue)
+    epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
+    outputs = epi.outputs
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
-    _check_operands_given(A, B, fn_name, params, named, "grouped_gemm")
-    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    _check_operands_given(A, B, epi, named, "grouped_gemm")
+    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     grad = _requiring_grad(A, B, tensors, tnames)
     if grad and B.dim() == 2:
         raise NotImplementedError(
@@ -286,16 +233,16 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
             "grouped GEMMs over K have no backward yet: their results would be detached from "
             "the graph. Run under torch.no_grad() (inference) or detach the inputs.")
     if grad:
-        return _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes,
-                               (tune, allow_tf32, fp8_fast_accum, cc), grad, tensors, tnames,
-                               nones, scalars, snames, outs, onames, backward, offs)
-    width = B.shape[-1] // 2 if gated else B.shape[-1]  # odd: refused when bound
+        return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
+                               grad, tensors, tnames, nones, scalars, snames, outs, onames,
+                               backward, offs)
+    width = B.shape[-1] // 2 if epi.gated else B.shape[-1]  # odd: refused when bound
     _allocate_missing(A, outputs, named, dtypes,
                       lambda: (offs.shape[0], A.shape[0], width) if B.dim() == 2
                       else (A.shape[0], width), outs, onames)
-    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
-                         where, from_fn, (tune, allow_tf32, fp8_fast_accum, cc))
-    torch_op.call_grouped(A, B, offs, source, layout, tensors, scalars, outs)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
+                         epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc))
+    torch_op.call_grouped(A, B, offs, epi.source, layout, tensors, scalars, outs)
     return _returned(outputs, onames, outs)
 
 
@@ -358,8 +305,8 @@ def _requiring_grad(A: torch.Tensor, B: torch.Tensor, tensors: list, tnames: lis
     return tuple(n for n, t in (("A", A), ("B", B), *zip(tnames, tensors)) if t.requires_grad)
 
 
-def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, options, grad,
-                    tensors, tnames, nones, scalars, snames, outs, onames, backward, offs=None):
+def _gemm_with_grad(A, B, epi: _Epilogue, named, dtypes, options, grad, tensors, tnames,
+                    nones, scalars, snames, outs, onames, backward, offs=None):
     """``gemm`` for a call some input of which requires grad: one call of the differentiable
     operator ``evtfuse::gemm_functional`` (``runtime.autograd``), which returns new outputs;
     those the caller gave are written by a copy (itself differentiable, as torch's
@@ -368,12 +315,15 @@ def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, 
     guard under torch.compile when K is symbolic), so the layout says the mode as data.
     ``offs``: ``grouped_gemm`` over M, through ``evtfuse::grouped_gemm_functional``
     (``runtime.grouped_autograd``); the copy keeps what a given output held in the rows
-    of no group (at or past offs[-1]), as the call without gradients does."""
+    of no group (at or past offs[-1]), as the call without gradients does. ``options``:
+    the call's (tune, allow_tf32, fp8_fast_accum, cc), as ``layout_text`` takes them."""
+    source, outputs = epi.source, epi.outputs
+    _tune, allow_tf32, _fp8_fast_accum, _cc = options
     alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, default_output_dtype(A.dtype)))}"
                   for n in outputs if n not in named)
-    mode = autograd.backward_mode(backward, A.shape[-1], A.dtype, options[1])
-    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line, where,
-                         from_fn, options, "", grad, alloc, mode)
+    mode = autograd.backward_mode(backward, A.shape[-1], A.dtype, allow_tf32)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
+                         epi.where, epi.from_function, options, "", grad, alloc, mode)
     # the given outputs only tell their shapes and dtypes: no autograd edge to what they held
     given_outs = [o.detach() for o in outs]
     if offs is None:
@@ -393,9 +343,10 @@ def _gemm_with_grad(A, B, source, line, where, from_fn, outputs, named, dtypes, 
     return tuple(got.get(n) for n in outputs)
 
 
-def _sort(named: dict, fn_name: str, params: tuple, outputs: tuple) -> tuple:
+def _sort(named: dict, epi: _Epilogue) -> tuple:
     """A call's operands and outputs by kind, as the operator's lists take them: (tensors,
     their names, names passed None, scalars, their names, outputs given, their names)."""
+    outputs = epi.outputs
     tensors, tnames, nones, scalars, snames, outs, onames = [], [], [], [], [], [], []
     for name, v in named.items():
         if isinstance(v, torch.Tensor):
@@ -411,7 +362,7 @@ def _sort(named: dict, fn_name: str, params: tuple, outputs: tuple) -> tuple:
             scalars.append(v)
             snames.append(name)
         else:
-            check_given(fn_name, params, outputs, {**named, **dict.fromkeys(outputs)})
+            check_given(epi.name, epi.params, outputs, {**named, **dict.fromkeys(outputs)})
             raise not_an_operand(name, v)
     return tensors, tnames, nones, scalars, snames, outs, onames
 
@@ -419,14 +370,14 @@ def _sort(named: dict, fn_name: str, params: tuple, outputs: tuple) -> tuple:
 def run_kernel_through_op(kernel: Kernel, args: GemmArguments) -> None:
     """``Kernel.run`` under torch.compile: one ``torch.ops.evtfuse.gemm`` call naming the
     kernel (the arguments' outputs are all given)."""
-    source, line, where, from_fn, fn_name, params, outputs, gated = _epilogue_of(args.epilogue.epilogue)
+    epi = _epilogue_of(args.epilogue.epilogue)
     named = args.epilogue.values
     check_no_grad(args.A, args.B, named)
-    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, fn_name, params, outputs)
+    tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     options = ("none", args.allow_tf32, args.fp8_fast_accum, kernel.target.cc)
-    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), line,
-                         where, from_fn, options, kernel.name)
-    torch_op.call(args.A, args.B, source, layout, tensors, scalars, outs)
+    layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
+                         epi.where, epi.from_function, options, kernel.name)
+    torch_op.call(args.A, args.B, epi.source, layout, tensors, scalars, outs)
 
 
 def _run_named(A, B, parsed, lay: Layout, values: dict) -> None:
@@ -474,7 +425,8 @@ def _parsed_of(source: str, lay: Layout):
 
 def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
     key = (source, lay.line, lay.where)
-    options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, None if lay.cc < 0 else lay.cc)
+    cc = None if lay.cc < 0 else lay.cc
+    options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, cc)
     last = _last_call.get(key)
     if last is not None and last.options == options and A is last.A() and B is last.B() \
             and _same_objects(values, last.given) \
@@ -499,7 +451,7 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
     acc = torch.float32 if A.dtype.is_floating_point else torch.int32
     args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=lay.allow_tf32,
                          fp8_fast_accum=lay.fp8_fast_accum)
-    kernel = choose_kernel(args, tune=lay.tune, cc=options[3])
+    kernel = choose_kernel(args, tune=lay.tune, cc=cc)
     plan = kernel.plan(args)
     plan(A, B, values)
     if len(_fast) > 1024:
@@ -531,7 +483,7 @@ class _Structure:
         tensor (same-address pairs are part of the structure, checked when it was first
         seen). Else the call is validated from scratch, which says what overlaps."""
         for i, j, si, sj in self.pairs:  # memory.ranges_meet, inline: spans are nonzero here
-            a, b = state[i][0], state[j][0]
+            a, b = state[i][0], state[j][0]  # the addresses (``tensor_state``'s first)
             if a < b + sj and b < a + si:
                 return False
         return True
@@ -573,7 +525,7 @@ def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple[tuple, lis
     and which tensors share an address (numbered by first appearance), each other value
     as None or "scalar" (``kernel.value_key``); with the call's tensors and their
     ``tensor_state`` (address, shape, strides, storage size), for the memory checks. Per
-    call with new tensors, so kept lean (host time per ``gemm`` call, BENCHMARKS.md
+    call with new tensors, so kept lean (host time per ``gemm`` call, benchmarks/HISTORY.md
     thirteenth session)."""
     seen: dict[int, int] = {}
     parts = []
@@ -582,8 +534,8 @@ def _call_key(A: torch.Tensor, B: torch.Tensor, named: dict) -> tuple[tuple, lis
     for n, v in (("A", A), ("B", B), *named.items()):  # no keyword can be named A or B
         if isinstance(v, torch.Tensor):
             st = tensor_state(v)
-            p = st[0]
-            parts.append((n, v.dtype, st[1], st[2], not p & 15, v.device,
+            p, shape, strides, _storage = st
+            parts.append((n, v.dtype, shape, strides, not p & 15, v.device,
                           seen.setdefault(p, len(seen))))
             tensors.append(v)
             state.append(st)

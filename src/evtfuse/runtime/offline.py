@@ -45,7 +45,7 @@ def offered(args: GemmArguments, cc: int = 90, sms: int = 132) -> list[tuple[Ker
     """The (family, config) pairs ``get_kernels`` would offer for ``args`` on a GPU of
     compute capability ``cc`` with ``sms`` SMs, best first (the families' refusals and
     ``order_by_fill`` included), for arguments on the CPU."""
-    from .api import kernels_for
+    from .discovery import kernels_for
 
     target = Target("cuda", cc, args.A.device, sms, offline=True)
     return [(k.family, k.config) for k in kernels_for(args, target)]

@@ -1,19 +1,20 @@
 """Autotuning: time candidate kernels once per problem class, remember the winner on disk.
 
-Layer: runtime. The key holds everything that changes which kernel is best or whether
-it runs at all: the code generator's and the search's versions (new kernel families and
-a new search re-tune), the epilogue's DAG signature, L, N, K and M's size class
-(``size_class``: a new M in a known class, as in training with variable sequence lengths
-or serving with a new batch size, reuses the class's choice instead of tuning again),
-dtypes, layouts (strides' order and TMA alignment), the GPU's name and capability, and
-the tuning mode. A choice is reused only where it is among the problem's own candidates
-(a kernel that needs 64-bit offsets at the larger M has another name). The
-in-memory table answers repeated calls without touching the disk. "fast" tuning times the
-heuristic's first few candidates within a time budget (28 s by default, so that a first
-call with its parsing and launch stays under 30 s; ``EVTFUSE_TUNE_BUDGET_S``);
-"exhaustive" times all, then the winner at other tile orders (``TILE_ORDERS``); "none"
-takes the first. Candidates compile at once in a pool of threads (``_precompile``) before
-any is timed.
+Layer: runtime, between ``runtime.api`` (which asks it for a kernel) and
+``runtime.discovery`` (the candidates: ``get_kernels``). The key holds everything that
+changes which kernel is best or whether it runs at all: the code generator's and the
+search's versions (new kernel families and a new search re-tune), the epilogue's DAG
+signature, L, N, K and M's size class (``size_class``: a new M in a known class, as in
+training with variable sequence lengths or serving with a new batch size, reuses the
+class's choice instead of tuning again), dtypes, layouts (strides' order and TMA
+alignment), the GPU's name and capability, and the tuning mode. A choice is reused only
+where it is among the problem's own candidates (a kernel that needs 64-bit offsets at the
+larger M has another name). The in-memory table answers repeated calls without touching
+the disk. "fast" tuning times the heuristic's first few candidates within a time budget
+(28 s by default, so that a first call with its parsing and launch stays under 30 s;
+``EVTFUSE_TUNE_BUDGET_S``); "exhaustive" times all, then the winner at other tile orders
+(``TILE_ORDERS``); "none" takes the first. Candidates compile at once in a pool of
+threads (``_precompile``) before any is timed.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from ..errors import UnsupportedError
 from ..ir import signature
 from . import cache
 from .device import device_name
+from .discovery import explain, get_kernels
 
 log = logging.getLogger("evtfuse")
 
-FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: api.order_by_fill)
+FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: discovery.order_by_fill)
 TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;
 #                      6: candidates ordered by how much of the GPU their tiles fill;
@@ -90,7 +92,7 @@ def _time_kernel(kernel, args: GemmArguments) -> float:
     while the host enqueues the launch. Events recorded on an idle GPU around a launch
     also time the host's launch work (20-40 us on the H100 machine), which differs between
     families; with them the tuner took gluon for row amax at 4096^3 (0.207 ms) over the
-    hopper kernel (0.196 ms; BENCHMARKS.md, fifth session)."""
+    hopper kernel (0.196 ms; benchmarks/HISTORY.md, fifth session)."""
     if args.A.device.type != "cuda":
         t0 = time.perf_counter()
         kernel.run(args)
@@ -115,8 +117,6 @@ def _scratch(args: GemmArguments) -> GemmArguments:
 def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
     """The kernel to run ``args`` with: its size class's choice (``size_class``: in this
     process, or from the disk cache), or found by timing candidates."""
-    from .api import explain, get_kernels
-
     if tune not in ("fast", "exhaustive", "none"):
         raise ValueError(f"tune must be 'fast', 'exhaustive' or 'none', not {tune!r}")
     key = tuning_key(args, tune, cc)
@@ -163,7 +163,7 @@ def tuning_record(args: GemmArguments, chosen, tune: str) -> dict:
 
 ROUNDS = 4  # timing rounds over all candidates, interleaved
 # do_bench time per candidate and round: long enough for the GPU to reach the clocks it
-# holds under sustained load. Measured on an H100 (BENCHMARKS.md, ninth session; gelu +
+# holds under sustained load. Measured on an H100 (benchmarks/HISTORY.md, ninth session; gelu +
 # bias, 16384x4096x4096): with 15 ms windows cuBLAS read 0.721 ms and the gluon 128x128
 # kernel ranked first (0.75-0.79 against 0.81-0.86 for the hopper 128x256 one); with
 # 200 ms windows cuBLAS read 0.814, the hopper kernel ranked first (0.837-0.851 against
@@ -174,7 +174,7 @@ WARMUP_MS = 5  # do_bench's warm-up time before each window
 # timed DUEL_ROUNDS more times each, alternating which goes first; the pick between them is
 # made on all their later rounds. At 2048^3-4096^3 the best candidates of different
 # families sit within 1-3% of each other, and a median of three rounds picked a different
-# one from process to process (BENCHMARKS.md, thirteenth session: bias+relu 2048^3 drew the
+# one from process to process (benchmarks/HISTORY.md, thirteenth session: bias+relu 2048^3 drew the
 # Gluon 128x128 kernel in one run, the hopper one-wave kernel in another)
 DUEL_ROUNDS = 4
 DUEL_MARGIN = 0.03
@@ -185,7 +185,7 @@ def _sustained(times: list[float]) -> float:
 
     The first round times each candidate right after its compile, seconds in which the
     GPU idled and cooled: it runs at boost clocks then, by as much as that candidate's
-    compile let it cool. Measured on an H100 (BENCHMARKS.md, ninth session; gelu+bias,
+    compile let it cool. Measured on an H100 (benchmarks/HISTORY.md, ninth session; gelu+bias,
     two tunings from empty caches per shape): at 16384x4096x4096 the first rounds read
     0.725-0.807 ms and the later ones 0.738-0.935, and the lowest first-round time
     picked a different kernel in each tuning (cooperative e4, then ping-pong e4), while
@@ -325,7 +325,7 @@ def _report_failure(kernel, exc: BaseException) -> None:
 # Tile orders (GROUP_M: row-tiles per band of the persistent tile order) the exhaustive
 # search also tries for the kernel it picked. The band decides how often A's and B's lines
 # come back from DRAM while the outputs stream through L2, and it moves a kernel by up to
-# 5% either way, not monotonically and differently per shape and epilogue (BENCHMARKS.md,
+# 5% either way, not monotonically and differently per shape and epilogue (benchmarks/HISTORY.md,
 # sixteenth session, H100: relu aux 8192x8192x1024 bands of 4 / 8 / 16 0.274 / 0.259 /
 # 0.253 ms, 16384x4096x4096 0.816 / 0.796 / 0.926); the fast search keeps to the families'
 # own one or two orders per config.

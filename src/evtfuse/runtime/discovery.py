@@ -1,0 +1,86 @@
+"""Kernel discovery: ``get_kernels`` and ``explain``.
+
+Layer: runtime, below ``runtime.api`` (the one-call API) and ``runtime.tuner`` (which
+chooses among the kernels found here); it imports neither. ``get_kernels`` asks every
+family whether it supports the arguments and returns its configurations as ``Kernel``
+objects, best first (one object per family, config and target, kept for the process);
+``explain`` says why each family does or does not. ``runtime.api`` re-exports the public
+names (``evtfuse.get_kernels``, ``evtfuse.explain``).
+"""
+
+from __future__ import annotations
+
+from ..arguments import GemmArguments
+from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
+from .device import interpreter_enabled, sm_count, target_of
+from .kernel import Kernel
+
+_kernel_objects: dict[tuple, Kernel] = {}
+
+
+def _target(args: GemmArguments, cc: int | None) -> Target:
+    kind, cc_value = target_of(args.A.device, cc)
+    if kind == INTERPRETER and not interpreter_enabled():
+        kind = "none"
+    return Target(kind, cc_value, args.A.device, sm_count(args.A.device))
+
+
+def _no_target_reason(target: Target) -> str | None:
+    if target.kind == "none":
+        return ("tensors are on the CPU and Triton's interpreter is off: use CUDA tensors, or "
+                "set TRITON_INTERPRET=1 (evtfuse.runtime.device.use_interpreter()) for CPU runs")
+    return None
+
+
+def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
+    """Kernels that support ``args``, best first; ``[]`` when none does (see ``explain``)."""
+    target = _target(args, cc)
+    if _no_target_reason(target):
+        return []
+    return kernels_for(args, target)
+
+
+def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
+    """``get_kernels`` for a given target (``runtime.offline`` asks for an sm_90 GPU's)."""
+    kernels: list[Kernel] = []
+    for family in FAMILIES:
+        if not family.supports(args, target):
+            continue
+        for config in family.configs(args, target):
+            key = (family.name, config, target)
+            k = _kernel_objects.get(key)
+            if k is None:
+                k = _kernel_objects[key] = Kernel(family, config, target)
+            kernels.append(k)
+    return order_by_fill(kernels, args, target)
+
+
+def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
+    """``kernels`` (in the families' order) with the configs whose tiles leave most of the
+    GPU idle moved behind those that fill it (``family_base.fill_rank``; a stable sort, so
+    problems that every config fills keep the families' order). At 64x8192x8192 the gluon
+    family's 128-row tiles occupy 64 of 132 SMs (relu aux 0.070 ms) and the hopper family's
+    64x64 ones 128 (0.0595): the fast tuning's budget must reach those first (a 12 s
+    budget spent it on the gluon configs; benchmarks/HISTORY.md, fifteenth session). Under the
+    interpreter the order is the families'."""
+    if target.kind != "cuda":
+        return kernels
+    return sorted(kernels, key=lambda k: fill_rank(args, k.config, target.sms))
+
+
+def explain(args: GemmArguments, cc: int | None = None) -> str:
+    """Why each kernel family does or does not support ``args``."""
+    target = _target(args, cc)
+    lines = [f"target: {target.kind} (cc {target.cc}), problem L={args.L} M={args.M} "
+             f"N={args.N} K={args.K}, A/B {args.A.dtype}"]
+    why = _no_target_reason(target)
+    if why:
+        return "\n".join(lines + [f"no kernel can run: {why}"])
+    for family in FAMILIES:
+        status = family.supports(args, target)
+        verdict = "supported" if status else f"refused: {status.reason}"
+        lines.append(f"{family.name}: {verdict}")
+    return "\n".join(lines)
+
+
+__all__ = ["get_kernels", "explain", "kernels_for", "order_by_fill"]
