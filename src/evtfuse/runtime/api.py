@@ -69,6 +69,7 @@ class _Epilogue(NamedTuple):
     params: tuple  # its operands' names, after accum, in order
     outputs: tuple  # its outputs' names, in return order
     gated: bool  # ``pairs(accum)``: B holds 2N columns for N output columns
+    conditional: tuple  # outputs assigned ``store_where``: the caller gives their buffers
 
 
 @constant_result
@@ -83,7 +84,8 @@ def _epilogue_of(epilogue) -> _Epilogue:
         _check_keyword_names(parsed)
         hit = _epilogues[key] = _Epilogue(text.source, text.line_offset, text.where,
                                           text.from_function, parsed.name, parsed.params,
-                                          parsed.outputs, parsed.gated)
+                                          parsed.outputs, parsed.gated,
+                                          parsed.conditional_outputs)
         _parsed_cache[(text.source, text.line_offset, text.where)] = parsed
     return hit
 
@@ -113,13 +115,19 @@ def _check_keyword_names(parsed) -> None:
 
 def _check_operands_given(A, B, epi: _Epilogue, named: dict, call: str = "gemm") -> None:
     """What ``gemm`` checks before anything else, in its own words: A and B are 2-D or 3-D
-    tensors, and every operand of the epilogue is a keyword argument of the call (a
-    misspelt one named with the closest parameter)."""
+    tensors, every conditional store's output is given, and every operand of the epilogue
+    is a keyword argument of the call (a misspelt one named with the closest parameter)."""
     for name, t in (("A", A), ("B", B)):
         if isinstance(t, torch.Tensor) and t.dim() not in (2, 3):
             raise EpilogueError(f"{call}: {name} must have 2 or 3 dimensions ((M, K) / (L, M, K) "
                                 f"for A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",
                                 variable=name)
+    for name in epi.conditional:
+        if named.get(name) is None:
+            raise EpilogueError(
+                f"output {name} is a conditional store (store_where): where its condition "
+                f"fails it keeps what its buffer holds, so {call} allocates no such output; "
+                f"pass {name}= a full output tensor", variable=name)
     params = epi.params
     missing = [p for p in params if p not in named]
     if not missing:
