@@ -200,3 +200,48 @@ def test_what_still_costs_a_compile_for_a_new_m():
     assert not fam.plan(a2, a2.optimized_dag, c, target)[1]["EVEN_MN"]
     col = _family_args(_NO_M_EDGE["alpha_beta"][0], {"C": "full"}, 4096, a_col=True)
     assert "do_not_specialize" not in fam.spec(col, c, target).jit_line()
+
+
+def test_shipped_defaults_suggest_the_nearest_measured_shape():
+    """``defaults.suggestions``: the kernels chosen at the nearest measured shape (within a
+    factor of two over M, N and K together), for the same GPU or one of its kind, the most
+    often chosen first; nothing for another dtype or a shape far from every entry."""
+    from evtfuse.runtime.defaults import suggestions
+
+    h100, bf = ("NVIDIA H100 80GB HBM3", "9.0", 132), "torch.bfloat16"
+    entries = ({"gpu": h100[0], "cc": "9.0", "sms": 132, "dtype": bf, "shape": [4096] * 3,
+                "kernels": ["a", "b"]},
+               {"gpu": h100[0], "cc": "9.0", "sms": 132, "dtype": bf, "shape": [8192, 8192, 1024],
+                "kernels": ["c"]})
+    assert suggestions(*h100, bf, (4096, 4096, 4096), entries) == ["a", "b"]
+    assert suggestions(*h100, bf, (3000, 4096, 4096), entries) == ["a", "b"]  # log2 0.45
+    assert suggestions(*h100, bf, (8192, 8192, 1536), entries) == ["c"]
+    assert suggestions(*h100, bf, (64, 4096, 4096), entries) == []  # too far from both
+    assert suggestions(*h100, "torch.float16", (4096, 4096, 4096), entries) == []
+    assert suggestions("NVIDIA H200", "9.0", 132, bf, (4096, 4096, 4096), entries) == ["a", "b"]
+    assert suggestions("NVIDIA A100", "8.0", 108, bf, (4096, 4096, 4096), entries) == []
+
+
+def test_shipped_defaults_name_kernels_the_families_offer():
+    """The package's defaults.json (scripts/defaults_table.py over the suite's results):
+    every entry is well formed, and at the suite's 4096^3 bf16 shape most suggestions are
+    kernels an sm_90 GPU is offered today for the alpha-beta epilogue (a renamed config
+    would silently stop being suggested)."""
+    import json
+
+    from evtfuse.runtime.defaults import DEFAULTS_FILE, FORMAT, suggestions
+    from evtfuse.runtime.offline import offered
+
+    data = json.loads(DEFAULTS_FILE.read_text())
+    assert data["format"] == FORMAT and data["entries"]
+    for e in data["entries"]:
+        assert {"gpu", "cc", "sms", "dtype", "shape", "kernels"} <= set(e) and e["kernels"]
+    bf = torch.bfloat16
+    M = N = K = 4096
+    A, B, C = torch.empty(M, K, dtype=bf), torch.empty(K, N, dtype=bf), torch.empty(M, N, dtype=bf)
+    D = torch.empty(M, N, dtype=bf)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def e(accum, C): D = 0.5 * accum + C; return D", C=C, D=D))
+    names = {f"{f.name}_{c.name}" for f, c in offered(args)}
+    hints = suggestions("NVIDIA H100 80GB HBM3", "9.0", 132, "torch.bfloat16", (M, N, K))
+    assert hints and sum(h in names for h in hints) >= len(hints) // 2, (hints, names)

@@ -228,3 +228,21 @@ def test_cached_exhaustive_choice_at_another_tile_order_is_found(monkeypatch):
     monkeypatch.setattr(tuner, "_chosen", {})
     chosen = tuner.choose_kernel(args, "exhaustive")
     assert chosen.name == name and chosen.config.group_m == 16 and chosen.config.cooperative
+
+
+def test_fast_and_none_start_from_the_shipped_defaults():
+    """Near a shape the suite measured on this kind of GPU (the shipped defaults), "fast"
+    times the suggested kernels this problem is offered, then the heuristic's first two;
+    "none" takes the first suggestion; "exhaustive" keeps every candidate; far from every
+    measured shape the families' order stands."""
+    args, _, ks = _h100_kernels(4096, 4096, 4096)  # relu aux, as the suite's relu_aux cell
+    hints = tuner.hinted(args, ks)
+    assert hints and all(k in ks for k in hints)
+    fast = tuner.candidates(args, ks, "fast")
+    assert fast[:len(hints)] == hints and len(fast) <= len(hints) + tuner.FROM_HEURISTIC
+    assert set(ks[:tuner.FROM_HEURISTIC]) <= set(fast)
+    assert len(fast) < tuner.FAST_CANDIDATES  # fewer compiles and timing windows
+    assert tuner.candidates(args, ks, "none")[0] is hints[0]
+    assert tuner.candidates(args, ks, "exhaustive") is ks
+    far, _, far_ks = _h100_kernels(300, 5000, 700)
+    assert tuner.hinted(far, far_ks) == [] and tuner.candidates(far, far_ks, "fast") is far_ks

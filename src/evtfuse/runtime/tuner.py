@@ -32,11 +32,13 @@ from ..errors import UnsupportedError
 from ..ir import signature
 from . import cache
 from .device import device_name
+from .defaults import suggestions
 from .discovery import explain, get_kernels
 
 log = logging.getLogger("evtfuse")
 
 FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: discovery.order_by_fill)
+FROM_HEURISTIC = 2  # the heuristic's first candidates timed beside the shipped defaults'
 TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;
 #                      6: candidates ordered by how much of the GPU their tiles fill;
@@ -138,12 +140,16 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         _records[key] = record  # the next M of the class does not read the disk again
         log.info("evtfuse: %s for %dx%dx%d: the choice of its size class (tuned at M=%s)",
                  chosen.name, args.M, args.N, args.K, record.get("M"))
-    elif tune == "none" or len(kernels) == 1 or args.A.device.type != "cuda":
+    elif len(kernels) == 1 or args.A.device.type != "cuda":
         chosen = kernels[0]
+    elif tune == "none":
+        chosen = candidates(args, kernels, tune)[0]
     else:
-        log.info("evtfuse: tuning %dx%dx%d (M class %d): %d candidates", args.M, args.N,
-                 args.K, size_class(args.M), len(kernels))
-        chosen = _search(args, kernels, tune)
+        cands = candidates(args, kernels, tune)
+        log.info("evtfuse: tuning %dx%dx%d (M class %d): %d candidates%s", args.M, args.N,
+                 args.K, size_class(args.M), len(cands),
+                 "" if cands is kernels else " (the shipped defaults' and the heuristic's)")
+        chosen = _search(args, cands, tune)
         if tune == "exhaustive":
             chosen = _refine_tile_order(args, chosen, kernels)
         record = tuning_record(args, chosen, tune)
@@ -151,6 +157,32 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         _records[key] = record
     _chosen[(key, args.M)] = chosen
     return chosen
+
+
+def candidates(args: GemmArguments, kernels: list, tune: str) -> list:
+    """The kernels a search times (``tune="none"``: the first is taken untimed). Where the
+    shipped defaults (``defaults.suggestions``: the suite's tuned choices on this kind of
+    GPU, nearest shape) suggest kernels this problem is offered, "fast" and "none" start
+    from them: "fast" times those and the heuristic's first ``FROM_HEURISTIC`` (fewer
+    compiles and timing windows than the heuristic's ``FAST_CANDIDATES``), "none" takes the
+    first suggestion. Elsewhere, and for "exhaustive", the families' own order."""
+    if tune == "exhaustive":
+        return kernels
+    hints = hinted(args, kernels)
+    if not hints:
+        return kernels
+    return hints + [k for k in kernels[:FROM_HEURISTIC] if k not in hints]
+
+
+def hinted(args: GemmArguments, kernels: list) -> list:
+    """The offered kernels the shipped defaults suggest for ``args``, in their order."""
+    target = kernels[0].target
+    if target.kind != "cuda":
+        return []
+    by_name = {k.name: k for k in kernels}
+    names = suggestions(device_name(args.A.device), f"{target.cc // 10}.{target.cc % 10}",
+                        target.sms, str(args.A.dtype), (int(args.M), int(args.N), int(args.K)))
+    return [by_name[n] for n in names if n in by_name]
 
 
 def tuning_record(args: GemmArguments, chosen, tune: str) -> dict:
