@@ -30,6 +30,7 @@ from ..arguments import GemmArguments
 from ..backends.triton.spec import GENERATOR_VERSION
 from ..errors import UnsupportedError
 from ..ir import signature
+from ..sizes import size_class
 from . import cache
 from .device import device_name
 from .defaults import suggestions
@@ -48,19 +49,6 @@ TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made
 #                      9: keyed on M's size class)
 _records: dict[str, dict] = {}  # tuning key (M's class) -> its choice, as the disk holds it
 _chosen: dict[tuple, object] = {}  # (tuning key, M) -> the kernel chosen for that M
-
-
-def size_class(m: int) -> int:
-    """The class of a problem's M in the tuning key: the class's largest M. Up to 64 rows,
-    classes of 16, 32 and 64 (the small-M tiles differ there); above, four classes per
-    octave (M rounded up to 2^k times 5/4, 6/4, 7/4 or 2): within a class the number of
-    row tiles differs by at most a quarter, so the waves of a tile grid, which decide
-    between candidates, differ little. Every other dimension is keyed exactly."""
-    m = int(m)
-    if m <= 64:
-        return 16 if m <= 16 else 32 if m <= 32 else 64
-    octave = 1 << ((m - 1).bit_length() - 1)  # the power of two below m (m > octave)
-    return next(octave * q // 4 for q in (5, 6, 7, 8) if m <= octave * q // 4)
 
 
 def layout_key(t: torch.Tensor) -> tuple:

@@ -236,9 +236,10 @@ def even_tiles(args: GemmArguments, config: TileConfig) -> bool:
             and (not across_n or args.N % config.block_n == 0))
 
 
-def tile_count(args: GemmArguments, config: TileConfig) -> int:
-    """Output tiles of ``config`` for ``args`` (every batch)."""
-    return triton_cdiv(args.M, config.block_m) * triton_cdiv(args.N, config.block_n) * args.L
+def tile_count(args: GemmArguments, config: TileConfig, m: int | None = None) -> int:
+    """Output tiles of ``config`` for ``args`` (every batch; at ``m`` rows if given)."""
+    rows = args.M if m is None else m
+    return triton_cdiv(rows, config.block_m) * triton_cdiv(args.N, config.block_n) * args.L
 
 
 def fill_rank(args: GemmArguments, config: TileConfig, sms: int) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
+from ...sizes import size_class
 from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, tile_count)
 from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
@@ -157,17 +158,27 @@ class HopperFamily(KernelFamily):
                             args.K, args.L]
         items += _epilogue_items(args, dag, "hopper", config, l2_spread=spec.l2_spread)
         tiles = tile_count(args, config)
-        num_sms = min(_sms(target) * config.ctas_per_sm, tiles)
+        cap = _sms(target) * config.ctas_per_sm
+        if dag.reductions:  # their per-program partials: one per program launched
+            num_sms = programs = min(cap, tiles)
+            one_wave = num_sms == tiles
+        else:
+            # constant over M's size class, so that every M of the class runs one compiled
+            # kernel: the programs of the class's largest M, the launch's no more than the
+            # tiles (each program's first tile is its own; in one wave its only one)
+            widest = tile_count(args, config, size_class(args.M))
+            num_sms, one_wave = min(cap, widest), widest <= cap
+            programs = min(num_sms, tiles)
         red_items, post = _reduction_items(args, dag, config, "hopper", target, programs=num_sms)
         items += red_items
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       INPUT_PRECISION=self.input_precision(args, target), NUM_SMS=num_sms,
                       FLATTEN=config.flatten, WARP_SPECIALIZE=config.warp_specialize,
-                      ONE_ROW=args.M <= bm and args.L == 1, ONE_WAVE=num_sms == tiles,
+                      ONE_ROW=args.M <= bm and args.L == 1, ONE_WAVE=one_wave,
                       EVEN_MN=even_tiles(args, config))
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
-        return items, consts, (num_sms,), post
+        return items, consts, (programs,), post
 
 
 def _l2_spread_ok(args: GemmArguments) -> bool:
