@@ -150,3 +150,22 @@ def test_no_derivative_yet():
                        r"derivative"):
         evtfuse.gemm(A, B, "def e(accum): D = store_where(accum > 0.0, accum); return D",
                      D=torch.zeros(8, 6))
+
+
+def test_special_values_are_stored_unchanged_where_the_condition_holds():
+    """Conditions and values made of special floats (+-0, +-inf, NaN, subnormals): a NaN
+    condition is nonzero, so stored; every stored value bit for bit."""
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
+                            -1e-40, 3.4e38, -1.0, 1.0])
+    M, N = special.numel(), special.numel()
+    x = special.view(M, 1).expand(M, N).contiguous()  # per-row conditions
+    C = special.view(1, N).expand(M, N).contiguous()  # values along the columns
+    A, B = torch.zeros(M, 4), torch.zeros(4, N)  # accum = 0
+    old = torch.full((M, N), 12.5)
+    D = old.clone()
+    evtfuse.gemm(A, B, "def e(accum, x, C):\n    D = store_where(x, C + accum)\n    return D",
+                 x=x, C=C, D=D)
+    want = torch.where(x != 0, C + 0.0, old)
+    assert torch.equal(D.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(D[ok], want[ok]) and torch.equal(D[ok].signbit(), want[ok].signbit())
