@@ -15,6 +15,9 @@ mainloop and in how full tiles move, which their tile objects here tell the emit
   mainloop reads rows/columns past the edge as wrapped ones and masks K only where it is
   not a multiple of BLOCK_K (``EVEN_K``), the epilogue masks its loads and stores; runs
   on any Triton GPU target and under the CPU interpreter.
+
+``generate`` writes the module of any family: a gluon kernel comes from ``gluon_codegen``,
+which imports nothing from here (what both emitters spell alike is in ``emit_common``).
 """
 
 from __future__ import annotations
@@ -26,20 +29,12 @@ import torch
 from ... import ir
 from ...ir import Dag, NodeKind, OperandKind, OutputKind
 from ...optable import FP8_DTYPES, OPS
+from .emit_common import split_pieces, vector_load
 from .epilogue_emit import EpilogueEmitter
 from .names import User
 from .prelude import helpers_for
 from .spec import (INT_OUTPUTS, TL_DTYPES, KernelSpec, epilogue_params, int64_lines,
                    launch_dependents_lines, reduce_outputs)
-
-
-def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
-    """A per-row or per-column operand read from global memory, broadcast over the tile."""
-    if kind is OperandKind.PER_ROW:
-        return (f"tl.load({u('ptr')} + {bofs} + {rm} * {u('sm')}, mask={rm} < M, other=0.0)"
-                ".to(tl.float32)[:, None]")
-    return (f"tl.load({u('ptr')} + {bofs} + {rn} * {u('sn')}, mask={rn} < N, other=0.0)"
-            ".to(tl.float32)[None, :]")
 
 
 class _TritonTile:
@@ -232,12 +227,12 @@ def _portable_source(spec: KernelSpec) -> str:
     if gated:
         tile.bn = "(BLOCK_N // 2)"
     lines += epi.body(tile, I1)
-    finish = epi.fold_finish("tl.num_programs(0) * tl.num_programs(1)", I1)
+    finish = epi.reductions.fold_finish("tl.num_programs(0) * tl.num_programs(1)", I1)
     helper: list[str] = []
     if finish:  # its own function: inlined, its loop's registers spilled the tile's (sm_90)
-        names = ", ".join(epi.fold_names() + ["M", "N", "L"])
+        names = ", ".join(epi.reductions.fold_names() + ["M", "N", "L"])
         helper = ["@triton.jit(noinline=True)", f"def _ef_fold_finish({names}):",
-                  *int64_lines(spec, epi.fold_params(), I1), *finish, "", ""]
+                  *int64_lines(spec, epi.reductions.fold_params(), I1), *finish, "", ""]
         lines.append(f"{I1}_ef_fold_finish({names})")
     return "\n".join(helper + lines) + "\n"
 
@@ -312,30 +307,6 @@ def _group_lines(i1: str, i2: str) -> list[str]:
     ]
 
 
-def _split_lines(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_M"
-                 ) -> tuple[list[str], list[str]]:
-    """Code splitting ``root`` (``rows`` high) into ``split`` column pieces (left to
-    right) and their names."""
-    if split == 1:
-        return [], [root]
-    lines: list[str] = []
-    pieces = [root]
-    width = "BLOCK_N"
-    level = 0
-    while len(pieces) < split:
-        nxt = []
-        half = f"({width}) // 2"
-        for p in pieces:
-            a, b = f"{p}_l{level}", f"{p}_r{level}"
-            lines.append(f"{indent}{a}, {b} = tl.split(tl.permute(tl.reshape({p}, "
-                         f"({rows}, 2, {half})), (0, 2, 1)))")
-            nxt += [a, b]
-        pieces = nxt
-        width = half
-        level += 1
-    return lines, pieces
-
-
 # the last k-steps of a tile's mainloop over which its aux tiles are asked into L2
 L2_SPREAD_STEPS = 32
 _PREFETCH_L2 = ('"{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; '
@@ -376,11 +347,9 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
     return before, inside
 
 
-def _hopper_source(spec: KernelSpec) -> str:
-    epi = EpilogueEmitter(spec)
-    roles = epilogue_params(spec.names, spec.dag, "hopper", l2_spread=spec.l2_spread)
-    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + [p for p, _ in roles])
-    I1, I2, I3 = "    ", "        ", "            "
+def _ab_loads(spec: KernelSpec) -> tuple[str, str]:
+    """The mainloop's TMA loads of A's and B's blocks as ``tl.dot`` takes them (batched:
+    the 3-D block reshaped to 2-D; column-major: transposed)."""
     a_idx = "[bid, off_m, off_k]" if spec.a_batched else "[off_m, off_k]"
     if spec.a_trans:
         a_idx = "[bid, off_k, off_m]" if spec.a_batched else "[off_k, off_m]"
@@ -397,24 +366,60 @@ def _hopper_source(spec: KernelSpec) -> str:
         a_load += ".T"
     if spec.b_trans:
         b_load += ".T"
-    lines = [
+    return a_load, b_load
+
+
+def _hopper_tile_coords(i1: str, i2: str) -> list[str]:
+    """``_ef_tile_coords``: a tile's batch, row and column of tiles (grouped order)."""
+    return [
         "@triton.jit",
         "def _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, GROUP_M: tl.constexpr,",
         "                    ONE_ROW: tl.constexpr):",
         # one row of tiles and one batch (M <= BLOCK_M, L == 1): the tile is its column, no
         # integer divisions ahead of the first load (small-M problems, where they show)
-        f"{I1}if ONE_ROW:",
-        f"{I2}return tile * 0, tile * 0, tile",
-        f"{I1}bid = tile // tiles_per_batch",
-        f"{I1}t = tile % tiles_per_batch",
-        f"{I1}group = GROUP_M * num_pid_n",
-        f"{I1}first_m = (t // group) * GROUP_M",
-        f"{I1}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
-        f"{I1}pid_m = first_m + ((t % group) % group_m)",
-        f"{I1}pid_n = (t % group) // group_m",
-        f"{I1}return bid, pid_m, pid_n",
+        f"{i1}if ONE_ROW:",
+        f"{i2}return tile * 0, tile * 0, tile",
+        f"{i1}bid = tile // tiles_per_batch",
+        f"{i1}t = tile % tiles_per_batch",
+        f"{i1}group = GROUP_M * num_pid_n",
+        f"{i1}first_m = (t // group) * GROUP_M",
+        f"{i1}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
+        f"{i1}pid_m = first_m + ((t % group) % group_m)",
+        f"{i1}pid_n = (t % group) // group_m",
+        f"{i1}return bid, pid_m, pid_n",
         "",
         "",
+    ]
+
+
+def _prefetch_lines(spec: KernelSpec, indent: str) -> list[str]:
+    """Every full aux tile's sub-tiles requested before the mainloop, so that their
+    latency hides behind it (``KernelSpec.prefetch``)."""
+    lines = []
+    for spec_op in spec.dag.used_operands:
+        if spec_op.kind is not OperandKind.FULL:
+            continue
+        u = spec.names.user(spec_op.name)
+        for s in range(spec.epi_split):
+            off = f"off_n + {s} * (BLOCK_N // {spec.epi_split})"
+            if spec_op.batched:
+                lines.append(f"{indent}{u('pf', s)} = {u('desc')}.load([bid, off_m, {off}])"
+                             f".reshape(BLOCK_M, BLOCK_N // {spec.epi_split})")
+            else:
+                lines.append(f"{indent}{u('pf', s)} = {u('desc')}.load([off_m, {off}])")
+    return lines
+
+
+def _hopper_source(spec: KernelSpec) -> str:
+    """The hopper family's kernel: a persistent loop over tiles, TMA loads, the epilogue
+    per sub-tile."""
+    epi = EpilogueEmitter(spec)
+    roles = epilogue_params(spec.names, spec.dag, "hopper", l2_spread=spec.l2_spread)
+    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + [p for p, _ in roles])
+    I1, I2, I3 = "    ", "        ", "            "
+    a_load, b_load = _ab_loads(spec)
+    lines = [
+        *_hopper_tile_coords(I1, I2),
         spec.jit_line(),
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
@@ -434,7 +439,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I1}tiles_end = NUM_SMS if ONE_WAVE else num_tiles",
     ]
     lines += epi.prologue(I1)
-    lines += epi.program_accumulators(I1)
+    lines += epi.reductions.program_accumulators(I1)
     lines += [
         f"{I1}tile_c = start - NUM_SMS",
         f"{I1}for tile in tl.range(start, tiles_end, NUM_SMS, flatten=FLATTEN, "
@@ -446,18 +451,7 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
     ]
     if spec.prefetch:
-        # aux tiles requested before the mainloop, so that their latency hides behind it
-        for spec_op in spec.dag.used_operands:
-            if spec_op.kind is not OperandKind.FULL:
-                continue
-            u = spec.names.user(spec_op.name)
-            for s in range(spec.epi_split):
-                off = f"off_n + {s} * (BLOCK_N // {spec.epi_split})"
-                if spec_op.batched:
-                    lines.append(f"{I2}{u('pf', s)} = {u('desc')}.load([bid, off_m, {off}])"
-                                 f".reshape(BLOCK_M, BLOCK_N // {spec.epi_split})")
-                else:
-                    lines.append(f"{I2}{u('pf', s)} = {u('desc')}.load([off_m, {off}])")
+        lines += _prefetch_lines(spec, I2)
     spread = _l2_spread_lines(spec, I2, I3) if spec.l2_spread else ([], [])
     lines += spread[0]
     lines += [
@@ -476,10 +470,17 @@ def _hopper_source(spec: KernelSpec) -> str:
         f"{I2}off_n_c = pid_n_c * BLOCK_N",
         f"{I2}rm = off_m_c + tl.arange(0, BLOCK_M)",
     ]
-    split_lines, pieces = _split_lines(spec.epi_split, I2)
+    lines += _hopper_pieces(spec, epi, I2)
+    lines += epi.reductions.program_finish(I1)
+    lines += epi.reductions.fold_finish("tl.num_programs(0)", I1)
+    return "\n".join(lines) + "\n"
+
+
+def _hopper_pieces(spec: KernelSpec, epi: EpilogueEmitter, indent: str) -> list[str]:
+    """The tile's epilogue, sub-tile by sub-tile (``EPI_SPLIT`` column pieces)."""
+    split_lines, pieces = split_pieces(spec.epi_split, indent)
     piece_n = [f"off_n_c + {s} * SUB_N" if s else "off_n_c" for s in range(len(pieces))]
-    if spec.early_vectors:
-        lines += _early_vector_lines(spec, piece_n, I2)
+    lines = _early_vector_lines(spec, piece_n, indent) if spec.early_vectors else []
     lines += split_lines
     for s, piece in enumerate(pieces):
         off_n = piece_n[s]
@@ -489,13 +490,11 @@ def _hopper_source(spec: KernelSpec) -> str:
                           mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))),
                           early_vectors=spec.early_vectors)
         if not spec.early_vectors:
-            lines.append(f"{I2}{rn} = {off_n} + tl.arange(0, SUB_N)")
+            lines.append(f"{indent}{rn} = {off_n} + tl.arange(0, SUB_N)")
         if reduce_outputs(spec.dag):
-            lines.append(f"{I2}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
-        lines += epi.body(sub, I2, first=s == 0, last=s == len(pieces) - 1)
-    lines += epi.program_finish(I1)
-    lines += epi.fold_finish("tl.num_programs(0)", I1)
-    return "\n".join(lines) + "\n"
+            lines.append(f"{indent}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
+        lines += epi.body(sub, indent, first=s == 0, last=s == len(pieces) - 1)
+    return lines
 
 
 def _early_vector_name(u: User, kind: OperandKind, piece: int) -> str:
@@ -533,6 +532,9 @@ def generate(spec: KernelSpec) -> str:
         + '\n"""\n'
     )
     if spec.family == "gluon":
+        # imported here, not with this module: gluon_codegen reads the running Triton's
+        # Gluon names when imported, and importing evtfuse must not import Triton (the CPU
+        # interpreter is switched on after it); gluon_codegen imports nothing of this one
         from .gluon_codegen import generate_gluon
 
         return generate_gluon(spec, header)

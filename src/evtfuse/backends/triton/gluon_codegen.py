@@ -45,6 +45,12 @@ epilogue-memory warp works on *units*: a unit is what one consumer's buffers hol
 time (ping-pong: tile ``u`` of the program; cooperative: half ``u % 2`` of tile ``u // 2``),
 so in both structures buffer set ``u % 2`` serves unit ``u`` and is reused by unit ``u + 2``
 (``_ef_unit_origin`` gives a unit's first row and column).
+
+The emitter's steps follow the module it writes (``_kernel_source``): ``_producer``;
+``_mem_issue`` and ``_mem`` (the epilogue-memory partition); ``_mma_step`` and
+``_consumer`` (its set-up, mainloop, epilogue on column pieces and finish); ``_kernel``
+(signature, shared memory, barriers, ``warp_specialize``). ``_Kernel`` holds what they
+share: the spec, the epilogue's buffers and emitter, the partitions' argument lists.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir import OperandKind, OutputKind
-from .codegen import _split_lines, vector_load
+from .emit_common import split_pieces, vector_load
 from .epilogue_emit import EpilogueEmitter
 from .gluon_buffers import Buffers, buffers
 from .names import Names, User
@@ -176,7 +182,8 @@ LOOP_DIRECT = False
 def _piece_loop(epi: EpilogueEmitter, spec: KernelSpec, bufs: Buffers) -> bool:
     # slot outputs wait in registers across pieces: unrolled
     return PIECE_LOOP and spec.epi_split == 4 and (LOOP_DIRECT or not spec.direct) and \
-        not bufs.slot_stores and all(epi.program_reduced(o) for o in reduce_outputs(spec.dag))
+        not bufs.slot_stores and \
+        all(epi.reductions.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
 @dataclass(frozen=True)
@@ -379,60 +386,172 @@ def _stage(bufs: str, batched: bool, shape: tuple[str, str]) -> str:
     return f"{bufs}.index(s)"
 
 
+SIZES = "M, N, K, L"  # the problem's sizes, every partition's arguments
+CONSTS_SIG = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
+             "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, EVEN_MN: gl.constexpr"
+CONSTS = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, EVEN_MN"
+
+
+@dataclass
+class _Kernel:
+    """One Gluon kernel being written: its spec, epilogue buffers and emitter, and the
+    argument lists its partitions pass each other (what every step below reads)."""
+
+    spec: KernelSpec
+    bufs: Buffers
+    epi: EpilogueEmitter
+    roles: list  # the epilogue's (parameter, role) pairs (``epilogue_params``)
+
+    @classmethod
+    def of(cls, spec: KernelSpec) -> "_Kernel":
+        """The kernel of ``spec``: its buffers (``gluon_buffers``) and epilogue parameters."""
+        batch = spec.a_batched or spec.b_batched
+        bufs = buffers(spec.dag, spec.direct, slots=bool(spec.chunk), batch=batch)
+        roles = epilogue_params(spec.names, spec.dag, "gluon", spec.direct)
+        return cls(spec, bufs, EpilogueEmitter(spec), roles)
+
+    @property
+    def names(self) -> Names:
+        """The kernel's namer."""
+        return self.spec.names
+
+    @property
+    def coop(self) -> bool:
+        """Cooperative tiles (``KernelSpec.coop``), else ping-pong."""
+        return self.spec.coop
+
+    @property
+    def batch(self) -> bool:
+        """L > 1 (``Buffers.batch``)."""
+        return self.spec.a_batched or self.spec.b_batched
+
+    @property
+    def bid(self) -> str:
+        """The batch's place in a tile's coordinates ("": one batch)."""
+        return "bid, " if self.batch else ""
+
+    @property
+    def program(self) -> list[str]:
+        """Every partition's first lines: the persistent schedule (``_program``)."""
+        return _program(self.batch)
+
+    @property
+    def params(self) -> list[str]:
+        """The epilogue's kernel parameters."""
+        return [p for p, _ in self.roles]
+
+    @property
+    def piece_descs(self) -> set:
+        """Descriptors of outputs the consumers store themselves: loads' and whole-tile
+        stores' descriptors go to the epilogue-memory partition, these to the consumers."""
+        return {self.names(n, "desc") for n, _ in
+                self.bufs.piece_stores + self.bufs.slot_stores + self.bufs.consumer_tiles}
+
+    @property
+    def descs(self) -> list[str]:
+        """The epilogue-memory partition's descriptors."""
+        return [p for p, role in self.roles if role == "desc" and p not in self.piece_descs]
+
+    @property
+    def consumer_params(self) -> list[str]:
+        """The epilogue parameters the consumers take."""
+        return [p for p, role in self.roles if role != "desc" or p in self.piece_descs]
+
+    @property
+    def tile_bufs(self) -> list[tuple[str, str]]:
+        """The buffers of tiles and vectors, each with its role (the consumer's view of
+        each: roles "lbc", "vbc")."""
+        return [(n, "lb") for n, _ in self.bufs.loads] + \
+            [(n, "vb") for n, _, _ in self.bufs.vectors]
+
+    @property
+    def tile_buf_names(self) -> list[str]:
+        """The names of ``tile_bufs``."""
+        return [self.names(n, role) for n, role in self.tile_bufs]
+
+    @property
+    def piece_bufs(self) -> list[str]:
+        """The piece buffers of outputs staged per column piece (role "ob")."""
+        return [self.names(n, "ob") for n, _ in self.bufs.piece_stores]
+
+    @property
+    def load_names(self) -> list[str]:
+        """The full aux operands the memory warp loads."""
+        return [n for n, _ in self.bufs.loads]
+
+    @property
+    def vec_names(self) -> list[tuple[str, bool]]:
+        """The staged per-row/per-column operands, each with whether it is per-row."""
+        return [(n, row) for n, _, row in self.bufs.vectors]
+
+    @property
+    def mem(self) -> str:
+        """The memory warp's own arguments (each followed by ", ")."""
+        return "".join(f"{a}, " for a in self.descs + self.tile_buf_names)
+
+    @property
+    def staged(self) -> bool:
+        """Whether the memory warp's first loads wait on the one-shot barrier ``c_go``
+        (``MEM_FIRST``, ``COOP_GO``)."""
+        return bool(self.load_names or self.vec_names) and \
+            (COOP_GO if self.coop else MEM_FIRST == "second")
+
+    @property
+    def go(self) -> str:
+        """The memory warp's ``c_go`` argument, where it has one."""
+        return "c_go, " if self.staged else ""
+
+    @property
+    def cons_args(self) -> str:
+        """The consumers' arguments before the sizes."""
+        return ", ".join(["a_bufs", "b_bufs", "ready", "empty", "c_ready", "d_ready", "order"]
+                         + (["c_go"] if self.staged else []) + self.tile_buf_names
+                         + self.piece_bufs + self.consumer_params)
+
+    @property
+    def call(self) -> str:
+        """The consumers' arguments, sizes included."""
+        return f"{self.cons_args}, {SIZES}"
+
+    @property
+    def blocks(self) -> str:
+        """The block sizes _ef_mma_step needs to view a batched operand's stages in 2-D."""
+        return ", BLOCK_M, BLOCK_N, BLOCK_K" if self.batch else ""
+
+
 def _kernel_source(spec: KernelSpec) -> str:
-    dag = spec.dag
-    coop = spec.coop
-    batch = spec.a_batched or spec.b_batched  # L > 1 (``Buffers.batch``)
-    bufs = buffers(dag, spec.direct, slots=bool(spec.chunk), batch=batch)
-    bid = "bid, " if batch else ""
-    epi = EpilogueEmitter(spec)
-    names = spec.names
-    roles = epilogue_params(names, dag, "gluon", spec.direct)
-    params = [p for p, _ in roles]
-    # descriptors of loads and whole-tile stores go to the epilogue-memory partition, the
-    # rest (piece-staged outputs' descriptors included) to the consumers
-    piece_descs = {names(n, "desc") for n, _ in
-                   bufs.piece_stores + bufs.slot_stores + bufs.consumer_tiles}
-    descs = [p for p, role in roles if role == "desc" and p not in piece_descs]
-    consumer_params = [p for p, role in roles if role != "desc" or p in piece_descs]
-    # the consumer's view of each buffer of tiles and vectors (roles "lbc", "vbc")
-    tile_bufs = [(n, "lb") for n, _ in bufs.loads] + [(n, "vb") for n, _, _ in bufs.vectors]
-    tile_buf_names = [names(n, role) for n, role in tile_bufs]
-    piece_bufs = [names(n, "ob") for n, _ in bufs.piece_stores]
-    load_names = [n for n, _ in bufs.loads]
-    vec_names = [(n, row) for n, _, row in bufs.vectors]
-    sizes = "M, N, K, L"
-    consts_sig = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
-                 "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, EVEN_MN: gl.constexpr"
-    consts = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, EVEN_MN"
+    """The kernel and its partitions' functions, in the module's order."""
+    k = _Kernel.of(spec)
+    L = [
+        *_tile_coords(k.batch),
+        *_unit_origin(k.coop, k.batch),
+        *_producer(k),
+        *_mem_issue(k),
+        *_mem(k),
+        *_mma_step(k),
+        *_consumer(k),
+        *_consumer_wrappers(k),
+        *_kernel(k),
+    ]
+    return "\n".join(L) + "\n"
+
+
+# ---- producer partition: A and B through the ring
+
+def _producer(k: _Kernel) -> list[str]:
+    """``_ef_producer``: the 1-warp partition TMA-loading A and B stages into the ring."""
+    spec = k.spec
     a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K", spec.a_batched)
     b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K", spec.b_batched)
-    # a batched operand's stage is a [1, rows, columns] block: its 2-D view for wgmma
-    a_stage = _stage("a_bufs", spec.a_batched, ("BLOCK_K", "BLOCK_M") if spec.a_trans
-                     else ("BLOCK_M", "BLOCK_K"))
-    b_stage = _stage("b_bufs", spec.b_batched, ("BLOCK_N", "BLOCK_K") if spec.b_trans
-                     else ("BLOCK_K", "BLOCK_N"))
-    a_smem = f"{a_stage}.permute((1, 0))" if spec.a_trans else a_stage
-    if coop:  # the consumer's rows of the stage (the family refuses a column-major A)
-        a_smem = f"{a_stage}.slice(WHICH * EPI_M, EPI_M, dim=0)"
-    b_smem = f"{b_stage}.permute((1, 0))" if spec.b_trans else b_stage
-    program = _program(batch)
-    # the block sizes _ef_mma_step needs to view a batched operand's stages in 2-D
-    blocks = ", BLOCK_M, BLOCK_N, BLOCK_K" if batch else ""
-    blocks_sig = ", BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr" \
-        if blocks else ""
-    L: list[str] = []
-    L += [
-        *_tile_coords(batch),
-        *_unit_origin(coop, batch),
+    return [
         "@gluon.jit",
-        f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts_sig}):",
-        *program,
+        f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {SIZES}, {CONSTS_SIG}):",
+        *k.program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes",
         f"{I1}i = 0",
         f"{I1}for t in range(my_tiles):",
-        f"{I2}{bid}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        f"{I2}{k.bid}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
         f"{I2}off_m = pid_m * BLOCK_M",
         f"{I2}off_n = pid_n * BLOCK_N",
         f"{I2}for kk in range(k_tiles):",
@@ -446,45 +565,51 @@ def _kernel_source(spec: KernelSpec) -> str:
         "",
         "",
     ]
-    # ---- epilogue-memory partition: aux tiles in, outputs out
-    load_bytes = " + ".join(f"{names(n, 'desc')}.block_type.nbytes"
-                            for n in load_names + [v for v, _ in vec_names]) or "0"
-    mem = "".join(f"{a}, " for a in descs + tile_buf_names)  # the memory warp's own arguments
-    # the one-shot barrier of MEM_FIRST
-    staged = bool(load_names or vec_names) and (COOP_GO if coop else MEM_FIRST == "second")
-    go = "c_go, " if staged else ""
-    L += [
+
+
+# ---- epilogue-memory partition: aux tiles in, outputs out
+
+def _mem_issue(k: _Kernel) -> list[str]:
+    """``_ef_mem_issue``: the TMA loads of one unit's aux tiles and vectors (``c_ready``)."""
+    names, bufs = k.names, k.bufs
+    L = [
         "@gluon.jit",
         f"def _ef_mem_issue(t, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{mem}{consts_sig}):",
+        f"{k.mem}{CONSTS_SIG}):",
         f"{I1}b = t % 2",
     ]
-    if load_names or vec_names:
-        L += [
-            f"{I1}{bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
-            "BLOCK_N, GROUP_M)",
-            f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
-        ]
-        for n, _ in bufs.loads:
-            L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, {bufs.at(n, 'row0', 'col0')}, "
-                     f"c_ready.index(b), {names(n, 'lb')}.index(b))")
-        for n, row in vec_names:
-            at = "row0" if row else "col0"
-            L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, [{at}], c_ready.index(b), "
-                     f"{names(n, 'vb')}.index(b))")
-    else:
-        L.append(f"{I1}mbarrier.arrive(c_ready.index(b))")
+    if not (k.load_names or k.vec_names):
+        return L + [f"{I1}mbarrier.arrive(c_ready.index(b))", "", ""]
+    load_bytes = " + ".join(f"{names(n, 'desc')}.block_type.nbytes"
+                            for n in k.load_names + [v for v, _ in k.vec_names]) or "0"
     L += [
-        "",
-        "",
+        f"{I1}{k.bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
+        "BLOCK_N, GROUP_M)",
+        f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
+    ]
+    for n, _ in bufs.loads:
+        L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, {bufs.at(n, 'row0', 'col0')}, "
+                 f"c_ready.index(b), {names(n, 'lb')}.index(b))")
+    for n, row in k.vec_names:
+        at = "row0" if row else "col0"
+        L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, [{at}], c_ready.index(b), "
+                 f"{names(n, 'vb')}.index(b))")
+    return L + ["", ""]
+
+
+def _mem(k: _Kernel) -> list[str]:
+    """``_ef_mem``: the 1-warp partition storing each unit's outputs and loading the aux
+    tiles of the unit two on (``d_ready``)."""
+    names, bufs = k.names, k.bufs
+    L = [
         "@gluon.jit",
-        f"def _ef_mem(c_ready, d_ready, {go}{mem}{sizes}, {consts_sig}):",
-        *program,
-        f"{I1}my_units = {'2 * ' if coop else ''}my_tiles",
-        *_first_loads(staged, f"{mem}{consts}", coop),
+        f"def _ef_mem(c_ready, d_ready, {k.go}{k.mem}{SIZES}, {CONSTS_SIG}):",
+        *k.program,
+        f"{I1}my_units = {'2 * ' if k.coop else ''}my_tiles",
+        *_first_loads(k.staged, f"{k.mem}{CONSTS}", k.coop),
         f"{I1}for t in range(my_units):",
         f"{I2}b = t % 2",
-        f"{I2}{bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
+        f"{I2}{k.bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
         "BLOCK_N, GROUP_M)",
         f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
     ]
@@ -493,20 +618,34 @@ def _kernel_source(spec: KernelSpec) -> str:
             continue  # the consumer stores it by chunk
         L.append(f"{I2}{TMA_STORE}({names(name, 'desc')}, {bufs.at(name, 'row0', 'col0')}, "
                  f"{names(host, 'lb')}.index(b))")
-    L += [
+    return L + [
         f"{I2}if t + 2 < my_units:",
         f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
         f"{I3}_ef_mem_issue(t + 2, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{mem}{consts})",
+        f"{k.mem}{CONSTS})",
         f"{I1}tma.store_wait(pendings=0)",
         "",
         "",
     ]
-    # ---- consumers
-    cons_args = ", ".join(["a_bufs", "b_bufs", "ready", "empty", "c_ready", "d_ready", "order"]
-                          + (["c_go"] if staged else []) + tile_buf_names + piece_bufs
-                          + consumer_params)
-    L += [
+
+
+# ---- consumer partitions: mainloop and epilogue
+
+def _mma_step(k: _Kernel) -> list[str]:
+    """``_ef_mma_step``: one k-step's wgmma on a ring stage, releasing the previous stage."""
+    spec = k.spec
+    # a batched operand's stage is a [1, rows, columns] block: its 2-D view for wgmma
+    a_stage = _stage("a_bufs", spec.a_batched, ("BLOCK_K", "BLOCK_M") if spec.a_trans
+                     else ("BLOCK_M", "BLOCK_K"))
+    b_stage = _stage("b_bufs", spec.b_batched, ("BLOCK_N", "BLOCK_K") if spec.b_trans
+                     else ("BLOCK_K", "BLOCK_N"))
+    a_smem = f"{a_stage}.permute((1, 0))" if spec.a_trans else a_stage
+    if k.coop:  # the consumer's rows of the stage (the family refuses a column-major A)
+        a_smem = f"{a_stage}.slice(WHICH * EPI_M, EPI_M, dim=0)"
+    b_smem = f"{b_stage}.permute((1, 0))" if spec.b_trans else b_stage
+    blocks_sig = ", BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr" \
+        if k.blocks else ""
+    return [
         "@gluon.jit",
         "def _ef_mma_step(i, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES: gl.constexpr, "
         f"WHICH: gl.constexpr, EPI_M: gl.constexpr{blocks_sig}):",
@@ -519,38 +658,77 @@ def _kernel_source(spec: KernelSpec) -> str:
         f"{I1}return acc",
         "",
         "",
+    ]
+
+
+def _consumer(k: _Kernel) -> list[str]:
+    """``_ef_consumer``: a consumer warpgroup's set-up, then per tile its mainloop and
+    epilogue, then its program-level reductions."""
+    return [
+        *_consumer_setup(k),
+        *_consumer_mainloop(k),
+        *_consumer_epilogue(k),
+        *_consumer_finish(k),
+    ]
+
+
+def _consumer_setup(k: _Kernel) -> list[str]:
+    """The consumer's signature, layout, sizes, views of its buffers, the epilogue's
+    program-level scalars and the whole-output reductions' accumulators."""
+    spec = k.spec
+    L = [
         "@gluon.jit",
-        f"def _ef_consumer({cons_args}, {sizes}, WHICH: gl.constexpr, {consts_sig}):",
+        f"def _ef_consumer({k.cons_args}, {SIZES}, WHICH: gl.constexpr, {CONSTS_SIG}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
         f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, BLOCK_N, 16])",
-        *int64_lines(spec, [r for r in roles if r[0] in consumer_params], I1),
-        *program,
+        *int64_lines(spec, [r for r in k.roles if r[0] in k.consumer_params], I1),
+        *k.program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
         f"{I1}SUB_N: gl.constexpr = BLOCK_N // {spec.epi_split}",
         *([f"{I1}CH: gl.constexpr = {spec.chunk}  # columns of a store chunk (128 bytes)"]
           if spec.chunk else []),
-        f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if coop else ''}  # this consumer's rows of a tile",
-        *([] if batch else [f"{I1}bid64 = 0"]),  # batched: each tile's (below)
+        f"{I1}EPI_M: gl.constexpr = BLOCK_M{' // 2' if k.coop else ''}  # this consumer's rows of a tile",
+        *([] if k.batch else [f"{I1}bid64 = 0"]),  # batched: each tile's (below)
+        *_consumer_views(k),
     ]
-    for n, role in tile_bufs:  # the consumer's buffers (a batched kernel's tiles: 2-D views)
-        if batch and role == "lb":
+    L += k.epi.prologue(I1)
+    return L + _program_accumulators(k)
+
+
+def _consumer_views(k: _Kernel) -> list[str]:
+    """The consumer's own buffer of each tile and vector buffer pair (a batched kernel's
+    tiles: 2-D views)."""
+    names, L = k.names, []
+    for n, role in k.tile_bufs:
+        if k.batch and role == "lb":
             L += [f"{I1}{names(n, 'lbc3')} = {names(n, 'lb')}.index(WHICH)",
-                  f"{I1}{names(n, 'lbc')} = {bufs.view(names(n, 'lbc3'), 'EPI_M', 'BLOCK_N')}"]
+                  f"{I1}{names(n, 'lbc')} = {k.bufs.view(names(n, 'lbc3'), 'EPI_M', 'BLOCK_N')}"]
         else:
             mine = {"lb": "lbc", "vb": "vbc"}[role]
             L.append(f"{I1}{names(n, mine)} = {names(n, role)}.index(WHICH)")
-    L += epi.prologue(I1)
-    if any(epi.program_reduced(o) for o in reduce_outputs(dag)):
-        # whole-output reductions accumulate row sums across this consumer's tiles in the
-        # layout of a column piece's row sums (a zero tile split as the tiles are)
-        zero_lines, zero_pieces = _split_lines(spec.epi_split, I1, root="pz", rows="EPI_M")
-        L += [f"{I1}pz = gl.zeros((EPI_M, BLOCK_N), gl.float32, layout={LAYOUT})", *zero_lines]
-        L += epi.program_accumulators(I1, like=zero_pieces[0])
+    return L
+
+
+def _program_accumulators(k: _Kernel) -> list[str]:
+    """Whole-output reductions' row sums across this consumer's tiles, in the layout of a
+    column piece's row sums (a zero tile split as the tiles are)."""
+    if not any(k.epi.reductions.program_reduced(o) for o in reduce_outputs(k.spec.dag)):
+        return []
+    zero_lines, zero_pieces = split_pieces(k.spec.epi_split, I1, root="pz", rows="EPI_M")
+    return [f"{I1}pz = gl.zeros((EPI_M, BLOCK_N), gl.float32, layout={LAYOUT})", *zero_lines,
+            *k.epi.reductions.program_accumulators(I1, like=zero_pieces[0])]
+
+
+def _consumer_mainloop(k: _Kernel) -> list[str]:
+    """The loop over the consumer's tiles up to its epilogue: the tile's wgmma k-steps
+    (in turn with the other consumer, ping-pong), the tile's coordinates and the wait for
+    its aux tiles."""
+    coop, staged = k.coop, k.staged
     if coop:  # both consumers on every tile: each stage is released by both (``empty``
         # counts two arrivals), so neither can run a ring phase ahead of the other
-        L += [f"{I1}for r in range(my_tiles):", f"{I2}t = r"]
+        L = [f"{I1}for r in range(my_tiles):", f"{I2}t = r"]
     else:
-        L += [f"{I1}for r in range((my_tiles - WHICH + 1) // 2):", f"{I2}t = 2 * r + WHICH"]
+        L = [f"{I1}for r in range((my_tiles - WHICH + 1) // 2):", f"{I2}t = 2 * r + WHICH"]
     L += [
         # a fresh accumulator per tile: the last tile's dies with its epilogue instead of
         # staying live (as the first wgmma's input) through it
@@ -564,7 +742,7 @@ def _kernel_source(spec: KernelSpec) -> str:
     L += [
         f"{I2}for kk in range(k_tiles):",
         f"{I3}acc = _ef_mma_step(i0 + kk, kk, acc, a_bufs, b_bufs, ready, empty, NUM_STAGES, "
-        f"WHICH, EPI_M{blocks})",
+        f"WHICH, EPI_M{k.blocks})",
     ]
     if staged and coop:
         L += [f"{I3}if WHICH == 0:",
@@ -572,116 +750,170 @@ def _kernel_source(spec: KernelSpec) -> str:
               "(kk == gl.minimum(k_tiles, NUM_STAGES) - 1))"]
     if not coop:
         L.append(f"{I2}mbarrier.arrive(order.index(1 - WHICH))  # every wgmma issued: the other's turn")
-    L += [
+    return L + [
         *([f"{I2}if WHICH == 0:", f"{I3}mbarrier.arrive(c_go.index(0), pred=r == 0)"]
           if staged and not coop else []),
         f"{I2}acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))",
         f"{I2}mbarrier.arrive(empty.index((i0 + k_tiles - 1) % NUM_STAGES))",
-        f"{I2}{bid}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
-        *([f"{I2}bid64 = bid.to(gl.int64)"] if batch else []),
+        f"{I2}{k.bid}pid_m_c, pid_n_c = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
+        *([f"{I2}bid64 = bid.to(gl.int64)"] if k.batch else []),
         f"{I2}row0 = pid_m_c * BLOCK_M{' + WHICH * EPI_M' if coop else ''}  # this consumer's first row",
         f"{I2}mbarrier.wait(c_ready.index(WHICH), r & 1)  # aux tiles in, old outputs out",
     ]
-    # the epilogue runs on column pieces of the tile (as the hopper family's sub-tiles):
-    # a 128x128 fp32 tile is 128 registers per thread, which leaves too few for
-    # transcendental-heavy epilogues (ptxas spills)
-    split_lines, pieces = _split_lines(spec.epi_split, I2, rows="EPI_M")
-    plan = _SlotPlan(bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk, names) \
+
+
+def _consumer_epilogue(k: _Kernel) -> list[str]:
+    """The tile's epilogue on its column pieces (as the hopper family's sub-tiles: a
+    128x128 fp32 tile is 128 registers per thread, which leaves too few for
+    transcendental-heavy epilogues, ptxas spills), in a runtime loop or unrolled, then
+    the tile handed to the memory warp (``d_ready``)."""
+    spec = k.spec
+    split_lines, pieces = split_pieces(spec.epi_split, I2, rows="EPI_M")
+    plan = _SlotPlan(k.bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk, k.names) \
         if spec.chunk else None
-    L += split_lines
-    if _piece_loop(epi, spec, bufs):
-        L += [
-            f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
-            f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, PL))",
-            f"{I2}for k in range({len(pieces)}):",
-            *_piece_select(names, bufs, pieces, I3),
-            f"{I3}rn = pid_n_c * BLOCK_N + k * SUB_N + gl.arange(0, SUB_N, "
-            "layout=gl.SliceLayout(0, PL))",
-        ]
-        if reduce_outputs(dag):
-            L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
-        sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", piece=None, first_sub="k == 0",
-                         mask="mask", loop=True)
-        L += epi.body(sub, I3)
-        L += _piece_stores(names, bufs, len(pieces), I3, plan)
-        pieces = []
-    for k, piece in enumerate(pieces):
-        layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
-        rn = f"rn{k}"
-        L += [
-            f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, {layout}))",
-            f"{I2}{rn} = pid_n_c * BLOCK_N + {k} * SUB_N + gl.arange(0, SUB_N, "
-            f"layout=gl.SliceLayout(0, {layout}))",
-        ]
-        if reduce_outputs(dag):
-            L.append(f"{I2}mask{k} = (rm[:, None] < M) & ({rn}[None, :] < N)")
-        sub = _GluonTile(bufs, k, acc=piece, layout=layout, rn=rn, piece=k,
-                         first_sub="True" if k == 0 else "False", mask=f"mask{k}",
-                         all_rn=tuple(f"rn{j}" for j in range(len(pieces))))
-        L += epi.body(sub, I2, first=k == 0, last=k == len(pieces) - 1)
-        if plan:
-            L += plan.after_piece(k, I2)
-    L += [
+    body = _piece_loop_lines(k, pieces, plan) if _piece_loop(k.epi, spec, k.bufs) \
+        else _unrolled_pieces(k, pieces, plan)
+    return [
+        *split_lines,
+        *body,
         f"{I2}fence_async_shared()",
         f"{I2}mbarrier.arrive(d_ready.index(WHICH))",
     ]
-    if piece_bufs:
-        L.append(f"{I1}tma.store_wait(pendings=0)")
-    L += epi.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
+
+
+def _piece_loop_lines(k: _Kernel, pieces: list[str], plan: _SlotPlan | None) -> list[str]:
+    """The pieces' epilogue as one runtime loop over them (``PIECE_LOOP``)."""
+    names, bufs = k.names, k.bufs
+    L = [
+        f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
+        f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, PL))",
+        f"{I2}for k in range({len(pieces)}):",
+        *_piece_select(names, bufs, pieces, I3),
+        f"{I3}rn = pid_n_c * BLOCK_N + k * SUB_N + gl.arange(0, SUB_N, "
+        "layout=gl.SliceLayout(0, PL))",
+    ]
+    if reduce_outputs(k.spec.dag):
+        L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
+    sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", piece=None, first_sub="k == 0",
+                     mask="mask", loop=True)
+    L += k.epi.body(sub, I3)
+    return L + _piece_stores(names, bufs, len(pieces), I3, plan)
+
+
+def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: _SlotPlan | None) -> list[str]:
+    """The pieces' epilogue written out piece by piece (chunked stores after each)."""
+    spec, L = k.spec, []
+    for j, piece in enumerate(pieces):
+        layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
+        rn = f"rn{j}"
+        L += [
+            f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, {layout}))",
+            f"{I2}{rn} = pid_n_c * BLOCK_N + {j} * SUB_N + gl.arange(0, SUB_N, "
+            f"layout=gl.SliceLayout(0, {layout}))",
+        ]
+        if reduce_outputs(spec.dag):
+            L.append(f"{I2}mask{j} = (rm[:, None] < M) & ({rn}[None, :] < N)")
+        sub = _GluonTile(k.bufs, j, acc=piece, layout=layout, rn=rn, piece=j,
+                         first_sub="True" if j == 0 else "False", mask=f"mask{j}",
+                         all_rn=tuple(f"rn{i}" for i in range(len(pieces))))
+        L += k.epi.body(sub, I2, first=j == 0, last=j == len(pieces) - 1)
+        if plan:
+            L += plan.after_piece(j, I2)
+    return L
+
+
+def _consumer_finish(k: _Kernel) -> list[str]:
+    """After the consumer's last tile: its stores drained, its program-level reduction
+    partials and atomic folds finished."""
+    spec, red = k.spec, k.epi.reductions
+    L = [f"{I1}tma.store_wait(pendings=0)"] if k.piece_bufs else []
+    L += red.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
                             lane=_lane(32 * spec.warps, spec.warps), barrier=f"{CTA_BARRIER}()")
-    L += epi.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH, spec.warps),
+    L += red.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH, spec.warps),
                          barrier=f"{CTA_BARRIER}()")
-    L += ["", ""]
-    call = f"{cons_args}, {sizes}"
+    return L + ["", ""]
+
+
+def _consumer_wrappers(k: _Kernel) -> list[str]:
+    """``_ef_consumer0`` and ``_ef_consumer1``: the consumer with ``WHICH`` fixed."""
+    L = []
     for which in (0, 1):
         L += [
             "@gluon.jit",
-            f"def _ef_consumer{which}({call}, {consts_sig}):",
-            f"{I1}_ef_consumer({call}, {which}, {consts})",
+            f"def _ef_consumer{which}({k.call}, {CONSTS_SIG}):",
+            f"{I1}_ef_consumer({k.call}, {which}, {CONSTS})",
             "",
             "",
         ]
-    # ---- the kernel: shared memory, barriers, partitions
-    kparams = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + params)
-    L += [
-        spec.jit_line("gluon"),
+    return L
+
+
+# ---- the kernel: shared memory, barriers, partitions
+
+def _kernel(k: _Kernel) -> list[str]:
+    """``evtfuse_kernel``: its signature, shared memory, barriers and partitions."""
+    return [*_kernel_signature(k), *_shared_memory(k), *_barriers(k), *_partitions(k)]
+
+
+def _kernel_signature(k: _Kernel) -> list[str]:
+    """The kernel's decorator, parameters and programmatic-launch lines."""
+    kparams = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + k.params)
+    return [
+        k.spec.jit_line("gluon"),
         f"def evtfuse_kernel({kparams},",
-        f"                   {consts_sig},",
+        f"                   {CONSTS_SIG},",
         "                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):",
-        *launch_dependents_lines(spec, I1),
+        *launch_dependents_lines(k.spec, I1),
+    ]
+
+
+def _shared_memory(k: _Kernel) -> list[str]:
+    """The A/B ring's stages and the epilogue's own buffers (``Buffers.own``)."""
+    L = [
         f"{I1}dtype: gl.constexpr = a_desc.dtype",
         f"{I1}a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, "
         "a_desc.layout)",
         f"{I1}b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, "
         "b_desc.layout)",
     ]
-    for name, role, count in bufs.own:
-        desc = names(name, "desc")
-        L.append(f"{I1}{names(name, role)} = gl.allocate_shared_memory({desc}.dtype, [{count}] + "
+    for name, role, count in k.bufs.own:
+        desc = k.names(name, "desc")
+        L.append(f"{I1}{k.names(name, role)} = gl.allocate_shared_memory({desc}.dtype, [{count}] + "
                  f"{desc}.block_type.shape, {desc}.layout)")
-    L += [
+    return L
+
+
+def _barriers(k: _Kernel) -> list[str]:
+    """The mbarriers: the ring's ``ready``/``empty``, the units' ``c_ready``/``d_ready``,
+    the consumers' ``order`` and the one-shot ``c_go``."""
+    return [
         f"{I1}ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())",
         f"{I1}empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())",
         f"{I1}c_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
         f"{I1}d_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
         f"{I1}order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
         *([f"{I1}c_go = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())",
-           f"{I1}mbarrier.init(c_go.index(0), count=1)"] if staged else []),
+           f"{I1}mbarrier.init(c_go.index(0), count=1)"] if k.staged else []),
         f"{I1}for i in gl.static_range(NUM_STAGES):",
         f"{I2}mbarrier.init(ready.index(i), count=1)",
-        f"{I2}mbarrier.init(empty.index(i), count={2 if coop else 1})",
+        f"{I2}mbarrier.init(empty.index(i), count={2 if k.coop else 1})",
         f"{I1}for i in gl.static_range(2):",
         f"{I2}mbarrier.init(c_ready.index(i), count=1)",
         f"{I2}mbarrier.init(d_ready.index(i), count=1)",
         f"{I2}mbarrier.init(order.index(i), count=1)",
-        f"{I1}gl.warp_specialize([",
-        f"{I2}(_ef_consumer0, ({call}, {consts})),",
-        f"{I2}(_ef_consumer1, ({call}, {consts})),",
-        f"{I2}(_ef_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, {sizes}, {consts})),",
-        f"{I2}(_ef_mem, (c_ready, d_ready, {go}{mem}{sizes}, {consts})),",
-        f"{I1}], [{spec.warps}, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])",
     ]
-    return "\n".join(L) + "\n"
+
+
+def _partitions(k: _Kernel) -> list[str]:
+    """``gl.warp_specialize``: the two consumers, the producer and the memory warp."""
+    return [
+        f"{I1}gl.warp_specialize([",
+        f"{I2}(_ef_consumer0, ({k.call}, {CONSTS})),",
+        f"{I2}(_ef_consumer1, ({k.call}, {CONSTS})),",
+        f"{I2}(_ef_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, {SIZES}, {CONSTS})),",
+        f"{I2}(_ef_mem, (c_ready, d_ready, {k.go}{k.mem}{SIZES}, {CONSTS})),",
+        f"{I1}], [{k.spec.warps}, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])",
+    ]
 
 
 IMPORTS = (
