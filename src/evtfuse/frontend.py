@@ -736,10 +736,10 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             pending[a.target] = (a.expr.op, src, a.line)
             env[a.target] = ir.Node(ir.NodeKind.REDUCE, (src,), a.expr.op, line=a.line)
             continue
-        if _contains_reduction(a.expr):
+        if _contains(a.expr, Category.REDUCE):
             raise error(f"a reduction must be the whole value of an assignment (as in "
                         f"'{a.target} = sum(x)'), not part of an expression", a.line, a.target)
-        if _contains_store(a.expr, top=True):
+        if _contains(a.expr, Category.STORE, below_top=True):
             raise error(f"store_where(...) must be the whole value of an assignment (as in "
                         f"'{a.target} = store_where(x > 0.0, x)'), not part of an expression",
                         a.line, a.target)
@@ -845,22 +845,13 @@ def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, valu
                         f"outputs and per-row (T, 1) values only", variable=name)
 
 
-def _contains_store(e: Expr, top: bool = False) -> bool:
-    """Whether ``e`` holds a ``store_where`` call (below its top, where ``top``)."""
-    stack = list(e.args) if top and e.kind == "call" else [e]
+def _contains(e: Expr, category: Category, below_top: bool = False) -> bool:
+    """Whether ``e`` holds a call of a ``category`` row (only below its top call, where
+    ``below_top``)."""
+    stack = list(e.args) if below_top and e.kind == "call" else [e]
     while stack:
         x = stack.pop()
-        if x.kind == "call" and OPS[x.op].category is Category.STORE:
-            return True
-        stack.extend(x.args)
-    return False
-
-
-def _contains_reduction(e: Expr) -> bool:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if x.kind == "call" and OPS[x.op].category is Category.REDUCE:
+        if x.kind == "call" and OPS[x.op].category is category:
             return True
         stack.extend(x.args)
     return False
