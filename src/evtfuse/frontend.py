@@ -56,6 +56,11 @@ class Assignment:
     expr: Expr
     line: int
 
+    @property
+    def conditional(self) -> bool:
+        """``target = store_where(cond, value)``: a conditional store."""
+        return self.expr.kind == "call" and OPS[self.expr.op].category is Category.STORE
+
 
 @dataclass(frozen=True)
 class ParsedEpilogue:
@@ -81,8 +86,7 @@ class ParsedEpilogue:
     def conditional_outputs(self) -> tuple[str, ...]:
         """Outputs assigned ``store_where(cond, value)``: written only where cond holds, so
         the caller must give their buffers (``gemm`` allocates no such output)."""
-        stores = {a.target for a in self.assignments
-                  if a.expr.kind == "call" and OPS[a.expr.op].category is Category.STORE}
+        stores = {a.target for a in self.assignments if a.conditional}
         return tuple(n for n in self.outputs if n in stores)
 
     def text_of(self, line: int) -> str | None:
@@ -699,7 +703,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             if node.kind is ir.NodeKind.REDUCE:
                 raise error(f"'{e.name}' is the result of a reduction ({node.op}); a reduction "
                             "can only be returned, not used in further computation", e.line, e.name)
-            if node.kind is ir.NodeKind.COMPUTE and OPS[node.op].category is Category.STORE:
+            if node.conditional_store:
                 raise error(f"'{e.name}' is a conditional store (store_where); it can only be "
                             "returned, not used in further computation (compute with the "
                             "value it stores instead)", e.line, e.name)
@@ -766,8 +770,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             node = ir.reduce_node(op, src, kind.space, batched, var=name, line=rline)
         else:
             node = lookup(name, line)
-            if node.kind is ir.NodeKind.COMPUTE and OPS[node.op].category is Category.STORE \
-                    and kind is not OutputKind.FULL:
+            if node.conditional_store and kind is not OutputKind.FULL:
                 held = "is None" if kind is OutputKind.NONE else \
                     f"has shape {_fmt_shape(tuple(given[name].shape))}"
                 raise error(f"'{name}' = store_where(...) writes only where its condition holds "
@@ -794,8 +797,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned; "
                     "return it (reductions are outputs)", rline, name)
     for a in parsed.assignments:
-        if a.expr.kind == "call" and OPS[a.expr.op].category is Category.STORE \
-                and a.target not in parsed.outputs:
+        if a.conditional and a.target not in parsed.outputs:
             raise error(f"'{a.target}' = store_where(...) is a conditional store whose result "
                         "is never returned; return it (a conditional store is an output)",
                         a.line, a.target)

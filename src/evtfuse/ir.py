@@ -119,6 +119,11 @@ class Node:
     def param_dict(self) -> dict[str, ParamValue]:
         return dict(self.params)
 
+    @property
+    def conditional_store(self) -> bool:
+        """A ``store_where(cond, value)`` node: an output stored only where cond holds."""
+        return self.kind is NodeKind.COMPUTE and OPS[self.op].category is Category.STORE
+
     def short(self) -> str:
         if self.kind is NodeKind.ACCUM:
             return "accum" if self.op is None else f"pairs(accum).{self.op}"

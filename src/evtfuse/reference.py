@@ -150,7 +150,7 @@ class _Evaluator:
         store (``store_where(cond, value)``) the value where cond holds and the buffer's own
         elements (``values[o.name]``, as they are now) elsewhere."""
         n = o.node
-        if n.kind is not NodeKind.COMPUTE or OPS[n.op].category is not Category.STORE:
+        if not n.conditional_store:
             return self.value(n)
         cond, value = (self.value(i) for i in n.inputs)
         cond = cond if cond.dtype == torch.bool else cond != 0

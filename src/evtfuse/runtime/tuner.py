@@ -12,9 +12,11 @@ where it is among the problem's own candidates (a kernel that needs 64-bit offse
 larger M has another name). The in-memory table answers repeated calls without touching
 the disk. "fast" tuning times the heuristic's first few candidates within a time budget
 (28 s by default, so that a first call with its parsing and launch stays under 30 s;
-``EVTFUSE_TUNE_BUDGET_S``); "exhaustive" times all, then the winner at other tile orders
-(``TILE_ORDERS``); "none" takes the first. Candidates compile at once in a pool of
-threads (``_precompile``) before any is timed.
+``EVTFUSE_TUNE_BUDGET_S``), or, near a shape the shipped defaults measured, their
+suggestions and the heuristic's first two (``candidates``); "exhaustive" times all, then
+the winner at other tile orders (``TILE_ORDERS``); "none" takes the first suggestion, else
+the heuristic's first. Candidates compile at once in a pool of threads (``_precompile``)
+before any is timed.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class EpilogueEmitter:
         """The store of full output ``o``'s tile (conditional for ``store_where``)."""
         v = self._arg(o.node, env, True)
         where = None
-        if o.node.kind is NodeKind.COMPUTE and OPS[o.node.op].category is Category.STORE:
+        if o.node.conditional_store:
             cond = o.node.inputs[0]  # store_where(cond, value): stored where cond holds
             where = env[id(cond)] if cond.dtype is torch.bool else f"({env[id(cond)]} != 0.0)"
         if o.node.space is not Space.FULL:

@@ -20,7 +20,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, NodeKind, OperandKind, OutputKind, Space
-from ...optable import FP8_DTYPES, OPS, Category
+from ...optable import FP8_DTYPES
 from .codegen import check_emittable
 from .spec import KernelSpec
 from .versions import interpreter_refusal
@@ -54,8 +54,7 @@ def gated_refusal(args: GemmArguments) -> str | None:
 def conditional_store_refusal(args: GemmArguments) -> str | None:
     """The TMA families' refusal of conditional stores (``store_where``): a TMA store
     writes a whole tile, so the elements a condition leaves alone would be overwritten."""
-    stores = [o.name for o in args.dag.outputs if o.node.kind is NodeKind.COMPUTE
-              and OPS[o.node.op].category is Category.STORE]
+    stores = [o.name for o in args.dag.outputs if o.node.conditional_store]
     if not stores:
         return None
     return (f"conditional stores (store_where: {', '.join(stores)}) run in the portable family "
