@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
 from ...sizes import size_class
-from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, tile_count)
 from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
                            _reduction_items, _tma_refusal, needs_int64)
@@ -39,6 +41,8 @@ class HopperFamily(KernelFamily):
         st = self._common(args, target)
         if not st:
             return st
+        if args.A.dtype == torch.uint8:
+            return Status.fail(UINT8_REFUSAL)
         if target.kind == "cuda" and target.cc < 90:
             return Status.fail(f"needs compute capability 9.0+ (TMA); this GPU is {target.cc}")
         if target.kind == INTERPRETER and target.cc < 90:
