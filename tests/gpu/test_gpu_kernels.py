@@ -353,6 +353,26 @@ def test_uint8_extremes_on_the_gpu():
             assert torch.equal(D.long().cpu(), want), (K, k.name)
 
 
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 528, 272)])
+def test_fp16_accumulation(family, dtype, mnk):
+    """accumulator_type=torch.float16 (fp16 and fp8 inputs, wgmma with an fp16
+    accumulator): verify's fp16 summation bound holds for the first two configurations;
+    ``accum`` stored to fp32 holds fp16 values; C is added in fp32."""
+    M, N, K = mnk
+    A = _rand(M, K).to(dtype)
+    B = _rand(N, K).to(dtype).T  # K-contiguous: 8-bit wgmma
+    C = _rand(M, N)
+    D = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    Y = torch.empty(M, N, device=DEV, dtype=torch.float32)
+    src = "def epi(accum, C): Y = accum; D = accum * 0.5 + C; return D, Y"
+    args = GemmArguments(A, B, D, torch.float16, EpilogueArguments(src, C=C, D=D, Y=Y))
+    assert "gluon" not in {k.family.name for k in get_kernels(args)}
+    check(args, family, n_configs=2)
+    assert torch.equal(Y.half().float(), Y)
+
+
 def _unit_accum(family):
     """(M, N, A, B) of a 1024x512x16 bf16 problem whose accumulator is 1 everywhere, for
     checking an epilogue op on values the test chooses (skips gluon off Hopper)."""

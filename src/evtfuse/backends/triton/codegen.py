@@ -153,7 +153,7 @@ def _dot_extra(spec: KernelSpec) -> str:
 
 
 def _acc_type(spec: KernelSpec) -> str:
-    return "tl.int32" if spec.int_acc else "tl.float32"
+    return "tl.int32" if spec.int_acc else "tl.float16" if spec.acc16 else "tl.float32"
 
 
 def _portable_source(spec: KernelSpec) -> str:

@@ -152,6 +152,7 @@ class HopperFamily(KernelFamily):
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2,
+                          acc16=args.accumulator_type == torch.float16,
                           early_vectors=early, fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config), runtime_m=True)
 

@@ -65,6 +65,7 @@ class PortableFamily(KernelFamily):
         return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
                           target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
                           u8_offset=args.A.dtype == torch.uint8,
+                          acc16=args.accumulator_type == torch.float16,
                           fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config),
                           grouped=self.grouped(args), k_grouped=self.k_grouped(args),

@@ -44,6 +44,8 @@ class KernelSpec:
     cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
     prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
     int_acc: bool = False  # int8/uint8 inputs accumulated in int32
+    acc16: bool = False  # fp16 or fp8 inputs accumulated in fp16 (``accumulator_type=
+    #                      torch.float16``); the epilogue computes in fp32 from it
     u8_offset: bool = False  # portable: uint8 inputs, which Triton's dot does not take, as
     #                          int8 a - 128 and b - 128, the products' offset terms added
     #                          from per-row sums of A's tiles and per-column sums of B's
@@ -104,7 +106,8 @@ class KernelSpec:
                          str(int(self.runtime_m)), GENERATOR_VERSION]
                         # fields added since: in the key only when set, so that the keys
                         # of kernels without them stay as they were
-                        + (["u8_offset"] if self.u8_offset else []))
+                        + (["u8_offset"] if self.u8_offset else [])
+                        + (["acc16"] if self.acc16 else []))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
