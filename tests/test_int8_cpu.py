@@ -1,4 +1,4 @@
-"""int8/uint8 GEMMs with int32 accumulation through the CPU interpreter: the exact int32
+"""int8 GEMMs with int32 accumulation through the CPU interpreter: the exact int32
 accumulator as an output, saturating int8 outputs (round half to even, as CUTLASS's
 converters), float scales in the epilogue, and the refusals ``explain`` gives."""
 
@@ -67,8 +67,10 @@ def test_int8_refusals_say_why():
     assert "K-contiguous" in explain(row_major_b, cc=90)
     k = get_kernels(row_major_b, cc=90)[0]
     assert k.family.name == "portable" and k.verify(row_major_b)
-    u8 = GemmArguments(ints(M, K, dtype=torch.uint8), ints(K, N, dtype=torch.uint8), D, torch.int32)
-    assert get_kernels(u8) == [] and "uint8" in explain(u8)
+    # uint8 runs in the portable family only (tests/test_uint8_cpu.py)
+    u8 = GemmArguments(ints(M, K, dtype=torch.uint8), ints(N, K, dtype=torch.uint8).T, D,
+                       torch.int32)
+    assert "hopper: refused: uint8 inputs run in the portable family only" in explain(u8, cc=90)
 
 
 def test_int8_through_gemm():
@@ -91,5 +93,6 @@ def test_allocated_outputs_default_to_int32_for_int8_and_bf16_for_fp8():
     assert D8.dtype == torch.int8
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
         assert default_output_dtype(fp8) == torch.bfloat16
-    for same in (torch.float16, torch.bfloat16, torch.float32, torch.uint8):
+    assert default_output_dtype(torch.uint8) == torch.int32
+    for same in (torch.float16, torch.bfloat16, torch.float32):
         assert default_output_dtype(same) == same

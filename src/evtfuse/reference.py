@@ -19,10 +19,17 @@ from .optable import OPS, Category, round_to, torch_apply
 
 def accumulator(args, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``A @ B`` of ``GemmArguments`` as the reference takes it: in ``compute_dtype``, or in
-    float64 for integer inputs (their products are exact there up to 2**53)."""
+    float64 for integer inputs (their products are exact there up to 2**53). With
+    ``accumulator_type=torch.float16`` the kernel's accumulator is an fp16 value: the
+    product rounded once to fp16 (to nearest even; past 65504 infinity), in
+    ``compute_dtype``. The kernel's rounding of every partial sum on the way moves it
+    further, by a summation error growing with K (``runtime.verify.FP16_ACC_NOISE``)."""
     if not args.A.dtype.is_floating_point:
         compute_dtype = torch.float64
-    return torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
+    acc = torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
+    if getattr(args, "accumulator_type", None) == torch.float16:
+        acc = acc.to(torch.float16).to(compute_dtype)
+    return acc
 
 
 def _as3d(t: torch.Tensor) -> torch.Tensor:

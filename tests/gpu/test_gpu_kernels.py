@@ -317,6 +317,62 @@ def test_int8(family, mnk):
     assert torch.equal(Y.long().cpu(), A.long().cpu() @ B.long().cpu())
 
 
+@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 528, 272), (129, 67, 1000)])
+def test_uint8_portable_exact(mnk):
+    """uint8 A and B run by the portable kernel as int8 with offset sums: the int32
+    accumulator exact for every configuration offered, scaled uint8 outputs saturating;
+    the TMA families refuse uint8 (tests/test_uint8_cpu.py has the extremes too)."""
+    M, N, K = mnk
+    A = torch.randint(0, 256, (M, K), device=DEV, dtype=torch.uint8)
+    B = torch.randint(0, 256, (N, K), device=DEV, dtype=torch.uint8).T
+    D = torch.empty(M, N, device=DEV, dtype=torch.uint8)
+    Y = torch.empty(M, N, device=DEV, dtype=torch.int32)
+    src = "def epi(accum, scale, zero): Y = accum; D = accum * scale - zero; return D, Y"
+    args = GemmArguments(A, B, D, torch.int32, EpilogueArguments(
+        src, scale=1.0 / (16 * K), zero=_rand(N).abs() * 2000, D=D, Y=Y))
+    assert {k.family.name for k in get_kernels(args)} == {"portable"}
+    check(args, "portable", n_configs=len(get_kernels(args)))
+    assert torch.equal(Y.long().cpu(), A.long().cpu() @ B.long().cpu())
+
+
+def test_uint8_extremes_on_the_gpu():
+    """All-255 rows against an all-255 column: K = 33025 gives 2147450625 (the largest
+    such sum an int32 holds: every bit), K = 33040 wraps modulo 2^32 as an int32
+    accumulator does; K not a multiple of any tile."""
+    for K in (33025, 33040):
+        A = torch.full((130, K), 255, device=DEV, dtype=torch.uint8)
+        A[1::2] = torch.randint(0, 256, (65, K), device=DEV, dtype=torch.uint8)
+        B = torch.full((K, 70), 255, device=DEV, dtype=torch.uint8)
+        B[:, 1::2] = 0
+        for k in get_kernels(GemmArguments(A, B, torch.empty(130, 70, device=DEV,
+                                                            dtype=torch.int32), torch.int32)):
+            D = torch.empty(130, 70, device=DEV, dtype=torch.int32)
+            k.run(GemmArguments(A, B, D, torch.int32))
+            want = A.long().cpu() @ B.long().cpu()
+            want = ((want + 2 ** 31) % 2 ** 32) - 2 ** 31
+            assert torch.equal(D.long().cpu(), want), (K, k.name)
+
+
+@pytest.mark.parametrize("family", ["hopper", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 528, 272)])
+def test_fp16_accumulation(family, dtype, mnk):
+    """accumulator_type=torch.float16 (fp16 and fp8 inputs, wgmma with an fp16
+    accumulator): verify's fp16 summation bound holds for the first two configurations;
+    ``accum`` stored to fp32 holds fp16 values; C is added in fp32."""
+    M, N, K = mnk
+    A = _rand(M, K).to(dtype)
+    B = _rand(N, K).to(dtype).T  # K-contiguous: 8-bit wgmma
+    C = _rand(M, N)
+    D = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+    Y = torch.empty(M, N, device=DEV, dtype=torch.float32)
+    src = "def epi(accum, C): Y = accum; D = accum * 0.5 + C; return D, Y"
+    args = GemmArguments(A, B, D, torch.float16, EpilogueArguments(src, C=C, D=D, Y=Y))
+    assert "gluon" not in {k.family.name for k in get_kernels(args)}
+    check(args, family, n_configs=2)
+    assert torch.equal(Y.half().float(), Y)
+
+
 def _unit_accum(family):
     """(M, N, A, B) of a 1024x512x16 bf16 problem whose accumulator is 1 everywhere, for
     checking an epilogue op on values the test chooses (skips gluon off Hopper)."""

@@ -37,9 +37,10 @@ _parsed_cache: dict[Any, Any] = {}
 
 def default_output_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of an output ``gemm`` allocates (``<name>_dtype`` picks another): A's, but
-    int32 for int8 inputs (as ``torch._int_mm``: a silent rounding of the product to int8
-    would be a trap) and bf16 for fp8 inputs (as ``torch._scaled_mm`` is commonly called)."""
-    if dtype == torch.int8:
+    int32 for int8 and uint8 inputs (as ``torch._int_mm``: a silent rounding of the product
+    to 8 bits would be a trap) and bf16 for fp8 inputs (as ``torch._scaled_mm`` is commonly
+    called)."""
+    if dtype in (torch.int8, torch.uint8):
         return torch.int32
     if dtype.is_floating_point and dtype.itemsize == 1:
         return torch.bfloat16

@@ -62,6 +62,23 @@ FP8_FAST_K0 = 256
 # 3.8e-6), cuBLAS's fp32 product within 6e-7
 ACC_NOISE = 2.0 ** -23
 SLACK_FACTOR = 2.0  # the slack allowed, in units of the outputs' measured movement
+# fp16 accumulation (``accumulator_type=torch.float16``): the reference's accumulator is
+# the exact product rounded once to fp16 (``reference.accumulator``); the kernel rounds
+# its partial sums to fp16 on the way (unit roundoff u = 2^-11), at worst after every
+# product. Rounding to nearest errs by at most half an ulp, uniformly: a standard
+# deviation of at most 2^-10 / sqrt(12) = 0.58 u of the partial sum s_j, so the K
+# roundings add up to 0.58 u sqrt(sum_j s_j^2). For zero-mean products s_j grows as
+# sqrt(j), sum_j s_j^2 = K^2 sigma^2 / 2 with the accumulator's RMS sigma sqrt(K):
+# 0.41 u sqrt(K) of the RMS; for products of one sign s_j grows as j: 0.33 u sqrt(K) of
+# the element. So the slack moves each element by u sqrt(K) times the larger of the RMS
+# and the element (``accumulation_slack``'s ``own_scale``), and allows SLACK_FACTOR times
+# that: about 5 standard deviations of the worst case, one rounding per product (a
+# kernel that rounds once per k-step or MMA errs less), plus the one-ulp difference of
+# rounding the exact sum once. The error grows as sqrt(K), not as the worst-case bound
+# K u (which no rounding of random data reaches): at K = 300 a standard deviation of at
+# most 3.5e-3 of the RMS and a slack of 1.7e-2 of it, at K = 4096 1.3e-2 and 6.2e-2,
+# far past an fp32 output's own 1e-3: the slack, not the dtype's bound, carries it.
+FP16_ACC_NOISE = 2.0 ** -11
 
 
 @dataclass
@@ -112,18 +129,23 @@ def _compare_int(name: str, out: torch.Tensor, ref: torch.Tensor, dtype) -> Outp
 
 
 def accumulation_slack(evaluate, accum: torch.Tensor, ref: dict[str, torch.Tensor], K: int,
-                       names) -> dict[str, torch.Tensor]:
+                       names, noise: float = ACC_NOISE, own_scale: bool = False
+                       ) -> dict[str, torch.Tensor]:
     """For each output in ``names``: how far it moves, element by element, when every
-    accumulator element moves by ``ACC_NOISE * sqrt(K)`` of the accumulator's RMS with a
+    accumulator element moves by ``noise * sqrt(K)`` of the accumulator's RMS with a
     random sign (``evaluate(accum)`` gives the reference outputs for an accumulator): the
-    part of a kernel's difference from the reference that summation order alone explains."""
+    part of a kernel's difference from the reference that summation order alone explains.
+    ``own_scale``: of the larger of the RMS and the element itself (fp16 accumulation,
+    ``FP16_ACC_NOISE``: the rounding errors scale with the partial sums)."""
     acc = accum.to(torch.float32)
     rms = float(acc.double().pow(2).mean().sqrt()) if acc.numel() else 0.0
-    delta = ACC_NOISE * K ** 0.5 * rms
+    delta = noise * K ** 0.5 * rms
     if not (delta > 0 and math.isfinite(delta)):
         return {}
     g = torch.Generator(device="cpu").manual_seed(0)
     signs = torch.randint(0, 2, acc.shape, generator=g).to(acc.device, torch.float32) * 2 - 1
+    if own_scale:
+        delta = noise * K ** 0.5 * torch.maximum(acc.abs(), torch.full_like(acc, rms))
     moved = evaluate(acc + delta * signs)
     out = {}
     for name in names:

@@ -153,7 +153,7 @@ def _dot_extra(spec: KernelSpec) -> str:
 
 
 def _acc_type(spec: KernelSpec) -> str:
-    return "tl.int32" if spec.int_acc else "tl.float32"
+    return "tl.int32" if spec.int_acc else "tl.float16" if spec.acc16 else "tl.float32"
 
 
 def _portable_source(spec: KernelSpec) -> str:
@@ -171,6 +171,8 @@ def _portable_source(spec: KernelSpec) -> str:
                        + (["offs"] if spec.grouped or spec.k_grouped else [])
                        + [p for p, _ in roles])
     I1, I2 = "    ", "        "
+    # K past the edge: zeros, which a uint8 input holds as 128 (zero once offset)
+    pad = "128" if spec.u8_offset else "0.0"
     lines = [
         spec.jit_line(),
         f"def evtfuse_kernel({params},",
@@ -207,18 +209,21 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + ({rnb} % {nb})[None, :].to(tl.int64) * sb_n",
         *(_k_group_lines(I1) if spec.k_grouped else []),
         f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
+        *(_u8_lines("init", I1) if spec.u8_offset else []),
         f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
         f"{I2}if EVEN_K:",
         f"{I2}    a = tl.load(a_ptrs)",
         f"{I2}    b = tl.load(b_ptrs)",
         f"{I2}else:",
         f"{I2}    k_left = K - k * BLOCK_K",
-        f"{I2}    a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)",
-        f"{I2}    b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)",
+        f"{I2}    a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other={pad})",
+        f"{I2}    b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other={pad})",
+        *(_u8_lines("step", I2) if spec.u8_offset else []),
         f"{I2}acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, {_dot_extra(spec)}"
         f"out_dtype={_acc_type(spec)})",
         f"{I2}a_ptrs += BLOCK_K * sa_k",
         f"{I2}b_ptrs += BLOCK_K * sb_k",
+        *(_u8_lines("finish", I1) if spec.u8_offset else []),
         *(_gated_split_lines(I1) if gated else []),
         f"{I1}mask = (rm[:, None] < M) & (rn[None, :] < N)",
     ]
@@ -235,6 +240,31 @@ def _portable_source(spec: KernelSpec) -> str:
                   *int64_lines(spec, epi.reductions.fold_params(), I1), *finish, "", ""]
         lines.append(f"{I1}_ef_fold_finish({names})")
     return "\n".join(helper + lines) + "\n"
+
+
+def _u8_lines(where: str, indent: str) -> list[str]:
+    """uint8 A and B (``KernelSpec.u8_offset``), which Triton's dot does not take (every
+    supported release: "only int8 supported!"), run as int8: a' = a - 128, b' = b - 128
+    (exact in int8), and
+
+        sum_k a b = sum_k a'b' + 128 sum_k a' + 128 sum_k b' + 128 * 128 * K,
+
+    with each row's sum of A' and each column's sum of B' taken from the tiles the mainloop
+    loaded anyway. In int32 every term wraps modulo 2^32, so the result is the true sum
+    modulo 2^32: what an int32 accumulator of the uint8 products holds. K's padding loads
+    128 (a' = 0: no term). ``where``: "init" (before the loop), "step" (after a k-step's
+    loads, before its dot) or "finish" (after the loop)."""
+    if where == "init":
+        return [f"{indent}a_rowsum = tl.zeros((BLOCK_M,), dtype=tl.int32)",
+                f"{indent}b_colsum = tl.zeros((BLOCK_N,), dtype=tl.int32)"]
+    if where == "step":
+        return [f"{indent}a = a.to(tl.int32) - 128",
+                f"{indent}b = b.to(tl.int32) - 128",
+                f"{indent}a_rowsum += tl.sum(a, axis=1)",
+                f"{indent}b_colsum += tl.sum(b, axis=0)",
+                f"{indent}a = a.to(tl.int8)",
+                f"{indent}b = b.to(tl.int8)"]
+    return [f"{indent}acc += (a_rowsum[:, None] + b_colsum[None, :]) * 128 + K * 16384"]
 
 
 def _gated_split_lines(indent: str) -> list[str]:

@@ -68,7 +68,8 @@ class EpilogueEmitter:
     def _expr(self, n: Node, env: dict[int, str], sub) -> str:
         if n.kind is NodeKind.ACCUM:
             acc = self._acc(n, sub)
-            return f"{acc}.to(tl.float32)" if self.spec.int_acc else acc
+            # int32 and fp16 accumulators: the epilogue computes in fp32
+            return f"{acc}.to(tl.float32)" if self.spec.int_acc or self.spec.acc16 else acc
         if n.kind is NodeKind.CONST:
             return _lit(n.value)
         if n.kind is NodeKind.INDEX:

@@ -30,7 +30,17 @@ INTERPRETER = "interpreter"
 SMEM_LIMIT = 232_448  # bytes of shared memory per block on sm_90
 SMEM_BUDGET = SMEM_LIMIT - 8_192  # what our estimate may use: barriers and scratch need room
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INT_DTYPES = (torch.int8,)  # Triton's dot takes int8, not uint8
+_INT_DTYPES = (torch.int8, torch.uint8)  # int32 accumulation; Triton's dot takes int8 only:
+#                                         uint8 runs as int8 with offset sums (``u8_offset``)
+UINT8_REFUSAL = ("uint8 inputs run in the portable family only: Triton's dot has no unsigned "
+                 "8-bit form, and only the portable mainloop adds the offset sums that make "
+                 "them exact as int8 (docs/dtypes-and-layouts.md)")
+# fp16 accumulation (``accumulator_type=torch.float16``): Triton's dot takes out_dtype
+# float16 for fp16 and fp8 operands only (bf16 and fp32 accumulate in fp32)
+FP16_ACC_INPUTS = (torch.float16,) + FP8_DTYPES
+FP16_ACC_GLUON = ("accumulator_type torch.float16: the gluon kernels' warpgroup MMAs "
+                  "accumulate in fp32 (their register layouts are fp32's); the hopper and "
+                  "portable families take fp16 accumulation")
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
 GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the portable family only in this "
                  "release (docs/gated.md)")
@@ -145,11 +155,20 @@ class KernelFamily:
                                    "torch.int32 (8-bit integers accumulate in int32)")
         elif args.A.dtype not in _FLOAT_DTYPES + FP8_DTYPES:
             return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16, "
-                               "fp32, fp8 (e4m3fn, e5m2) and int8 inputs (uint8: Triton's dot has "
-                               "no unsigned 8-bit form)")
+                               "fp32, fp8 (e4m3fn, e5m2), int8 and uint8 inputs")
+        elif args.accumulator_type == torch.float16:
+            if args.A.dtype not in FP16_ACC_INPUTS:
+                return Status.fail(f"accumulator_type torch.float16 takes fp16 and fp8 inputs, "
+                                   f"not {args.A.dtype} (Triton's dot accumulates bf16 and "
+                                   "fp32 in fp32): pass accumulator_type=torch.float32")
+            if args.A.dtype in FP8_DTYPES and not args.fp8_fast_accum:
+                return Status.fail("fp8_fast_accum=False promotes each k-step's sum to an fp32 "
+                                   "accumulator; with accumulator_type=torch.float16 there is "
+                                   "none: pass one or the other")
         elif args.accumulator_type != torch.float32:
             return Status.fail(f"accumulator_type {args.accumulator_type}: float inputs "
-                               "accumulate in torch.float32")
+                               "accumulate in torch.float32 (or torch.float16 for fp16 and "
+                               "fp8 inputs)")
         if target.kind == INTERPRETER and args.A.device.type != "cpu":
             return Status.fail("the Triton interpreter needs CPU tensors")
         why = interpreter_refusal() if target.kind == INTERPRETER else None

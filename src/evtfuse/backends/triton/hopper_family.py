@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
 from ...sizes import size_class
-from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, tile_count)
 from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
                            _reduction_items, _tma_refusal, needs_int64)
@@ -39,6 +41,8 @@ class HopperFamily(KernelFamily):
         st = self._common(args, target)
         if not st:
             return st
+        if args.A.dtype == torch.uint8:
+            return Status.fail(UINT8_REFUSAL)
         if target.kind == "cuda" and target.cc < 90:
             return Status.fail(f"needs compute capability 9.0+ (TMA); this GPU is {target.cc}")
         if target.kind == INTERPRETER and target.cc < 90:
@@ -148,6 +152,7 @@ class HopperFamily(KernelFamily):
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2,
+                          acc16=args.accumulator_type == torch.float16,
                           early_vectors=early, fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config), runtime_m=True)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ...errors import Status
 from .family_base import (_INT_DTYPES, INTERPRETER, KernelFamily, TileConfig, even_tiles,
                           fp8_promote, gated_refusal, triton_cdiv)
@@ -62,6 +64,8 @@ class PortableFamily(KernelFamily):
     def spec(self, args, config, target):
         return KernelSpec("portable", args.optimized_dag, False, False, False, False, 1,
                           target.kind != INTERPRETER, int_acc=args.A.dtype in _INT_DTYPES,
+                          u8_offset=args.A.dtype == torch.uint8,
+                          acc16=args.accumulator_type == torch.float16,
                           fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config),
                           grouped=self.grouped(args), k_grouped=self.k_grouped(args),

@@ -44,6 +44,12 @@ class KernelSpec:
     cuda: bool  # real GPU (fast spellings, inline asm) vs the CPU interpreter
     prefetch: bool = False  # hopper: issue full aux loads before the mainloop of the tile
     int_acc: bool = False  # int8/uint8 inputs accumulated in int32
+    acc16: bool = False  # fp16 or fp8 inputs accumulated in fp16 (``accumulator_type=
+    #                      torch.float16``); the epilogue computes in fp32 from it
+    u8_offset: bool = False  # portable: uint8 inputs, which Triton's dot does not take, as
+    #                          int8 a - 128 and b - 128, the products' offset terms added
+    #                          from per-row sums of A's tiles and per-column sums of B's
+    #                          (``codegen._u8_lines``; exact modulo 2^32, as int32 is)
     direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
     chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_codegen._SlotPlan``; 0: none)
@@ -97,7 +103,11 @@ class KernelSpec:
                          str(int(self.early_vectors)), str(self.warps),
                          str(int(self.fp8_promote)), str(int(self.int64)),
                          str(int(self.grouped)), str(int(self.k_grouped)),
-                         str(int(self.runtime_m)), GENERATOR_VERSION])
+                         str(int(self.runtime_m)), GENERATOR_VERSION]
+                        # fields added since: in the key only when set, so that the keys
+                        # of kernels without them stay as they were
+                        + (["u8_offset"] if self.u8_offset else [])
+                        + (["acc16"] if self.acc16 else []))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

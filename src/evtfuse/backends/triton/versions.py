@@ -90,6 +90,11 @@ WORKAROUNDS: dict[str, str] = {
         "scalar loop condition) integer data that tl.load refuses as a mask ('mask has "
         "unsupported dtype'); the emitters write such masks as `(a & b) != 0`, which the "
         "GPU compiler folds away (epilogue_emit.py, the combine of reduction partials)"),
+    "uint8_dot": (
+        "tl.dot takes no unsigned 8-bit operands in any supported release (semantic.py's "
+        "dot: 'only int8 supported!'; 3.6.0 and 3.9.0 read); fp16 and fp8 operands take "
+        "out_dtype=tl.float16 in all of them. The portable kernel runs uint8 as int8 with "
+        "offset sums (codegen._u8_lines)"),
     "gluon_multicast": (
         "3.7 added TMA multicast (async_load(..., multicast=True)) and cluster barriers to "
         "Gluon on Hopper: a mainloop sharing A/B tiles across a CTA cluster became "
