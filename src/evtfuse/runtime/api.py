@@ -68,7 +68,7 @@ class _Epilogue(NamedTuple):
     name: str  # the function's name
     params: tuple  # its operands' names, after accum, in order
     outputs: tuple  # its outputs' names, in return order
-    gated: bool  # ``pairs(accum)``: B holds 2N columns for N output columns
+    gated: bool | str  # ``pairs(accum)``: B holds 2N columns for N output columns (their layout)
     conditional: tuple  # outputs assigned ``store_where``: the caller gives their buffers
 
 

@@ -43,7 +43,7 @@ import torch
 from .. import autodiff
 from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
-from ..ir import PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
+from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
 from . import torch_op
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
@@ -134,15 +134,16 @@ def _full_shape(A: torch.Tensor, B: torch.Tensor, grouped: bool = False,
 
 
 @functools.lru_cache(maxsize=256)
-def _gated(source: str, line: int, where: str, from_function: bool) -> bool:
-    """Whether an epilogue takes the accumulator in pairs (``pairs(accum)``)."""
+def _gated(source: str, line: int, where: str, from_function: bool) -> bool | str:
+    """Whether an epilogue takes the accumulator in pairs (``pairs(accum)``): False or
+    their layout (``ParsedEpilogue.gated``)."""
     return parse_epilogue(EpilogueText(source, line, where, from_function)).gated
 
 
 def accumulator_gradient(results: dict, fwd: "Forward") -> torch.Tensor | None:
     """dAccum from a backward's results: as it is, or a gated epilogue's gradients of gate
-    and up interleaved into the accumulator's 2N columns (a half no gradient reached is
-    zero); None when none reached it."""
+    and up interleaved into the accumulator's 2N columns, or side by side for the
+    concatenated layout (a half no gradient reached is zero); None when none reached it."""
     if not fwd.gated:
         return results.get(autodiff.ACCUM)
     gate, up = (results.get(autodiff.accum_target(p)) for p in PAIR_PARTS)
@@ -150,6 +151,8 @@ def accumulator_gradient(results: dict, fwd: "Forward") -> torch.Tensor | None:
         return None
     gate = torch.zeros_like(up) if gate is None else gate
     up = torch.zeros_like(gate) if up is None else up
+    if fwd.gated == CONCATENATED:
+        return torch.cat((gate, up), dim=-1)
     return torch.stack((gate, up), dim=-1).flatten(-2)
 
 
@@ -194,7 +197,7 @@ class Forward:
     batches: int  # 1, or 2 for any L > 1 (1 for a grouped GEMM: each row in one group)
     where: str
     grouped: bool  # a grouped GEMM over M (``grouped_autograd``)
-    gated: bool  # the epilogue takes the accumulator in pairs: its N is half of B's
+    gated: bool | str  # the accumulator in pairs (their layout, ``Dag.gated``): N is half B's
     over_k: bool = False  # a grouped GEMM over K: a batched problem, L the group count
     backwards: dict = field(default_factory=dict, compare=False, hash=False)
 
