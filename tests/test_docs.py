@@ -249,6 +249,8 @@ TRIGGERS = [
                                D=full()), "pairs() takes only accum"),
     (lambda: EpilogueArguments("def e(accum): g = pairs(accum); D = g; return D",
                                D=full()), "pairs(accum) gives two values"),
+    (lambda: EpilogueArguments("def e(accum): g, u = pairs(accum, layout='cat'); D = g; return D",
+                               D=full()), 'pairs(accum, layout=...) takes "interleaved"'),
     *[(functools.partial(lambda kw: _lce(**kw), kw), phrase) for kw, phrase in [
         (dict(reduction="avg"), 'reduction must be "mean", "sum" or "none"'),
         (dict(label_smoothing=1.5), "label_smoothing must be a finite number in [0.0, 1.0]"),

@@ -393,3 +393,17 @@ def test_gated_kernel_compiles_for_sm90():
     sm_90 cubin at BLOCK_N 128 and 256."""
     got = run_offline(_OFFLINE_SCRIPT, timeout=600)
     assert got["128"]["shared"] > 0 and got["256"]["shared"] > 0, got
+
+
+def test_batched_gradient_of_an_operand_shared_by_the_batches():
+    """A (M, N) operand shared by a batched gated GEMM's batches: its per-batch gradient
+    term is N wide (the output's width, not B's 2N), summed over L (it was allocated 2N
+    wide, and the backward refused it)."""
+    L, M, K, N = 2, 5, 8, 6
+    x, W = rand(L, M, K), rand(2 * N, K)
+    C = rand(M, N).requires_grad_()
+    src = "def e(accum, C):\n    g, u = pairs(accum)\n    D = silu(g) * u * C\n    return D"
+    evtfuse.gemm(x, W.t(), src, C=C, backward="recompute").sum().backward()
+    h = x @ W.t()
+    torch.testing.assert_close(C.grad, (F.silu(h[..., 0::2]) * h[..., 1::2]).sum(0),
+                               atol=1e-4, rtol=1e-4)

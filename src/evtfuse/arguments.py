@@ -227,7 +227,8 @@ def gated_width(B: torch.Tensor) -> int:
         raise EpilogueError(f"the epilogue takes the accumulator's columns in pairs "
                             f"(pairs(accum)), but B has an odd number of columns ({NB}); "
                             f"B must be (K, 2N): gate and up interleaved "
-                            f"(evtfuse.interleave_gate_up)", variable="B")
+                            f"(evtfuse.interleave_gate_up), or concatenated with "
+                            f"pairs(accum, layout=\"concatenated\")", variable="B")
     return NB // 2
 
 

@@ -179,7 +179,9 @@ def render_ops() -> str:
         out += ["## Column pairs (gated epilogues)", "",
                 f"`gate, up = {pairs}(accum)`: the accumulator's columns in pairs, column 2j is "
                 "`gate` j and 2j + 1 is `up` j; the epilogue's values (and operands, outputs) are "
-                "then half as wide as `A @ B`, and `accum` is used nowhere else. A statement of "
+                "then half as wide as `A @ B`, and `accum` is used nowhere else. "
+                f"`{pairs}(accum, layout=\"concatenated\")`: column j is `gate` j and N + j is "
+                "`up` j (a `[W_gate; W_up]` weight as it is). A statement of "
                 "its own, once per epilogue; portable kernel family only "
                 "([gated.md](gated.md)).", ""]
     out += ["## torch's spellings", "",

@@ -77,10 +77,14 @@ class ParsedEpilogue:
         return tuple(n for n, _ in self.returns)
 
     @functools.cached_property
-    def gated(self) -> bool:
+    def gated(self) -> bool | str:
         """Whether the epilogue takes the accumulator's columns in pairs
-        (``gate, up = pairs(accum)``): its output is then half as wide as A @ B."""
-        return any(a.expr.kind == "pair" for a in self.assignments)
+        (``gate, up = pairs(accum)``: its output is then half as wide as A @ B): False, or
+        the pairs' layout, "interleaved" or "concatenated" (``ir.Dag.gated``)."""
+        for a in self.assignments:
+            if a.expr.kind == "pair":
+                return dict(a.expr.params)[PAIR_LAYOUT]
+        return False
 
     @functools.cached_property
     def conditional_outputs(self) -> tuple[str, ...]:
@@ -101,6 +105,7 @@ def _line_text(source_lines: tuple[str, ...], line_offset: int, line: int) -> st
 
 _INDEX_FUNCTIONS = {"row_index": "row", "col_index": "col"}
 PAIRS = "pairs"  # gate, up = pairs(accum): the accumulator's columns 2j and 2j + 1
+PAIR_LAYOUT = "layout"  # pairs(accum, layout="concatenated"): columns j and N + j
 _PY_MINMAX = {"max": "maximum", "min": "minimum"}  # max(a, b) is elementwise
 
 
@@ -186,10 +191,20 @@ class _Parser:
                 and all(isinstance(t, ast.Name) for t in stmt.targets[0].elts)):
             raise self.error("pairs(accum) gives two values: write 'gate, up = pairs(accum)' "
                              "(two plain names)", stmt)
-        if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Name) \
-                or call.args[0].id != "accum":
-            raise self.error("pairs() takes only accum: write 'gate, up = pairs(accum)' and "
-                             "apply anything else to gate and up after it", stmt)
+        if len(call.args) != 1 or not isinstance(call.args[0], ast.Name) \
+                or call.args[0].id != "accum" \
+                or any(k.arg != PAIR_LAYOUT for k in call.keywords):
+            raise self.error("pairs() takes only accum: write 'gate, up = pairs(accum)' (or "
+                             "pairs(accum, layout=\"concatenated\")) and apply anything else "
+                             "to gate and up after it", stmt)
+        layout = ir.INTERLEAVED
+        for k in call.keywords:
+            if not (isinstance(k.value, ast.Constant) and k.value.value in ir.PAIR_LAYOUTS):
+                raise self.error(f"pairs(accum, layout=...) takes \"interleaved\" (gate and up "
+                                 f"columns alternate, the default) or \"concatenated\" (B's "
+                                 f"first N columns are gate, the next N up), not "
+                                 f"{ast.unparse(k.value)}", stmt, PAIR_LAYOUT)
+            layout = k.value.value
         if self.paired:
             raise self.error("pairs(accum) can be taken once per epilogue", stmt)
         out = []
@@ -198,7 +213,9 @@ class _Parser:
                 raise self.exact_error(f"Variable '{t.id}' cannot be defined twice.", stmt,
                                        t.id)
             self.defined[t.id] = self.line(stmt)
-            out.append(Assignment(t.id, Expr("pair", self.line(stmt), op=part), self.line(stmt)))
+            out.append(Assignment(t.id, Expr("pair", self.line(stmt), op=part,
+                                             params=((PAIR_LAYOUT, layout),)),
+                                  self.line(stmt)))
         self.paired = True
         return out
 

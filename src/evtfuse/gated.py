@@ -6,8 +6,9 @@ so the GEMM's B must hold gate and up columns alternately. ``interleave_gate_up`
 that from two ``nn.Linear``-style weights (N, K) (or biases (N,)): the result's rows
 alternate gate and up, and ``x @ W.t()`` (or ``evtfuse.gemm(x, W.t(), ...)``) feeds
 ``pairs(accum)``; stacked experts' weights interleave along their N dimension
-(``dim=1``) for ``grouped_gemm``. ``split_gate_up`` is its inverse. The concatenated
-``[W_gate; W_up]`` layout is not supported yet.
+(``dim=1``) for ``grouped_gemm``. ``split_gate_up`` is its inverse. A concatenated
+``[W_gate; W_up]`` weight needs neither: ``pairs(accum, layout="concatenated")`` reads it
+as it is.
 """
 
 from __future__ import annotations

@@ -154,12 +154,20 @@ class Dag:
 
     ``gated``: the epilogue takes the accumulator's columns in pairs (``gate, up =
     pairs(accum)``): the GEMM's accumulator is 2N wide, the epilogue's (L, M, N) space is
-    its pairs (column 2j is gate j, 2j+1 up j), and only "gate"/"up" ACCUM nodes read it."""
+    its pairs, and only "gate"/"up" ACCUM nodes read it. Its value is the pairs' layout
+    (``PAIR_LAYOUTS``): "interleaved" (or True; column 2j is gate j, 2j+1 up j) or
+    "concatenated" (``pairs(accum, layout="concatenated")``: column j is gate j, N+j up j);
+    False for an epilogue that is not gated."""
 
     outputs: tuple[Output, ...]
     operands: tuple[OperandSpec, ...]
     name: str = "epilogue"
-    gated: bool = False
+    gated: bool | str = False
+
+    @property
+    def concatenated(self) -> bool:
+        """A gated DAG whose accumulator holds gate's N columns, then up's."""
+        return self.gated == CONCATENATED
 
     @functools.cached_property
     def nodes(self) -> tuple[Node, ...]:
@@ -224,6 +232,7 @@ def _postorder(node: Node, seen: set[int], order: list[Node]) -> None:
 # ---------------------------------------------------------------- construction helpers
 
 PAIR_PARTS = ("gate", "up")  # pairs(accum): column 2j is gate j, column 2j + 1 is up j
+INTERLEAVED, CONCATENATED = PAIR_LAYOUTS = ("interleaved", "concatenated")  # Dag.gated
 
 
 def accum_node(line: int | None = None, part: str | None = None) -> Node:
@@ -350,7 +359,7 @@ def signature(dag: Dag) -> str:
         parts.append(f"out {o.name}={names[id(o.node)]}:{o.kind.name}:{dtype_name(o.dtype)}:"
                      f"{int(o.batched)}")
     if dag.gated:
-        parts.append("gated")
+        parts.append("gated:concatenated" if dag.concatenated else "gated")
     return ";".join(parts)
 
 
@@ -377,7 +386,8 @@ def format_dag(dag: Dag) -> str:
     """One line per node, in evaluation order, then the outputs."""
     names: dict[int, str] = {}
     lines = [f"dag {dag.name}({', '.join(o.name for o in dag.operands)})"
-             + (" gated: pairs(accum)" if dag.gated else "")]
+             + (f" gated: pairs(accum, layout={dag.gated!r})" if dag.concatenated
+                else " gated: pairs(accum)" if dag.gated else "")]
     for k, n in enumerate(dag.nodes):
         names[id(n)] = f"%{k}"
         where = f"  # line {n.line}" if n.line else ""
@@ -474,6 +484,6 @@ def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
 
 __all__ = [
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
-    "PAIR_PARTS", "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
+    "PAIR_PARTS", "PAIR_LAYOUTS", "INTERLEAVED", "CONCATENATED", "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
     "with_inputs", "verify", "IRError", "format_dag", "format_evt", "dtype_name", "signature",
 ]

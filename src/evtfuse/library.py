@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from .errors import EpilogueError
+from .ir import INTERLEAVED, PAIR_LAYOUTS
 from .optable import CALLABLE, Category
 
 Scale = Literal["default", "no_beta", "only_alpha", "nothing"]
@@ -332,20 +333,27 @@ def _describe(value: Any) -> str:
 GATED: Mapping[str, str] = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 
 
-def gated(kind: str = "swiglu", *, bias: bool = False) -> str:
+def gated(kind: str = "swiglu", *, bias: bool = False, layout: str = "interleaved") -> str:
     """A gated epilogue: ``D = act(gate) * up`` over ``gate, up = pairs(accum)`` (the
-    accumulator's interleaved column pairs; B from ``evtfuse.interleave_gate_up``).
+    accumulator's interleaved column pairs; B from ``evtfuse.interleave_gate_up``), or with
+    ``layout="concatenated"`` over ``pairs(accum, layout="concatenated")`` (B's first N
+    columns gate, the next N up: a ``[W_gate; W_up]`` weight's ``W.t()``, as it is).
     ``bias``: two per-column operands of the output's width N, ``bias_gate`` and
     ``bias_up`` (the ``nn.Linear`` biases of the two projections), added before the
     activation and the product."""
     if kind not in GATED:
         raise EpilogueError(f"unknown gated epilogue '{kind}'; one of {', '.join(GATED)}")
+    if layout not in PAIR_LAYOUTS:
+        raise EpilogueError(f"layout must be one of {', '.join(PAIR_LAYOUTS)}, not {layout!r}",
+                            variable="layout")
     act = GATED[kind]
+    pairs = "gate, up = pairs(accum)" if layout == INTERLEAVED else \
+        f"gate, up = pairs(accum, layout={layout!r})"
+    name = kind if layout == INTERLEAVED else f"{kind}_{layout}"
     if bias:
-        return _function(f"{kind}_bias", ("bias_gate", "bias_up"),
-                         ["gate, up = pairs(accum)",
-                          f"D = {act}(gate + bias_gate) * (up + bias_up)"], ("D",))
-    return _function(kind, (), ["gate, up = pairs(accum)", f"D = {act}(gate) * up"], ("D",))
+        return _function(f"{name}_bias", ("bias_gate", "bias_up"),
+                         [pairs, f"D = {act}(gate + bias_gate) * (up + bias_up)"], ("D",))
+    return _function(name, (), [pairs, f"D = {act}(gate) * up"], ("D",))
 
 
 SWIGLU = gated("swiglu")

@@ -111,7 +111,11 @@ class _Evaluator:
     def _compute(self, n: Node) -> torch.Tensor:
         L, M, N = self.shape
         if n.kind is NodeKind.ACCUM:  # pairs(accum): gate = columns 0, 2, ..; up = 1, 3, ..
-            return self.acc3 if n.op is None else self.acc3[..., {"gate": 0, "up": 1}[n.op]::2]
+            if n.op is None:          # (concatenated: gate = columns 0 .. N-1; up = N .. 2N-1)
+                return self.acc3
+            if self.dag.concatenated:
+                return self.acc3[..., :N] if n.op == "gate" else self.acc3[..., N:]
+            return self.acc3[..., {"gate": 0, "up": 1}[n.op]::2]
         if n.kind is NodeKind.CONST:
             return torch.tensor(n.value, dtype=self.dtype, device=self.device)
         if n.kind is NodeKind.INDEX:

@@ -63,7 +63,8 @@ def to_source(dag: Dag, name: str | None = None) -> str:
     part_names: dict[str | None, str] = {None: "accum"}
     if dag.gated:  # the accumulator's column pairs, named once: ``gate, up = pairs(accum)``
         part_names.update(zip(PAIR_PARTS, (next(fresh), next(fresh))))
-        lines.append(f"{part_names['gate']}, {part_names['up']} = pairs(accum)")
+        layout = f", layout={dag.gated!r}" if dag.concatenated else ""
+        lines.append(f"{part_names['gate']}, {part_names['up']} = pairs(accum{layout})")
 
     def ref(n: Node) -> str:
         return text[id(n)]

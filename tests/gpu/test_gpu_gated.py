@@ -2,7 +2,8 @@
 family) at moderate sizes in bf16: SwiGLU and GeGLU with and without biases, the weight
 passed as ``W.t()`` from ``evtfuse.interleave_gate_up``, every portable config the tuner
 may pick, against torch's two separate projections in fp32 and the reference evaluator;
-a training step's gradients in both backward modes.
+a training step's gradients in both backward modes; the concatenated layout
+(``pairs(accum, layout="concatenated")``), dense and a mixture of experts' training step.
 Run with ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_gated.py``.
 """
 
@@ -83,5 +84,59 @@ def test_swiglu_training_step_gradients(mode):
     rx, rg, ru, rbg, rbu = ref
     (F.silu(rx @ rg.T + rbg) * (rx @ ru.T + rbu)).backward(g.float())
     for name, a, r in zip(("x", "W_gate", "W_up", "bias_gate", "bias_up"), got, ref):
+        err = ((a - r.grad).norm() / r.grad.norm()).item()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
+# -- the concatenated layout: pairs(accum, layout="concatenated"), [W_gate; W_up] as it is
+
+@pytest.mark.parametrize("M,K,N", [(1000, 512, 1408), (777, 256, 600)])
+def test_concatenated_every_portable_config(M, K, N):
+    """A [W_gate; W_up] (2N, K) weight passed as W.t() with no interleaving: every portable
+    config against torch's two projections (edges in M and N for every tile)."""
+    x = _rand(M, K, seed=21, scale=0.5)
+    Wg, Wu = _rand(N, K, seed=22, scale=0.05), _rand(N, K, seed=23, scale=0.05)
+    bg, bu = _rand(N, seed=24), _rand(N, seed=25)
+    W = torch.cat((Wg, Wu))
+    D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    epi = EpilogueArguments(library.gated("swiglu", bias=True, layout="concatenated"),
+                            bias_gate=bg, bias_up=bu, D=D)
+    args = GemmArguments(x, W.t(), D, epilogue=epi)
+    want = _expected(x, Wg, Wu, F.silu, bg, bu)
+    kernels = evtfuse.get_kernels(args)
+    assert kernels and all(k.family.name == "portable" for k in kernels)
+    for k in kernels:
+        D.fill_(float("nan"))
+        k.run(args)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(D.float(), want, atol=2e-2, rtol=2e-2, msg=str(k))
+
+
+@pytest.mark.parametrize("mode", ["save", "recompute"])
+def test_concatenated_moe_training_step_gradients(mode):
+    """A mixture of experts' SwiGLU up-projection over experts' concatenated (G, 2N, K)
+    weights (bf16, a group empty): gradients of x, the weight (its gate and up halves),
+    the routing weights, against torch autograd in fp32 from the same bf16 values."""
+    G, K, N = 8, 512, 704
+    sizes = [300, 0, 517, 64, 1, 900, 250, 16]
+    T = sum(sizes)
+    x = _rand(T, K, seed=31, scale=0.5).requires_grad_()
+    W = _rand(G, 2 * N, K, seed=32, scale=0.05).requires_grad_()
+    w = _rand(T, 1, dtype=torch.float32, seed=33).abs().requires_grad_()
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    src = ("def e(accum, w):\n    gate, up = pairs(accum, layout=\"concatenated\")\n"
+           "    D = silu(gate) * up * w\n    return D")
+    g = _rand(T, N, seed=34)
+    evtfuse.grouped_gemm(x, W.mT, offs, src, w=w, backward=mode).backward(g)
+    got = [t.grad.float() for t in (x, W, w)]
+    ref = [t.detach().float().requires_grad_() for t in (x, W, w)]
+    rx, rW, rw = ref
+    start, outs = 0, []
+    for e, n in enumerate(sizes):
+        h = rx[start:start + n] @ rW[e].T
+        outs.append(F.silu(h[:, :N]) * h[:, N:] * rw[start:start + n])
+        start += n
+    torch.cat(outs).backward(g.float())
+    for name, a, r in zip(("x", "W", "w"), got, ref):
         err = ((a - r.grad).norm() / r.grad.norm()).item()
         assert err < 1e-2, f"{name}: relative error {err:.2e}"

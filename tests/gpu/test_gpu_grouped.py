@@ -7,7 +7,7 @@ against a per-group loop of the reference evaluator (``reference.evaluate_groupe
 that no call reads ``offs`` on the host (a CUDA graph captures it and replays with other
 offsets); that the grid's programs past the last group write nothing; and a gated (SwiGLU)
 expert up-projection (``pairs(accum)``); groups over K (the experts' weight gradient); a
-training step's gradients. Run with
+training step's gradients, over M and over K. Run with
 ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_grouped.py``.
 """
 
@@ -143,6 +143,46 @@ def test_moe_training_step_gradients(mode):
     torch.cat(outs).backward(g.float())
     for name, a, r in zip(("A", "W", "bias", "w"), got, ref):
         err = ((a - r.grad).norm() / r.grad.norm()).item()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("mode", ["save", "recompute"])
+def test_weight_gradient_groups_over_k_gradients(mode):
+    """Gradients of a grouped GEMM over K (bf16, skewed groups, offs[-1] < T): A = x.t()
+    (the tokens, as a weight gradient reads them), B, a per-group scale (G, 1, 1) and a
+    per-group bias (G, 1, N), with a per-row sum output, against torch autograd of a
+    per-group loop in fp32 from the same bf16 values; each gradient in its input's layout,
+    zero past offs[-1]."""
+    G, T, M, N = 8, 2048, 256, 384
+    dt = torch.bfloat16
+    x = _rand(T, M, dtype=dt, seed=51).requires_grad_()
+    dY = _rand(T, N, dtype=dt, seed=52, scale=T ** -0.5).requires_grad_()
+    s = _rand(G, 1, 1, seed=53).abs().requires_grad_()
+    bias = _rand(G, 1, N, dtype=dt, seed=54).requires_grad_()
+    sizes = _sizes(G, T - 100, True)
+    offs = _offs(sizes)
+    epi = "def e(accum, s, bias):\n    D = gelu_tanh(accum * s + bias)\n    R = sum(D)\n" \
+          "    return D, R"
+    gD, gR = _rand(G, M, N, dtype=dt, seed=55), _rand(G, M, 1, seed=56)
+    D, R = evtfuse.grouped_gemm(x.t(), dY, offs, epi, s=s, bias=bias, backward=mode,
+                                R=torch.empty(G, M, 1, device="cuda"))
+    ((D.float() * gD.float()).sum() + (R * gR).sum()).backward()
+    got = [t.grad for t in (x, dY, s, bias)]
+    assert got[0].is_contiguous() and got[1].is_contiguous()
+    end = sum(sizes)
+    assert (got[0][end:] == 0).all() and (got[1][end:] == 0).all()
+    ref = [t.detach().float().requires_grad_() for t in (x, dY, s, bias)]
+    rx, rdY, rs, rb = ref
+    start, loss = 0, 0.0
+    for g, n in enumerate(sizes):
+        rows = slice(start, start + n)
+        Dg = torch.nn.functional.gelu((rx[rows].T @ rdY[rows]) * rs[g] + rb[g],
+                                      approximate="tanh")
+        loss = loss + (Dg * gD[g].float()).sum() + (Dg.sum(-1, keepdim=True) * gR[g]).sum()
+        start += n
+    loss.backward()
+    for name, a, r in zip(("x", "dY", "s", "bias"), got, ref):
+        err = ((a.float() - r.grad).norm() / r.grad.norm()).item()
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
 
 

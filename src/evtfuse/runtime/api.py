@@ -69,7 +69,7 @@ class _Epilogue(NamedTuple):
     name: str  # the function's name
     params: tuple  # its operands' names, after accum, in order
     outputs: tuple  # its outputs' names, in return order
-    gated: bool  # ``pairs(accum)``: B holds 2N columns for N output columns
+    gated: bool | str  # ``pairs(accum)``: B holds 2N columns for N output columns (their layout)
     conditional: tuple  # outputs assigned ``store_where``: the caller gives their buffers
 
 
@@ -225,9 +225,9 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     gives (T, N) outputs. Rows at or past offs[-1] belong to no group and are not written (an
     output evtfuse allocates holds whatever ``torch.empty`` gave there). ``offs`` is never
     read on the host: no synchronisation (docs/grouped.md). The call is one operator,
-    ``torch.ops.evtfuse.grouped_gemm``. Over M it is differentiable with respect to A, B
-    and every tensor operand (``runtime.grouped_autograd``; ``backward`` as ``gemm``'s);
-    over K, inputs that require grad under grad mode are refused, never silently detached."""
+    ``torch.ops.evtfuse.grouped_gemm``. Over M and over K it is differentiable with respect
+    to A, B and every tensor operand (``runtime.grouped_autograd``; ``backward`` as
+    ``gemm``'s, "auto" choosing over K by the mean group size T / G)."""
     autograd.check_backward(backward)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
     outputs = epi.outputs
@@ -236,11 +236,6 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     _check_operands_given(A, B, epi, named, "grouped_gemm")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     grad = _requiring_grad(A, B, tensors, tnames)
-    if grad and B.dim() == 2:
-        raise NotImplementedError(
-            f"grouped_gemm: {', '.join(grad)} require{'s' if len(grad) == 1 else ''} grad, and "
-            "grouped GEMMs over K have no backward yet: their results would be detached from "
-            "the graph. Run under torch.no_grad() (inference) or detach the inputs.")
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
@@ -322,15 +317,19 @@ def _gemm_with_grad(A, B, epi: _Epilogue, named, dtypes, options, grad, tensors,
     ``out.copy_(x)``: a tensor reused across training steps carries the last step's graph,
     so give a fresh one per step). "auto" for ``backward`` is resolved here, from K (a
     guard under torch.compile when K is symbolic), so the layout says the mode as data.
-    ``offs``: ``grouped_gemm`` over M, through ``evtfuse::grouped_gemm_functional``
-    (``runtime.grouped_autograd``); the copy keeps what a given output held in the rows
-    of no group (at or past offs[-1]), as the call without gradients does. ``options``:
+    ``offs``: ``grouped_gemm``, through ``evtfuse::grouped_gemm_functional``
+    (``runtime.grouped_autograd``); over M the copy keeps what a given output held in the
+    rows of no group (at or past offs[-1]), as the call without gradients does; over K
+    "auto" takes K as the mean group size T / G (the GEMM a recompute repeats is
+    2 * M * N * T flops, the accumulator saved G * M * N elements). ``options``:
     the call's (tune, allow_tf32, fp8_fast_accum, cc), as ``layout_text`` takes them."""
     source, outputs = epi.source, epi.outputs
     _tune, allow_tf32, _fp8_fast_accum, _cc = options
     alloc = tuple(f"{n}:{autograd.dtype_name(dtypes.get(n, default_output_dtype(A.dtype)))}"
                   for n in outputs if n not in named)
-    mode = autograd.backward_mode(backward, A.shape[-1], A.dtype, allow_tf32)
+    over_k = offs is not None and B.dim() == 2
+    K = A.shape[-1] // offs.shape[0] if over_k else A.shape[-1]
+    mode = autograd.backward_mode(backward, K, A.dtype, allow_tf32)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
                          epi.where, epi.from_function, options, "", grad, alloc, mode)
     # the given outputs only tell their shapes and dtypes: no autograd edge to what they held
@@ -342,7 +341,7 @@ def _gemm_with_grad(A, B, epi: _Epilogue, named, dtypes, options, grad, tensors,
         unowned = torch.arange(A.shape[0], device=A.device) >= offs[-1]  # no host read
     got = {}
     for name, given, r in zip(onames, outs, results):
-        if offs is not None:
+        if offs is not None and not over_k:
             r = torch.where(unowned.view(-1, *([1] * (r.dim() - 1))), given.detach(), r)
         given.copy_(r)
         got[name] = given

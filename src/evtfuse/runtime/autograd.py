@@ -43,7 +43,7 @@ import torch
 from .. import autodiff
 from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
-from ..ir import PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
+from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
 from . import torch_op
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
@@ -110,35 +110,40 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def problem_of(A: torch.Tensor, B: torch.Tensor, grouped: bool = False,
-               gated: bool = False) -> tuple:
+               gated: bool = False, groups=None) -> tuple:
     """(L, M, N) of the epilogue over A @ B; of a grouped GEMM over M (A (T, K), B
-    (G, K, N)), (G, T, N); ``gated`` (``pairs(accum)``): N is half of B's columns."""
+    (G, K, N)), (G, T, N); of one over K (A (M, T), B (T, N), ``groups`` = G: a batched
+    problem), (G, M, N); ``gated`` (``pairs(accum)``): N is half of B's columns."""
     N = B.shape[-1] // 2 if gated else B.shape[-1]
     if grouped:
         return B.shape[0], A.shape[0], N
+    if groups is not None:
+        return groups, A.shape[-2], N
     la = A.shape[0] if A.dim() == 3 else 1
     lb = B.shape[0] if B.dim() == 3 else 1
     return (la if lb == 1 else lb), A.shape[-2], N
 
 
 def _full_shape(A: torch.Tensor, B: torch.Tensor, grouped: bool = False,
-                gated: bool = False) -> tuple:
+                gated: bool = False, groups=None) -> tuple:
     """The shape ``evtfuse.gemm`` gives a full output: (M, N), or (L, M, N) when batched;
-    a grouped GEMM's (over M): (T, N)."""
-    L, M, N = problem_of(A, B, grouped, gated)
-    return (L, M, N) if (A.dim() == 3 or B.dim() == 3) and not grouped else (M, N)
+    a grouped GEMM's: (T, N) over M, (G, M, N) over K (``groups`` = G)."""
+    L, M, N = problem_of(A, B, grouped, gated, groups)
+    batched = A.dim() == 3 or B.dim() == 3 or groups is not None
+    return (L, M, N) if batched and not grouped else (M, N)
 
 
 @functools.lru_cache(maxsize=256)
-def _gated(source: str, line: int, where: str, from_function: bool) -> bool:
-    """Whether an epilogue takes the accumulator in pairs (``pairs(accum)``)."""
+def _gated(source: str, line: int, where: str, from_function: bool) -> bool | str:
+    """Whether an epilogue takes the accumulator in pairs (``pairs(accum)``): False or
+    their layout (``ParsedEpilogue.gated``)."""
     return parse_epilogue(EpilogueText(source, line, where, from_function)).gated
 
 
 def accumulator_gradient(results: dict, fwd: "Forward") -> torch.Tensor | None:
     """dAccum from a backward's results: as it is, or a gated epilogue's gradients of gate
-    and up interleaved into the accumulator's 2N columns (a half no gradient reached is
-    zero); None when none reached it."""
+    and up interleaved into the accumulator's 2N columns, or side by side for the
+    concatenated layout (a half no gradient reached is zero); None when none reached it."""
     if not fwd.gated:
         return results.get(autodiff.ACCUM)
     gate, up = (results.get(autodiff.accum_target(p)) for p in PAIR_PARTS)
@@ -146,6 +151,8 @@ def accumulator_gradient(results: dict, fwd: "Forward") -> torch.Tensor | None:
         return None
     gate = torch.zeros_like(up) if gate is None else gate
     up = torch.zeros_like(gate) if up is None else up
+    if fwd.gated == CONCATENATED:
+        return torch.cat((gate, up), dim=-1)
     return torch.stack((gate, up), dim=-1).flatten(-2)
 
 
@@ -190,23 +197,34 @@ class Forward:
     batches: int  # 1, or 2 for any L > 1 (1 for a grouped GEMM: each row in one group)
     where: str
     grouped: bool  # a grouped GEMM over M (``grouped_autograd``)
-    gated: bool  # the epilogue takes the accumulator in pairs: its N is half of B's
+    gated: bool | str  # the accumulator in pairs (their layout, ``Dag.gated``): N is half B's
+    over_k: bool = False  # a grouped GEMM over K: a batched problem, L the group count
     backwards: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def output_names(self) -> tuple[str, ...]:
         return self.layout.outs
 
+    def problem(self, A: torch.Tensor, B: torch.Tensor, groups=None) -> tuple:
+        """(L, M, N) of a call of this forward (``groups``: G of a grouped GEMM over K)."""
+        return problem_of(A, B, self.grouped, self.gated, groups if self.over_k else None)
+
+    def full_shape(self, A: torch.Tensor, B: torch.Tensor, groups=None) -> tuple:
+        """The shape of a full output of a call of this forward."""
+        return _full_shape(A, B, self.grouped, self.gated, groups if self.over_k else None)
+
 
 _forwards: dict[tuple, Forward] = {}
 
 
 def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
-               grouped: bool = False) -> Forward:
+               grouped: bool = False, groups=None) -> Forward:
     """The ``Forward`` of a call (built once per structure); ``grouped``: a grouped GEMM
-    over M (``evtfuse.grouped_gemm``, A (T, K), B (G, K, N))."""
+    over M (``evtfuse.grouped_gemm``, A (T, K), B (G, K, N)); ``groups``: G of a grouped
+    GEMM over K (A (M, T), B (T, N)), which is a batched problem (G, M, N) (the frontend
+    binds it as one, each group in the L place)."""
     gated = _gated(source, lay.line, lay.where, lay.from_function)
-    problem = problem_of(A, B, grouped, gated)
+    problem = problem_of(A, B, grouped, gated, groups)
     pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
     place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
     place = tuple(int(p) for p in place)
@@ -215,7 +233,7 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
            lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
            mode,
            tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
-           A.dim(), B.dim(), grouped)
+           A.dim(), B.dim(), grouped, groups is not None)
     hit = _forwards.get(key)
     if hit is not None:
         return hit
@@ -229,12 +247,12 @@ def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
     if len(_forwards) > 1024:
         _forwards.clear()
     hit = _forwards[key] = _build(source, parsed, lay, tensors, outs, pats, place, A, B, mode,
-                                  grouped)
+                                  grouped, groups is not None)
     return hit
 
 
 def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
-           mode: str, grouped: bool) -> Forward:
+           mode: str, grouped: bool, over_k: bool = False) -> Forward:
     def meta(shape, dtype):
         return torch.empty(shape, dtype=dtype, device="meta")
 
@@ -247,7 +265,7 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
     for name, t, pat in zip(lay.outs, outs, pats[n:]):
         values[name] = meta(_placeholder(pat, place), t.dtype)
     alloc = []
-    full = place if (A.dim() == 3 or B.dim() == 3) and not grouped else place[1:]
+    full = place if (A.dim() == 3 or B.dim() == 3 or over_k) and not grouped else place[1:]
     for item in lay.alloc:
         name, dt = item.split(":")
         alloc.append((name, getattr(torch, dt)))
@@ -275,15 +293,16 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
         run = Layout(lay.tensors, lay.nones, lay.scalars, names, lay.line, lay.where,
                      lay.from_function, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc)
     return Forward(parsed, plan, source, run, tuple(alloc), hidden, batches, parsed.where,
-                   grouped, parsed.gated)
+                   grouped, parsed.gated, over_k)
 
 
-def allocate_results(fwd: Forward, A, B, outs: list) -> list:
+def allocate_results(fwd: Forward, A, B, outs: list, groups=None) -> list:
     """The op's results before they are written: like ``outs``, the allocated full outputs,
-    the hidden ones (fp32, the saved accumulator in its own dtype)."""
-    problem = problem_of(A, B, fwd.grouped, fwd.gated)
+    the hidden ones (fp32, the saved accumulator in its own dtype); ``groups``: G of a
+    grouped GEMM over K."""
+    problem = fwd.problem(A, B, groups)
     res = [torch.empty(t.shape, dtype=t.dtype, device=A.device) for t in outs]
-    full = _full_shape(A, B, fwd.grouped, fwd.gated)
+    full = fwd.full_shape(A, B, groups)
     res += [A.new_empty(full, dtype=dt) for _, dt in fwd.alloc]
     res += [A.new_empty(hidden_shape(s, problem, fwd.grouped), dtype=s.dtype)
             for s in fwd.hidden]
@@ -321,11 +340,12 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def remember(ctx, first: tuple, A, B, epilogue: str, layout: str, tensors, scalars, outs,
-             output, grouped: bool = False) -> None:
+             output, grouped: bool = False, groups=None) -> None:
     """Keep on ``ctx`` what the backward of a call needs: the tensors ``first`` (A, B and a
-    grouped GEMM's offs), the operands and what the forward saved for it."""
+    grouped GEMM's offs), the operands and what the forward saved for it (``grouped``,
+    ``groups``: as ``forward_of``'s)."""
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped)
+    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped, groups)
     position = {name: k for k, name in enumerate(fwd.output_names)}
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
     ctx.save_for_backward(*first, *tensors, *(t for _, t in saved))
@@ -356,7 +376,6 @@ def _backward(ctx, grads):
     bplan, values = request
     results = run_backward(bplan, A, B, values, tensors, lay, fwd)
     dacc = accumulator_gradient(results, fwd)
-    names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
     da = db = None
     if dacc is not None:
         if need_a:
@@ -365,6 +384,17 @@ def _backward(ctx, grads):
         if need_b:
             db = _sum_to(in_layout_of(B, lambda: torch.matmul(A.mT, dacc),
                                       lambda: torch.matmul(dacc.mT, A)), B)
+    return (da, db, None, None, operand_gradients(bplan, results, lay, need_t, tensors),
+            no_scalars, [None] * ctx.n_outs)
+
+
+def operand_gradients(bplan: autodiff.BackwardPlan, results: dict, lay: Layout, need_t,
+                      tensors: dict) -> list:
+    """Each tensor operand's gradient (None where not wanted or none reached it) from a
+    backward kernel's results over a (batched) problem: summed over L for an operand shared
+    by the batches, and the terms ``bplan.caller_sums`` names reduced to the operand's
+    shape; in the operand's shape."""
+    names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
     tgrads = []
     for name, need in zip(lay.tensors, need_t):
         g = results.get(name) if need else None
@@ -373,7 +403,7 @@ def _backward(ctx, grads):
         if g is not None and names[name] in sums:
             g = _sum_term(g, *sums[names[name]], tensors[name])
         tgrads.append(None if g is None else g.reshape(tensors[name].shape))
-    return da, db, None, None, tgrads, no_scalars, [None] * ctx.n_outs
+    return tgrads
 
 
 def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
@@ -421,11 +451,12 @@ def check_first_order() -> None:
 
 
 def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict, scalars,
-                    need_ab: bool, need_t, A: torch.Tensor, B: torch.Tensor):
+                    need_ab: bool, need_t, A: torch.Tensor, B: torch.Tensor, groups=None):
     """(the backward plan, its operands' values) of a call whose outputs got ``grads``, or
     None when no gradient arrives at a differentiable output or none is wanted. Plans are
     kept per (graded outputs, wanted inputs) on ``fwd``, made for the kernel that runs
-    them (``caller_reductions``: a grouped or gated one leaves its sums to the caller)."""
+    them (``caller_reductions``: a grouped (over M) or gated one leaves its sums to the
+    caller). ``groups``: G of a grouped GEMM over K."""
     wanted = {name for name, need in zip(lay.tensors, need_t) if need}
     if need_ab:
         wanted.add(autodiff.ACCUM)
@@ -442,7 +473,7 @@ def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict
                               name=f"{fwd.parsed.name}_backward"), fwd.grouped)
     if bplan.empty:
         return None
-    problem = problem_of(A, B, fwd.grouped, fwd.gated)
+    problem = fwd.problem(A, B, groups)
     values: dict[str, Any] = dict(tensors)
     values.update(zip(lay.scalars, scalars))
     values.update({op: graded[o].contiguous() for o, op in bplan.grads})
@@ -476,12 +507,14 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
     """The backward epilogue through ``evtfuse::gemm``: {accum or operand: its gradient}.
     A dAccum that is a full operand as it is (the upstream gradient of ``accum + bias``) is
     taken from it, not copied by the kernel; with nothing else to compute, no kernel runs.
-    A grouped GEMM's (``offs``): through ``evtfuse::grouped_gemm``, every result zeroed
-    first (rows past offs[-1] are not written), the terms of ``bplan.caller_sums`` (T, N)
-    or (T, 1) in fp32."""
+    A grouped GEMM's (``offs``): through ``evtfuse::grouped_gemm``; over M, every result
+    zeroed first (rows past offs[-1] are not written), the terms of ``bplan.caller_sums``
+    (T, N) or (T, 1) in fp32; over K (``fwd.over_k``), the results are a batched problem's
+    (G, M, N) (every one written: an empty group's accumulator is zero)."""
     grouped = offs is not None
-    new = A.new_zeros if grouped else A.new_empty
-    full = _full_shape(A, B, grouped, fwd.gated)
+    groups = offs.shape[0] if grouped and fwd.over_k else None
+    new = A.new_zeros if grouped and not fwd.over_k else A.new_empty
+    full = fwd.full_shape(A, B, groups)
     terms = {name for name, _, _ in bplan.caller_sums}  # (L, M, N), (M, 1), (T, N), ...
     outs, onames, results = [], [], {}
     for target, name in bplan.outputs:
@@ -498,7 +531,7 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
             cols = (1,) if out.kind is OutputKind.ROW else full[-1:]
             t = new((*lead, full[-2], *cols), dtype=torch.float32)
         elif target in bplan.batch_summed:
-            t = new(problem_of(A, B), dtype=tensors[target].dtype)
+            t = new(fwd.problem(A, B, groups), dtype=tensors[target].dtype)
         else:
             op = tensors[target]
             t = new(op.shape, dtype=op.dtype)
@@ -546,4 +579,5 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
 __all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",
            "backward_mode", "check_backward", "save_threshold", "saved_accum_dtype",
            "allocate_results", "accumulator_gradient", "backward_inputs", "caller_reductions",
-           "check_first_order", "in_layout_of", "problem_of", "remember", "run_backward"]
+           "check_first_order", "in_layout_of", "operand_gradients", "problem_of", "remember",
+           "run_backward"]

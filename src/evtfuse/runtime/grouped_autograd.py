@@ -1,4 +1,4 @@
-"""Gradients of grouped GEMMs over M: the operator ``torch.ops.evtfuse.grouped_gemm_functional``.
+"""Gradients of grouped GEMMs: the operator ``torch.ops.evtfuse.grouped_gemm_functional``.
 
 Layer: runtime, beside ``runtime.autograd``, whose forward plans, backward plans and backward
 kernel call it shares (``forward_of(..., grouped=True)``). Schema::
@@ -20,6 +20,16 @@ per such operand. Then
 dA = dAccum @ B_g^T (a grouped GEMM over M) and dB_g = A_g^T @ dAccum_g (a grouped GEMM
 over K), both evtfuse calls. Rows at or past offs[-1] are in no group: their gradients are
 zero, and no gradient flows from the outputs' rows there.
+
+Over K (A (M, T), B (T, N), the result (G, M, N)): the problem is a batched one with the
+group in the L place, so the forward plan and the backward epilogue are ``gemm``'s for a
+batch of G (reductions fused, an operand shared by the groups summed over them); the
+backward kernel is a grouped kernel over K (K = 0 when it reads no accumulator) writing
+dAccum (G, M, N). Then dA[:, k_g] = dAccum_g @ B[k_g]^T, one grouped GEMM over M of B's
+rows (``grouped_gemm(B, dAccum.mT, offs)``, transposed), and dB[k_g] = A[:, k_g]^T @
+dAccum_g, another (``grouped_gemm(A.mT, dAccum, offs)``); each written into a zeroed
+tensor in its input's memory order, so that A's columns and B's rows at or past offs[-1]
+(in no group) get zero.
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ import torch
 
 from ..ir import OutputKind
 from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
-                       check_first_order, forward_of, in_layout_of, remember, run_backward)
+                       check_first_order, forward_of, in_layout_of, operand_gradients,
+                       remember, run_backward)
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
@@ -36,12 +47,19 @@ SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue
 _lib.define(SCHEMA)
 
 
+def _grouping(B: torch.Tensor, offs: torch.Tensor) -> tuple:
+    """``forward_of``'s (grouped, groups) for a grouped GEMM: over M (B (G, K, N)), or over
+    K (B (T, N)), a batched problem of offs' G groups."""
+    return (True, None) if B.dim() == 3 else (False, offs.shape[0])
+
+
 def _impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
     from .api import run_grouped_values
 
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped=True)
-    results = allocate_results(fwd, A, B, outs)
+    grouped, groups = _grouping(B, offs)
+    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped, groups)
+    results = allocate_results(fwd, A, B, outs, groups)
     run_grouped_values(A, B, offs, fwd.source, fwd.layout,
                        values_of(fwd.layout, tensors, scalars, results))
     return results
@@ -50,8 +68,10 @@ def _impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
 def _fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
-    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs, grouped=True)
-    return allocate_results(fwd, A, B, outs)
+    grouped, groups = _grouping(B, offs)
+    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs, grouped,
+                     groups)
+    return allocate_results(fwd, A, B, outs, groups)
 
 
 _lib.impl("grouped_gemm_functional", _impl, "CompositeExplicitAutograd")
@@ -91,12 +111,19 @@ def _backward(ctx, grads):
     need_a, need_b, need_t = needs[0], needs[1], needs[5]
     no_scalars = None if ctx.scalars else []  # as runtime.autograd's
     none = (None,) * 5 + ([None] * n, no_scalars, [None] * ctx.n_outs)
+    groups = offs.shape[0] if fwd.over_k else None
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
-                              need_t, A, B)
+                              need_t, A, B, groups)
     if request is None:
         return none
     bplan, values = request
     results = run_backward(bplan, A, B, values, tensors, lay, fwd, offs)
+    if fwd.over_k:
+        da, db = _over_k_products(accumulator_gradient(results, fwd), A, B, offs, need_a,
+                                  need_b, lay.tune)
+        return (da, db, None, None, None,
+                operand_gradients(bplan, results, lay, need_t, tensors), no_scalars,
+                [None] * ctx.n_outs)
     names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
     dacc = accumulator_gradient(results, fwd)
     da = db = None
@@ -115,9 +142,28 @@ def _backward(ctx, grads):
     return da, db, None, None, None, tgrads, no_scalars, [None] * ctx.n_outs
 
 
+def _over_k_products(dacc, A, B, offs, need_a: bool, need_b: bool, tune: str) -> tuple:
+    """(dA, dB) of a grouped GEMM over K from dAccum (G, M, N): dA[:, k_g] = dAccum_g @
+    B[k_g]^T and dB[k_g] = A[:, k_g]^T @ dAccum_g, each a grouped GEMM over M (of B's rows,
+    of A's columns) written into zeros in its input's memory order (``zeros_like``: a
+    weight's gradient needs no copy), so that the range at or past offs[-1] stays zero."""
+    from .api import grouped_gemm
+
+    da = db = None
+    if dacc is None:
+        return da, db
+    if need_a:  # (T, M) rows grouped as B's, transposed into A's (M, T)
+        da = grouped_gemm(B, dacc.mT, offs, tune=tune, D=torch.zeros_like(A).mT).mT
+    if need_b:
+        db = grouped_gemm(A.mT, dacc, offs, tune=tune, D=torch.zeros_like(B))
+    return da, db
+
+
 def _setup_context(ctx, inputs, output) -> None:
     A, B, offs, epilogue, layout, tensors, scalars, outs = inputs
-    remember(ctx, (A, B, offs), A, B, epilogue, layout, tensors, scalars, outs, output, True)
+    grouped, groups = _grouping(B, offs)
+    remember(ctx, (A, B, offs), A, B, epilogue, layout, tensors, scalars, outs, output,
+             grouped, groups)
 
 
 torch.library.register_autograd("evtfuse::grouped_gemm_functional", _backward,

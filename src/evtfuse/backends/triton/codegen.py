@@ -167,6 +167,8 @@ def _portable_source(spec: KernelSpec) -> str:
     depth = "grp_k" if spec.k_grouped else "K"
     gated = spec.dag.gated
     rnb, nb = ("rnb", "(2 * N)") if gated else ("rn", "N")  # B's columns
+    # each tile column's column of B, inside B (concatenated pairs: gathered, wrapped already)
+    b_cols = "rnb" if spec.dag.concatenated else f"({rnb} % {nb})"
     params = ", ".join(["A", "B", rows, "N", depth, "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
                        + (["offs"] if spec.grouped or spec.k_grouped else [])
                        + [p for p, _ in roles])
@@ -200,13 +202,14 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I2}pid_n = (pid % group) // group_m",
         *(_group_lines(I1, I2) if spec.grouped else []),
         f"{I1}rm = {'grp_row0 + ' if spec.grouped else ''}pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"{I1}{rnb} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        *(_concatenated_columns(I1) if spec.dag.concatenated else
+          [f"{I1}{rnb} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"]),
         f"{I1}rk = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge load wrapped ones (row m % M) instead of masking:
         # the mainloop's loads stay unmasked wherever K is a multiple of BLOCK_K, and the
         # store mask drops those rows and columns
         f"{I1}a_ptrs = A + bid64 * sa_l + (rm % M)[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
-        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + ({rnb} % {nb})[None, :].to(tl.int64) * sb_n",
+        f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + {b_cols}[None, :].to(tl.int64) * sb_n",
         *(_k_group_lines(I1) if spec.k_grouped else []),
         f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
         *(_u8_lines("init", I1) if spec.u8_offset else []),
@@ -276,6 +279,19 @@ def _gated_split_lines(indent: str) -> list[str]:
         f"{indent}acc_gate, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2), "
         "can_reorder=False))",
         f"{indent}rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)",
+    ]
+
+
+def _concatenated_columns(indent: str) -> list[str]:
+    """A gated tile over B's concatenated columns (``pairs(accum, layout="concatenated")``:
+    gate's N, then up's N): the tile's BLOCK_N columns of B are gathered in the interleaved
+    order, column 2p of the tile is gate's output column j = pid_n * BLOCK_N // 2 + p (B's
+    column j) and 2p + 1 is up's (B's column N + j), so one dot computes the pairs the
+    interleaved layout would and ``_gated_split_lines`` splits them as it does. Output
+    columns past N load wrapped ones (j % N) that the store mask drops."""
+    return [
+        f"{indent}rnb = (pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2) % N "
+        "+ (tl.arange(0, BLOCK_N) % 2) * N",
     ]
 
 
