@@ -14,7 +14,10 @@ caches in a fresh folder:
   (``tuner.size_class``: M less a tenth, a multiple of 8), minus that M's warm call: what
   a new batch size costs;
 - ``second_s``: the first call of a second process on the caches the first one left
-  (tuning records and Triton's binaries hit).
+  (tuning records and Triton's binaries hit);
+- ``tuning``: where the fresh call's tuning went, from its tuning record (``candidates``
+  timed, ``compile_s`` of the parallel compiles, ``timing_s`` of the timing windows); the
+  rest of ``fresh_s`` is code generation, imports of Triton's compiler and the launch.
 
 Times are host wall-clock around a synchronised call (imports and input creation apart).
 ``--workers N`` sets ``EVTFUSE_COMPILE_WORKERS`` (1: candidates compiled one at a time).
@@ -59,6 +62,10 @@ def _child(workload: str, shape: tuple[int, int, int], phase: str) -> dict:
     first_s, _ = host_timed_s(call)
     got: dict = {"first_s": first_s}
     if phase == "fresh":
+        from evtfuse.runtime import cache
+
+        got["tuning"] = [{k: e[k] for k in ("candidates", "compile_s", "timing_s") if k in e}
+                         for e in cache.list_entries()]
         got["warm_ms"] = statistics.median(host_timed_s(call)[0] for _ in range(5)) * 1e3
         m2 = (shape[0] - shape[0] // 10) // 8 * 8
         assert size_class(m2) == size_class(shape[0]), (m2, shape[0])

@@ -13,7 +13,9 @@ against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ 
 ``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it;
 ``*_kernels_ms``: each kernel's GPU time per step (torch.profiler), ``*_kernel_sum_ms`` their
 sum, ``*_host_ms`` the host's time to enqueue a step (a step's time above its kernels' sum
-is idle GPU: host-bound where ``*_host_ms`` reaches it).
+is idle GPU: host-bound where ``*_host_ms`` reaches it), ``*_loop_ms`` a step's time in a
+run of back-to-back steps, as a training loop runs them (no L2 flush, no gap between
+steps: the GPU idles only where a step synchronises or the host falls behind).
 """
 
 from __future__ import annotations
@@ -51,7 +53,24 @@ def _kernels_ms(fn, grads, steps: int = 10) -> dict:
         torch.cuda.synchronize()
     rows = {e.key[:90]: e.device_time_total / steps / 1e3 for e in prof.key_averages()
             if e.device_time_total > 0}
-    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+    out = dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+    _gaps[id(fn)] = _idle_before(prof, steps)
+    return out
+
+
+_gaps: dict = {}
+
+
+def _idle_before(prof, steps: int) -> dict:
+    """Idle GPU per step before each kernel (ms, by the kernel's name, largest first): the
+    gaps between one kernel's end and the next one's start in the profile."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[:60]) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    idle: dict = {}
+    for (_, end, _), (start, _, name) in zip(spans, spans[1:]):
+        if start > end:
+            idle[name] = idle.get(name, 0.0) + (start - end) / steps / 1e3
+    return dict(sorted(idle.items(), key=lambda kv: -kv[1])[:6])
 
 
 def _host_ms(fn, grads, steps: int = 10) -> float:
@@ -69,6 +88,27 @@ def _host_ms(fn, grads, steps: int = 10) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / steps * 1e3
+
+
+def _loop_ms(fn, grads, steps: int = 20) -> float:
+    """A step's time in ``steps`` back-to-back steps (CUDA events around the run; the
+    median of three runs)."""
+    import statistics
+
+    fn()
+    runs = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(steps):
+            for p in grads:
+                p.grad = None
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        runs.append(start.elapsed_time(end) / steps)
+    return statistics.median(runs)
 
 
 def _peak_mib(fn) -> float:
@@ -141,11 +181,14 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_peak_mib"] = _peak_mib(fn)
         except Exception as e:  # one peer's failure does not lose the others
             out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
-    for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager)):
+    for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
+                     ("compiled", compiled)):
         try:
             out[f"{name}_kernels_ms"] = kernels = _kernels_ms(fn, grads)
             out[f"{name}_kernel_sum_ms"] = sum(kernels.values())
             out[f"{name}_host_ms"] = _host_ms(fn, grads)
+            out[f"{name}_idle_before_ms"] = _gaps.pop(id(fn), {})
+            out[f"{name}_loop_ms"] = _loop_ms(fn, grads)
         except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if "evtfuse_ms" in out:

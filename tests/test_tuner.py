@@ -39,6 +39,17 @@ def test_search_takes_the_fastest_and_skips_failures():
     assert slow.calls == fast.calls == 1 + tuner.ROUNDS
 
 
+def test_search_reports_where_its_time_went():
+    """The cost a search reports (kept in the tuning record, shown by ``evtfuse cache list``):
+    the candidates that ran, and the seconds of compiles and of timing."""
+    cost: dict = {}
+    tuner._search(_args(), [_Stand("a", 0.002), _Stand("b", 0, True), _Stand("c", 0.001)],
+                  "fast", cost)
+    assert cost["candidates"] == 2  # the failure is not counted
+    assert cost["compile_s"] == 0.0  # stand-ins have no plan to precompile
+    assert cost["timing_s"] >= (1 + tuner.ROUNDS) * 0.003
+
+
 def test_search_judges_the_rounds_after_the_first():
     """A candidate fast only in its first round (timed on a GPU cooled by its compile)
     loses to one that is faster in the later, back-to-back rounds."""

@@ -139,10 +139,11 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         log.info("evtfuse: tuning %dx%dx%d (M class %d): %d candidates%s", args.M, args.N,
                  args.K, size_class(args.M), len(cands),
                  "" if cands is kernels else " (the shipped defaults' and the heuristic's)")
-        chosen = _search(args, cands, tune)
+        cost: dict = {}
+        chosen = _search(args, cands, tune, cost)
         if tune == "exhaustive":
             chosen = _refine_tile_order(args, chosen, kernels)
-        record = tuning_record(args, chosen, tune)
+        record = {**tuning_record(args, chosen, tune), **cost}
         cache.store_choice(key, record)
         _records[key] = record
     _chosen[(key, args.M)] = chosen
@@ -242,13 +243,16 @@ def _fits(spent: float, tried: int, first_ms: list[float], budget: float) -> boo
     return spent + spent / tried + _later_s([*first_ms, mean_first]) <= budget
 
 
-def _search(args: GemmArguments, kernels, tune: str):
+def _search(args: GemmArguments, kernels, tune: str, cost: dict | None = None):
     """Compile and time each candidate (first round), then time the ones that ran in
     ``ROUNDS - 1`` more rounds in turn, interleaved; the lowest ``_sustained`` time wins,
     after a duel (``_duel``) when the two best are within ``DUEL_MARGIN``. The first round
     takes a candidate only while the time spent, the next one's compile and first window
     (the mean of those so far) and the later rounds and the duel of all of them fit the
-    budget (``_fits``)."""
+    budget (``_fits``). ``cost``, if given, receives where the search's time went (kept in
+    the tuning record, shown by ``evtfuse cache list``): ``candidates`` timed,
+    ``compile_s`` (the parallel precompile) and ``timing_s`` (the rest: the first round's
+    leftover compiles and every timing window)."""
     from tqdm.auto import tqdm
 
     budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "28"))
@@ -256,7 +260,8 @@ def _search(args: GemmArguments, kernels, tune: str):
     args = _scratch(args)
     times: dict[str, list[float]] = {}
     ran = []
-    budget -= _precompile(cands, args)  # the candidates' compiles, at once
+    compile_s = _precompile(cands, args)  # the candidates' compiles, at once
+    budget -= compile_s
     t_start = time.perf_counter()
     show = log.isEnabledFor(logging.INFO) or os.environ.get("EVTFUSE_PROGRESS", "1") != "0"
     bar = tqdm(cands, desc=f"evtfuse tuning {args.M}x{args.N}x{args.K}", leave=False,
@@ -286,6 +291,9 @@ def _search(args: GemmArguments, kernels, tune: str):
     best = _duel(args, sorted(ran, key=lambda k: _sustained(times[k.name])), times)
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
+    if cost is not None:
+        cost.update(candidates=len(ran), compile_s=round(compile_s, 3),
+                    timing_s=round(time.perf_counter() - t_start, 3))
     return best
 
 
