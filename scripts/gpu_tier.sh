@@ -5,7 +5,9 @@
 # Each shard gets its own evtfuse cache; logs go to LOGDIR/<shard>.log; prints one summary
 # line per shard and exits non-zero if any shard failed or timed out. Another Triton:
 # TRITON_DIR=/opt/t371 (a folder holding that release's unpacked `triton` package) goes
-# ahead of src on PYTHONPATH.
+# ahead of src on PYTHONPATH. On a host with several GPUs the shards take them in turn
+# (compiles are CPU-bound: such hosts also have more cores); CUDA_VISIBLE_DEVICES, when
+# set, pins every shard to it.
 set -u
 out=${1:?log folder}
 limit=${2:-540}
@@ -50,6 +52,9 @@ declare -A shards=(
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
   [[ " ${shards[*]} " == *"$f"* ]] || { echo "gpu_tier.sh: $f is in no shard" >&2; exit 2; }
 done
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)  # shards take the GPUs in turn (one GPU: all on it)
+(( gpus > 0 )) || gpus=1
+i=0
 pids=()
 for name in "${!shards[@]}"; do
   [[ $only == "  " || $only == *" $name "* ]] || { unset "shards[$name]"; continue; }
@@ -57,7 +62,9 @@ for name in "${!shards[@]}"; do
   sel=${shards[$name]#*|}
   read -r -a args <<< "$files"
   [[ -n $sel ]] && args+=(-k "$sel")
-  ( EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout "$limit" \
+  gpu=$(( i++ % gpus ))
+  [[ $name == torch ]] && gpu=$(seq -s, 0 $(( gpus - 1 )))  # its tests of tensors on cuda:1
+  ( CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$gpu} EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout "$limit" \
       python3 -m pytest -q -m gpu -p no:cacheprovider "${args[@]}" > "$out/$name.log" 2>&1
     echo "rc=$?" >> "$out/$name.log" ) &
   pids+=($!)

@@ -190,3 +190,38 @@ def test_fp16_accumulation_kernels_compile_for_sm90():
     assert len(got) == 6, got
     for name, c in got.items():
         assert c["shared"] > 0 and c["f16_acc"], (name, got)
+
+
+def test_gemm_takes_accumulator_type():
+    """``evtfuse.gemm(..., accumulator_type=torch.float16)``: the fp16 accumulator (its
+    values are fp16 numbers), and the same call without it right after gets fp32
+    accumulation again (the two do not share a plan or a tuning choice)."""
+    import evtfuse
+
+    M, N, K = 32, 24, 256
+    A, B = rand(M, K), rand(N, K).T
+    src = "def epi(accum): D = accum; return D"
+    d16 = evtfuse.gemm(A, B, src, accumulator_type=torch.float16, D_dtype=torch.float32)
+    d32 = evtfuse.gemm(A, B, src, D_dtype=torch.float32)
+    assert torch.equal(d16.half().float(), d16)
+    exact = A.double() @ B.double()
+    assert not torch.equal(d16, d32)
+    assert float((d32.double() - exact).abs().max()) < float((d16.double() - exact).abs().max())
+    again = evtfuse.gemm(A, B, src, accumulator_type=torch.float16, D_dtype=torch.float32)
+    assert torch.equal(again, d16)
+
+
+def test_gemm_accumulator_type_errors():
+    import evtfuse
+
+    A, B = rand(16, 32), rand(32, 16)
+    with pytest.raises(ValueError, match="accumulator_type must be None"):
+        evtfuse.gemm(A, B, accumulator_type=torch.bfloat16)
+    with pytest.raises(Exception, match="accumulator_type|float16|fp16"):
+        evtfuse.gemm(A.float(), B.float(), accumulator_type=torch.float16)
+    A.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        evtfuse.gemm(A, B, accumulator_type=torch.float16)
+    # the inputs' own accumulator, named, is the default
+    out = evtfuse.gemm(A.detach(), B, accumulator_type=torch.float32)
+    assert out.dtype == torch.float16

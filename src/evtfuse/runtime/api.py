@@ -96,7 +96,8 @@ _epilogues: dict[Any, _Epilogue] = {}
 # gemm's and grouped_gemm's own keywords: an operand or output of one of these names could
 # not be passed (``<output>_dtype`` picks an allocated output's dtype)
 _CALL_KEYWORDS = frozenset(["A", "B", "offs", "epilogue", "tune", "allow_tf32",
-                            "fp8_fast_accum", "cc", "deterministic", "backward"])
+                            "fp8_fast_accum", "accumulator_type", "cc", "deterministic",
+                            "backward"])
 
 
 def _check_keyword_names(parsed) -> None:
@@ -146,8 +147,8 @@ def _check_operands_given(A, B, epi: _Epilogue, named: dict, call: str = "gemm")
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
          tune: str = "fast", allow_tf32: bool = False, fp8_fast_accum: bool = True,
-         cc: int | None = None, deterministic: bool = True, backward: str = "auto",
-         **operands_and_outputs: Any):
+         accumulator_type: torch.dtype | None = None, cc: int | None = None,
+         deterministic: bool = True, backward: str = "auto", **operands_and_outputs: Any):
     """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
     function's return order (one tensor when it returns one).
 
@@ -160,7 +161,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     inputs on TF32 tensor cores; ``fp8_fast_accum``: fp8 inputs summed in the tensor
     cores' reduced precision over all of K (the default, as ``torch._scaled_mm`` with
     ``use_fast_accum=True``); False promotes to fp32 every k-step (slower; an error that
-    does not grow with K). Reductions are always
+    does not grow with K); ``accumulator_type``: None (fp32 for float inputs, int32 for
+    8-bit integers) or ``torch.float16`` for fp16 and fp8 inputs (fp16 accumulation,
+    docs/dtypes-and-layouts.md; forward only). Reductions are always
     deterministic (sums and logsumexp: each tile writes its partial result to a workspace
     that is combined in a fixed order; max and min: atomics on the floats' bits, whose
     result does not depend on their order), so ``deterministic=True`` holds for every call;
@@ -183,12 +186,14 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
     autograd.check_backward(backward)
+    acc16 = _acc16(A, accumulator_type)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
     outputs = epi.outputs
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
     _check_operands_given(A, B, epi, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     grad = _requiring_grad(A, B, tensors, tnames)
+    _check_acc16_grad(acc16, grad)
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
@@ -196,14 +201,16 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     _allocate_missing(A, outputs, named, dtypes, lambda: _output_shape(A, B, epi.gated), outs,
                       onames)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
-                         epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc))
+                         epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc),
+                         acc16=acc16)
     torch_op.call(A, B, epi.source, layout, tensors, scalars, outs)
     return _returned(outputs, onames, outs)
 
 
 def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  epilogue: EpilogueSource | None = None, *, tune: str = "fast",
-                 allow_tf32: bool = False, fp8_fast_accum: bool = True, cc: int | None = None,
+                 allow_tf32: bool = False, fp8_fast_accum: bool = True,
+                 accumulator_type: torch.dtype | None = None, cc: int | None = None,
                  backward: str = "auto", **operands_and_outputs: Any):
     """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
     outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
@@ -229,6 +236,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     to A, B and every tensor operand (``runtime.grouped_autograd``; ``backward`` as
     ``gemm``'s, "auto" choosing over K by the mean group size T / G)."""
     autograd.check_backward(backward)
+    acc16 = _acc16(A, accumulator_type)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
     outputs = epi.outputs
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
@@ -236,6 +244,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     _check_operands_given(A, B, epi, named, "grouped_gemm")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     grad = _requiring_grad(A, B, tensors, tnames)
+    _check_acc16_grad(acc16, grad)
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
@@ -245,7 +254,8 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                       lambda: (offs.shape[0], A.shape[0], width) if B.dim() == 2
                       else (A.shape[0], width), outs, onames)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
-                         epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc))
+                         epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc),
+                         acc16=acc16)
     torch_op.call_grouped(A, B, offs, epi.source, layout, tensors, scalars, outs)
     return _returned(outputs, onames, outs)
 
@@ -295,11 +305,41 @@ def run_grouped_values(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor, sou
 
 def _run_grouped(A, B, offs, source: str, lay: Layout, values: dict[str, Any]) -> None:
     epi = EpilogueArguments.unbound(_parsed_of(source, lay), **values)
-    acc = torch.float32 if A.dtype.is_floating_point else torch.int32
-    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=lay.allow_tf32,
+    args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi, allow_tf32=lay.allow_tf32,
                          fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
     kernel = choose_kernel(args, tune=lay.tune, cc=None if lay.cc < 0 else lay.cc)
     kernel.plan(args)(A, B, args.launch_values)
+
+
+def _acc16(A: torch.Tensor, accumulator_type) -> bool:
+    """Whether ``gemm``'s ``accumulator_type`` asks for fp16 accumulation (None: the
+    inputs' own, fp32 or int32); the arguments' validation refuses it for inputs that do
+    not have it (bf16, fp32, integers), naming ``accumulator_type``."""
+    if accumulator_type is None or accumulator_type == _accumulator_of(A.dtype):
+        return False
+    if accumulator_type == torch.float16:
+        return True
+    raise ValueError(f"accumulator_type must be None (the inputs' own: "
+                     f"{_accumulator_of(A.dtype)} for {A.dtype}) or torch.float16 (fp16 and "
+                     f"fp8 inputs), not {accumulator_type!r}")
+
+
+def _check_acc16_grad(acc16: bool, grad: tuple) -> None:
+    if acc16 and grad:
+        raise NotImplementedError(
+            f"accumulator_type=torch.float16 is forward-only, and {', '.join(grad)} "
+            f"require{'s' if len(grad) == 1 else ''} grad: the backward would not be the "
+            "forward's derivative. Run under torch.no_grad() (inference), detach the inputs, "
+            "or accumulate in fp32 (accumulator_type=None).")
+
+
+def _accumulator_of(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype.is_floating_point else torch.int32
+
+
+def _accumulator(A: torch.Tensor, lay: Layout) -> torch.dtype:
+    """The accumulator dtype of an operator call (its layout's, else the inputs' own)."""
+    return torch.float16 if lay.acc16 else _accumulator_of(A.dtype)
 
 
 def _requiring_grad(A: torch.Tensor, B: torch.Tensor, tensors: list, tnames: list) -> tuple:
@@ -384,15 +424,15 @@ def run_kernel_through_op(kernel: Kernel, args: GemmArguments) -> None:
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
     options = ("none", args.allow_tf32, args.fp8_fast_accum, kernel.target.cc)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
-                         epi.where, epi.from_function, options, kernel.name)
+                         epi.where, epi.from_function, options, kernel.name,
+                         acc16=args.accumulator_type == torch.float16)
     torch_op.call(args.A, args.B, epi.source, layout, tensors, scalars, outs)
 
 
 def _run_named(A, B, parsed, lay: Layout, values: dict) -> None:
     """The operator's implementation for a call naming its kernel (``Kernel.run`` under
     torch.compile)."""
-    args = GemmArguments(A, B, values.get("D"),
-                         torch.float32 if A.dtype.is_floating_point else torch.int32,
+    args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay),
                          EpilogueArguments(parsed, **values), allow_tf32=lay.allow_tf32,
                          fp8_fast_accum=lay.fp8_fast_accum)
     for k in get_kernels(args, None if lay.cc < 0 else lay.cc):
@@ -434,7 +474,7 @@ def _parsed_of(source: str, lay: Layout):
 def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
     key = (source, lay.line, lay.where)
     cc = None if lay.cc < 0 else lay.cc
-    options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, cc)
+    options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, cc, lay.acc16)
     last = _last_call.get(key)
     if last is not None and last.options == options and A is last.A() and B is last.B() \
             and _same_objects(values, last.given) \
@@ -456,8 +496,7 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
         return
     # first call of this structure, or tensors that now overlap: validate everything
     epi = EpilogueArguments(parsed, **values)
-    acc = torch.float32 if A.dtype.is_floating_point else torch.int32
-    args = GemmArguments(A, B, values.get("D"), acc, epi, allow_tf32=lay.allow_tf32,
+    args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi, allow_tf32=lay.allow_tf32,
                          fp8_fast_accum=lay.fp8_fast_accum)
     kernel = choose_kernel(args, tune=lay.tune, cc=cc)
     plan = kernel.plan(args)

@@ -84,12 +84,14 @@ class Layout:
     grad: tuple[str, ...] = ()
     alloc: tuple[str, ...] = ()
     backward: str = "auto"
+    acc16: bool = False  # accumulator_type=torch.float16
 
     def text(self) -> str:
         """The layout as the op's ``layout`` string (names are identifiers: no separators)."""
         extra = ([f"g={','.join(self.grad)}"] if self.grad else []) + \
             ([f"a={','.join(self.alloc)}"] if self.alloc else []) + \
-            ([f"bw={self.backward}"] if self.backward != "auto" else [])
+            ([f"bw={self.backward}"] if self.backward != "auto" else []) + \
+            (["acc=f16"] if self.acc16 else [])
         return ";".join([
             "v1", "t=" + ",".join(self.tensors), "n=" + ",".join(self.nones),
             "s=" + ",".join(self.scalars), "o=" + ",".join(self.outs), f"line={self.line}",
@@ -109,16 +111,17 @@ def parse_layout(text: str) -> Layout:
     return Layout(names("t"), names("n"), names("s"), names("o"), int(f["line"]), f["where"],
                   f["fn"] == "1", f["tune"], f["tf32"] == "1", f["fp8fast"] == "1", int(f["cc"]),
                   f["kernel"], names("g") if "g" in f else (), names("a") if "a" in f else (),
-                  f.get("bw", "auto"))
+                  f.get("bw", "auto"), f.get("acc") == "f16")
 
 
 @constant_result  # a constant under torch.compile: not traced
 def layout_text(tensors: tuple, nones: tuple, scalars: tuple, outs: tuple, line: int,
                 where: str, from_function: bool, options: tuple, kernel: str = "",
-                grad: tuple = (), alloc: tuple = (), backward: str = "auto") -> str:
+                grad: tuple = (), alloc: tuple = (), backward: str = "auto",
+                acc16: bool = False) -> str:
     """The ``layout`` string for these names and options (cached per call structure)."""
     key = (tensors, nones, scalars, outs, line, where, from_function, options, kernel, grad,
-           alloc, backward)
+           alloc, backward, acc16)
     hit = _layouts.get(key)
     if hit is None:
         if len(_layouts) > 4096:
@@ -131,13 +134,13 @@ _layouts: dict[tuple, str] = {}
 
 
 def _layout_text(tensors, nones, scalars, outs, line, where, from_function, options, kernel,
-                 grad, alloc, backward):
+                 grad, alloc, backward, acc16):
     tune, allow_tf32, fp8_fast_accum, cc = options
     if not isinstance(tune, str) or any(c in tune for c in ";=,"):
         raise ValueError(f"tune must be \"fast\", \"exhaustive\" or \"none\", not {tune!r}")
     return Layout(tensors, nones, scalars, outs, line, where, bool(from_function), tune,
                   bool(allow_tf32), bool(fp8_fast_accum), -1 if cc is None else int(cc),
-                  kernel, tuple(grad), tuple(alloc), backward).text()
+                  kernel, tuple(grad), tuple(alloc), backward, bool(acc16)).text()
 
 
 def values_of(layout: Layout, tensors: list, scalars: list, outs: list) -> dict[str, Any]:
