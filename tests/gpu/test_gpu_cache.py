@@ -58,3 +58,36 @@ def test_a_new_m_of_a_known_size_class_compiles_nothing(own_cache, monkeypatch):
                         lambda *a, **k: misses.append(k.get("repr", a)) and False)
     call(920)
     assert not misses, misses
+
+
+def test_a_new_m_of_the_other_kind_is_compiled_ahead(own_cache, monkeypatch):
+    """An epilogue with a whole-output reduction specialises on whether the tiles cover M
+    (``EVEN_MN``): after a tuned call at M=1024 (covered) the other variant compiles in the
+    background (``runtime.background``), so a call at M=920 (not covered), once that is
+    done, compiles nothing, and its sum is right (rows past M not counted)."""
+    from triton import knobs
+
+    from evtfuse.runtime import background
+
+    monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "20")
+    src = "def epi(accum, C): D = accum + C; t = sum(D * D); return D, t"
+    N, K = 2048, 512
+    B = torch.randn(K, N, device="cuda").to(torch.bfloat16)
+
+    def call(m):
+        A = torch.randn(m, K, device="cuda").to(torch.bfloat16)
+        C = torch.randn(m, N, device="cuda").to(torch.bfloat16)
+        t = torch.full((1,), float("nan"), device="cuda")
+        D = evtfuse.gemm(A, B, src, C=C, t=t)[0]
+        ref = A.float() @ B.float() + C.float()
+        torch.testing.assert_close(D.float(), ref, rtol=2e-2, atol=5e-2)
+        want = (D.float() ** 2).sum()
+        torch.testing.assert_close(t[0], want, rtol=1e-3, atol=0)
+
+    call(1024)
+    background.wait(120)
+    misses = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
+                        lambda *a, **k: misses.append(k.get("repr", a)) and False)
+    call(920)
+    assert not misses, misses

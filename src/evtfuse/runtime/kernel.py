@@ -17,12 +17,13 @@ import torch
 
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
-from ..backends.triton.families import INTERPRETER, KernelFamily, Target, TileConfig, fp8_promote
+from ..backends.triton.families import (INTERPRETER, KernelFamily, Target, TileConfig,
+                                        even_tiles_vary, fp8_promote)
 from ..backends.triton.launch import direct_launcher
 from ..backends.triton.versions import LAUNCH_OPTIONS
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
-from . import cache
+from . import background, cache
 from .device import device_guard
 from .torch_op import check_no_grad
 from .verify import FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
@@ -108,6 +109,17 @@ class Kernel:
             self._plans[key] = plan
         self._last = (weakref.ref(args), state, plan)
         return plan
+
+    def compile_ahead(self, args: GemmArguments) -> None:
+        """Start compiling, in the background, the variant of this kernel another M of
+        ``args``'s problem would need (``family_base.even_tiles_vary``; the tuner calls this
+        for the kernel it chose, not for every candidate)."""
+        if self.target.kind == INTERPRETER or not even_tiles_vary(args, self.config):
+            return
+        plan = self.plan(args)
+        if isinstance(plan, LaunchPlan) and "EVEN_MN" in plan.consts:
+            background.compile_variant(plan, args.A, args.B, args.launch_values,
+                                       EVEN_MN=not plan.consts["EVEN_MN"])
 
     def run(self, args: GemmArguments) -> None:
         """Compute every output of ``args`` in place (compiles on first use).
@@ -205,7 +217,14 @@ class LaunchPlan:
     def warmup(self, A, B, values) -> None:
         """Compile the kernel for these arguments without launching it (Triton's JIT warmup;
         under ``AsyncCompileMode`` the compile runs in its executor's thread)."""
-        self.jit.warmup(*self.positional(A, B, values), grid=self.grid, **self.consts,
+        self.warmup_positional(self.positional(A, B, values))
+
+    def warmup_positional(self, positional: list, **consts) -> None:
+        """``warmup`` of arguments already fetched (``positional``: fetching may allocate a
+        workspace, which another thread must not do during a CUDA graph capture);
+        ``consts`` replace some of the plan's constants (another variant:
+        ``runtime.background``)."""
+        self.jit.warmup(*positional, grid=self.grid, **{**self.consts, **consts},
                         **LAUNCH_OPTIONS)
 
     def positional(self, A, B, values) -> list:

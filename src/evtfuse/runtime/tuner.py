@@ -151,6 +151,8 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
         cache.store_choice(key, record)
         _records[key] = record
     _chosen[(key, args.M)] = chosen
+    if args.A.device.type == "cuda":
+        chosen.compile_ahead(args)  # the variant another M of the class may need
     return chosen
 
 

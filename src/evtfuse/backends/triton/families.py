@@ -14,8 +14,8 @@ lives, not here.
 from __future__ import annotations
 
 from .family_base import (FP8_MIN_CC, INTERPRETER, SMEM_BUDGET, SMEM_LIMIT, KernelFamily,
-                          Target, TileConfig, even_tiles, fill_rank, fp8_promote, tile_count,
-                          tile_work, triton_cdiv)
+                          Target, TileConfig, even_tiles, even_tiles_vary, fill_rank,
+                          fp8_promote, tile_count, tile_work, triton_cdiv)
 from .gluon_family import GluonFamily
 from .hopper_family import HopperFamily
 from .portable_family import PortableFamily
@@ -24,4 +24,4 @@ FAMILIES: tuple[KernelFamily, ...] = (GluonFamily(), HopperFamily(), PortableFam
 
 __all__ = ["FAMILIES", "KernelFamily", "TileConfig", "Target", "HopperFamily", "PortableFamily",
            "GluonFamily", "INTERPRETER", "SMEM_LIMIT", "SMEM_BUDGET", "FP8_MIN_CC", "fp8_promote",
-           "triton_cdiv", "even_tiles", "tile_count", "fill_rank", "tile_work"]
+           "triton_cdiv", "even_tiles", "even_tiles_vary", "tile_count", "fill_rank", "tile_work"]

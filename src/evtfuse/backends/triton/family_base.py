@@ -254,6 +254,18 @@ def even_tiles(args: GemmArguments, config: TileConfig) -> bool:
             and (not across_n or args.N % config.block_n == 0))
 
 
+def even_tiles_vary(args: GemmArguments, config: TileConfig) -> bool:
+    """Whether another M of the problem gives ``even_tiles`` the other value: an epilogue
+    with a reduction across M (per-column or whole-output) where M alone decides it (a
+    reduction across N too needs N covered exactly). Grouped problems never set
+    ``EVEN_MN``. Such a kernel's other variant is compiled ahead (``runtime.background``)."""
+    kinds = {o.kind for o in args.optimized_dag.reductions}
+    if args.offs is not None or not any(k is not OutputKind.ROW for k in kinds):
+        return False
+    across_n = any(k is not OutputKind.COL for k in kinds)
+    return not across_n or args.N % config.block_n == 0
+
+
 def tile_count(args: GemmArguments, config: TileConfig, m: int | None = None) -> int:
     """Output tiles of ``config`` for ``args`` (every batch; at ``m`` rows if given)."""
     rows = args.M if m is None else m
