@@ -69,7 +69,7 @@ class Staged:
         v1.update({k: buf(b) for k, b in r1.items()})
         self.parsed1 = _parse(to_source(sp.first))
         self.args1 = GemmArguments(args.A, args.B, None, args.accumulator_type,
-                                   EpilogueArguments(self.parsed1, **v1),
+                                   EpilogueArguments.unbound(self.parsed1, **v1),
                                    allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
         A, B = args.A, args.B
         dt = A.dtype if A.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
@@ -80,7 +80,7 @@ class Staged:
         v2.update({k: buf(b) for k, b in r2.items()})
         self.parsed2 = _parse(to_source(sp.second))
         self.args2 = GemmArguments(self.A2, self.B2, None, torch.float32,
-                                   EpilogueArguments(self.parsed2, **v2))
+                                   EpilogueArguments.unbound(self.parsed2, **v2))
 
     def second_kernel(self, target):
         """The kernel of the second pass: the first that runs it on ``target``."""
