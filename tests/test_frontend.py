@@ -485,11 +485,9 @@ def test_reduction_never_returned():
 
 
 def test_reduction_used_in_further_computation():
-    e = _raises(EpilogueArguments, red_reused, bias=_randn(N), D=_poisoned(M, N),
-                s=_poisoned(M, 1))
-    assert e.variable == "s"
-    assert e.line == _line_of(red_reused, "D = f - s")
-    assert "reduction" in str(e) and "further computation" in str(e)
+    # a reduction's result feeds computation (issue 35; tests/test_softmax_cpu.py runs it)
+    epi = EpilogueArguments(red_reused, bias=_randn(N), D=_poisoned(M, N), s=_poisoned(M, 1))
+    assert epi.dag.output("D").node.inputs[1] is epi.dag.output("s").node
     e = _raises(EpilogueArguments, red_inside, D=_poisoned(M, N))
     assert e.variable == "D"
     assert e.line == _line_of(red_inside, "D = accum - max(accum)")

@@ -15,7 +15,7 @@ import torch
 from evtfuse import ops
 from evtfuse.optable import CALLABLE, OPS, Category, torch_apply
 
-REDUCTIONS = {"sum", "max", "min", "logsumexp"}
+REDUCTIONS = {"sum", "max", "min", "logsumexp", "mean"}
 SHAPE = (16, 24)  # 384 elements: both the vectorised and the scalar tail paths of torch
 
 
@@ -278,7 +278,8 @@ def test_every_row_is_covered():
     covered = (set(_exact_cases()) | set(TRANSCENDENTAL) |
                {"pow", "leaky_relu", "clamp", "lt", "le", "gt", "ge", "eq", "ne", "where",
                 "multiply_add", "logical_and", "logical_or", "logical_not"}
-               | {"cast", "store_where"})  # tests/test_cast.py, test_store_where_cpu.py
+               | {"cast", "store_where"}  # tests/test_cast.py, test_store_where_cpu.py
+               | {"softmax", "log_softmax"})  # tests/test_softmax_cpu.py
     assert covered == set(OPS) - REDUCTIONS
 
 
@@ -339,7 +340,7 @@ def test_ops_function_equals_table(name):
     row = OPS[name]
     if row.category is Category.REDUCE:
         x = _signed(60)
-        want = {"sum": torch.sum, "max": torch.amax, "min": torch.amin,
+        want = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "mean": torch.mean,
                 "logsumexp": lambda t, dim=(0, 1): torch.logsumexp(t, dim=dim)}[name]
         assert torch.equal(fn(x), want(x))
         assert torch.equal(fn(x, dim=1), want(x, dim=1))

@@ -251,7 +251,12 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     plan = ForwardPlan(dag, wrt, active, (), dag, frozenset())
     outputs = plan.differentiable_outputs()
     reach = _reaching(dag, outputs, active)
+    late = ir.after_reduction(dag)
     for n in dag.nodes:  # every op a gradient passes through must have a derivative
+        if id(n) in reach and id(n) in late:
+            raise _no_derivative(n, "it is computed from a reduction's result (softmax, "
+                                 "log_softmax, mean, or a reduction feeding computation): "
+                                 "not differentiated yet", parsed, wrt)
         if id(n) in reach and n.kind is NodeKind.COMPUTE:
             try:
                 _probe_rule(n)

@@ -34,9 +34,20 @@ _SECTIONS = (
     (Category.REDUCE, "Reductions",
      "The whole value of an assignment whose result is returned; the output's shape picks "
      "the axes: `(M, 1)` reduces each row, `(N,)` each column, `(1,)` everything, a leading "
-     "`L` keeps batches apart. A reduction cannot feed further computation. In the "
-     "derivative, `x` is the reduced value, `out` the result and `g` its gradient (both "
-     "broadcast back), `ties` the number of reduced elements equal to the result."),
+     "`L` keeps batches apart. A reduction's result may also feed further computation "
+     "(`lse = logsumexp(accum); D = exp(accum - lse)`; one not returned reduces each row, "
+     "over N, batches apart): in one pass where a tile spans the row, else in two "
+     "([performance.md](performance.md), Reductions feeding computation); a value computed "
+     "from a reduction cannot be reduced again, and no gradient flows through such a "
+     "value yet (the call raises). In the derivative, `x` is the reduced value, `out` the "
+     "result and `g` its gradient (both broadcast back), `ties` the number of reduced "
+     "elements equal to the result."),
+    (Category.ROWWISE, "Row functions",
+     "Functions of the whole output row (over N, as torch's `dim=-1`), anywhere in an "
+     "expression: the frontend writes them with a per-row `logsumexp` feeding computation "
+     "(the Triton column shows that form), so they run in one pass where a tile spans the "
+     "row, else in two ([performance.md](performance.md)). Their argument cannot itself "
+     "come from a reduction; no derivative yet (differentiating through them raises)."),
     (Category.STORE, "Conditional stores",
      "The whole value of an assignment whose result is returned as a full output you "
      "give: `D = store_where(x > 0.0, x)` writes D where the condition holds and leaves "
@@ -89,8 +100,12 @@ def _how_to_write(row: OpDef) -> str:
 
 
 def _triton(row: OpDef) -> str:
+    if row.category is Category.REDUCE and row.lowered is not None:
+        return f"(the `{row.lowered[0]}` reduction's code, then `{_lowered(row, 'sum', 'count')}`)"
     if row.category is Category.REDUCE:
         return "(a reduction: the kernel family's own code)"
+    if row.category is Category.ROWWISE:
+        return f"`{_lowered(row, 'x', f'{row.lowered[0]}(x)')}`"
     if row.required:
         return f"per `{row.required[0]}`: see below"
     args = _arg_names(row)
@@ -102,6 +117,13 @@ def _triton(row: OpDef) -> str:
     if row.triton_cuda is not None:
         text += f"; on a GPU `{row.spell(args, dict(row.params), cuda=True)}`"
     return text.replace("|", "\\|")
+
+
+def _lowered(row: OpDef, x: str, y: str) -> str:
+    """A row's ``lowered`` rule as text over ``x`` and ``y``."""
+    leaf = TextAlgebra.leaf
+    d = Diff(TextAlgebra(), (leaf(x), leaf(y)), leaf("g"))
+    return TextAlgebra.text(row.lowered[1](d).v).replace("|", "\\|")
 
 
 def _derivative(row: OpDef) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Union
 import torch
 
 from . import ir, spellings
+from .derivative import Diff
 from .errors import EpilogueError, not_an_operand, scalar_value
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import (BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, FP8_DTYPES, OPS,
@@ -717,9 +718,6 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
     def leaf(e: Expr) -> ir.Node:
         if e.kind == "name":
             node = lookup(e.name, e.line)
-            if node.kind is ir.NodeKind.REDUCE:
-                raise error(f"'{e.name}' is the result of a reduction ({node.op}); a reduction "
-                            "can only be returned, not used in further computation", e.line, e.name)
             if node.conditional_store:
                 raise error(f"'{e.name}' is a conditional store (store_where); it can only be "
                             "returned, not used in further computation (compute with the "
@@ -743,19 +741,83 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             if x.kind != "call":
                 built[id(x)] = leaf(x)
             elif ready:
-                built[id(x)] = ir.compute_node(x.op, [built[id(a)] for a in x.args], x.params,
-                                               line=x.line)
+                ins = [built[id(a)] for a in x.args]
+                if OPS[x.op].category is Category.ROWWISE:
+                    built[id(x)] = rowwise(x, ins[0])
+                else:
+                    built[id(x)] = ir.compute_node(x.op, ins, x.params, line=x.line)
+                    if any(id(i) in late for i in ins):
+                        late[id(built[id(x)])] = built[id(x)]
             else:
                 stack.append((x, True))
                 stack.extend((a, False) for a in reversed(x.args))
         return built[id(e)]
 
+    # the ids of reductions and of every value computed from one (a reduction feeding
+    # computation: docs/performance.md, "Reductions feeding computation")
+    late: dict[int, ir.Node] = {}  # (kept alive: an id is never reused while held)
+
+    def lowered(row, x: ir.Node, y: ir.Node, line: int, var: str | None = None) -> ir.Node:
+        """A row's ``lowered`` rule over x and y, as compute nodes."""
+        node = row.lowered[1](Diff(_NodeBuilder(line), (x, y), None)).v
+        if var is not None and node.kind is ir.NodeKind.COMPUTE:
+            node = ir.compute_node(node.op, node.inputs, node.params, var=var, line=line)
+        def mark(n: ir.Node) -> bool:  # the rule's new nodes computed from the reduction
+            if id(n) in late:
+                return True
+            hit = n.kind is ir.NodeKind.COMPUTE and any([mark(i) for i in n.inputs])
+            if hit:
+                late[id(n)] = n
+            return hit
+        mark(node)
+        return node
+
+    def rowwise(x: Expr, src: ir.Node) -> ir.Node:
+        """``softmax(src)`` and its kind: the row's reduction (over N, per batch), then the
+        row's rule over src and it."""
+        row = OPS[x.op]
+        if id(src) in late:
+            raise error(f"{x.op}(...) of a value computed from a reduction: a reduction cannot "
+                        "reduce a value computed from another (one level of reduction "
+                        "feeding computation)", x.line, None)
+        red = ir.reduce_node(row.lowered[0], src, ir.Space.ROW, True, line=x.line)
+        late[id(red)] = red
+        return lowered(row, src, red, x.line)
+
     pending: dict[str, tuple[str, ir.Node, int]] = {}
+    reduced: dict[str, ir.Node] = {}  # reductions by target (the output's node, when returned)
     for a in parsed.assignments:
         if a.expr.kind == "call" and OPS[a.expr.op].category is Category.REDUCE:
+            op, row = a.expr.op, OPS[a.expr.op]
             src = build(a.expr.args[0], a.target)
-            pending[a.target] = (a.expr.op, src, a.line)
-            env[a.target] = ir.Node(ir.NodeKind.REDUCE, (src,), a.expr.op, line=a.line)
+            if id(src) in late:
+                raise error(f"'{a.target}' = {op}(...) reduces a value computed from another "
+                            "reduction; a reduction's result can feed computation, but not a "
+                            "second reduction", a.line, a.target)
+            if a.target in parsed.outputs:  # the output's shape picks the axes
+                kind, _, keep = classify_output(a.target, given[a.target], problem, reduction=True)
+                if kind is OutputKind.FULL:
+                    raise error(f"'{a.target}' = {op}(...) is a reduction, but output {a.target} "
+                                f"has the full shape {_fmt_shape(tuple(given[a.target].shape))}; "
+                                "give it the shape of what remains: (M, 1) per row, (N,) per "
+                                "column, (1,) for the whole output (with a leading L to keep "
+                                "batches apart)", a.line, a.target)
+                if kind is OutputKind.NONE:
+                    raise error(f"'{a.target}' = {op}(...) is a reduction; its output cannot be "
+                                "None", a.line, a.target)
+                space = kind.space
+            else:  # used, not returned: per row (over N), batches apart
+                space, keep = ir.Space.ROW, True
+            red_op = row.lowered[0] if row.lowered else op
+            node = ir.reduce_node(red_op, src, space, keep,
+                                  var=None if row.lowered else a.target, line=a.line)
+            late[id(node)] = node
+            if row.lowered:  # mean: the sum, then a division by the count after it
+                count = _reduced_count(space, node.batched, problem)
+                node = lowered(row, node, ir.const_node(float(count), a.line), a.line, a.target)
+            pending[a.target] = (op, src, a.line)
+            reduced[a.target] = node
+            env[a.target] = node
             continue
         if _contains(a.expr, Category.REDUCE):
             raise error(f"a reduction must be the whole value of an assignment (as in "
@@ -766,8 +828,11 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
                         a.line, a.target)
         node = build(a.expr, a.target)
         if node.kind in (ir.NodeKind.COMPUTE,) and node.var is None:
+            was = id(node)
             node = ir.Node(node.kind, node.inputs, node.op, node.params, node.value, node.operand,
                            node.space, node.batched, node.dtype, a.target, a.line)
+            if was in late:
+                late[id(node)] = node
         env[a.target] = node
 
     outputs: list[Output] = []
@@ -775,16 +840,8 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         kind, dtype, batched = classify_output(name, given[name], problem,
                                                reduction=name in pending)
         if name in pending:
-            op, src, rline = pending.pop(name)
-            if kind is OutputKind.FULL:
-                raise error(f"'{name}' = {op}(...) is a reduction, but output {name} has the full "
-                            f"shape {_fmt_shape(tuple(given[name].shape))}; give it the shape of "
-                            "what remains: (M, 1) per row, (N,) per column, (1,) for the whole "
-                            "output (with a leading L to keep batches apart)", rline, name)
-            if kind is OutputKind.NONE:
-                raise error(f"'{name}' = {op}(...) is a reduction; its output cannot be None",
-                            rline, name)
-            node = ir.reduce_node(op, src, kind.space, batched, var=name, line=rline)
+            pending.pop(name)
+            node = reduced[name]
         else:
             node = lookup(name, line)
             if node.conditional_store and kind is not OutputKind.FULL:
@@ -810,9 +867,16 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         if grouped:
             _check_grouped_output(name, node, kind, batched, given[name])
         outputs.append(Output(name, node, kind, dtype, batched))
+    if grouped and late:
+        first = next(n for n in late.values() if n.kind is ir.NodeKind.REDUCE)
+        raise error(f"{first.op}(...) feeds computation (softmax, log_softmax, mean or a "
+                    "reduction's result used); grouped GEMMs do not compute reductions yet "
+                    "(docs/grouped.md)", first.line, first.var)
+    used = {id(n) for n in ir.Dag(tuple(outputs), specs).nodes} if pending else set()
     for name, (op, _, rline) in pending.items():
-        raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned; "
-                    "return it (reductions are outputs)", rline, name)
+        if id(reduced[name]) not in used:
+            raise error(f"'{name}' = {op}(...) is a reduction whose result is never returned "
+                        "or used; return it, or compute with it", rline, name)
     for a in parsed.assignments:
         if a.conditional and a.target not in parsed.outputs:
             raise error(f"'{a.target}' = store_where(...) is a conditional store whose result "
@@ -862,6 +926,31 @@ def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, valu
         return
     raise EpilogueError(f"output {name} has shape {shape}; a grouped GEMM stores full (T, N) "
                         f"outputs and per-row (T, 1) values only", variable=name)
+
+
+class _NodeBuilder:
+    """The algebra of ``derivative.Diff`` over DAG nodes (an op table row's ``lowered``
+    rule builds its nodes with it)."""
+
+    def __init__(self, line: int):
+        self.line = line
+
+    def const(self, value: float) -> ir.Node:
+        return ir.const_node(value, self.line)
+
+    def call(self, op: str, vals: list, params: dict) -> ir.Node:
+        return ir.compute_node(op, vals, tuple(params.items()), line=self.line)
+
+
+def _reduced_count(space: ir.Space, batched: bool, problem: tuple[int, int, int]) -> int:
+    """How many elements a reduction to ``space`` takes (over L too unless ``batched``)."""
+    L, M, N = problem
+    count = 1 if batched else L
+    if space in (ir.Space.COL, ir.Space.SCALAR):
+        count *= M
+    if space in (ir.Space.ROW, ir.Space.SCALAR):
+        count *= N
+    return count
 
 
 def _contains(e: Expr, category: Category, below_top: bool = False) -> bool:

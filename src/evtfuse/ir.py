@@ -299,13 +299,14 @@ def verify(dag: Dag) -> None:
     position = {id(n): i for i, n in enumerate(dag.nodes)}
     operand_names = {o.name for o in dag.operands}
     out_nodes = {id(o.node) for o in dag.outputs}
+    late = after_reduction(dag)
     for n in dag.nodes:
         for i in n.inputs:
             if position[id(i)] >= position[id(n)]:
                 raise IRError(f"{n.short()} uses a node defined after it")
         if n.kind is NodeKind.COMPUTE:
             row = OPS.get(n.op)
-            if row is None or row.category in (Category.REDUCE, Category.INDEX):
+            if row is None or row.category in (Category.REDUCE, Category.INDEX, Category.ROWWISE):
                 raise IRError(f"compute node with op {n.op!r}")
             if len(n.inputs) != row.arity:
                 raise IRError(f"{n.op} takes {row.arity} inputs, has {len(n.inputs)}")
@@ -315,8 +316,10 @@ def verify(dag: Dag) -> None:
         elif n.kind is NodeKind.REDUCE:
             if OPS[n.op].category is not Category.REDUCE or len(n.inputs) != 1:
                 raise IRError(f"bad reduce node {n.op}")
-            if id(n) not in out_nodes:
-                raise IRError(f"reduction {n.op} feeds something other than an output")
+            if OPS[n.op].lowered is not None:
+                raise IRError(f"{n.op} reduce node: the frontend writes it with {OPS[n.op].lowered[0]}")
+            if id(n) not in out_nodes and not dag.users[id(n)]:
+                raise IRError(f"reduction {n.op} feeds nothing")
         elif n.kind is NodeKind.LOAD:
             if n.operand.name not in operand_names:
                 raise IRError(f"load of undeclared operand {n.operand.name}")
@@ -327,13 +330,24 @@ def verify(dag: Dag) -> None:
             if (n.op is not None) != dag.gated or (n.op is not None and n.op not in PAIR_PARTS):
                 raise IRError(f"{n.short()} in a DAG with gated={dag.gated}")
         for u in dag.users[id(n)]:
-            if u.kind is NodeKind.REDUCE and n.kind is NodeKind.REDUCE:
-                raise IRError("reduction of a reduction")
-            if n.kind is NodeKind.REDUCE:
+            if u.kind is NodeKind.REDUCE and id(n) in late:
+                raise IRError("reduction of a value computed from a reduction")
+            if n.kind is NodeKind.REDUCE and u.kind is not NodeKind.COMPUTE:
                 raise IRError(f"reduction {n.op} is used by {u.short()}")
     names = [o.name for o in dag.outputs]
     if len(set(names)) != len(names):
         raise IRError(f"duplicate output names {names}")
+
+
+def after_reduction(dag: Dag) -> set[int]:
+    """The ids of the reductions that feed computation and of every node computed from one
+    (docs/performance.md, "Reductions feeding computation")."""
+    late: set[int] = set()
+    for n in dag.nodes:  # inputs before users
+        if (n.kind is NodeKind.REDUCE and dag.users[id(n)]) or \
+                any(id(i) in late for i in n.inputs):
+            late.add(id(n))
+    return late
 
 
 def signature(dag: Dag) -> str:
@@ -484,6 +498,7 @@ def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
 
 __all__ = [
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
-    "PAIR_PARTS", "PAIR_LAYOUTS", "INTERLEAVED", "CONCATENATED", "accum_node", "load_node", "const_node", "index_node", "compute_node", "reduce_node",
-    "with_inputs", "verify", "IRError", "format_dag", "format_evt", "dtype_name", "signature",
+    "PAIR_PARTS", "PAIR_LAYOUTS", "INTERLEAVED", "CONCATENATED", "accum_node", "load_node",
+    "const_node", "index_node", "compute_node", "reduce_node", "with_inputs", "verify",
+    "after_reduction", "IRError", "format_dag", "format_evt", "dtype_name", "signature",
 ]

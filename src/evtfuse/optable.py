@@ -45,6 +45,7 @@ class Category(Enum):
     REDUCE = "reduce"  # sum/max/min/logsumexp; over which axes is decided by the output
     INDEX = "index"  # row_index(), col_index(): the element's coordinates
     STORE = "store"  # store_where(cond, value): an output's whole value, stored where cond
+    ROWWISE = "rowwise"  # softmax/log_softmax: a function of the whole row (over N)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ class OpDef:
     # None: the op has no derivative
     grad: Callable[[Diff], tuple] | None = None
     grad_doc: str = ""  # docs/ops.md's text for it, where the rule's own text is not enough
+    # ROWWISE rows, and REDUCE rows computed after another reduction (mean): (the
+    # reduction row the frontend builds it on, the rule over ``derivative.Diff`` giving the
+    # value from ``d.x`` and ``d.y``: ROWWISE: x and its row's reduction; REDUCE: the
+    # reduction's result and the count of reduced elements)
+    lowered: tuple[str, Callable[[Diff], object]] | None = None
 
     @property
     def result_is_bool(self) -> bool:
@@ -572,6 +578,28 @@ _ROWS: tuple[OpDef, ...] = (
           doc="log(sum(exp(x))), computed with a running max (+inf where an x is +inf, "
               "-inf over no element)",
           grad=lambda d: (d.g * d.exp(d.x - d.out),)),
+    # mean: the sum, then one division by the count of reduced elements after it (not a
+    # sum of x / count: that differs from torch.mean where the sum overflows or x is
+    # subnormal); the frontend writes it as sum(x) / count
+    OpDef("mean", 1, _reduction(lambda x, dims: x.mean(dim=tuple(dims), keepdim=True),
+                                float("nan")),
+          "_ef_add", Category.REDUCE, reduce_identity=0.0,
+          doc="arithmetic mean: the sum (as `sum`) divided by the count of reduced elements "
+              "after the reduction (NaN over no element, as torch.mean)",
+          lowered=("sum", lambda d: d.x / d.y), grad=None),
+    # ---- row functions: built on a per-row logsumexp (docs/performance.md: one pass
+    # where a tile spans the row, else two passes)
+    OpDef("softmax", 1, lambda x: torch.softmax(x, dim=-1), "", Category.ROWWISE,
+          doc="torch.softmax(x, dim=-1) over the output's row (N): exp(x - lse) with lse the "
+              "row's logsumexp; a row with +inf or NaN is all NaN, an all -inf row NaN, as "
+              "torch (relative error about |lse| * 2^-24 beyond exp's own)",
+          lowered=("logsumexp", lambda d: d.where(d.y == float("inf"), float("nan"),
+                                                  d.exp(d.x - d.y)))),
+    OpDef("log_softmax", 1, lambda x: torch.log_softmax(x, dim=-1), "", Category.ROWWISE,
+          doc="torch.log_softmax(x, dim=-1) over the output's row (N): x - lse; a row with "
+              "+inf or NaN is all NaN, an all -inf row NaN, as torch",
+          lowered=("logsumexp", lambda d: d.where(d.y == float("inf"), float("nan"),
+                                                  d.x - d.y))),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}
@@ -595,6 +623,8 @@ def torch_apply(op: OpDef, inputs: list[torch.Tensor],
     """Apply an elementwise/compare/select row in torch (the one reading of its meaning)."""
     if op.category is Category.REDUCE:
         raise TypeError(f"{op.name} is a reduction; its axes come from the output it feeds")
+    if op.category is Category.ROWWISE:
+        return op.torch_fn(*inputs)  # a whole row's function: no scalar path to mimic
     if all(t.numel() == 1 for t in inputs):
         # torch's CPU kernels take a scalar path for one element and a vectorised one for
         # two or more, which differ in the last bits (gelu(-1.5): -0.10021082 against

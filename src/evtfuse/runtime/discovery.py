@@ -14,6 +14,7 @@ from ..arguments import GemmArguments
 from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
 from .device import interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
+from .two_pass import judged, plan_name
 
 _kernel_objects: dict[tuple, Kernel] = {}
 
@@ -44,9 +45,10 @@ def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
     """``get_kernels`` for a given target (``runtime.offline`` asks for an sm_90 GPU's)."""
     kernels: list[Kernel] = []
     for family in FAMILIES:
-        if not family.supports(args, target):
+        judge = judged(family, args, target)  # in two passes: the first pass's arguments
+        if not family.supports(judge, target):
             continue
-        for config in family.configs(args, target):
+        for config in family.configs(judge, target):
             key = (family.name, config, target)
             k = _kernel_objects.get(key)
             if k is None:
@@ -77,8 +79,14 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
     if why:
         return "\n".join(lines + [f"no kernel can run: {why}"])
     for family in FAMILIES:
-        status = family.supports(args, target)
+        status = family.supports(judged(family, args, target), target)
         verdict = "supported" if status else f"refused: {status.reason}"
+        plan = plan_name(family, args, target) if status else None
+        if plan == "one pass":
+            verdict += " (one pass: a tile spans the row, its reductions computed in the tile)"
+        elif plan is not None:
+            verdict += (" (two passes: the GEMM stores the values the reductions feed, in fp32, "
+                        "and the reductions; a second kernel over K = 0 computes the rest)")
         lines.append(f"{family.name}: {verdict}")
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ from ..ir import OutputKind
 from . import background, cache
 from .device import device_guard
 from .torch_op import check_no_grad
+from .two_pass import TwoPassPlan, judged, staged
 from .verify import FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
 
 log = logging.getLogger("evtfuse")
@@ -38,7 +39,7 @@ class Kernel:
         self.target = target
         self.name = f"{family.name}_{config.name}"
         self._fns: dict[str, Any] = {}
-        self._plans: dict[tuple, LaunchPlan | EmptyProblemPlan | Bf16AsFp32Plan] = {}
+        self._plans: dict[tuple, LaunchPlan | EmptyProblemPlan | Bf16AsFp32Plan | TwoPassPlan] = {}
         # (a weak reference to the last arguments, their checked state, plan): no tensor of
         # a call is kept alive (a CUDA graph pool's tensors must die with the graph)
         self._last: tuple = (lambda: None, None, None)
@@ -57,10 +58,11 @@ class Kernel:
         return Kernel(self.family, replace(self.config, **fields), self.target)
 
     def supports(self, args: GemmArguments) -> Status:
-        return self.family.supports(args, self.target)
+        return self.family.supports(judged(self.family, args, self.target), self.target)
 
     def source(self, args: GemmArguments) -> str:
-        """The generated Triton module for these arguments."""
+        """The generated Triton module for these arguments (in two passes: the first's)."""
+        args = judged(self.family, args, self.target)
         return generate(self.family.spec(args, self.config, self.target))
 
     def _require(self, args: GemmArguments) -> None:
@@ -71,6 +73,7 @@ class Kernel:
     def compile(self, args: GemmArguments):
         """Generate and import the kernel module (once per spec); returns the Triton function."""
         self._require(args)
+        args = judged(self.family, args, self.target)
         spec = self.family.spec(args, self.config, self.target)
         key = spec.key()
         fn = self._fns.get(key)
@@ -99,6 +102,9 @@ class Kernel:
             elif args.L * args.M * args.N == 0:
                 self._require(args)
                 plan = EmptyProblemPlan(args)
+            elif judged(self.family, args, self.target) is not args:
+                self._require(args)
+                plan = TwoPassPlan(self, args, staged(args))
             else:
                 fn = self.compile(args)  # checks support first
                 dag = args.optimized_dag

@@ -124,7 +124,13 @@ class EpilogueEmitter:
         lines: list[str] = []
         users = self.dag.users
         for k, n in enumerate(self.dag.nodes):
-            if id(n) in env or n.kind is NodeKind.REDUCE:
+            if id(n) in env:
+                continue
+            if n.kind is NodeKind.REDUCE:
+                if users[id(n)]:  # feeds computation: whole in the tile (one pass)
+                    more, env[id(n)] = self.reductions.inline(
+                        n, k, self._tile_shaped(n.inputs[0], env, sub), sub, indent)
+                    lines += more
                 continue
             expr = self._expr(n, env, sub)
             single_use = len(users[id(n)]) <= 1 and not any(o.node is n for o in self.dag.outputs)
@@ -165,8 +171,12 @@ class EpilogueEmitter:
 
     def _reduced(self, o, env: dict[int, str], sub) -> str:
         """The tile-shaped values reduction output ``o`` reduces."""
-        v = self._arg(o.node.inputs[0], env, True)
-        if o.node.inputs[0].space is not Space.FULL:
+        return self._tile_shaped(o.node.inputs[0], env, sub)
+
+    def _tile_shaped(self, n: Node, env: dict[int, str], sub) -> str:
+        """Node ``n``'s value as a float tile (broadcast where it is not full)."""
+        v = self._arg(n, env, True)
+        if n.space is not Space.FULL:
             v = f"({v} + {sub.zeros()})"
         return v
 

@@ -73,7 +73,7 @@ assert all(re.fullmatch(r"[a-z][a-z0-9]*", r) for r in ROLES)
 # the forms of identifiers the namer builds; fixed identifiers of the emitters never match
 GENERATED = re.compile(r"(?:u|v|s)\d+(?:_|\Z)")
 _USER = re.compile(r"u(\d+)(?:_([a-z][a-z0-9]*)(?:_(\d+))?)?\Z")
-_NODE = re.compile(r"(?:v\d+(?:_\d+)?|s\d+)\Z")
+_NODE = re.compile(r"(?:v\d+(?:_\d+|_[ms])?|s\d+)\Z")
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,13 @@ class Names:
     def value(k: int, piece: int | None = None) -> str:
         """The variable holding node ``k``'s value (in sub-tile ``piece``)."""
         return f"v{k}" if piece is None else f"v{k}_{piece}"
+
+    @staticmethod
+    def row_part(k: int, part: str) -> str:
+        """Part ``part`` ("m": the max, "s": the sum of exp) of node ``k``'s in-tile
+        logsumexp (a reduction feeding computation, in one pass)."""
+        assert part in ("m", "s"), part
+        return f"v{k}_{part}"
 
     @staticmethod
     def hoisted(k: int) -> str:

@@ -21,6 +21,17 @@ from .family_base import (_INT_DTYPES, INTERPRETER, KernelFamily, TileConfig, ev
                           fp8_promote, gated_refusal, triton_cdiv)
 from .launch_items import _dims3, _get_offs, _epilogue_items, _get_a, _get_b, _reduction_items, needs_int64
 from .spec import KernelSpec
+from ...staging import feeds_computation, row_reductions_only
+
+
+def one_pass_max_n(target) -> int:
+    """The widest row a tile spans in one pass: 256 columns on a GPU (a 64x256 fp32 tile in
+    eight warps), 64 under the interpreter (its tiles cost time per element)."""
+    return 64 if target.kind == INTERPRETER else 256
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 class PortableFamily(KernelFamily):
@@ -42,7 +53,22 @@ class PortableFamily(KernelFamily):
         """Groups over K (a batched grid; each batch's K range from ``offs``)."""
         return getattr(args, "group_dim", None) == "K"
 
+    def one_pass(self, args, target) -> bool:
+        """Whether an epilogue whose reductions feed computation runs here in one pass: each
+        is per row (over N), and one tile spans the row (N up to ``one_pass_max_n``)."""
+        dag = args.optimized_dag
+        return (feeds_computation(dag) and row_reductions_only(dag) and not args.gated
+                and not self.grouped(args) and not self.k_grouped(args)
+                and args.N <= one_pass_max_n(target))
+
     def configs(self, args, target):
+        if feeds_computation(args.optimized_dag):  # one pass: a tile spans the row
+            bn = max(16, triton_next_pow2(args.N))
+            if target.kind == INTERPRETER:
+                return [TileConfig(16, bn, 16, group_m=2, num_warps=1, num_stages=1)]
+            bk = {4: 32, 2: 64, 1: 128}[args.A.element_size()]
+            return [TileConfig(64, bn, bk, 8, 4 if bn <= 128 else 8, 3),
+                    TileConfig(32, bn, bk, 8, 4, 4)]
         if target.kind == INTERPRETER:
             small = TileConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1)
             mid = TileConfig(32, 32, 32, group_m=4, num_warps=1, num_stages=1)

@@ -209,6 +209,28 @@ class ReductionEmitter:
                   f"{inner}tl.store({out} + {group} * {u('osl')}, ({total}).to({out}.dtype.element_ty))"]
         return lines
 
+    # ---- a reduction feeding computation, whole in the tile (one pass)
+
+    def inline(self, n, k: int, v: str, sub, indent: str) -> tuple[list[str], str]:
+        """Per-row reduction node ``n`` (number ``k``) of the tile-shaped values ``v``,
+        whole in the tile: the tile spans the row (``KernelFamily.one_pass``), so its value
+        is ready for the computation it feeds. Its lines and its (BLOCK_M, 1) value."""
+        row = OPS[n.op]
+        name = self.names.value(k, sub.piece)
+        rv = f"tl.where({sub.rn}[None, :] < N, {v}, {_lit(row.reduce_identity)})"
+        if n.op == "logsumexp":
+            pm, ps = self.names.row_part(k, "m"), self.names.row_part(k, "s")
+            # as combine.combine_partials finishes one: -inf over no element, +inf where
+            # an element is +inf (its sum is then +inf)
+            return [f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 1)",
+                    f"{indent}{name} = (tl.where({pm} == float('-inf'), 0.0, {pm}) "
+                    f"+ tl.log({ps}))[:, None]"], name
+        if n.op == "sum":
+            red = f"(tl.sum({rv}, axis=1) + 0.0)"  # + 0.0: as ``_part``
+        else:
+            red = f"tl.reduce({rv}, 1, {row.combiner(self.spec.cuda)})"
+        return [f"{indent}{name} = {red}[:, None]"], name
+
     # ---- a sub-tile's part of a reduction
 
     def partial(self, o, v: str, sub, indent: str, first: bool, last: bool) -> list[str]:

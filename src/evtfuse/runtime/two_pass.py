@@ -1,0 +1,150 @@
+"""Running an epilogue whose reductions feed computation (layer: runtime).
+
+Which plan a kernel gives such an epilogue (docs/performance.md, "Reductions feeding
+computation"): **one pass** where its family computes the reductions inside a tile that
+spans the row (``KernelFamily.one_pass``), else **two passes** (``staging.split``): the
+kernel runs the first pass's epilogue (the GEMM, storing what the rest needs in fp32
+workspaces, and the reductions), then an evtfuse kernel over K = 0 (no GEMM) runs the
+second pass's. ``TwoPassPlan`` launches both with no host sync; its workspaces are kept per
+stream (``StreamLocal``), as reduction workspaces are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..arguments import EpilogueArguments, GemmArguments
+from ..backends.triton.launch_items import StreamLocal
+from ..frontend import parse_epilogue
+from ..staging import Split, feeds_computation, split
+from ..unparse import to_source
+
+_parsed: dict[str, object] = {}  # stage source -> its ParsedEpilogue (parsed once)
+
+
+def _parse(source: str):
+    p = _parsed.get(source)
+    if p is None:
+        if len(_parsed) > 256:
+            _parsed.clear()
+        p = _parsed[source] = parse_epilogue(source)
+    return p
+
+
+def one_pass(family, args: GemmArguments, target) -> bool:
+    """Whether ``family`` runs ``args`` (an epilogue whose reductions feed computation)
+    in one pass."""
+    check = getattr(family, "one_pass", None)
+    return bool(check is not None and check(args, target))
+
+
+def plan_name(family, args: GemmArguments, target) -> str | None:
+    """"one pass" / "two passes" for such an epilogue; None for any other."""
+    if not feeds_computation(args.optimized_dag):
+        return None
+    return "one pass" if one_pass(family, args, target) else "two passes"
+
+
+class Staged:
+    """The two passes of one ``GemmArguments``: the split, and each pass's arguments (its
+    workspaces allocated here, for support checks and compiles)."""
+
+    def __init__(self, args: GemmArguments):
+        self.dag = args.optimized_dag
+        sp: Split = split(self.dag)
+        self.split = sp
+        self.problem = args.problem
+        dev = args.A.device
+        self.ws = {w.name: torch.empty(w.shape(args.problem), dtype=torch.float32, device=dev)
+                   for w in sp.workspaces}
+        values = args.epilogue.values
+        params = args.epilogue.parsed.params
+        self.params = params
+
+        def buf(name):
+            return values[name] if name in args.epilogue.parsed.outputs else self.ws[name]
+
+        r1, r2 = sp.rename
+        v1 = {p: values[p] for p in params}
+        v1.update({k: buf(b) for k, b in r1.items()})
+        self.parsed1 = _parse(to_source(sp.first))
+        self.args1 = GemmArguments(args.A, args.B, None, args.accumulator_type,
+                                   EpilogueArguments.unbound(self.parsed1, **v1),
+                                   allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
+        A, B = args.A, args.B
+        dt = A.dtype if A.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+        self.A2 = torch.empty((*A.shape[:-1], 0), dtype=dt, device=dev)
+        self.B2 = torch.empty((*B.shape[:-2], 0, args.N), dtype=dt, device=dev)
+        v2 = {p: values[p] for p in params}
+        v2.update(self.ws)
+        v2.update({k: buf(b) for k, b in r2.items()})
+        self.parsed2 = _parse(to_source(sp.second))
+        self.args2 = GemmArguments(self.A2, self.B2, None, torch.float32,
+                                   EpilogueArguments.unbound(self.parsed2, **v2))
+
+    def second_kernel(self, target):
+        """The kernel of the second pass: the first that runs it on ``target``."""
+        from .discovery import kernels_for
+
+        ks = kernels_for(self.args2, target)
+        return ks[0] if ks else None
+
+
+def staged(args: GemmArguments) -> Staged:
+    """``args``'s two passes (built once per bound DAG of the arguments)."""
+    got = getattr(args, "_ef_staged", None)
+    if got is None or got.dag is not args.optimized_dag:
+        got = Staged(args)
+        args._ef_staged = got
+    return got
+
+
+def judged(family, args: GemmArguments, target) -> GemmArguments:
+    """The arguments ``family`` checks, configures and emits for: ``args`` itself, or
+    where it runs them in two passes, the first pass's."""
+    if not feeds_computation(args.optimized_dag) or one_pass(family, args, target):
+        return args
+    return staged(args).args1
+
+
+class TwoPassPlan:
+    """The first pass's launch plan, then the second's, with this plan's workspaces."""
+
+    __slots__ = ("parsed", "first", "second", "local", "names", "params", "outputs",
+                 "rename", "A2", "B2")
+
+    def __init__(self, kernel, args: GemmArguments, st: Staged):
+        from ..errors import UnsupportedError
+
+        self.parsed = args.epilogue.parsed
+        self.first = kernel.plan(st.args1)
+        k2 = st.second_kernel(kernel.target)
+        if k2 is None:
+            raise UnsupportedError(f"{kernel.name}: no kernel runs the second pass of this "
+                                   "epilogue (evtfuse.explain says why)")
+        self.second = k2.plan(st.args2)
+        self.names = list(st.ws)
+        self.local = StreamLocal(args.A.device, [(tuple(t.shape), torch.float32, None)
+                                                 for t in st.ws.values()])
+        self.params = st.params
+        self.outputs = set(args.epilogue.parsed.outputs)
+        self.rename = st.split.rename
+        self.A2, self.B2 = st.A2, st.B2
+
+    def __call__(self, A, B, values) -> None:
+        ws = dict(zip(self.names, self.local.current()))
+        r1, r2 = self.rename
+
+        def buf(name):
+            return values[name] if name in self.outputs else ws[name]
+
+        v1 = {p: values[p] for p in self.params}
+        v1.update({k: buf(b) for k, b in r1.items()})
+        self.first(A, B, v1)
+        v2 = {p: values[p] for p in self.params}
+        v2.update(ws)
+        v2.update({k: buf(b) for k, b in r2.items()})
+        self.second(self.A2, self.B2, v2)
+
+
+__all__ = ["one_pass", "plan_name", "staged", "judged", "Staged", "TwoPassPlan"]

@@ -1,0 +1,99 @@
+"""GPU tier: reductions feeding computation (softmax, log_softmax, mean, RMS norm) in every
+kernel family the GPU offers, in one pass (portable, N up to 256) and two passes (wider
+rows; hopper and gluon always), against torch (torch.softmax, torch.log_softmax,
+torch.mean of the fp32 accumulator) and ``Kernel.verify``. Run on the device machine:
+``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_softmax.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments, explain, get_kernels
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+def _args(src, M, N, K, dtype, out, **values):
+    g = torch.Generator(device="cuda").manual_seed(M * 7 + N)
+    A = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+    B = torch.randn(K, N, device="cuda", generator=g).to(dtype) / K ** 0.5
+    D = torch.empty(M, N, device="cuda", dtype=out)
+    return GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, **values)), A, B, D
+
+
+def _first_per_family(args):
+    seen, out = set(), []
+    for k in get_kernels(args):
+        if k.family.name not in seen:
+            seen.add(k.family.name)
+            out.append(k)
+    return out
+
+
+@pytest.mark.parametrize("N", [128, 256, 1000, 4096])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("out", [torch.float16, torch.float32])
+def test_softmax_every_family(op, N, out):
+    bias = torch.randn(N, device="cuda")
+    args, A, B, D = _args(f"def epi(accum, bias): D = {op}(accum + bias); return D",
+                          512, N, 256, torch.float16, out, bias=bias)
+    ks = _first_per_family(args)
+    assert ks, explain(args)
+    want = getattr(torch, op)(A.float() @ B.float() + bias, dim=-1).to(out)
+    for k in ks:
+        result = k.verify(args)
+        assert result, result.report()
+        torch.testing.assert_close(D.float(), want.float(), rtol=TOL[out], atol=TOL[out])
+    if N <= 256:
+        assert "portable: supported (one pass" in explain(args)
+
+
+@pytest.mark.parametrize("N", [96, 2048])
+def test_softmax_special_rows(N):
+    M = 64
+    C = torch.zeros(M, N, device="cuda")
+    C[0, 3] = float("inf")
+    C[1, :5] = float("-inf")
+    C[2, 7] = float("nan")
+    C[3, :] = float("-inf")
+    args, A, B, D = _args("def epi(accum, C): D = softmax(accum + C); return D", M, N, 64,
+                          torch.bfloat16, torch.float32, C=C)
+    want = torch.softmax((A.float() @ B.float()).cpu() + C.cpu(), dim=-1)
+    for k in _first_per_family(args):
+        k.run(args)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(D.cpu(), want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("N", [200, 3000])
+def test_rms_norm_and_means(N):
+    M, K = 300, 128
+    src = ("def epi(accum, w):\n"
+           "    ms = mean(accum * accum)\n"
+           "    D = accum * rsqrt(ms + 1e-6) * w\n"
+           "    cm = mean(accum)\n"
+           "    return D, cm")
+    w = torch.randn(N, device="cuda")
+    cm = torch.empty(N, device="cuda")
+    args, A, B, D = _args(src, M, N, K, torch.float16, torch.float16, w=w, cm=cm)
+    acc = A.float() @ B.float()
+    for k in _first_per_family(args):
+        result = k.verify(args)
+        assert result, result.report()
+        want = acc * torch.rsqrt((acc * acc).mean(-1, keepdim=True) + 1e-6) * w
+        torch.testing.assert_close(D.float(), want.half().float(), rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(cm, acc.mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_gemm_one_call():
+    A = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    B = torch.randn(128, 1024, device="cuda", dtype=torch.float16)
+    D = evtfuse.gemm(A, B, "def epi(accum): D = log_softmax(accum); return D")
+    torch.testing.assert_close(D.float(), torch.log_softmax(A.float() @ B.float(), -1),
+                               rtol=2e-3, atol=2e-3)

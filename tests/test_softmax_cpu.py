@@ -1,0 +1,222 @@
+"""Reductions feeding computation through the CPU interpreter: softmax, log_softmax, mean,
+a logsumexp or a mean used after it (RMS norm), in one pass (a tile spans the row: N up to
+64 under the interpreter) and in two passes (wider rows; the hopper family always).
+
+Every kernel result is checked twice: by ``Kernel.verify`` (NaN-poisoned outputs against
+the reference evaluator) and against an independent torch computation (torch.softmax,
+torch.log_softmax, torch.mean) of the same fp32 accumulator. Also: special values (rows
+with +inf, -inf, NaN, all -inf), which plan ``explain`` names, the errors (a reduction of a
+reduction's result, an unused reduction, gradients, grouped GEMMs) and an offline sm_90
+compile of the new kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evtfuse import EpilogueArguments, GemmArguments, explain, get_kernels
+from evtfuse.errors import EpilogueError
+from offline_run import run_offline
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+
+GEN = torch.Generator().manual_seed(35)
+ONE, TWO = 40, 70  # N of one tile (one pass) and of several (two passes) under the interpreter
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def run(src, M, N, K=16, L=1, ab=torch.float16, out=torch.float32, family="portable",
+        extra=None, **values):
+    """Build, check the plan, verify against the reference; the args and the accumulator."""
+    lead = (L,) if L > 1 else ()
+    A, B = rand(*lead, M, K, dtype=ab), rand(*lead, K, N, dtype=ab)
+    D = torch.empty(*lead, M, N, dtype=out)
+    outs = dict(extra or {})
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, **values, **outs))
+    cc = 90 if family == "hopper" else None
+    ks = [k for k in get_kernels(args, cc=cc) if k.family.name == family]
+    assert ks, explain(args, cc=cc)
+    result = ks[0].verify(args)
+    assert result, result.report()
+    acc = torch.matmul(A.float(), B.float())
+    return args, acc, D, outs
+
+
+def close(got, want, dtype):
+    tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}[dtype]
+    torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=tol, atol=tol,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("N", [ONE, TWO])
+@pytest.mark.parametrize("out", [torch.float32, torch.float16])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_full_output(op, out, N):
+    args, acc, D, _ = run(f"def epi(accum, bias): D = {op}(accum + bias); return D", 37, N,
+                          out=out, bias=rand(N))
+    want = getattr(torch, op)(acc + args.epilogue.values["bias"], dim=-1)
+    close(D, want, out)
+    plan = "one pass" if N == ONE else "two passes"
+    assert f"portable: supported ({plan}" in explain(args)
+
+
+@pytest.mark.parametrize("N", [ONE, TWO])
+def test_softmax_batched_fp32_inputs(N):
+    args, acc, D, _ = run("def epi(accum): D = softmax(accum * 0.5); return D", 19, N, L=2,
+                          ab=torch.float32)
+    close(D, torch.softmax(acc * 0.5, dim=-1), torch.float32)
+
+
+@pytest.mark.parametrize("N", [ONE, TWO])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_special_rows(op, N):
+    """Rows with +inf, -inf, NaN, all -inf (NaN, as torch), from a full operand C."""
+    M = 6
+    C = torch.zeros(M, N)
+    C[0, 3] = float("inf")
+    C[1, :5] = float("-inf")
+    C[2, 7] = float("nan")
+    C[3, :] = float("-inf")
+    C[4, 1], C[4, 2] = float("inf"), float("-inf")
+    args, acc, D, _ = run(f"def epi(accum, C): D = {op}(accum + C); return D", M, N, C=C)
+    want = getattr(torch, op)(acc + C, dim=-1)
+    close(D, want, torch.float32)
+    assert torch.isnan(D[3]).all() and torch.isnan(D[0]).all() and torch.isnan(D[2]).all()
+
+
+def test_softmax_on_the_hopper_family_two_passes():
+    args, acc, D, _ = run("def epi(accum): D = softmax(accum); return D", 37, ONE,
+                          family="hopper")
+    close(D, torch.softmax(acc, dim=-1), torch.float32)
+    assert "hopper: supported (two passes" in explain(args, cc=90)
+
+
+@pytest.mark.parametrize("N", [ONE, TWO])
+def test_logsumexp_feeding_computation_and_returned(N):
+    lse = torch.empty(37, 1)
+    args, acc, D, _ = run("def epi(accum): lse = logsumexp(accum); D = exp(accum - lse); "
+                          "return D, lse", 37, N, extra={"lse": lse})
+    close(D, torch.softmax(acc, dim=-1), torch.float32)
+    close(lse, torch.logsumexp(acc, dim=-1, keepdim=True), torch.float32)
+
+
+@pytest.mark.parametrize("N", [ONE, TWO])
+@pytest.mark.parametrize("out", [torch.float32, torch.float16])
+def test_rms_norm(N, out):
+    src = ("def epi(accum, w):\n"
+           "    ms = mean(accum * accum)\n"
+           "    D = accum * rsqrt(ms + 1e-6) * w\n"
+           "    return D")
+    w = rand(N)
+    args, acc, D, _ = run(src, 21, N, out=out, w=w)
+    want = acc * torch.rsqrt((acc * acc).mean(dim=-1, keepdim=True) + 1e-6) * w
+    close(D, want, out)
+
+
+SHAPES = {"row": (lambda L, M, N: (M, 1), lambda a: a.mean((0, -1), keepdim=True)),
+          "col": (lambda L, M, N: (N,), lambda a: a.mean((0, -2))),
+          "all": (lambda L, M, N: (1,), lambda a: a.mean().reshape(1)),
+          "row_b": (lambda L, M, N: (L, M, 1), lambda a: a.mean(-1, keepdim=True)),
+          "col_b": (lambda L, M, N: (L, 1, N), lambda a: a.mean(-2, keepdim=True)),
+          "all_b": (lambda L, M, N: (L, 1, 1), lambda a: a.mean((-2, -1), keepdim=True))}
+
+
+@pytest.mark.parametrize("N", [ONE, TWO])
+@pytest.mark.parametrize("where", list(SHAPES))
+def test_mean(where, N):
+    L, M = 2, 23
+    shape, ref = SHAPES[where]
+    r = torch.empty(shape(L, M, N))
+    args, acc, D, _ = run("def epi(accum): D = accum; r = mean(accum * 2.0); return D, r",
+                          M, N, L=L, extra={"r": r})
+    close(r, ref(acc * 2.0).reshape(r.shape), torch.float32)
+
+
+def test_mean_divides_after_the_sum():
+    """Subnormal terms: sum(x / N) would flush them to 0; the sum, then the division, keeps
+    torch.mean's value."""
+    N, M = 40, 8
+    C = torch.full((M, N), 2.0 ** -140)
+    r = torch.empty(M, 1)
+    args, acc, D, _ = run("def epi(accum, C): D = accum; r = mean(accum * 0.0 + C); "
+                          "return D, r", M, N, C=C, extra={"r": r})
+    want = C.mean(-1, keepdim=True)
+    assert want.min() > 0
+    torch.testing.assert_close(r, want, rtol=1e-6, atol=0)
+
+
+def _error(src, **values):
+    with pytest.raises(EpilogueError) as e:
+        A, B = rand(8, 4), rand(4, 16)
+        D = torch.empty(8, 16)
+        GemmArguments(A, B, D, epilogue=EpilogueArguments(src, D=D, **values))
+    return str(e.value)
+
+
+def test_errors():
+    msg = _error("def epi(accum):\n    lse = logsumexp(accum)\n    s = sum(accum - lse)\n"
+                 "    D = accum\n    return D, s", s=torch.empty(8, 1))
+    assert "reduces a value computed from another reduction" in msg and "line 3" in msg
+    msg = _error("def epi(accum):\n    D = softmax(softmax(accum))\n    return D")
+    assert "of a value computed from a reduction" in msg and "line 2" in msg
+    msg = _error("def epi(accum):\n    s = sum(accum)\n    D = accum\n    return D")
+    assert "never returned or used" in msg and "'s'" in msg
+
+
+def test_gradient_through_softmax_is_refused():
+    """No silent detach: differentiating through a reduction feeding computation raises."""
+    import evtfuse
+
+    A = rand(8, 4).requires_grad_()
+    B = rand(4, 16)
+    with pytest.raises(EpilogueError, match="computed from a reduction"):
+        evtfuse.gemm(A, B, "def epi(accum): D = softmax(accum); return D")
+
+
+def test_grouped_refused():
+    import evtfuse
+
+    A, B = rand(8, 4), rand(2, 4, 16)
+    offs = torch.tensor([4, 8], dtype=torch.int32)
+    with pytest.raises(EpilogueError, match="grouped GEMMs do not compute reductions"):
+        evtfuse.grouped_gemm(A, B, offs, "def epi(accum): D = softmax(accum); return D")
+
+
+_OFFLINE_SCRIPT = """
+import json, torch
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.backends.triton.families import Target
+from evtfuse.runtime.offline import compile_for, offered
+from evtfuse.runtime.two_pass import judged, plan_name, staged
+out = {}
+for N in (128, 1000):
+    M, K = 1024, 512
+    A, B = torch.empty(M, K, dtype=torch.float16), torch.empty(K, N, dtype=torch.float16)
+    D = torch.empty(M, N, dtype=torch.float16)
+    src = "def epi(accum, bias): D = softmax(accum + bias); return D"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, bias=torch.empty(N), D=D))
+    target = Target("cuda", 90, A.device, 132, offline=True)
+    seen = set()
+    for fam, cfg in offered(args):
+        if fam.name in seen or fam.name == "gluon":
+            continue
+        seen.add(fam.name)
+        c = compile_for(fam, cfg, judged(fam, args, target))
+        out[f"{N}-{fam.name}-{plan_name(fam, args, target)}"] = c.spills
+    st = staged(args)
+    k2 = st.second_kernel(target)
+    out[f"{N}-second-{k2.family.name}"] = compile_for(k2.family, k2.config, st.args2).spills
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_softmax_kernels_compile_for_sm90():
+    """The one-pass portable kernel (N = 128), the two-pass first passes (hopper, portable
+    at N = 1000) and the second pass compile offline to sm_90 cubins."""
+    got = run_offline(_OFFLINE_SCRIPT, timeout=900)
+    assert "128-portable-one pass" in got and "1000-portable-two passes" in got, got
+    assert "128-hopper-two passes" in got and any(k.startswith("1000-second") for k in got), got
