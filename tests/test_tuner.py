@@ -35,19 +35,32 @@ def test_search_takes_the_fastest_and_skips_failures():
     slow, fast, broken = _Stand("slow", 0.004), _Stand("fast", 0.001), _Stand("broken", 0, True)
     best = tuner._search(_args(), [slow, broken, fast], "fast")
     assert best is fast
-    # a first run (compile), then one timed call per round
-    assert slow.calls == fast.calls == 1 + tuner.ROUNDS
+    # a first run (compile), then one timed call per round; the slow one, 4x the best
+    # after its first sustained round, is timed no more (PRUNE_MARGIN)
+    assert fast.calls == 1 + tuner.ROUNDS
+    assert slow.calls == 1 + 2
+
+
+def test_search_times_every_round_of_a_contender(monkeypatch):
+    """Candidates within ``PRUNE_MARGIN`` of the best are all timed in every round; one
+    beyond it after the first sustained round is not, and cannot be picked."""
+    monkeypatch.setattr(tuner, "ROUNDS", 4)
+    monkeypatch.setattr(tuner, "DUEL_ROUNDS", 0)
+    best, near, far = _Stand("best", 0.010), _Stand("near", 0.0115), _Stand("far", 0.020)
+    assert tuner._search(_args(), [far, near, best], "fast") is best
+    assert best.calls == near.calls == 1 + 4
+    assert far.calls == 1 + 2
 
 
 def test_search_reports_where_its_time_went():
     """The cost a search reports (kept in the tuning record, shown by ``evtfuse cache list``):
     the candidates that ran, and the seconds of compiles and of timing."""
     cost: dict = {}
-    tuner._search(_args(), [_Stand("a", 0.002), _Stand("b", 0, True), _Stand("c", 0.001)],
+    tuner._search(_args(), [_Stand("a", 0.0012), _Stand("b", 0, True), _Stand("c", 0.001)],
                   "fast", cost)
     assert cost["candidates"] == 2  # the failure is not counted
     assert cost["compile_s"] == 0.0  # stand-ins have no plan to precompile
-    assert cost["timing_s"] >= (1 + tuner.ROUNDS) * 0.003
+    assert cost["timing_s"] >= (1 + tuner.ROUNDS) * 0.0022
 
 
 def test_search_judges_the_rounds_after_the_first():
@@ -116,7 +129,8 @@ def _scripted_timer(monkeypatch):
 def test_duel_of_close_leaders_decides_on_more_rounds(monkeypatch):
     """Two leaders within DUEL_MARGIN get DUEL_ROUNDS more rounds each and the pick is
     made on all their later rounds: a leader ahead by 1% over three rounds and behind in
-    the next four loses; the third candidate is not timed again."""
+    the next four loses; the third candidate, 50% behind after its first sustained round,
+    is timed no more after it."""
     _scripted_timer(monkeypatch)
     monkeypatch.setattr(tuner, "ROUNDS", 4)
     monkeypatch.setattr(tuner, "DUEL_ROUNDS", 4)
@@ -124,7 +138,7 @@ def test_duel_of_close_leaders_decides_on_more_rounds(monkeypatch):
     steady = _Scripted("steady", [1.0, 1.01, 1.01, 1.01, 1.01, 1.01, 1.01, 1.01])
     third = _Scripted("third", [1.0, 1.5, 1.5, 1.5])
     assert tuner._search(_args(), [lucky, third, steady], "fast") is steady
-    assert (lucky.timed, steady.timed, third.timed) == (8, 8, 4)
+    assert (lucky.timed, steady.timed, third.timed) == (8, 8, 2)
 
 
 def test_no_duel_when_the_leader_is_clear(monkeypatch):

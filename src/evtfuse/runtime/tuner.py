@@ -251,7 +251,8 @@ def _fits(spent: float, tried: int, first_ms: list[float], budget: float) -> boo
 
 def _search(args: GemmArguments, kernels, tune: str, cost: dict | None = None):
     """Compile and time each candidate (first round), then time the ones that ran in
-    ``ROUNDS - 1`` more rounds in turn, interleaved; the lowest ``_sustained`` time wins,
+    ``ROUNDS - 1`` more rounds in turn, interleaved (after the first of them, only those
+    within ``PRUNE_MARGIN`` of the best); the lowest ``_sustained`` time wins,
     after a duel (``_duel``) when the two best are within ``DUEL_MARGIN``. The first round
     takes a candidate only while the time spent, the next one's compile and first window
     (the mean of those so far) and the later rounds and the duel of all of them fit the
@@ -291,10 +292,13 @@ def _search(args: GemmArguments, kernels, tune: str, cost: dict | None = None):
     if not ran:
         raise UnsupportedError("every candidate kernel failed to compile or run; see the log "
                                "(EVTFUSE_LOG=debug)")
-    for _ in range(ROUNDS - 1):
-        for k in ran:
+    timed = list(ran)
+    for r in range(ROUNDS - 1):
+        for k in timed:
             times[k.name].append(_time_kernel(k, args))
-    best = _duel(args, sorted(ran, key=lambda k: _sustained(times[k.name])), times)
+        if r == 0:  # one sustained round each: drop the candidates that cannot win
+            timed = _contenders(timed, times)
+    best = _duel(args, sorted(timed, key=lambda k: _sustained(times[k.name])), times)
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
     if cost is not None:
@@ -384,6 +388,24 @@ def _refine_tile_order(args: GemmArguments, chosen, kernels, variants=_tile_orde
     if not more:
         return chosen
     return _search(args, [chosen, *more], "exhaustive")
+
+
+# A candidate slower than the best by more than this after its first sustained round is
+# timed no more (it cannot win: the leaders' rounds vary by a few percent, the duel
+# decides within 3%); it saves its later rounds, 0.1 s each, from a first call's tuning
+PRUNE_MARGIN = 0.3
+
+
+def _contenders(ran: list, times: dict[str, list[float]]) -> list:
+    """The candidates of ``ran`` within ``PRUNE_MARGIN`` of the best sustained time so far
+    (the best among them), in their order."""
+    best = min(_sustained(times[k.name]) for k in ran)
+    keep = [k for k in ran if _sustained(times[k.name]) <= (1 + PRUNE_MARGIN) * best]
+    for k in ran:
+        if k not in keep:
+            log.debug("candidate %s: %.4f ms, over %.0f%% slower than the best: no more rounds",
+                      k.name, _sustained(times[k.name]), 100 * PRUNE_MARGIN)
+    return keep
 
 
 def _duel(args: GemmArguments, ranked: list, times: dict[str, list[float]]):
