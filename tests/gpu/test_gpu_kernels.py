@@ -355,14 +355,20 @@ def test_uint8_extremes_on_the_gpu():
 
 @pytest.mark.parametrize("family", ["hopper", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2])
-@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 528, 272)])
-def test_fp16_accumulation(family, dtype, mnk):
+@pytest.mark.parametrize("mnk", [(512, 768, 1024), (1000, 528, 272), (256, 256, 4096)])
+@pytest.mark.parametrize("sign", ["zero-mean", "one-sign"])
+def test_fp16_accumulation(family, dtype, mnk, sign):
     """accumulator_type=torch.float16 (fp16 and fp8 inputs, wgmma with an fp16
-    accumulator): verify's fp16 summation bound holds for the first two configurations;
-    ``accum`` stored to fp32 holds fp16 values; C is added in fp32."""
+    accumulator): verify's fp16 summation bound holds for the first two configurations,
+    also for one-sign data at K = 4096, where a sum rounded after every product would
+    stagnate (the bound assumes the tensor cores round once per MMA instruction's k:
+    runtime.verify); ``accum`` stored to fp32 holds fp16 values; C is added in fp32."""
     M, N, K = mnk
-    A = _rand(M, K).to(dtype)
-    B = _rand(N, K).to(dtype).T  # K-contiguous: 8-bit wgmma
+    A, B = _rand(M, K), _rand(N, K)
+    if sign == "one-sign":
+        A, B = A.abs() * 0.25, B.abs() * 0.25  # the sums stay under fp16's 65504
+    A = A.to(dtype)
+    B = B.to(dtype).T  # K-contiguous: 8-bit wgmma
     C = _rand(M, N)
     D = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
     Y = torch.empty(M, N, device=DEV, dtype=torch.float32)
