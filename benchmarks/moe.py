@@ -14,7 +14,9 @@ multiples of 16 (what ``torch._grouped_mm`` asks of its offsets). Per cell:
 - ``grouped_mm_compile``: ``torch.compile`` of that pair;
 - ``evtfuse``: ``evtfuse.grouped_gemm`` with the epilogue fused (gate and up interleaved,
   ``interleave_gate_up(..., dim=1)``), its first call (tuning included) and its error
-  against the eager pair.
+  against the eager pair;
+- ``evtfuse_concat``: the same on the peers' own concatenated [gate; up] weights
+  (``pairs(accum, layout="concatenated")``: no interleaved copy of the weights).
 
 Times are medians of ``triton.testing.do_bench``; TFLOP/s count 2 * T * K * 2N; ``dense_mm``
 is one plain (T, K) @ (K, 2N) GEMM of the same FLOPs, the throughput a grouped GEMM aims at.
@@ -40,6 +42,7 @@ EPILOGUE = """def moe_swiglu(accum, w):
     gate, up = pairs(accum)
     D = silu(gate) * up * w
     return D"""
+EPILOGUE_CONCAT = EPILOGUE.replace("pairs(accum)", 'pairs(accum, layout="concatenated")')
 
 
 def _ms(fn) -> float:
@@ -94,6 +97,9 @@ def cell(G: int, K: int, N: int, skewed: bool) -> dict:
     def ev():
         return evtfuse.grouped_gemm(x, W_int.mT, offs, EPILOGUE, w=w, D=D)
 
+    def ev_concat():
+        return evtfuse.grouped_gemm(x, W_cat.mT, offs, EPILOGUE_CONCAT, w=w, D=D)
+
     flop = 2 * T * K * 2 * N
     out: dict = {"experts": G, "K": K, "N": N, "tokens": T,
                  "routing": "skewed" if skewed else "uniform", "largest_group": max(sizes),
@@ -105,9 +111,16 @@ def cell(G: int, K: int, N: int, skewed: bool) -> dict:
     want = eager().float()
     got = ev().float()
     out["evtfuse_rel_err"] = float((got - want).norm() / want.norm())
+    ev_concat()  # tuning
+    got = ev_concat().float()
+    out["evtfuse_concat_rel_err"] = float((got - want).norm() / want.norm())
+    from evtfuse.runtime import cache  # the kernels the tuner chose (this shape's records)
+
+    out["evtfuse_kernels"] = sorted({e["kernel"] for e in cache.list_entries()
+                                     if e.get("epilogue") == "moe_swiglu" and e.get("N") == N})
     xd, Wd = x, W_cat[0].mT  # one (K, 2N) column-major B, as each group's
     peers = {"dense_mm": lambda: xd @ Wd, "grouped_mm": grouped_mm, "grouped_mm_eager": eager,
-             "grouped_mm_compile": compiled, "evtfuse": ev}
+             "grouped_mm_compile": compiled, "evtfuse": ev, "evtfuse_concat": ev_concat}
     for name, fn in peers.items():
         try:
             ms = _ms(fn)
@@ -116,8 +129,9 @@ def cell(G: int, K: int, N: int, skewed: bool) -> dict:
         except Exception as e:  # noqa: BLE001  (one peer's failure does not lose the others)
             out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
     for peer in ("grouped_mm", "grouped_mm_eager", "grouped_mm_compile"):
-        if "evtfuse_ms" in out and f"{peer}_ms" in out:
-            out[f"evtfuse_over_{peer}"] = out["evtfuse_ms"] / out[f"{peer}_ms"]
+        for ev_name in ("evtfuse", "evtfuse_concat"):
+            if f"{ev_name}_ms" in out and f"{peer}_ms" in out:
+                out[f"{ev_name}_over_{peer}"] = out[f"{ev_name}_ms"] / out[f"{peer}_ms"]
     return out
 
 
