@@ -117,7 +117,7 @@ def cell(G: int, K: int, N: int, skewed: bool) -> dict:
     from evtfuse.runtime import cache  # the kernels the tuner chose (this shape's records)
 
     out["evtfuse_kernels"] = sorted({e["kernel"] for e in cache.list_entries()
-                                     if e.get("epilogue") == "moe_swiglu" and e.get("N") == N})
+                                     if e.get("epilogue") == "moe_swiglu" and e.get("K") == K})
     xd, Wd = x, W_cat[0].mT  # one (K, 2N) column-major B, as each group's
     peers = {"dense_mm": lambda: xd @ Wd, "grouped_mm": grouped_mm, "grouped_mm_eager": eager,
              "grouped_mm_compile": compiled, "evtfuse": ev, "evtfuse_concat": ev_concat}
