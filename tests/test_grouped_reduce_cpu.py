@@ -237,3 +237,77 @@ def test_no_rows_at_all():
     A, B, C = rand(0, K), rand(G, K, N), rand(0, N)
     for op in ("sum", "max"):
         check(op, A, B, C, offs_of([0, 0, 0]), outputs(G, 0, N), dict(atol=0.0, rtol=0.0))
+
+
+# -- the grouped backward reduces its operands' gradients in the kernel
+
+GRAD_EPI = """def moe(accum, bias, w, s, cb, k):
+    H = silu(accum + bias) * s
+    D = H * w + cb * k
+    return D, H"""
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("sizes,T", [([7, 0, 20, 1], 31), ([0, 13, 0], 16), ([11], 11)])
+def test_backward_reduces_operand_gradients_in_the_kernel(monkeypatch, mode, sizes, T):
+    """The gradients of a per-group bias (G, 1, N) and scale (G, 1, 1), routing weights
+    (T, 1), a shared (N,) vector and a 0-d device scalar come from the backward kernel's
+    reductions (torch's per-group sum of (T, N) terms, ``grouped_autograd._sum_rows``, is
+    never called), equal to torch autograd of a per-group loop: empty groups' gradients
+    zero, rows past offs[-1] counted in none."""
+    from evtfuse.runtime import grouped_autograd
+
+    def summed_by_torch(*a, **k):
+        raise AssertionError("an operand's gradient was summed by torch, not in the kernel")
+
+    monkeypatch.setattr(grouped_autograd, "_sum_rows", summed_by_torch)
+    G, K, N = len(sizes), 16, 12
+    offs = offs_of(sizes)
+    x = dict(A=rand(T, K), B=rand(G, K, N), bias=rand(G, 1, N), w=rand(T, 1),
+             s=rand(G, 1, 1), cb=rand(N), k=rand(()))
+    x = {n: v.requires_grad_(True) for n, v in x.items()}
+    ops = {n: v for n, v in x.items() if n not in ("A", "B")}
+    end = int(offs[-1])
+    gD, gH = rand(T, N), rand(T, N)
+    D, H = evtfuse.grouped_gemm(x["A"], x["B"], offs, GRAD_EPI, **ops, backward=mode)
+    ((D[:end] * gD[:end]).sum() + (H[:end] * gH[:end]).sum()).backward()
+    got = {n: t.grad.clone() for n, t in x.items()}
+    for t in x.values():
+        t.grad = None
+    start, loss = 0, 0.0
+    for g, e in enumerate(offs.tolist()):
+        Hg = torch.nn.functional.silu(x["A"][start:e] @ x["B"][g] + x["bias"][g]) * x["s"][g]
+        Dg = Hg * x["w"][start:e] + x["cb"] * x["k"]
+        loss = loss + (Dg * gD[start:e]).sum() + (Hg * gH[start:e]).sum()
+        start = e
+    loss.backward()
+    for n, t in x.items():
+        want = t.grad if t.grad is not None else torch.zeros_like(t)
+        torch.testing.assert_close(got[n], want, atol=2e-4, rtol=2e-4, msg=lambda m: f"{n}: {m}")
+    assert (got["w"][end:] == 0).all()
+
+
+def test_backward_plan_keeps_the_reductions():
+    """The grouped backward epilogue returns its operands' gradients as reductions (no
+    caller sums) unless the epilogue is gated (whose kernel has no reductions yet)."""
+    from evtfuse.runtime.grouped_autograd import call  # noqa: F401 (registers the op)
+    from evtfuse.runtime import autograd
+
+    offs = offs_of([3, 0, 5])
+    A, B = rand(8, 8).requires_grad_(), rand(3, 8, 6)
+    bias = rand(3, 1, 6).requires_grad_()
+    seen = []
+    real = autograd.caller_reductions
+
+    def spy(bplan, grouped=False):
+        got = real(bplan, grouped)
+        seen.append(got)
+        return got
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(autograd, "caller_reductions", spy):
+        evtfuse.grouped_gemm(A, B, offs, "def e(accum, bias): D = relu(accum + bias); return D",
+                             bias=bias).sum().backward()
+    assert seen and seen[-1].caller_sums == ()
+    assert "sum(" in seen[-1].source
