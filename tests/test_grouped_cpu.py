@@ -271,9 +271,11 @@ def test_bad_operands_and_outputs():
         evtfuse.grouped_gemm(A, B, offs, "def e(accum, C): D = accum + C; return D",
                              C=rand(2, 8, 12))
     assert e.value.variable == "C"
-    with pytest.raises(EpilogueError, match="grouped GEMMs do not compute reductions yet"):
+    with pytest.raises(EpilogueError, match="a per-row reduction .sum. of a grouped GEMM has "
+                       "no group dimension") as e:
         evtfuse.grouped_gemm(A, B, offs, "def e(accum): D = accum; R = sum(D); return D, R",
-                             R=torch.empty(8, 1))
+                             R=torch.empty(2, 8, 1))
+    assert e.value.variable == "R"
     with pytest.raises(EpilogueError, match="stores full .T, N. outputs and per-row"):
         evtfuse.grouped_gemm(A, B, offs, "def e(accum, b): D = accum; E = b * 2.0; return D, E",
                              b=rand(2, 1, 12), E=torch.empty(2, 1, 12))

@@ -910,22 +910,27 @@ def _grouped_operands(specs: tuple, given: Mapping[str, Any]) -> tuple:
 
 
 def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, value) -> None:
-    """What a grouped GEMM stores so far: full (T, N) outputs and per-row (T, 1) values
-    (no reductions yet, no per-group or per-column stores)."""
+    """What a grouped GEMM stores: full (T, N) outputs, per-row (T, 1) values, and
+    reductions per row (T, 1), per group (G, 1, N) and (G, 1, 1), or over every group's
+    rows (N,) and (1,) (no per-group or per-column stores of a value that is not reduced)."""
     if kind is OutputKind.NONE:
         return
     shape = _fmt_shape(tuple(value.shape))
     if node.kind is ir.NodeKind.REDUCE:
-        raise EpilogueError(
-            f"output {name} is a reduction ({node.op}); grouped GEMMs do not compute "
-            f"reductions yet (docs/grouped.md): return the full (T, N) value and reduce it "
-            f"with torch", variable=name)
+        if kind is OutputKind.ROW and batched:
+            raise EpilogueError(
+                f"output {name} has shape {shape}: a per-row reduction ({node.op}) of a "
+                f"grouped GEMM has no group dimension, since a row belongs to one group; "
+                f"give it (T, 1) (per group: (G, 1, N) per column, (G, 1, 1) in all)",
+                variable=name)
+        return
     if kind is OutputKind.FULL and not batched:
         return
     if kind is OutputKind.ROW and not batched:
         return
     raise EpilogueError(f"output {name} has shape {shape}; a grouped GEMM stores full (T, N) "
-                        f"outputs and per-row (T, 1) values only", variable=name)
+                        f"outputs and per-row (T, 1) values only (and reductions)",
+                        variable=name)
 
 
 class _NodeBuilder:

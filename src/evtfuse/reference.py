@@ -229,6 +229,21 @@ def evaluate_grouped(epilogue: Any, A: torch.Tensor, B: torch.Tensor, offs: torc
             return v[..., s:e, :]
         return v
 
+    # reductions not per row: per group ((G, 1, N), (G, 1, 1)) or over every group's rows
+    # ((N,), (1,)), each starting from its identity (a group without rows keeps it)
+    reduced = {a.target: a.expr.op for a in parsed.assignments
+               if a.expr.kind == "call" and OPS[a.expr.op].category is Category.REDUCE}
+    per_group, overall = {}, {}
+    for name, op in reduced.items():
+        buf = values.get(name)
+        if not isinstance(buf, torch.Tensor) or (buf.dim() >= 2 and buf.shape[-2] == T and T > 1):
+            continue
+        ident = torch.full(buf.shape, OPS[op].reduce_identity, dtype=compute_dtype,
+                           device=buf.device)
+        if buf.dim() == 3 and buf.shape[0] == G and G > 1:
+            per_group[name] = ident
+        else:
+            overall[name] = ident
     start = 0
     for g, end in enumerate(ends):
         if end > start:
@@ -238,10 +253,28 @@ def evaluate_grouped(epilogue: Any, A: torch.Tensor, B: torch.Tensor, offs: torc
             acc = torch.matmul(A[start:end].to(compute_dtype), B[g].to(compute_dtype))
             got = evaluate(epi, acc.unsqueeze(0), compute_dtype=compute_dtype)
             for name, r in got.items():
-                if name in outs:
+                if name in per_group:
+                    per_group[name][g] = r.reshape(per_group[name][g].shape)
+                elif name in overall:
+                    overall[name] = _combined(reduced[name], overall[name],
+                                              r.to(compute_dtype).reshape(overall[name].shape))
+                elif name in outs:
                     outs[name][..., start:end, :] = r.reshape(outs[name][..., start:end, :].shape)
         start = max(start, end)
+    for name, r in {**per_group, **overall}.items():
+        outs[name] = r.to(outs[name].dtype)
     return outs
+
+
+def _combined(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Two results of reduction ``op`` over disjoint rows, as one over both."""
+    if op == "sum":
+        return a + b
+    if op == "max":
+        return torch.maximum(a, b)
+    if op == "min":
+        return torch.minimum(a, b)
+    return torch.logaddexp(a, b)
 
 
 def _evaluate_k_grouped(epilogue, A, B, offs, values, gated: bool, compute_dtype) -> dict:

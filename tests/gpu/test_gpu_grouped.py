@@ -235,3 +235,90 @@ def test_1024_groups_mostly_empty():
     torch.cuda.synchronize()
     ref = evaluate_grouped(epi, A, B, offs, {"bias": bias, "D": D})["D"]
     torch.testing.assert_close(D.float(), ref.float(), atol=3e-2, rtol=2e-2)
+
+
+# -- reductions over M (issue 33): per row, per group, over every group's rows
+
+_IDENT = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "logsumexp": float("-inf")}
+
+
+def _reduced(op: str, x: torch.Tensor, dims) -> torch.Tensor:
+    if x.numel() == 0:
+        return torch.full([1 if d in dims else n for d, n in enumerate(x.shape)], _IDENT[op],
+                          device=x.device)
+    return {"sum": lambda: x.sum(dims, keepdim=True), "max": lambda: x.amax(dims, keepdim=True),
+            "min": lambda: x.amin(dims, keepdim=True),
+            "logsumexp": lambda: torch.logsumexp(x, dims, keepdim=True)}[op]()
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
+@pytest.mark.parametrize("G", [8, 64])
+def test_moe_reductions(op, G):
+    """Every reduction kind of a grouped GEMM over M (skewed routing: empty groups, one a
+    quarter of the tokens; T - 100 rows in groups), against torch per group in fp32 from
+    the same bf16 inputs; twice (the plan's tickets reset); the same results bit for bit."""
+    T, K, N = 4096, 512, 1024
+    dt = torch.bfloat16
+    A = _rand(T, K, dtype=dt, seed=51)
+    W = _rand(G, N, K, dtype=dt, seed=52, scale=K ** -0.5)
+    bias = _rand(G, 1, N, dtype=dt, seed=53)
+    sizes = _sizes(G, T - 100, True)
+    offs = _offs(sizes)
+    epi = (f"def e(accum, bias):\n    D = accum + bias\n    R = {op}(D)\n    P = {op}(D)\n"
+           f"    S = {op}(D)\n    V = {op}(D)\n    return D, R, P, S, V")
+    runs = []
+    for _ in range(2):
+        outs = dict(R=torch.full((T, 1), float("nan"), device="cuda"),
+                    P=torch.full((G, 1, N), float("nan"), device="cuda"),
+                    S=torch.full((G, 1, 1), float("nan"), device="cuda"),
+                    V=torch.full((N,), float("nan"), device="cuda"))
+        D = torch.empty(T, N, dtype=dt, device="cuda")
+        evtfuse.grouped_gemm(A, W.mT, offs, epi, bias=bias, D=D, **outs)
+        torch.cuda.synchronize()
+        runs.append(outs)
+    start, rows = 0, []
+    for g, n in enumerate(sizes):
+        x = A[start:start + n].float() @ W[g].float().T + bias[g].float()
+        if n:
+            torch.testing.assert_close(outs["R"][start:start + n], _reduced(op, x, (1,)),
+                                       atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(outs["P"][g], _reduced(op, x, (0,)).view(1, N),
+                                   atol=1e-2, rtol=1e-3)
+        torch.testing.assert_close(outs["S"][g], _reduced(op, x, (0, 1)).view(1, 1),
+                                   atol=5e-1 if op == "sum" else 1e-3, rtol=1e-3)
+        rows.append(x)
+        start += n
+    torch.testing.assert_close(outs["V"], _reduced(op, torch.cat(rows), (0,)).view(N),
+                               atol=1e-1 if op == "sum" else 1e-3, rtol=1e-3)
+    assert outs["R"][T - 100:].isnan().all()
+    for name in outs:
+        assert torch.equal(runs[0][name].nan_to_num(), runs[1][name].nan_to_num()), name
+
+
+def test_reductions_in_a_cuda_graph_with_new_offsets():
+    """Per-group sums captured once and replayed after offs changed in place (groups that
+    were full now empty and the reverse: their identity, 0)."""
+    G, T, K, N = 16, 2048, 256, 512
+    dt = torch.bfloat16
+    A, B = _rand(T, K, dtype=dt, seed=61), _rand(G, K, N, dtype=dt, seed=62)
+    epi = "def e(accum):\n    D = accum\n    P = sum(D)\n    R = max(D)\n    return D, P, R"
+    offs = _offs(_sizes(G, T, False))
+    D = torch.empty(T, N, dtype=dt, device="cuda")
+    P = torch.empty(G, 1, N, device="cuda")
+    R = torch.empty(T, 1, device="cuda")
+    evtfuse.grouped_gemm(A, B, offs, epi, tune="none", D=D, P=P, R=R)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        evtfuse.grouped_gemm(A, B, offs, epi, tune="none", D=D, P=P, R=R)
+    sizes = _sizes(G, T, True)
+    offs.copy_(_offs(sizes))
+    graph.replay()
+    torch.cuda.synchronize()
+    start = 0
+    for g, n in enumerate(sizes):
+        x = D[start:start + n].float()
+        torch.testing.assert_close(P[g], x.sum(0, keepdim=True), atol=5e-2, rtol=1e-3)
+        if n:
+            torch.testing.assert_close(R[start:start + n], x.amax(1, keepdim=True))
+        start += n

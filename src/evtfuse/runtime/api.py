@@ -226,8 +226,10 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     Over M:
     Operands: per group (G, 1, N) (an expert's bias) and (G, 1, 1), per row (T, 1) (routing
     weights), full (T, N), per column (N,), scalars. Outputs: full (T, N) (allocated as
-    ``gemm`` allocates; ``<name>_dtype`` picks another) and per-row (T, 1) values; no
-    reductions yet. A gated epilogue (``gate, up = pairs(accum)``, docs/gated.md) takes B
+    ``gemm`` allocates; ``<name>_dtype`` picks another), per-row (T, 1) values, and
+    reductions (sum, max, min, logsumexp; given, not allocated) per row (T, 1), per group
+    (G, 1, N) and (G, 1, 1), or over every group's rows (N,) and (1,), an empty group's
+    being the reduction's identity. A gated epilogue (``gate, up = pairs(accum)``, docs/gated.md) takes B
     (G, K, 2N), each expert's gate and up columns interleaved (``interleave_gate_up``), and
     gives (T, N) outputs. Rows at or past offs[-1] belong to no group and are not written (an
     output evtfuse allocates holds whatever ``torch.empty`` gave there). ``offs`` is never

@@ -408,16 +408,21 @@ def operand_gradients(bplan: autodiff.BackwardPlan, results: dict, lay: Layout, 
 
 def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
                       ) -> autodiff.BackwardPlan:
-    """``bplan`` for a kernel that computes no reductions (a grouped one; a gated one while
-    it reads the accumulator's pairs): each reduction output (an operand's gradient summed
-    over rows, columns or both) stored instead as its term, under the same name, full or,
-    for a term constant along its row, per row, in fp32; the caller sums it
-    (``BackwardPlan.caller_sums``). A grouped kernel's full outputs are per row, (T, N)."""
+    """``bplan`` for a kernel that computes no reductions (a gated one while it reads the
+    accumulator's pairs, grouped or not): each reduction output (an operand's gradient
+    summed over rows, columns or both) stored instead as its term, under the same name,
+    full or, for a term constant along its row, per row, in fp32; the caller sums it
+    (``BackwardPlan.caller_sums``). A grouped kernel's (over M) full outputs are per row,
+    (T, N); it computes the reductions itself (per row (T, 1), per group (G, 1, N) and
+    (G, 1, 1), over every group's rows (N,) and (1,): ``backends/triton/grouped_reduce``),
+    so a grouped plan that is not gated keeps them."""
     if not grouped and not bplan.dag.gated:
         return bplan
     outs, sums = [], []
     for o in bplan.dag.outputs:
-        if o.node.kind is NodeKind.REDUCE:
+        if o.node.kind is NodeKind.REDUCE and grouped and not bplan.dag.gated:
+            outs.append(o)  # reduced in the grouped kernel
+        elif o.node.kind is NodeKind.REDUCE:
             term = o.node.inputs[0]
             kind = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW}.get(term.space)
             if kind is None:

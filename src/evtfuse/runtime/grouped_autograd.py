@@ -10,13 +10,13 @@ The functional form of ``evtfuse::grouped_gemm`` (A (T, K), B (G, K, N), offs (G
 ``gemm_functional`` is of ``evtfuse::gemm``. Forward: the epilogue with the hidden outputs
 its backward reads (the accumulator, (T, N), in "save" mode), one grouped kernel. Backward:
 the backward epilogue, derived with one batch (each row is in one group), runs as a grouped
-kernel (K = 0 when it reads no accumulator) that writes dAccum (T, N). A grouped epilogue
-computes no reductions yet, so an operand gradient that sums over rows or columns (a
-per-group bias (G, 1, N), routing weights (T, 1), a per-group scale (G, 1, 1), a shared
-(N,) vector) is stored by that kernel as its (T, N) fp32 term and summed here
-by torch, per group with ``index_add`` over each row's group (found from offs on the device:
-no host synchronisation; ``autograd.caller_reductions``): memory for one (T, N) fp32 tensor
-per such operand. Then
+kernel (K = 0 when it reads no accumulator) that writes dAccum (T, N) and reduces the
+operand gradients that sum over rows or columns (a per-group bias (G, 1, N), routing
+weights (T, 1), a per-group scale (G, 1, 1), a shared (N,) vector or scalar) in the same
+kernel (``backends/triton/grouped_reduce``). A gated backward kernel ("recompute" mode
+of a gated epilogue) computes no reductions yet: it stores each such gradient as its (T, N) fp32 term, summed
+here by torch, per group with ``index_add`` over each row's group (found from offs on the
+device: no host synchronisation; ``autograd.caller_reductions``, ``_sum_rows``). Then
 dA = dAccum @ B_g^T (a grouped GEMM over M) and dB_g = A_g^T @ dAccum_g (a grouped GEMM
 over K), both evtfuse calls. Rows at or past offs[-1] are in no group: their gradients are
 zero, and no gradient flows from the outputs' rows there.

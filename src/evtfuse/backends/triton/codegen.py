@@ -158,7 +158,7 @@ def _acc_type(spec: KernelSpec) -> str:
 
 def _portable_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
-    roles = epilogue_params(spec.names, spec.dag, "portable")
+    roles = epilogue_params(spec.names, spec.dag, "portable", grouped=spec.grouped)
     # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
     # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
     rows = spec.rows_param()
@@ -200,7 +200,7 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I2}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
         f"{I2}pid_m = first_m + ((pid % group) % group_m)",
         f"{I2}pid_n = (pid % group) // group_m",
-        *(_group_lines(I1, I2) if spec.grouped else []),
+        *(_group_lines(I1, I2, epi.reductions.grouped) if spec.grouped else []),
         f"{I1}rm = {'grp_row0 + ' if spec.grouped else ''}pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         *(_concatenated_columns(I1) if spec.dag.concatenated else
           [f"{I1}{rnb} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"]),
@@ -312,7 +312,7 @@ def _k_group_lines(i1: str) -> list[str]:
 GROUP_SCAN = 128  # groups of ``offs`` a grouped program reads per step when finding its own
 
 
-def _group_lines(i1: str, i2: str) -> list[str]:
+def _group_lines(i1: str, i2: str, reductions=None) -> list[str]:
     """A grouped program's group (``bid``) and rows (portable family, ``KernelSpec.grouped``).
 
     The program's row tile ``pid_m`` counts over every group's tiles in group order
@@ -326,8 +326,11 @@ def _group_lines(i1: str, i2: str) -> list[str]:
     to no group: nothing is written there. Offsets that are not what ``torch._grouped_mm``
     asks for (decreasing, negative, past T: not checked, which would need the host) give
     unspecified rows but never touch memory outside A and the outputs: a group's rows are
-    clamped to [0, T), and a group of no rows has no tiles."""
-    i3 = i2 + "    "
+    clamped to [0, T), and a group of no rows has no tiles. ``reductions``: the kernel's
+    ``grouped_reduce.GroupedReductions`` (None without reductions), whose lines for groups
+    without rows follow the scan and whose group tile count follows ``bid``."""
+    fill = reductions.fill_lines(i1) if reductions else []
+    count = reductions.group_count_lines(i1) if reductions else []
     return [
         f"{i1}grp_id = 0",
         f"{i1}grp_tile0 = 0",
@@ -342,10 +345,12 @@ def _group_lines(i1: str, i2: str) -> list[str]:
         f"{i2}grp_id += tl.sum(grp_done.to(tl.int32), 0)",
         f"{i2}grp_tile0 += tl.sum(tl.where(grp_done, grp_n, 0), 0)",
         f"{i2}grp_tiles += tl.sum(grp_n, 0)",
+        *fill,
         f"{i1}if pid_m >= grp_tiles:",
         f"{i2}return",
         f"{i1}bid = grp_id",
         f"{i1}bid64 = bid.to(tl.int64)",
+        *count,
         # offs past T, or below 0, are clamped: no row outside A and D is ever touched
         f"{i1}grp_row0 = tl.maximum(tl.load(offs + bid - 1, mask=bid > 0, other=0), 0)",
         f"{i1}M = tl.minimum(tl.load(offs + bid), grp_rows)",

@@ -113,7 +113,7 @@ class EpilogueEmitter:
                                              first, last)
         if last:
             for o in reduce_outputs(self.dag):
-                if combined_in_kernel(o, self.spec.family) and \
+                if (self.spec.grouped or combined_in_kernel(o, self.spec.family)) and \
                         not self.reductions.program_reduced(o):
                     lines += self.reductions.combine(o, sub, indent)
         return lines

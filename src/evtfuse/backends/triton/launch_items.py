@@ -266,6 +266,8 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
     program (one partial each)."""
     from .combine import pdl_enabled
 
+    if getattr(args, "group_dim", None) == "M":
+        return _grouped_reduction_items(args, dag, config), []
     pdl = target.kind != INTERPRETER and pdl_enabled(target.cc // 10)
     items: list[Any] = []
     post: list[Any] = []
@@ -308,6 +310,38 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
         post.append(_combiner(o.name, o.node.op, local, *spaces, o.kind,
                               o.batched and not rest[0], pdl))
     return items, post
+
+
+def _grouped_reduction_items(args: GemmArguments, dag: Dag, config: TileConfig) -> list[Any]:
+    """A grouped kernel's (over M) reduction items, in ``spec.grouped_roles`` order: every
+    reduction is combined in the kernel (``grouped_reduce``). Workspaces for an upper
+    bound of the row tiles that run, ``cdiv(T, BLOCK_M) + G`` (``offs`` is not read here):
+    per row, a partial per tile along N and row; per column, per row tile and column; a
+    scalar per tile. Ticket counters: per row tile; per (group,) column tile; per group
+    (or one)."""
+    T, N, G = args.M, args.N, args.L
+    mt = triton_cdiv(T, config.block_m) + G
+    nt = triton_cdiv(N, config.block_n)
+    made: list[tuple] = []
+    steps = []
+    for o in reduce_outputs(dag):
+        size = {OutputKind.ROW: nt * T, OutputKind.COL: mt * N, OutputKind.SCALAR: mt * nt}[o.kind]
+        spaces = [len(made)]
+        made.append(((max(size, 1),), torch.float32, None))
+        if o.node.op == "logsumexp":
+            spaces.append(len(made))
+            made.append(((max(size, 1),), torch.float32, None))
+        groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
+        if o.batched and o.kind is not OutputKind.ROW:
+            groups *= G
+        spaces.append(len(made))
+        made.append(((groups,), torch.int32, 0))
+        steps.append((spaces, o))
+    local = StreamLocal(args.A.device, made)
+    items: list[Any] = []
+    for spaces, o in steps:
+        items += [*(local.getter(i) for i in spaces), *_output_items(args, o)]
+    return items
 
 
 def _combiner(name: str, op: str, local: StreamLocal, ws: int, ws2: int | None, kind,

@@ -47,6 +47,7 @@ ROLES: dict[str, str] = {
     "ps": "logsumexp's partial sum of exp",
     "tk": "a ticket",
     "cm": "a combine's running result",
+    "cms": "a grouped combine's running sum of exp (logsumexp)",
     "p": "a partial loaded by a combine (piece: the load of a step)",
     "ln": "a combine's lane indices",
     "fo": "fold finish: workspace offsets",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ...ir import OutputKind
 from ...optable import OPS, _lit
 from .emit_common import all_of
+from .grouped_reduce import GroupedReductions
 from .spec import (_COMBINE_LOADS, _FOLD_FINISH, _LD_L2, FOLD_IDENTITY_BITS, TMA_FAMILIES,
                    KernelSpec, atomic_folded, combined_in_kernel, reduce_outputs, written_roles)
 
@@ -25,6 +26,8 @@ class ReductionEmitter:
         self.spec = spec
         self.dag = spec.dag
         self.names = spec.names
+        # a grouped kernel over M combines every reduction itself (``grouped_reduce``)
+        self.grouped = GroupedReductions(self) if spec.grouped else None
 
     @property
     def _lse_part(self) -> str:
@@ -92,6 +95,8 @@ class ReductionEmitter:
         the last of ``count`` copies each workspace into its output (``lane``: an index
         vector of ``_FOLD_FINISH`` elements) and resets it to the identity."""
         lines: list[str] = []
+        if self.grouped:  # no folds: each reduction is combined per set (``grouped_reduce``)
+            return lines
         for o in reduce_outputs(self.dag):
             if not atomic_folded(o):
                 continue
@@ -146,6 +151,8 @@ class ReductionEmitter:
     def combine(self, o, sub, indent: str) -> list[str]:
         """Lines run after a tile's partials are stored: the last tile of the group
         combines the group's partials (ascending order) into the output."""
+        if self.grouped:
+            return self.grouped.combine(o, sub, indent)
         b = "bid64 * " if o.batched else "0 * "
         if o.kind is OutputKind.SCALAR:
             count = "num_pid_m * num_pid_n" if o.batched else "num_pid_m * num_pid_n * L"
@@ -237,6 +244,8 @@ class ReductionEmitter:
         """This sub-tile's part of reduction output ``o`` of the values ``v`` (tile-shaped);
         partials go to the workspace."""
         lines, rv = self._masked(o, v, sub, indent)
+        if self.grouped:
+            return lines + self.grouped.partial(o, rv, sub, indent, first, last)
         if o.kind is OutputKind.COL:  # each sub-tile holds its own columns: store now
             return lines + self._column_partial(o, rv, sub, indent)
         if self.program_reduced(o):

@@ -158,11 +158,13 @@ def staged_vector(spec, family: str) -> bool:
 
 
 def epilogue_params(names: Names, dag: Dag, family: str, direct: tuple[str, ...] = (),
-                    l2_spread: bool = False) -> list[tuple[str, str | None]]:
+                    l2_spread: bool = False, grouped: bool = False) -> list[tuple[str, str | None]]:
     """Kernel parameters for the epilogue's operands and outputs, in a fixed order, each
     as (identifier, its role in ``names.ROLES``; None: a runtime scalar's value)
     (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``;
-    ``l2_spread``: full aux tiles also get their pointer and row stride, ``KernelSpec.l2_spread``)."""
+    ``l2_spread``: full aux tiles also get their pointer and row stride, ``KernelSpec.l2_spread``;
+    ``grouped``: a grouped kernel over M, whose reductions are all combined in the kernel,
+    ``grouped_roles``)."""
     roles: list[tuple[str, str | None]] = []
     for spec in dag.used_operands:
         if spec.kind is OperandKind.RUNTIME_SCALAR:
@@ -186,7 +188,9 @@ def epilogue_params(names: Names, dag: Dag, family: str, direct: tuple[str, ...]
     for o in vector_outputs(dag):
         roles += [(o.name, r) for r in ("ptr", "sl", "sm", "sn")]
     for o in reduce_outputs(dag):
-        if combined_in_kernel(o, family) or atomic_folded(o):
+        if grouped:
+            roles += [(o.name, r) for r in grouped_roles(o)]
+        elif combined_in_kernel(o, family) or atomic_folded(o):
             roles += [(o.name, r) for r in written_roles(o)]
         else:
             roles += [(o.name, r) for r in (("ws", "ws2") if o.node.op == "logsumexp" else ("ws",))]
@@ -197,6 +201,14 @@ def written_roles(o) -> tuple[str, ...]:
     """The parameters of a reduction output the kernel writes itself: workspace, ticket
     counter, output pointer, batch stride and (per row/column) element stride."""
     return ("ws", "cnt", "out", "osl") + (() if o.kind is OutputKind.SCALAR else ("os",))
+
+
+def grouped_roles(o) -> tuple[str, ...]:
+    """The kernel parameters of a grouped kernel's reduction output ``o``
+    (``grouped_reduce``): its workspace (two for logsumexp), ticket counters, the output,
+    its batch stride and its row or column stride (not for a scalar)."""
+    return (("ws", "ws2") if o.node.op == "logsumexp" else ("ws",)) + ("cnt", "out", "osl") \
+        + (() if o.kind is OutputKind.SCALAR else ("os",))
 
 
 # strides among the roles: cast to int64 at a kernel's top where ``KernelSpec.int64``
@@ -275,6 +287,6 @@ def launch_dependents_lines(spec: KernelSpec, indent: str) -> list[str]:
     SMs free and wait for this kernel's memory, so the launch's latency passes under this
     kernel's tail. Emitted first in the kernel: the dependents start only once every
     program has run it, so none waits for a program that is not resident yet."""
-    if not spec.cuda or not combined_after(spec.dag, spec.family):
+    if not spec.cuda or spec.grouped or not combined_after(spec.dag, spec.family):
         return []
     return [f"{indent}_ef_launch_dependents()"]
