@@ -97,6 +97,13 @@ TORCH_OWN: dict[str, Callable[..., torch.Tensor]] = {
     "max": lambda x, dims: x.amax(dim=dims, keepdim=True),
     "min": lambda x, dims: x.amin(dim=dims, keepdim=True),
     "logsumexp": lambda x, dims: torch.logsumexp(x, dim=dims, keepdim=True),
+    "mean": lambda x, dims: x.mean(dim=dims, keepdim=True),
+    # torch's softmax denominator, as its softmax kernels form it
+    "shifted_sumexp": lambda x, dims: torch.exp(x - x.amax(dim=dims, keepdim=True)).sum(
+        dim=dims, keepdim=True),
+    # row functions: (x,) -> over the last axis
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+    "log_softmax": lambda x: torch.log_softmax(x, dim=-1),
 }
 
 # parameters tried besides each numeric default (a Choice: every name it allows)
@@ -110,7 +117,8 @@ EXTRA_PARAMS: dict[str, dict[str, tuple[float, ...]]] = {
 def missing_rows() -> set[str]:
     """Rows computed per element or reduced with no torch function to compare against
     (conditional stores store their value unchanged: tests/test_store_where_cpu.py)."""
-    return {r.name for r in elementwise_rows() + reduction_rows()} - set(TORCH_OWN)
+    return {r.name for r in elementwise_rows() + reduction_rows() + rowwise_rows()} \
+        - set(TORCH_OWN)
 
 
 def param_sets(row: OpDef) -> list[dict]:
@@ -336,7 +344,13 @@ def group_source(cases: list[tuple[OpDef, dict]]) -> tuple[str, list[str]]:
 
 def elementwise_rows() -> list[OpDef]:
     """Every row computed per element (conditional stores apart: tests/test_store_where_cpu.py)."""
-    return [r for r in OPS.values() if r.category not in (Category.REDUCE, Category.STORE)]
+    return [r for r in OPS.values()
+            if r.category not in (Category.REDUCE, Category.STORE, Category.ROWWISE)]
+
+
+def rowwise_rows() -> list[OpDef]:
+    """Rows computed over each row of their input (softmax, log_softmax)."""
+    return [r for r in OPS.values() if r.category is Category.ROWWISE]
 
 
 def reduction_rows() -> list[OpDef]:

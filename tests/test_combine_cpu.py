@@ -48,6 +48,32 @@ def test_logsumexp_over_several_steps(parts):
     torch.testing.assert_close(got[ok].double(), want[ok], rtol=2e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("parts", [2, 16])
+def test_shifted_sumexp_over_several_steps(parts):
+    """softmax's denominator: logsumexp's partials, finished as the sum of exp(x - max)
+    alone (a max of 1e8 added back would round the sum away); NaN where the max is
+    infinite or NaN, as torch's exp(x - max) gives."""
+    gen = torch.Generator().manual_seed(9)
+    T, EXT = 11, 20
+    x = _data(T, EXT, gen).float().double()  # fp32 values
+    x[3, :, 1] += 30.0  # a later step raises the max: the sum is rescaled
+    x[:, :, 2] = (x[:, :, 2] + 1e8).float().double()  # fp32 values near 1e8 (steps of 8)
+    x[:, :, 4] = float("-inf")
+    x[5, 0, 6] = float("nan")
+    x[7, 3, 8] = float("inf")
+    m = x.amax(dim=1)
+    safe = torch.where(m.abs() == float("inf"), torch.zeros_like(m), m)  # as _ef_lse_part
+    ws = m.to(torch.float32).contiguous()
+    ws2 = torch.exp(x - safe[:, None, :]).sum(dim=1).to(torch.float32).contiguous()
+    got = _combine("shifted_sumexp", ws, ws2, T, EXT, parts)
+    flat = x.permute(2, 0, 1).reshape(EXT, -1)
+    want = torch.exp(flat - flat.amax(dim=1, keepdim=True)).sum(dim=1)
+    assert got[[4, 6, 8]].isnan().all() and want[[4, 6, 8]].isnan().all()
+    ok = torch.ones(EXT, dtype=torch.bool)
+    ok[[4, 6, 8]] = False
+    torch.testing.assert_close(got[ok].double(), want[ok], rtol=2e-6, atol=0)
+
+
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
 def test_sum_max_min_over_several_steps(op):
     gen = torch.Generator().manual_seed(8)

@@ -15,7 +15,7 @@ import torch
 from evtfuse import ops
 from evtfuse.optable import CALLABLE, OPS, Category, torch_apply
 
-REDUCTIONS = {"sum", "max", "min", "logsumexp", "mean"}
+REDUCTIONS = {"sum", "max", "min", "logsumexp", "mean", "shifted_sumexp"}
 SHAPE = (16, 24)  # 384 elements: both the vectorised and the scalar tail paths of torch
 
 
@@ -294,6 +294,22 @@ def test_store_where_reads_as_the_value_where_stored():
     assert OPS["store_where"].category is Category.STORE and OPS["store_where"].grad is None
 
 
+def test_shifted_sumexp_keeps_the_sum_where_the_max_is_large():
+    """softmax's denominator: sum(exp(x - max)) without adding the max back (logsumexp(x) -
+    max(x) of [1e8, 1e8, 0] is 0 in fp32, not log 2); NaN where the max is infinite, as
+    torch's exp(x - max) gives, 0 over no element."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[1e8, 1e8, 0.0], [-1e8, -1e8 + 8, -1e8], [3.0, inf, 0.0],
+                      [-inf, -inf, -inf], [1.0, nan, 0.0], [-inf, 0.0, 1e4]])
+    got = OPS["shifted_sumexp"].torch_fn(x, [1]).flatten()
+    x64 = x[:2].double()  # rows 0, 1 in float64
+    want = torch.exp(x64 - x64.amax(1, keepdim=True)).sum(1)
+    torch.testing.assert_close(got[:2].double(), want, rtol=1e-7, atol=0)
+    assert got[2:5].isnan().all() and got[5] == 1.0
+    empty = OPS["shifted_sumexp"].torch_fn(torch.empty(2, 0), [1])
+    assert torch.equal(empty, torch.zeros(2, 1))
+
+
 def test_row_metadata():
     for name, row in OPS.items():
         assert row.name == name
@@ -341,7 +357,9 @@ def test_ops_function_equals_table(name):
     if row.category is Category.REDUCE:
         x = _signed(60)
         want = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "mean": torch.mean,
-                "logsumexp": lambda t, dim=(0, 1): torch.logsumexp(t, dim=dim)}[name]
+                "logsumexp": lambda t, dim=(0, 1): torch.logsumexp(t, dim=dim),
+                "shifted_sumexp": lambda t, dim=(0, 1): torch.exp(
+                    t - t.amax(dim=dim, keepdim=True)).sum(dim=dim)}[name]
         assert torch.equal(fn(x), want(x))
         assert torch.equal(fn(x, dim=1), want(x, dim=1))
         assert fn(x, dim=0, keepdim=True).shape == (1, SHAPE[1])

@@ -1,5 +1,5 @@
 """Reductions in the epilogue through the CPU interpreter: per-row, per-column and
-whole-output sum/max/min/logsumexp, batched and over batches, odd sizes, both families.
+whole-output sum/max/min/logsumexp/shifted_sumexp, batched and over batches, odd sizes, both families.
 
 Outputs are poisoned with NaN first (``Kernel.verify``); results are compared with the
 reference evaluator. Sums of fp32 values in another order differ from the reference by a
@@ -39,7 +39,7 @@ SHAPES = {"row": lambda L, M, N: (M, 1), "row_b": lambda L, M, N: (L, M, 1),
 
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])
-@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp", "shifted_sumexp"])
 @pytest.mark.parametrize("where", list(SHAPES))
 def test_reduction_kinds(family, op, where):
     L, M, N, K = 2, 37, 48, 16

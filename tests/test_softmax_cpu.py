@@ -88,6 +88,73 @@ def test_softmax_special_rows(op, N):
     assert torch.isnan(D[3]).all() and torch.isnan(D[0]).all() and torch.isnan(D[2]).all()
 
 
+def _large_rows(N: int) -> torch.Tensor:
+    """Rows whose max is large against the log of their sum of exp: where logsumexp =
+    max + log(sum) rounds log(sum) away (1e8: entirely; 1e4: ~2^-10)."""
+    g = torch.Generator().manual_seed(36)
+    rows = torch.zeros(8, N)
+    rows[0, :2] = 1e8                                            # [1e8, 1e8, 0, ...]
+    rows[1] = -1e8 + 8.0 * torch.arange(N) % 24                  # -1e8 + 0, 8, 16 (exact)
+    rows[2] = 1e4 + torch.randn(N, generator=g)
+    rows[3] = -1e4 + 3.0 * torch.randn(N, generator=g)
+    rows[4] = 1e4 * torch.randn(N, generator=g)                  # mixed signs, ~3e4
+    rows[5, ::2], rows[5, 1::2] = 1e8, -1e8                      # mixed: +-1e8
+    rows[6] = 1e8 + 8.0 * (torch.arange(N) % 3)
+    rows[7] = 20.0 * torch.randn(N, generator=g) + 1e6
+    return rows
+
+
+@pytest.mark.parametrize("family,N,plan", [("portable", ONE, "one pass"),
+                                          ("portable", TWO, "two passes"),
+                                          ("hopper", ONE, "two passes")])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_of_large_magnitude_rows(op, family, N, plan):
+    """As torch computes them, exp(x - m) / s and (x - m) - log(s), in both plans: not
+    through lse = m + log(s), which is m itself in fp32 where |m| is large ([1e8, 1e8]:
+    softmax [1, 1] for [0.5, 0.5], log_softmax 0 for -0.693)."""
+    X = _large_rows(N)
+    A, B = torch.zeros(X.shape[0], 16), torch.zeros(16, N)
+    D = torch.full(X.shape, -1234.5)
+    src = f"def epi(accum, X): D = {op}(X); return D"
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(src, X=X, D=D))
+    cc = 90 if family == "hopper" else None
+    assert f"{family}: supported ({plan}" in explain(args, cc=cc)
+    k = next(k for k in get_kernels(args, cc=cc) if k.family.name == family)
+    result = k.verify(args)
+    assert result, result.report()
+    k.run(args)
+    want = getattr(torch, op)(X, dim=-1)
+    assert abs(float(want[0, 0]) - (0.5 if op == "softmax" else -0.6931472)) < 1e-6
+    torch.testing.assert_close(D, want, rtol=2e-6, atol=1e-7 if op == "log_softmax" else 1e-44)
+
+
+@pytest.mark.parametrize("family", ["hopper", "gluon", "portable"])
+def test_first_pass_reduces_the_max_and_shifted_sumexp(family):
+    """Two passes on an sm_90 GPU (N = 1000): the first pass's reductions are the row's max
+    (folded in the kernel) and shifted_sumexp (logsumexp's partials, combined after the
+    kernel); no logsumexp. The gluon family's first pass goes through the same emitters."""
+    from evtfuse.backends.triton.codegen import generate
+    from evtfuse.backends.triton.families import (GluonFamily, HopperFamily, PortableFamily,
+                                                  Target)
+    from evtfuse.backends.triton.spec import combined_after, reduce_outputs
+    from evtfuse.runtime.two_pass import judged
+
+    M, N, K = 256, 1000, 64
+    A, B = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(K, N, dtype=torch.bfloat16)
+    D = torch.empty(M, N, dtype=torch.bfloat16)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(
+        "def epi(accum): D = log_softmax(accum); return D", D=D))
+    fam = {"hopper": HopperFamily(), "gluon": GluonFamily(), "portable": PortableFamily()}[family]
+    target = Target("cuda", 90, A.device, 132)
+    first = judged(fam, args, target)
+    assert first is not args
+    dag = first.optimized_dag
+    assert sorted(o.node.op for o in reduce_outputs(dag)) == ["max", "shifted_sumexp"]
+    assert [o.node.op for o in combined_after(dag, family)] == ["shifted_sumexp"]
+    code = generate(fam.spec(first, fam.configs(first, target)[0], target))
+    assert "_ef_lse_part_cuda(" in code and "_ef_fold(" in code and "tl.log(" not in code
+
+
 def test_softmax_on_the_hopper_family_two_passes():
     args, acc, D, _ = run("def epi(accum): D = softmax(accum); return D", 37, ONE,
                           family="hopper")
@@ -210,13 +277,26 @@ for N in (128, 1000):
     st = staged(args)
     k2 = st.second_kernel(target)
     out[f"{N}-second-{k2.family.name}"] = compile_for(k2.family, k2.config, st.args2).spills
+# the combine after a two-pass first pass finishes shifted_sumexp (the softmax denominator)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from evtfuse.backends.triton.combine import combine_partials
+sig = dict(ws="*fp32", ws2="*fp32", out="*fp32", T="i32", EXT="i32", osl="i32", os="i32",
+           OP="constexpr", BLOCK="constexpr", PARTS="constexpr", PDL="constexpr")
+consts = {(7,): "shifted_sumexp", (8,): 64, (9,): 16, (10,): True}
+k = triton.compile(ASTSource(fn=combine_partials, signature=sig, constexprs=consts),
+                   target=GPUTarget("cuda", 90, 32))
+out["combine-shifted_sumexp"] = "cubin" in k.asm
 print("RESULT" + json.dumps(out))
 """
 
 
 def test_softmax_kernels_compile_for_sm90():
     """The one-pass portable kernel (N = 128), the two-pass first passes (hopper, portable
-    at N = 1000) and the second pass compile offline to sm_90 cubins."""
+    at N = 1000), the second pass and the combine that finishes shifted_sumexp compile
+    offline to sm_90 cubins."""
     got = run_offline(_OFFLINE_SCRIPT, timeout=900)
+    assert got.get("combine-shifted_sumexp") is True, got
     assert "128-portable-one pass" in got and "1000-portable-two passes" in got, got
     assert "128-hopper-two passes" in got and any(k.startswith("1000-second") for k in got), got

@@ -24,7 +24,7 @@ from special_values import (EXCEPTIONS, LINES, check, elementwise_rows,
                             epilogue_source, expected, gemm_arguments, group_source,
                             inputs_for, line, line_matrix, mismatches, missing_rows,
                             param_id, param_sets, reduction_rows, reduction_source, report,
-                            run_kernel, vector_arguments)
+                            rowwise_rows, run_kernel, vector_arguments)
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier"),
@@ -178,6 +178,25 @@ def test_reductions_of_special_lines(family, op, axis):
     _check_reduction(f"{family} {axis}", op, R.flatten(), X, dims)
     ref = evaluate(args)["R"].flatten()
     _check_reduction(f"reference {axis}", op, ref, X, dims)
+
+
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("op", [r.name for r in rowwise_rows()])
+@pytest.mark.parametrize("length", [40, LENGTH])  # a row in one tile (portable), in several
+def test_row_functions_of_special_lines(family, op, length):
+    """Each line of ``special_values.LINES`` as one row of a row function's input, against
+    torch's own function over that row."""
+    X = line_matrix(length)
+    A, B = torch.zeros(X.shape[0], 16), torch.zeros(16, length)
+    D = torch.full(X.shape, -1234.5)
+    src = f"def epi(accum, X):\n    D = {op}(X)\n    return D"
+    args = GemmArguments(A, B, D, torch.float32, EpilogueArguments(src, X=X, D=D))
+    _kernel(args, family).run(args)
+    want, free = expected(op, [X], {})
+    bad = mismatches(D, want, free).reshape(X.shape).any(dim=1)
+    names = [n for n, _, _ in LINES]
+    assert not bad.any(), f"{family}: {op} differs from torch on lines " \
+        f"{[names[i % len(names)] for i in bad.nonzero().flatten().tolist()]}"
 
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])

@@ -44,9 +44,11 @@ _SECTIONS = (
      "elements equal to the result."),
     (Category.ROWWISE, "Row functions",
      "Functions of the whole output row (over N, as torch's `dim=-1`), anywhere in an "
-     "expression: the frontend writes them with a per-row `logsumexp` feeding computation "
-     "(the Triton column shows that form), so they run in one pass where a tile spans the "
-     "row, else in two ([performance.md](performance.md)). Their argument cannot itself "
+     "expression: the frontend writes them with the row's `max` and `shifted_sumexp` "
+     "feeding computation, as torch computes them (the Triton column shows that form; no "
+     "`max + log(sum)`, which rounds the sum away where the max is large), so they run in "
+     "one pass where a tile spans the row, else in two ([performance.md](performance.md)). "
+     "Their argument cannot itself "
      "come from a reduction; no derivative yet (differentiating through them raises)."),
     (Category.STORE, "Conditional stores",
      "The whole value of an assignment whose result is returned as a full output you "
@@ -101,11 +103,12 @@ def _how_to_write(row: OpDef) -> str:
 
 def _triton(row: OpDef) -> str:
     if row.category is Category.REDUCE and row.lowered is not None:
-        return f"(the `{row.lowered[0]}` reduction's code, then `{_lowered(row, 'sum', 'count')}`)"
+        return (f"(the `{row.lowered[0][0]}` reduction's code, then "
+                f"`{_lowered(row, 'sum', 'count')}`)")
     if row.category is Category.REDUCE:
         return "(a reduction: the kernel family's own code)"
     if row.category is Category.ROWWISE:
-        return f"`{_lowered(row, 'x', f'{row.lowered[0]}(x)')}`"
+        return f"`{_lowered(row, 'x', *(f'{op}(x)' for op in row.lowered[0]))}`"
     if row.required:
         return f"per `{row.required[0]}`: see below"
     args = _arg_names(row)
@@ -119,10 +122,10 @@ def _triton(row: OpDef) -> str:
     return text.replace("|", "\\|")
 
 
-def _lowered(row: OpDef, x: str, y: str) -> str:
-    """A row's ``lowered`` rule as text over ``x`` and ``y``."""
+def _lowered(row: OpDef, *args: str) -> str:
+    """A row's ``lowered`` rule as text over ``args`` (d.x, d.y, ...)."""
     leaf = TextAlgebra.leaf
-    d = Diff(TextAlgebra(), (leaf(x), leaf(y)), leaf("g"))
+    d = Diff(TextAlgebra(), tuple(leaf(a) for a in args), leaf("g"))
     return TextAlgebra.text(row.lowered[1](d).v).replace("|", "\\|")
 
 

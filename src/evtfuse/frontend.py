@@ -757,9 +757,9 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
     # computation: docs/performance.md, "Reductions feeding computation")
     late: dict[int, ir.Node] = {}  # (kept alive: an id is never reused while held)
 
-    def lowered(row, x: ir.Node, y: ir.Node, line: int, var: str | None = None) -> ir.Node:
-        """A row's ``lowered`` rule over x and y, as compute nodes."""
-        node = row.lowered[1](Diff(_NodeBuilder(line), (x, y), None)).v
+    def lowered(row, ins: tuple, line: int, var: str | None = None) -> ir.Node:
+        """A row's ``lowered`` rule over ``ins`` (d.x, d.y, ...), as compute nodes."""
+        node = row.lowered[1](Diff(_NodeBuilder(line), ins, None)).v
         if var is not None and node.kind is ir.NodeKind.COMPUTE:
             node = ir.compute_node(node.op, node.inputs, node.params, var=var, line=line)
         def mark(n: ir.Node) -> bool:  # the rule's new nodes computed from the reduction
@@ -773,16 +773,17 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         return node
 
     def rowwise(x: Expr, src: ir.Node) -> ir.Node:
-        """``softmax(src)`` and its kind: the row's reduction (over N, per batch), then the
-        row's rule over src and it."""
+        """``softmax(src)`` and its kind: the row's reductions (over N, per batch), then the
+        row's rule over src and them."""
         row = OPS[x.op]
         if id(src) in late:
             raise error(f"{x.op}(...) of a value computed from a reduction: a reduction cannot "
                         "reduce a value computed from another (one level of reduction "
                         "feeding computation)", x.line, None)
-        red = ir.reduce_node(row.lowered[0], src, ir.Space.ROW, True, line=x.line)
-        late[id(red)] = red
-        return lowered(row, src, red, x.line)
+        reds = tuple(ir.reduce_node(op, src, ir.Space.ROW, True, line=x.line)
+                     for op in row.lowered[0])
+        late.update((id(r), r) for r in reds)
+        return lowered(row, (src, *reds), x.line)
 
     pending: dict[str, tuple[str, ir.Node, int]] = {}
     reduced: dict[str, ir.Node] = {}  # reductions by target (the output's node, when returned)
@@ -808,13 +809,14 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
                 space = kind.space
             else:  # used, not returned: per row (over N), batches apart
                 space, keep = ir.Space.ROW, True
-            red_op = row.lowered[0] if row.lowered else op
+            red_op = row.lowered[0][0] if row.lowered else op
             node = ir.reduce_node(red_op, src, space, keep,
                                   var=None if row.lowered else a.target, line=a.line)
             late[id(node)] = node
             if row.lowered:  # mean: the sum, then a division by the count after it
                 count = _reduced_count(space, node.batched, problem)
-                node = lowered(row, node, ir.const_node(float(count), a.line), a.line, a.target)
+                node = lowered(row, (node, ir.const_node(float(count), a.line)), a.line,
+                               a.target)
             pending[a.target] = (op, src, a.line)
             reduced[a.target] = node
             env[a.target] = node

@@ -317,7 +317,8 @@ def verify(dag: Dag) -> None:
             if OPS[n.op].category is not Category.REDUCE or len(n.inputs) != 1:
                 raise IRError(f"bad reduce node {n.op}")
             if OPS[n.op].lowered is not None:
-                raise IRError(f"{n.op} reduce node: the frontend writes it with {OPS[n.op].lowered[0]}")
+                raise IRError(f"{n.op} reduce node: the frontend writes it with "
+                              f"{OPS[n.op].lowered[0][0]}")
             if id(n) not in out_nodes and not dag.users[id(n)]:
                 raise IRError(f"reduction {n.op} feeds nothing")
         elif n.kind is NodeKind.LOAD:
@@ -440,7 +441,8 @@ def _evt_leaf(n: Node) -> str:
     return f"Sm90AuxLoad<{n.operand.name}>"
 
 
-_EVT_REDUCE = {"sum": "plus", "max": "maximum", "min": "minimum", "logsumexp": "logsumexp"}
+_EVT_REDUCE = {"sum": "plus", "max": "maximum", "min": "minimum", "logsumexp": "logsumexp",
+               "shifted_sumexp": "shifted_sumexp"}
 
 
 def _evt_store(o: Output) -> str:

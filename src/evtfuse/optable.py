@@ -84,10 +84,10 @@ class OpDef:
     grad: Callable[[Diff], tuple] | None = None
     grad_doc: str = ""  # docs/ops.md's text for it, where the rule's own text is not enough
     # ROWWISE rows, and REDUCE rows computed after another reduction (mean): (the
-    # reduction row the frontend builds it on, the rule over ``derivative.Diff`` giving the
-    # value from ``d.x`` and ``d.y``: ROWWISE: x and its row's reduction; REDUCE: the
-    # reduction's result and the count of reduced elements)
-    lowered: tuple[str, Callable[[Diff], object]] | None = None
+    # reduction rows the frontend builds it on, the rule over ``derivative.Diff`` giving the
+    # value: ROWWISE: from ``d.x`` and its row's reductions ``d.y``, ``d.z``...; REDUCE
+    # (one reduction): from its result ``d.x`` and the count of reduced elements ``d.y``)
+    lowered: tuple[tuple[str, ...], Callable[[Diff], object]] | None = None
 
     @property
     def result_is_bool(self) -> bool:
@@ -214,6 +214,12 @@ def _reduction(fn, identity: float):
             return torch.full(shape, identity, dtype=x.dtype, device=x.device)
         return fn(x, dims)
     return reduce
+
+
+def _t_shifted_sumexp(x: torch.Tensor, dims) -> torch.Tensor:
+    """sum(exp(x - max(x))) over ``dims`` (keepdim), as torch's softmax forms it."""
+    return torch.exp(x - x.amax(dim=tuple(dims), keepdim=True)).sum(dim=tuple(dims),
+                                                                    keepdim=True)
 
 
 def _t_maximum(a, b):
@@ -586,20 +592,28 @@ _ROWS: tuple[OpDef, ...] = (
           "_ef_add", Category.REDUCE, reduce_identity=0.0,
           doc="arithmetic mean: the sum (as `sum`) divided by the count of reduced elements "
               "after the reduction (NaN over no element, as torch.mean)",
-          lowered=("sum", lambda d: d.x / d.y), grad=None),
-    # ---- row functions: built on a per-row logsumexp (docs/performance.md: one pass
-    # where a tile spans the row, else two passes)
+          lowered=(("sum",), lambda d: d.x / d.y), grad=None),
+    # softmax and log_softmax's denominator, as torch computes it: logsumexp's partials and
+    # combine, finished as the sum alone, so that no max is added back (lse = max +
+    # log(sum) rounds log(sum) away where |max| is large: [1e8, 1e8] has lse 1e8)
+    OpDef("shifted_sumexp", 1, _reduction(_t_shifted_sumexp, 0.0),
+          "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
+          doc="sum(exp(x - max(x))) as torch computes it (softmax's denominator; "
+              "logsumexp's partials, finished without the max): NaN where the max is "
+              "infinite (a +inf element, an all -inf line) or NaN, 0 over no element"),
+    # ---- row functions: built on the row's max and shifted_sumexp (docs/performance.md:
+    # one pass where a tile spans the row, else two passes); as torch computes them:
+    # exp(x - m) * (1 / s) and (x - m) - log(s), m the row's max, s its shifted_sumexp
     OpDef("softmax", 1, lambda x: torch.softmax(x, dim=-1), "", Category.ROWWISE,
-          doc="torch.softmax(x, dim=-1) over the output's row (N): exp(x - lse) with lse the "
-              "row's logsumexp; a row with +inf or NaN is all NaN, an all -inf row NaN, as "
-              "torch (relative error about |lse| * 2^-24 beyond exp's own)",
-          lowered=("logsumexp", lambda d: d.where(d.y == float("inf"), float("nan"),
-                                                  d.exp(d.x - d.y)))),
-    OpDef("log_softmax", 1, lambda x: torch.log_softmax(x, dim=-1), "", Category.ROWWISE,
-          doc="torch.log_softmax(x, dim=-1) over the output's row (N): x - lse; a row with "
+          doc="torch.softmax(x, dim=-1) over the output's row (N): exp(x - m) * (1 / s) with "
+              "m the row's max and s its shifted_sumexp, as torch computes it; a row with "
               "+inf or NaN is all NaN, an all -inf row NaN, as torch",
-          lowered=("logsumexp", lambda d: d.where(d.y == float("inf"), float("nan"),
-                                                  d.x - d.y))),
+          lowered=(("max", "shifted_sumexp"), lambda d: d.exp(d.x - d.y) * (1.0 / d.z))),
+    OpDef("log_softmax", 1, lambda x: torch.log_softmax(x, dim=-1), "", Category.ROWWISE,
+          doc="torch.log_softmax(x, dim=-1) over the output's row (N): (x - m) - log(s) with "
+              "m the row's max and s its shifted_sumexp, as torch computes it; a row with "
+              "+inf or NaN is all NaN, an all -inf row NaN, as torch",
+          lowered=(("max", "shifted_sumexp"), lambda d: (d.x - d.y) - d.log(d.z))),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}
@@ -616,6 +630,21 @@ OPERATOR_SYMBOLS = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/", "Lt": "<", 
 # Names a user may call in an epilogue (every row but the operator-only ones).
 _OPERATOR_ONLY = {"add", "sub", "mul", "div", "neg", "pow", "lt", "le", "gt", "ge", "eq", "ne"}
 CALLABLE = {name: row for name, row in OPS.items() if name not in _OPERATOR_ONLY}
+
+# Reductions whose per-tile partials are (max, sum of exp(x - max)), combined by
+# ``_ef_lse_combine``, in two workspaces: they differ only in how the combined pair is
+# finished (``finish_exp_partials``)
+EXP_PARTIALS = ("logsumexp", "shifted_sumexp")
+
+
+def finish_exp_partials(op: str, m: str, s: str) -> str:
+    """Triton: the result of ``op`` (one of ``EXP_PARTIALS``) from its combined max ``m``
+    and sum of exp ``s`` (formed with 0 for an infinite max, ``_ef_lse_part``):
+    logsumexp -inf over no element, +inf where an element is +inf (its sum is then +inf);
+    shifted_sumexp the sum, NaN where the max is infinite (as torch's exp(x - max))."""
+    if op == "logsumexp":
+        return f"tl.where({m} == float('-inf'), 0.0, {m}) + tl.log({s})"
+    return f"tl.where(tl.abs({m}) == float('inf'), float('nan'), {s})"
 
 
 def torch_apply(op: OpDef, inputs: list[torch.Tensor],

@@ -1,8 +1,9 @@
 """The step after the kernel that combines reduction partials the kernel leaves (the TMA
-families' per-row/per-column sums, every logsumexp, batched whole-output reductions): one Triton launch per output.
+families' per-row/per-column sums, every logsumexp and shifted_sumexp, batched whole-output
+reductions): one Triton launch per output.
 
 Layer: backends/triton. The kernel writes one partial per tile into a float32 workspace
-(logsumexp: the tile's max and its sum of exp(x - max) in a second one). Viewed as
+(logsumexp, shifted_sumexp: the tile's max and its sum of exp(x - max) in a second one). Viewed as
 ``(B, T, EXT)`` (B: batches the output keeps, T: partials per result, EXT: results per
 batch), ``combine_partials`` reads ``PARTS`` partials of ``BLOCK`` results per step (loads in
 flight together) and combines them in a fixed order, so results are deterministic run to
@@ -77,8 +78,9 @@ def _parts(ptr, base, t0, T, EXT, idx, lanes, parts, other):
 @triton.jit
 def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.constexpr,
                      PARTS: tl.constexpr, PDL: tl.constexpr = False):
-    """``OP``: "sum", "max", "min" or "logsumexp" (``ws2``: the sums of exp). ``PDL``: launched
-    as a programmatic dependent launch, so wait for the kernel before it first."""
+    """``OP``: "sum", "max", "min", "logsumexp" or "shifted_sumexp" (these two: ``ws2``
+    holds the sums of exp). ``PDL``: launched as a programmatic dependent launch, so wait
+    for the kernel before it first."""
     if PDL:
         gdc_wait()
     b = tl.program_id(1).to(tl.int64)
@@ -86,7 +88,7 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
     lanes = idx < EXT
     parts = tl.arange(0, PARTS)
     base = b * T * EXT
-    if OP == "logsumexp":
+    if OP == "logsumexp" or OP == "shifted_sumexp":
         # one pass: the running max (NaN wins) and the tiles' sums of exp rescaled to it,
         # the running sum rescaled whenever the max grows
         m = tl.full((BLOCK,), float("-inf"), tl.float32)
@@ -102,7 +104,10 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
             safe = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
             s = s * tl.exp(m - safe) + tl.sum(w * tl.exp(x - safe[None, :]), axis=0)
             m = mx
-        r = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
+        if OP == "logsumexp":  # as optable.finish_exp_partials
+            r = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
+        else:  # the sum alone (no max added back to round it away); NaN for an infinite max
+            r = tl.where(tl.abs(m) == float("inf"), float("nan"), s)
     elif OP == "sum":
         r = tl.full((BLOCK,), -0.0, tl.float32)  # x + -0.0 is x, signed zeros included
         for t0 in range(0, T, PARTS):

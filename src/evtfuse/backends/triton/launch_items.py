@@ -21,6 +21,7 @@ import torch
 from ...arguments import OFFS_KEY, GemmArguments
 from ...errors import not_an_operand, scalar_value
 from ...ir import Dag, OperandKind, OutputKind
+from ...optable import EXP_PARTIALS
 from .family_base import INTERPRETER, Target, TileConfig, triton_cdiv
 from .gluon_buffers import buffers, slot_columns
 from .versions import LAUNCH_OPTIONS
@@ -299,7 +300,7 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
             steps.append(("items", [ws, new(((args.L if o.batched else 1) * groups,),
                                             torch.int32, 0)], o))
             continue
-        lse = o.node.op == "logsumexp"
+        lse = o.node.op in EXP_PARTIALS
         steps.append(("combine", [ws, new(shape) if lse else None], o, per_program))
     local = StreamLocal(dev, made)
     for kind, spaces, o, *rest in steps:

@@ -130,7 +130,7 @@ class Names:
     @staticmethod
     def row_part(k: int, part: str) -> str:
         """Part ``part`` ("m": the max, "s": the sum of exp) of node ``k``'s in-tile
-        logsumexp (a reduction feeding computation, in one pass)."""
+        logsumexp or shifted_sumexp (a reduction feeding computation, in one pass)."""
         assert part in ("m", "s"), part
         return f"v{k}_{part}"
 

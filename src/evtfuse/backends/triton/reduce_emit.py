@@ -12,7 +12,7 @@ outputs (``fold_finish``). Every identifier comes from the kernel's namer (``spe
 from __future__ import annotations
 
 from ...ir import OutputKind
-from ...optable import OPS, _lit
+from ...optable import EXP_PARTIALS, OPS, _lit, finish_exp_partials
 from .emit_common import all_of
 from .grouped_reduce import GroupedReductions
 from .spec import (_COMBINE_LOADS, _FOLD_FINISH, _LD_L2, FOLD_IDENTITY_BITS, TMA_FAMILIES,
@@ -31,7 +31,7 @@ class ReductionEmitter:
 
     @property
     def _lse_part(self) -> str:
-        """logsumexp's per-tile (max, sum of exp) helper: on a GPU its exp is MUFU.EX2
+        """logsumexp's (``EXP_PARTIALS``') per-tile (max, sum of exp) helper: on a GPU its exp is MUFU.EX2
         without subnormal handling (the terms are exp(x - max) <= 1; one below 2^-126 adds
         nothing to a sum >= 1)."""
         return "_ef_lse_part_cuda" if self.spec.cuda else "_ef_lse_part"
@@ -56,7 +56,7 @@ class ReductionEmitter:
                 zeros = f"tl.sum({like}, axis=1)" if like else "tl.zeros((BLOCK_M,), tl.float32)"
                 full = f"{zeros} + {ident}" if like else f"tl.full((BLOCK_M,), {ident}, tl.float32)"
                 lines.append(f"{indent}{u('pacc')} = {full}")
-                if o.node.op == "logsumexp":
+                if o.node.op in EXP_PARTIALS:
                     lines.append(f"{indent}{u('paccs')} = {zeros}")
         return lines
 
@@ -78,7 +78,7 @@ class ReductionEmitter:
         """The store of a program's partial of ``o`` into workspace entry ``slot``."""
         u = self.names.user(o.name)
         ws, pacc = u("ws"), u("pacc")
-        if o.node.op == "logsumexp":
+        if o.node.op in EXP_PARTIALS:
             return [f"{indent}{u('pm')}, {u('ps')} = _ef_lse_reduce({pacc}, {u('paccs')})",
                     f"{indent}tl.store({ws} + {slot}, {u('pm')})",
                     f"{indent}tl.store({u('ws2')} + {slot}, {u('ps')})"]
@@ -225,13 +225,11 @@ class ReductionEmitter:
         row = OPS[n.op]
         name = self.names.value(k, sub.piece)
         rv = f"tl.where({sub.rn}[None, :] < N, {v}, {_lit(row.reduce_identity)})"
-        if n.op == "logsumexp":
+        if n.op in EXP_PARTIALS:
             pm, ps = self.names.row_part(k, "m"), self.names.row_part(k, "s")
-            # as combine.combine_partials finishes one: -inf over no element, +inf where
-            # an element is +inf (its sum is then +inf)
+            # as combine.combine_partials finishes one
             return [f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 1)",
-                    f"{indent}{name} = (tl.where({pm} == float('-inf'), 0.0, {pm}) "
-                    f"+ tl.log({ps}))[:, None]"], name
+                    f"{indent}{name} = ({finish_exp_partials(n.op, pm, ps)})[:, None]"], name
         if n.op == "sum":
             red = f"(tl.sum({rv}, axis=1) + 0.0)"  # + 0.0: as ``_part``
         else:
@@ -293,7 +291,7 @@ class ReductionEmitter:
         u = self.names.user(o.name)
         ws = u("ws")
         ws_col = f"(bid64 * num_pid_m + {sub.pid_m}) * N + {sub.rn}"
-        if o.node.op == "logsumexp":
+        if o.node.op in EXP_PARTIALS:
             pm, ps = u("pm"), u("ps")
             return [f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 0)",
                     f"{indent}tl.store({ws} + {ws_col}, {pm}, mask={sub.rn} < N)",
@@ -309,7 +307,7 @@ class ReductionEmitter:
         """The sub-tile's row partials added to the program's accumulator (``program_reduced``)."""
         u = self.names.user(o.name)
         pacc = u("pacc")
-        if o.node.op == "logsumexp":
+        if o.node.op in EXP_PARTIALS:
             pm, ps = u("pm"), u("ps")
             return [f"{indent}{pm}, {ps} = {self._lse_part}({rv}, 1)",
                     f"{indent}{pacc}, {u('paccs')} = _ef_lse_combine({pacc}, "
@@ -321,7 +319,7 @@ class ReductionEmitter:
         running partial (role "racc"; ``first``: the tile's first sub-tile starts it)."""
         u = self.names.user(o.name)
         acc_name, acc_s = u("racc"), u("raccs")
-        if o.node.op != "logsumexp":
+        if o.node.op not in EXP_PARTIALS:
             p = self._part(o, 1, rv)
             if o.kind is OutputKind.SCALAR:
                 p = self._part(o, 0, p)
@@ -341,7 +339,7 @@ class ReductionEmitter:
         """After the tile's last sub-tile: its running partial folded or stored."""
         u = self.names.user(o.name)
         acc_name, acc_s, ws, ws2 = u("racc"), u("raccs"), u("ws"), u("ws2")
-        lse = o.node.op == "logsumexp"
+        lse = o.node.op in EXP_PARTIALS
         if atomic_folded(o):
             b = "bid64 * M + " if o.batched else ""
             return [f"{indent}_ef_fold({ws} + {b}{sub.rm}, {acc_name}, "

@@ -18,7 +18,7 @@ import torch
 
 from ... import ir
 from ...ir import Dag, NodeKind, OperandKind, OutputKind
-from ...optable import _lit, int_range
+from ...optable import EXP_PARTIALS, _lit, int_range
 from .names import Names
 
 TL_DTYPES = {
@@ -193,7 +193,8 @@ def epilogue_params(names: Names, dag: Dag, family: str, direct: tuple[str, ...]
         elif combined_in_kernel(o, family) or atomic_folded(o):
             roles += [(o.name, r) for r in written_roles(o)]
         else:
-            roles += [(o.name, r) for r in (("ws", "ws2") if o.node.op == "logsumexp" else ("ws",))]
+            two = o.node.op in EXP_PARTIALS  # (max, sum of exp) partials
+            roles += [(o.name, r) for r in (("ws", "ws2") if two else ("ws",))]
     return [(names(n, r), r) for n, r in roles]
 
 
@@ -263,10 +264,10 @@ def combined_in_kernel(o, family: str) -> bool:
     reset by that tile) tells it that it is the last. The hopper family keeps whole-output
     partials per program and combines them after its tile loop.
 
-    The TMA families' per-row/per-column sums (and every logsumexp) are combined after the
-    kernel: per-group tickets are slow at many tiles per group there (see
+    The TMA families' per-row/per-column sums (and every ``EXP_PARTIALS`` reduction) are
+    combined after the kernel: per-group tickets are slow at many tiles per group there (see
     ``atomic_folded``; max and min avoid them with atomic folds)."""
-    if o.node.kind is not NodeKind.REDUCE or o.node.op == "logsumexp" or atomic_folded(o):
+    if o.node.kind is not NodeKind.REDUCE or o.node.op in EXP_PARTIALS or atomic_folded(o):
         return False
     if family in TMA_FAMILIES:
         return o.kind is OutputKind.SCALAR and not o.batched
