@@ -311,3 +311,14 @@ def test_backward_plan_keeps_the_reductions():
                              bias=bias).sum().backward()
     assert seen and seen[-1].caller_sums == ()
     assert "sum(" in seen[-1].source
+
+
+def test_shifted_sumexp_is_refused():
+    """shifted_sumexp (softmax's sum of exp(x - max)) is not computed by grouped kernels:
+    a clear error naming it and its line, never a result combined without its max."""
+    from evtfuse.errors import EpilogueError
+
+    A, B, offs = rand(8, 16), rand(2, 16, 24), offs_of([3, 5])
+    src = "def e(accum):\n    D = accum\n    R = shifted_sumexp(D)\n    return D, R"
+    with pytest.raises(EpilogueError, match=r"line 3.*shifted_sumexp\(\.\.\.\) in a grouped GEMM"):
+        evtfuse.grouped_gemm(A, B, offs, src, D=None, R=torch.empty(8, 1))

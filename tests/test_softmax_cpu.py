@@ -249,7 +249,7 @@ def test_grouped_refused():
 
     A, B = rand(8, 4), rand(2, 4, 16)
     offs = torch.tensor([4, 8], dtype=torch.int32)
-    with pytest.raises(EpilogueError, match="grouped GEMMs do not compute reductions"):
+    with pytest.raises(EpilogueError, match="grouped GEMMs do not run reductions that feed computation"):
         evtfuse.grouped_gemm(A, B, offs, "def epi(accum): D = softmax(accum); return D")
 
 

@@ -637,6 +637,12 @@ CALLABLE = {name: row for name, row in OPS.items() if name not in _OPERATOR_ONLY
 EXP_PARTIALS = ("logsumexp", "shifted_sumexp")
 
 
+def empty_result(op: str) -> float:
+    """A REDUCE row's result over no element, as its ``torch_fn`` gives it (the reduction's
+    identity for sum, max, min and logsumexp; 0 for shifted_sumexp, an empty sum)."""
+    return float(OPS[op].torch_fn(torch.empty(0), (0,)).reshape(()))
+
+
 def finish_exp_partials(op: str, m: str, s: str) -> str:
     """Triton: the result of ``op`` (one of ``EXP_PARTIALS``) from its combined max ``m``
     and sum of exp ``s`` (formed with 0 for an infinite max, ``_ef_lse_part``):

@@ -10,7 +10,7 @@ each reduction is combined in the kernel by the last program of a set whose size
 programs know on the device, so no program that returns early is ever waited for and the
 host never reads ``offs``:
 
-* per row ``(T, 1)`` (sum, max, min, logsumexp): a row belongs to one row tile of one
+* per row ``(T, 1)`` (sum, max, min, logsumexp, shifted_sumexp): a row belongs to one row tile of one
   group; each of the tile's ``num_pid_n`` programs stores its partial at
   ``[pid_n, row]`` of a ``(tiles along N, T)`` workspace and takes a ticket of the tile
   (``grp_tile0 + pid_m``, at most ``cdiv(T, BLOCK_M) + G`` of them); the last of the
@@ -34,7 +34,7 @@ text of the grouped kernel (``grp_*``).
 from __future__ import annotations
 
 from ...ir import OutputKind
-from ...optable import OPS, _lit
+from ...optable import EXP_PARTIALS, OPS, _lit, empty_result, finish_exp_partials
 from .spec import _LD_L2, reduce_outputs
 
 FILL_GROUPS = 128  # groups program 0 looks at per step when writing empty groups' identity
@@ -63,7 +63,7 @@ class GroupedReductions:
         """The stores of the tile's partial of ``o`` (``rv``: its masked values)."""
         u = self.names.user(o.name)
         ws, ws2 = u("ws"), u("ws2")
-        lse = o.node.op == "logsumexp"
+        lse = o.node.op in EXP_PARTIALS
         gpm = _i64(f"(grp_tile0 + {sub.pid_m})")  # the tile's row tile among all groups'
         if o.kind is OutputKind.COL:
             at = f"{gpm} * N + {sub.rn}"
@@ -114,7 +114,7 @@ class GroupedReductions:
         u = self.names.user(o.name)
         cm, cms = u("cm"), u("cms")
         body = inner + "    "
-        if o.node.op == "logsumexp":
+        if o.node.op in EXP_PARTIALS:
             pm, ps = u("p", 0), u("p", 1)
             return [f"{inner}for j0 in range({first}, {count}):",
                     f"{body}{pm} = {load('j0', u('ws'))}",
@@ -127,14 +127,14 @@ class GroupedReductions:
     def _result(self, o) -> str:
         u = self.names.user(o.name)
         cm, cms = u("cm"), u("cms")
-        if o.node.op == "logsumexp":
-            return f"(tl.where({cm} == float('-inf'), 0.0, {cm}) + tl.log({cms}))"
+        if o.node.op in EXP_PARTIALS:
+            return f"({finish_exp_partials(o.node.op, cm, cms)})"
         return cm
 
     def _start(self, o, load, inner: str) -> list[str]:
         u = self.names.user(o.name)
         lines = [f"{inner}{u('cm')} = {load('0', u('ws'))}"]
-        if o.node.op == "logsumexp":
+        if o.node.op in EXP_PARTIALS:
             lines.append(f"{inner}{u('cms')} = {load('0', u('ws2'))}")
         return lines
 
@@ -172,7 +172,7 @@ class GroupedReductions:
         u = self.names.user(o.name)
         ln, cm, cms, out = u("ln"), u("cm"), u("cms"), u("out")
         ident = _lit(OPS[o.node.op].reduce_identity)
-        lse = o.node.op == "logsumexp"
+        lse = o.node.op in EXP_PARTIALS
         body = inner + "    "
 
         def load(ws, at, other):
@@ -221,7 +221,7 @@ class GroupedReductions:
                       f"{i3}grp_f64 = grp_fg.to(tl.int64)"]
             for o in batched:
                 u = self.names.user(o.name)
-                out, ident = u("out"), _lit(OPS[o.node.op].reduce_identity)
+                out, ident = u("out"), _lit(empty_result(o.node.op))
                 if o.kind is OutputKind.SCALAR:
                     lines.append(f"{i3}tl.store({out} + grp_f64 * {u('osl')}, "
                                  f"tl.full(({FILL_GROUPS},), {ident}, tl.float32)"
@@ -239,7 +239,7 @@ class GroupedReductions:
             lines.append(f"{i2}if grp_tiles == 0:")
             for o in shared:
                 u = self.names.user(o.name)
-                out, ident = u("out"), _lit(OPS[o.node.op].reduce_identity)
+                out, ident = u("out"), _lit(empty_result(o.node.op))
                 if o.kind is OutputKind.SCALAR:
                     lines.append(f"{i3}tl.store({out} + tl.arange(0, 1), tl.full((1,), {ident}, "
                                  f"tl.float32).to({out}.dtype.element_ty))")

@@ -329,7 +329,7 @@ def _grouped_reduction_items(args: GemmArguments, dag: Dag, config: TileConfig) 
         size = {OutputKind.ROW: nt * T, OutputKind.COL: mt * N, OutputKind.SCALAR: mt * nt}[o.kind]
         spaces = [len(made)]
         made.append(((max(size, 1),), torch.float32, None))
-        if o.node.op == "logsumexp":
+        if o.node.op in EXP_PARTIALS:
             spaces.append(len(made))
             made.append(((max(size, 1),), torch.float32, None))
         groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]

@@ -206,9 +206,9 @@ def written_roles(o) -> tuple[str, ...]:
 
 def grouped_roles(o) -> tuple[str, ...]:
     """The kernel parameters of a grouped kernel's reduction output ``o``
-    (``grouped_reduce``): its workspace (two for logsumexp), ticket counters, the output,
+    (``grouped_reduce``): its workspace (two for logsumexp and shifted_sumexp), ticket counters, the output,
     its batch stride and its row or column stride (not for a scalar)."""
-    return (("ws", "ws2") if o.node.op == "logsumexp" else ("ws",)) + ("cnt", "out", "osl") \
+    return (("ws", "ws2") if o.node.op in EXP_PARTIALS else ("ws",)) + ("cnt", "out", "osl") \
         + (() if o.kind is OutputKind.SCALAR else ("os",))
 
 
