@@ -170,9 +170,10 @@ def candidates(args: GemmArguments, kernels: list, tune: str) -> list:
 
 
 def hinted(args: GemmArguments, kernels: list) -> list:
-    """The offered kernels the shipped defaults suggest for ``args``, in their order."""
+    """The offered kernels the shipped defaults suggest for ``args``, in their order (none
+    for a grouped GEMM: the defaults were measured on dense problems)."""
     target = kernels[0].target
-    if target.kind != "cuda":
+    if target.kind != "cuda" or args.offs is not None:
         return []
     by_name = {k.name: k for k in kernels}
     names = suggestions(device_name(args.A.device), f"{target.cc // 10}.{target.cc % 10}",
