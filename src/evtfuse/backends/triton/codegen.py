@@ -475,11 +475,13 @@ def _hopper_source(spec: KernelSpec) -> str:
         # the epilogue recomputes its tile's coordinates: with a flattened loop the
         # mainloop of the next tile may already have started
         f"{I2}tile_c += NUM_SMS",
-        f"{I2}bid, pid_m_c, pid_n_c = _ef_tile_coords(tile_c, tiles_per_batch, num_pid_m, "
-        "num_pid_n, GROUP_M, ONE_ROW)",
-        # grouped: from here on M is the group's end row (every mask stops there)
-        *([f"{I2}bid, off_m_c, M = _ef_group_of(pid_m_c, grp_cum, grp_n, offs, grp_rows, "
-           "BLOCK_M)"] if grouped else []),
+        # grouped: the group and its rows are the mainloop's (finding them again costs
+        # its reductions, and spills: offline sm_90, a MoE epilogue with two outputs at
+        # 128x128, 247 spilled registers recomputed, 10 kept); from here on M is the
+        # group's end row (every mask stops there)
+        f"{I2}{'grp_t' if grouped else 'bid'}, pid_m_c, pid_n_c = _ef_tile_coords(tile_c, "
+        "tiles_per_batch, num_pid_m, num_pid_n, GROUP_M, ONE_ROW)",
+        *([f"{I2}off_m_c, M = off_m, grp_end_m"] if grouped else []),
         f"{I2}bid64 = bid.to(tl.int64)",
         *([] if grouped else [f"{I2}off_m_c = pid_m_c * BLOCK_M"]),
         f"{I2}off_n_c = pid_n_c * {'(BLOCK_N // 2)' if gated else 'BLOCK_N'}",
