@@ -10,7 +10,9 @@ mainloop and in how full tiles move, which their tile objects here tell the emit
 
 * ``hopper``: persistent grid over tiles (grouped order), tensor descriptors (TMA) for
   A, B and every full aux load/store, the epilogue applied per sub-tile of the
-  accumulator (``EPI_SPLIT`` pieces along N) to keep register pressure low;
+  accumulator (``EPI_SPLIT`` pieces along N) to keep register pressure low; grouped GEMMs
+  over M run over every group's tiles (``group_emit``), their outputs stored through
+  pointers masked to the group's rows, gated epilogues among them;
 * ``portable``: one program per tile, pointer loads (any strides, any alignment): the
   mainloop reads rows/columns past the edge as wrapped ones and masks K only where it is
   not a multiple of BLOCK_K (``EVEN_K``), the epilogue masks its loads and stores; runs
