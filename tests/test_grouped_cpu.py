@@ -116,7 +116,7 @@ def test_identity_and_allocated_dtype():
 
 
 def test_many_groups():
-    """More groups than one step of the kernel's scan over offs (``codegen.GROUP_SCAN``)."""
+    """More groups than one step of the kernel's scan over offs (``group_emit.GROUP_SCAN``)."""
     G, K, N = 300, 16, 16
     sizes = [(g * 7) % 3 for g in range(G)]  # 0, 1 or 2 rows each
     T = sum(sizes)
@@ -302,8 +302,10 @@ def test_other_families_refuse_with_a_reason():
     args = GemmArguments(A, B, D, offs=offs,
                          epilogue=EpilogueArguments.unbound("def e(accum): D = accum; return D", D=D))
     text = evtfuse.explain(args)
-    assert "hopper: refused: grouped GEMMs" in text and "gluon: refused: grouped GEMMs" in text
-    assert "portable: supported" in text
+    assert "gluon: refused: grouped GEMMs" in text and "portable: supported" in text
+    # the hopper family runs them on sm_90 (tests/test_grouped_hopper_cpu.py)
+    assert "hopper: refused: TMA kernels run under the interpreter only" in text
+    assert "hopper: supported" in evtfuse.explain(args, cc=90)
     k = evtfuse.get_kernels(args)[0]
     with pytest.raises(UnsupportedError, match="grouped"):
         k.verify(args)

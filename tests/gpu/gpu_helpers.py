@@ -36,3 +36,32 @@ def check(args, family, n_configs=2):
     for k in family_kernels(args, family)[:n_configs]:
         result = k.verify(args)
         assert result, result.report()
+
+
+def check_grouped_family(src, A, B, offs, outputs, family="hopper", atol=3e-2, rtol=2e-2,
+                         **operands):
+    """Run every ``family`` kernel of a grouped GEMM over M (``Kernel.verify`` does not take
+    grouped ones) on NaN-filled ``outputs`` and compare each output with the reference
+    evaluator's over the rows of some group; the rows at or past offs[-1] must stay NaN.
+    Returns the kernels' names."""
+    import torch
+
+    from evtfuse import EpilogueArguments, GemmArguments
+    from evtfuse.reference import evaluate_grouped
+
+    args = GemmArguments(A, B, outputs["D"], offs=offs,
+                         epilogue=EpilogueArguments.unbound(src, **operands, **outputs))
+    ref = evaluate_grouped(src, A, B, offs, {**operands, **outputs})
+    end = int(offs[-1])  # the test reads offs on the host; the kernels never do
+    names = []
+    for k in family_kernels(args, family):
+        for t in outputs.values():
+            t.fill_(float("nan"))
+        k.run(args)
+        torch.cuda.synchronize()
+        for name, t in outputs.items():
+            torch.testing.assert_close(t[:end].float(), ref[name][:end].float(), atol=atol,
+                                       rtol=rtol, msg=lambda m: f"{k.name} {name}: {m}")
+            assert t[end:].isnan().all(), f"{k.name} wrote {name}'s rows past offs[-1]"
+        names.append(k.name)
+    return names

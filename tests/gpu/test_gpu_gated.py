@@ -3,7 +3,8 @@ family) at moderate sizes in bf16: SwiGLU and GeGLU with and without biases, the
 passed as ``W.t()`` from ``evtfuse.interleave_gate_up``, every portable config the tuner
 may pick, against torch's two separate projections in fp32 and the reference evaluator;
 a training step's gradients in both backward modes; the concatenated layout
-(``pairs(accum, layout="concatenated")``), dense and a mixture of experts' training step.
+(``pairs(accum, layout="concatenated")``), dense and a mixture of experts' training step;
+every candidate of the hopper family's grouped kernel, in both layouts.
 Run with ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_gated.py``.
 """
 
@@ -140,3 +141,32 @@ def test_concatenated_moe_training_step_gradients(mode):
     for name, a, r in zip(("x", "W", "w"), got, ref):
         err = ((a - r.grad).norm() / r.grad.norm()).item()
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
+# -- grouped over M in the hopper family (persistent, TMA): every candidate, both layouts
+
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_every_hopper_grouped_gated_candidate(layout, dt):
+    """A mixture of experts' SwiGLU up-projection over (G, 2N, K) expert weights passed
+    as W.mT (gate and up interleaved, or concatenated as torch._grouped_mm's users keep
+    them): per-group biases of gate and up, routing weights, a full operand, gate itself
+    as a second output; ragged and empty groups, rows past offs[-1], N no multiple of the
+    tiles' output columns."""
+    from gpu_helpers import check_grouped_family
+
+    G, K, N = 8, 512, 704
+    sizes = [300, 0, 517, 64, 1, 900, 250, 16]
+    T = sum(sizes) + 29
+    src = (f"def e(accum, bias_gate, bias_up, w, C):\n"
+           f"    gate, up = pairs(accum, layout=\"{layout}\")\n"
+           "    D = silu(gate + bias_gate) * (up + bias_up) * w + C\n"
+           "    E = gate\n    return D, E")
+    x = _rand(T, K, dtype=dt, seed=71, scale=0.5)
+    W = _rand(G, 2 * N, K, dtype=dt, seed=72, scale=0.05)
+    ops = dict(bias_gate=_rand(G, 1, N, dtype=dt, seed=73), bias_up=_rand(G, 1, N, dtype=dt, seed=74),
+               w=_rand(T, 1, dtype=torch.float32, seed=75).abs(), C=_rand(T, N, dtype=dt, seed=76))
+    outs = {n: torch.empty(T, N, dtype=dt, device="cuda") for n in ("D", "E")}
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    names = check_grouped_family(src, x, W.mT, offs, outs, **ops)
+    assert len(names) >= 8, names

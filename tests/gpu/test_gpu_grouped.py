@@ -7,7 +7,8 @@ against a per-group loop of the reference evaluator (``reference.evaluate_groupe
 that no call reads ``offs`` on the host (a CUDA graph captures it and replays with other
 offsets); that the grid's programs past the last group write nothing; and a gated (SwiGLU)
 expert up-projection (``pairs(accum)``); groups over K (the experts' weight gradient); a
-training step's gradients, over M and over K. Run with
+training step's gradients, over M and over K; every candidate of the hopper family's
+grouped kernel (persistent, TMA) on ragged, empty and skewed groups. Run with
 ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_grouped.py``.
 """
 
@@ -18,6 +19,7 @@ import torch
 
 import evtfuse
 from evtfuse.reference import evaluate_grouped
+from gpu_helpers import check_grouped_family
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -322,3 +324,63 @@ def test_reductions_in_a_cuda_graph_with_new_offsets():
         if n:
             torch.testing.assert_close(R[start:start + n], x.amax(1, keepdim=True))
         start += n
+
+
+# -- the hopper family's grouped kernel (persistent, TMA): every candidate a GPU is offered
+
+HOPPER_MOE = """def moe(accum, bias, s, w, C, cb, alpha):
+    F = silu(accum + bias) * s
+    D = F * w + alpha * C + cb
+    return D, F"""
+
+
+@pytest.mark.parametrize("G,skewed", [(8, False), (64, True), (1, False)],
+                         ids=["8-uniform", "64-skewed", "one-group"])
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_every_hopper_grouped_candidate(G, skewed, dt):
+    """Each hopper candidate of a mixture of experts' up-projection: T and N no multiples
+    of any tile, 1 to 64 groups (skewed: a quarter of the tokens in one group, a quarter
+    of the groups empty), rows past offs[-1], the expert weight as ``W.mT``; per-group
+    (G, 1, N) and (G, 1, 1), per-row (T, 1), full (T, N), shared (N,) and scalar operands;
+    two full outputs."""
+    T, K, N = 3000, 512, 1000
+    A = _rand(T + 37, K, dtype=dt, seed=41)
+    W = _rand(G, N, K, dtype=dt, seed=42, scale=K ** -0.5)
+    offs = _offs(_sizes(G, T, skewed))  # ends at T: the last 37 rows are in no group
+    ops = dict(bias=_rand(G, 1, N, dtype=dt, seed=43), s=_rand(G, 1, 1, seed=44).abs(),
+               w=_rand(T + 37, 1, seed=45).abs(), C=_rand(T + 37, N, dtype=dt, seed=46),
+               cb=_rand(N, seed=47), alpha=0.5)
+    outs = {n: torch.empty(T + 37, N, dtype=dt, device="cuda") for n in ("D", "F")}
+    names = check_grouped_family(HOPPER_MOE, A, W.mT, offs, outs, **ops)
+    assert len(names) >= 8, names
+
+
+def test_every_hopper_grouped_candidate_row_major_weights_and_tiny_groups():
+    """B (G, K, N) stored N-contiguous; many groups of a few rows each (most tiles end
+    inside the rows of the next group, whose rows the kernel loads but must not write)."""
+    G, K, N = 96, 256, 512
+    sizes = [(g * 5) % 11 for g in range(G)]
+    T = sum(sizes) + 5
+    A, B = _rand(T, K, dtype=torch.bfloat16, seed=51), _rand(G, K, N, dtype=torch.bfloat16,
+                                                             seed=52, scale=K ** -0.5)
+    outs = {"D": torch.empty(T, N, dtype=torch.bfloat16, device="cuda")}
+    check_grouped_family("def e(accum, bias): D = relu(accum + bias); return D", A, B,
+                         _offs(sizes), outs, bias=_rand(G, 1, N, dtype=torch.bfloat16, seed=53))
+
+
+def test_fast_tuning_times_both_families():
+    """A grouped problem's candidates alternate between the hopper and portable families
+    (``discovery.alternate_families``), so ``tune="fast"`` times both; the result is right."""
+    G, T, K, N = 8, 4096, 512, 1024
+    dt = torch.bfloat16
+    A, W = _rand(T, K, dtype=dt, seed=61), _rand(G, N, K, dtype=dt, seed=62, scale=K ** -0.5)
+    offs = _offs(_sizes(G, T, True))
+    D = torch.empty(T, N, dtype=dt, device="cuda")
+    args = evtfuse.GemmArguments(A, W.mT, D, offs=offs, epilogue=evtfuse.EpilogueArguments.unbound(
+        "def e(accum): D = accum; return D", D=D))
+    fams = [k.family.name for k in evtfuse.get_kernels(args)]
+    assert fams[:2] in (["hopper", "portable"], ["portable", "hopper"]), fams
+    evtfuse.grouped_gemm(A, W.mT, offs, D=D, tune="fast")
+    torch.cuda.synchronize()
+    ref = evaluate_grouped("def e(accum): D = accum; return D", A, W.mT, offs, {"D": D})["D"]
+    torch.testing.assert_close(D.float(), ref.float(), atol=3e-2, rtol=2e-2)

@@ -54,7 +54,23 @@ def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
             if k is None:
                 k = _kernel_objects[key] = Kernel(family, config, target)
             kernels.append(k)
-    return order_by_fill(kernels, args, target)
+    ordered = order_by_fill(kernels, args, target)
+    return alternate_families(ordered) if args.offs is not None and target.kind == "cuda" \
+        else ordered
+
+
+def alternate_families(kernels: list[Kernel]) -> list[Kernel]:
+    """``kernels`` with the families' candidates taken in turn (each family's first, then
+    each one's second, ...; families in the order of their first candidate): for a grouped
+    GEMM the hopper family's persistent TMA kernel and the portable one each lead on some
+    problems (few rows per group: the portable kernel's tiles waste less), and a fast
+    tuning, which times only the first candidates (``tuner.FAST_CANDIDATES``), must time
+    both."""
+    by_family: dict[str, list[Kernel]] = {}
+    for k in kernels:
+        by_family.setdefault(k.family.name, []).append(k)
+    turns = max((len(v) for v in by_family.values()), default=0)
+    return [v[i] for i in range(turns) for v in by_family.values() if i < len(v)]
 
 
 def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
@@ -91,4 +107,4 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["get_kernels", "explain", "kernels_for", "order_by_fill"]
+__all__ = ["get_kernels", "explain", "kernels_for", "order_by_fill", "alternate_families"]

@@ -67,17 +67,22 @@ def layout_key(t: torch.Tensor) -> tuple:
 
 def tuning_key(args: GemmArguments, tune: str, cc) -> str:
     """The key of a tuning choice: the problem's structure, its size class and options
-    (an accumulator other than the inputs' own, fp16, is a part only when chosen: the keys
-    of every other problem stay as they were)."""
+    (an accumulator other than the inputs' own, fp16, is a part only when chosen, and a
+    mark of grouped problems over M since the hopper family runs them: the keys of every
+    other problem stay as they were)."""
     values = args.epilogue.values
     tensors = sorted((k, layout_key(v)) for k, v in values.items()
                      if isinstance(v, torch.Tensor))
     acc = (str(args.accumulator_type),) if args.accumulator_type == torch.float16 else ()
+    # grouped over M: choices made before the hopper family took them (portable only) are
+    # not reused
+    over_m = ("hopper-grouped",) if args.group_dim == "M" else ()
     return cache.make_key(GENERATOR_VERSION, TUNER_VERSION, signature(args.dag), args.L,
                           size_class(args.M), args.N, args.K,
                           layout_key(args.A), layout_key(args.B), tensors,
                           None if args.offs is None else layout_key(args.offs), args.allow_tf32,
-                          args.fp8_fast_accum, device_name(args.A.device), cc, tune, *acc)
+                          args.fp8_fast_accum, device_name(args.A.device), cc, tune, *acc,
+                          *over_m)
 
 
 def _time_kernel(kernel, args: GemmArguments) -> float:
@@ -172,9 +177,10 @@ def candidates(args: GemmArguments, kernels: list, tune: str) -> list:
 
 
 def hinted(args: GemmArguments, kernels: list) -> list:
-    """The offered kernels the shipped defaults suggest for ``args``, in their order."""
+    """The offered kernels the shipped defaults suggest for ``args``, in their order (none
+    for a grouped GEMM: the defaults were measured on dense problems)."""
     target = kernels[0].target
-    if target.kind != "cuda":
+    if target.kind != "cuda" or args.offs is not None:
         return []
     by_name = {k.name: k for k in kernels}
     names = suggestions(device_name(args.A.device), f"{target.cc // 10}.{target.cc % 10}",

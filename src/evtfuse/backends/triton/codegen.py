@@ -10,7 +10,9 @@ mainloop and in how full tiles move, which their tile objects here tell the emit
 
 * ``hopper``: persistent grid over tiles (grouped order), tensor descriptors (TMA) for
   A, B and every full aux load/store, the epilogue applied per sub-tile of the
-  accumulator (``EPI_SPLIT`` pieces along N) to keep register pressure low;
+  accumulator (``EPI_SPLIT`` pieces along N) to keep register pressure low; grouped GEMMs
+  over M run over every group's tiles (``group_emit``), their outputs stored through
+  pointers masked to the group's rows, gated epilogues among them;
 * ``portable``: one program per tile, pointer loads (any strides, any alignment): the
   mainloop reads rows/columns past the edge as wrapped ones and masks K only where it is
   not a multiple of BLOCK_K (``EVEN_K``), the epilogue masks its loads and stores; runs
@@ -31,6 +33,7 @@ from ...ir import Dag, NodeKind, OperandKind, OutputKind
 from ...optable import FP8_DTYPES, OPS
 from .emit_common import split_pieces, vector_load
 from .epilogue_emit import EpilogueEmitter
+from .group_emit import group_lines, group_of_helper, group_table_lines, k_group_lines
 from .names import User
 from .prelude import helpers_for
 from .spec import (INT_OUTPUTS, TL_DTYPES, KernelSpec, epilogue_params, int64_lines,
@@ -70,8 +73,25 @@ class _TritonTile:
         return f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), tl.float32), (1,)), axis=0)", "", ""
 
 
+class _PointerStores:
+    """Full outputs stored through pointers, masked (``self.mask``) to the tile's rows and
+    columns: the portable kernel's, and a grouped hopper kernel's (a TMA store of a whole
+    tile would write past its group's rows)."""
+
+    def _offsets(self, u: User, batched: bool) -> str:
+        b = f"bid64 * {u('sl')} + " if batched else ""
+        return f"{u('ptr')} + {b}{self.rm}[:, None] * {u('sm')} + {self.rn}[None, :] * {u('sn')}"
+
+    def store_full(self, u: User, value: str, batched: bool, where: str | None = None) -> str:
+        """The store of a full output's tile; ``where``: a conditional store's condition
+        (``store_where``), the elements it does not hold left as the buffer has them."""
+        mask = self.mask if where is None else f"{self.mask} & ({where})"
+        return (f"tl.store({self._offsets(u, batched)}, "
+                f"({value}).to({u('ptr')}.dtype.element_ty), mask={mask})")
+
+
 @dataclass
-class _PortableTile(_TritonTile):
+class _PortableTile(_PointerStores, _TritonTile):
     acc: str = "acc"
     rm: str = "rm"
     rn: str = "rn"
@@ -84,19 +104,8 @@ class _PortableTile(_TritonTile):
     mask: str = "mask"
     all_rn: tuple = ("rn",)
 
-    def _offsets(self, u: User, batched: bool) -> str:
-        b = f"bid64 * {u('sl')} + " if batched else ""
-        return f"{u('ptr')} + {b}{self.rm}[:, None] * {u('sm')} + {self.rn}[None, :] * {u('sn')}"
-
     def load_full(self, u: User, batched: bool) -> str:
         return f"tl.load({self._offsets(u, batched)}, mask=mask, other=0.0).to(tl.float32)"
-
-    def store_full(self, u: User, value: str, batched: bool, where: str | None = None) -> str:
-        """The store of a full output's tile; ``where``: a conditional store's condition
-        (``store_where``), the elements it does not hold left as the buffer has them."""
-        mask = "mask" if where is None else f"mask & ({where})"
-        return (f"tl.store({self._offsets(u, batched)}, "
-                f"({value}).to({u('ptr')}.dtype.element_ty), mask={mask})")
 
 
 @dataclass
@@ -146,6 +155,16 @@ class _HopperTile(_TritonTile):
         return f"{desc}.store([off_m_c, {self.off_n}], ({value}).to({desc}.dtype))"
 
 
+@dataclass
+class _GroupedHopperTile(_PointerStores, _HopperTile):
+    """A grouped hopper kernel's sub-tile: full aux tiles come by TMA (a row past the
+    group's end is loaded, its result masked), full outputs leave through pointers masked
+    to the group's rows (``mask<piece>``), and a per-row value of (T, 1) is written by the
+    group of its rows (``bid`` is the group; ``_GroupedTile`` likewise)."""
+
+    bid = ""
+
+
 def _dot_extra(spec: KernelSpec) -> str:
     """``tl.dot`` keywords beyond precision and accumulator type: for fp8 inputs with
     promotion, the K elements summed in reduced precision before each fp32 add."""
@@ -160,10 +179,10 @@ def _portable_source(spec: KernelSpec) -> str:
     epi = EpilogueEmitter(spec)
     roles = epilogue_params(spec.names, spec.dag, "portable", grouped=spec.grouped)
     # grouped: the parameter is all groups' rows; ``M`` becomes the program's group's end row
-    # (``_group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
+    # (``group_emit.group_lines``), a local of its own (a parameter equal to 1 is a constexpr)
     rows = spec.rows_param()
     # groups over K: the parameter is all groups' K; ``K`` becomes the program's group's
-    # (``_k_group_lines``)
+    # (``group_emit.k_group_lines``)
     depth = "grp_k" if spec.k_grouped else "K"
     gated = spec.dag.gated
     rnb, nb = ("rnb", "(2 * N)") if gated else ("rn", "N")  # B's columns
@@ -200,7 +219,7 @@ def _portable_source(spec: KernelSpec) -> str:
         f"{I2}group_m = tl.minimum(num_pid_m - first_m, GROUP_M)",
         f"{I2}pid_m = first_m + ((pid % group) % group_m)",
         f"{I2}pid_n = (pid % group) // group_m",
-        *(_group_lines(I1, I2, epi.reductions.grouped) if spec.grouped else []),
+        *(group_lines(I1, I2, epi.reductions.grouped) if spec.grouped else []),
         f"{I1}rm = {'grp_row0 + ' if spec.grouped else ''}pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         *(_concatenated_columns(I1) if spec.dag.concatenated else
           [f"{I1}{rnb} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"]),
@@ -210,7 +229,7 @@ def _portable_source(spec: KernelSpec) -> str:
         # store mask drops those rows and columns
         f"{I1}a_ptrs = A + bid64 * sa_l + (rm % M)[:, None].to(tl.int64) * sa_m + rk[None, :] * sa_k",
         f"{I1}b_ptrs = B + bid64 * sb_l + rk[:, None] * sb_k + {b_cols}[None, :].to(tl.int64) * sb_n",
-        *(_k_group_lines(I1) if spec.k_grouped else []),
+        *(k_group_lines(I1) if spec.k_grouped else []),
         f"{I1}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
         *(_u8_lines("init", I1) if spec.u8_offset else []),
         f"{I1}for k in range(0, tl.cdiv(K, BLOCK_K)):",
@@ -276,10 +295,16 @@ def _gated_split_lines(indent: str) -> list[str]:
     ``rn`` the tile's BLOCK_N // 2 output columns. ``tl.reshape`` keeps the element order
     (``can_reorder=False``), so (BM, BN // 2, 2)'s last axis is the pair."""
     return [
-        f"{indent}acc_gate, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2), "
-        "can_reorder=False))",
+        _pair_split(indent, "acc", "BLOCK_N // 2"),
         f"{indent}rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)",
     ]
+
+
+def _pair_split(indent: str, acc: str, half: str) -> str:
+    """``acc`` (interleaved pairs, ``half`` of them per row) split into ``acc``_gate and
+    ``acc``_up, the halves the epilogue emitter reads for ``pairs(accum)``."""
+    return (f"{indent}{acc}_gate, {acc}_up = tl.split(tl.reshape({acc}, (BLOCK_M, {half}, 2), "
+            "can_reorder=False))")
 
 
 def _concatenated_columns(indent: str) -> list[str]:
@@ -292,69 +317,6 @@ def _concatenated_columns(indent: str) -> list[str]:
     return [
         f"{indent}rnb = (pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2) % N "
         "+ (tl.arange(0, BLOCK_N) % 2) * N",
-    ]
-
-
-def _k_group_lines(i1: str) -> list[str]:
-    """A program of a grouped GEMM over K (``KernelSpec.k_grouped``): its batch ``bid`` is
-    its group, whose range of K is offs[bid-1] to offs[bid] (on the device, clamped to
-    [0, grp_k): offsets past the whole K never read outside A and B). ``K`` becomes that
-    range's length (an empty group's accumulator is zero) and the pointers move to its
-    start; the mainloop then runs as in a dense batched GEMM (``EVEN_K`` is off)."""
-    return [
-        f"{i1}grp_k0 = tl.minimum(tl.maximum(tl.load(offs + bid - 1, mask=bid > 0, other=0), 0), grp_k)",
-        f"{i1}K = tl.maximum(tl.minimum(tl.load(offs + bid), grp_k) - grp_k0, 0)",
-        f"{i1}a_ptrs += grp_k0.to(tl.int64) * sa_k",
-        f"{i1}b_ptrs += grp_k0.to(tl.int64) * sb_k",
-    ]
-
-
-GROUP_SCAN = 128  # groups of ``offs`` a grouped program reads per step when finding its own
-
-
-def _group_lines(i1: str, i2: str, reductions=None) -> list[str]:
-    """A grouped program's group (``bid``) and rows (portable family, ``KernelSpec.grouped``).
-
-    The program's row tile ``pid_m`` counts over every group's tiles in group order
-    (group g has cdiv(rows, BLOCK_M) of them, none when empty); the program reads ``offs``
-    (cumulative end rows, on the device: no host synchronisation) ``GROUP_SCAN`` groups at
-    a time, counts the groups whose tiles end at or before ``pid_m`` (that count is its
-    group) and the tiles they hold (where its group's tiles start), and returns at once
-    past the last group's last tile (the grid is an upper bound). From there on ``M`` is
-    the group's end row: every mask of the tile (``rm < M``) stops at its group's end, and
-    the mainloop's wrapped rows (``rm % M``) stay inside A. Rows at or past offs[-1] belong
-    to no group: nothing is written there. Offsets that are not what ``torch._grouped_mm``
-    asks for (decreasing, negative, past T: not checked, which would need the host) give
-    unspecified rows but never touch memory outside A and the outputs: a group's rows are
-    clamped to [0, T), and a group of no rows has no tiles. ``reductions``: the kernel's
-    ``grouped_reduce.GroupedReductions`` (None without reductions), whose lines for groups
-    without rows follow the scan and whose group tile count follows ``bid``."""
-    fill = reductions.fill_lines(i1) if reductions else []
-    count = reductions.group_count_lines(i1) if reductions else []
-    return [
-        f"{i1}grp_id = 0",
-        f"{i1}grp_tile0 = 0",
-        f"{i1}grp_tiles = 0",
-        f"{i1}for grp_c in range(0, L, {GROUP_SCAN}):",
-        f"{i2}grp_g = grp_c + tl.arange(0, {GROUP_SCAN})",
-        f"{i2}grp_end = tl.load(offs + grp_g, mask=grp_g < L, other=0)",
-        f"{i2}grp_beg = tl.load(offs + grp_g - 1, mask=(grp_g > 0) & (grp_g < L), other=0)",
-        f"{i2}grp_n = tl.where(grp_g < L, tl.cdiv(tl.maximum(grp_end - grp_beg, 0), BLOCK_M), 0)",
-        f"{i2}grp_cum = grp_tiles + tl.cumsum(grp_n, 0)",
-        f"{i2}grp_done = grp_cum <= pid_m",
-        f"{i2}grp_id += tl.sum(grp_done.to(tl.int32), 0)",
-        f"{i2}grp_tile0 += tl.sum(tl.where(grp_done, grp_n, 0), 0)",
-        f"{i2}grp_tiles += tl.sum(grp_n, 0)",
-        *fill,
-        f"{i1}if pid_m >= grp_tiles:",
-        f"{i2}return",
-        f"{i1}bid = grp_id",
-        f"{i1}bid64 = bid.to(tl.int64)",
-        *count,
-        # offs past T, or below 0, are clamped: no row outside A and D is ever touched
-        f"{i1}grp_row0 = tl.maximum(tl.load(offs + bid - 1, mask=bid > 0, other=0), 0)",
-        f"{i1}M = tl.minimum(tl.load(offs + bid), grp_rows)",
-        f"{i1}pid_m = pid_m - grp_tile0",
     ]
 
 
@@ -398,21 +360,22 @@ def _l2_spread_lines(spec: KernelSpec, i2: str, i3: str) -> tuple[list[str], lis
     return before, inside
 
 
-def _ab_loads(spec: KernelSpec) -> tuple[str, str]:
+def _ab_loads(spec: KernelSpec, off_n: str = "off_n", bn: str = "BLOCK_N") -> tuple[str, str]:
     """The mainloop's TMA loads of A's and B's blocks as ``tl.dot`` takes them (batched:
-    the 3-D block reshaped to 2-D; column-major: transposed)."""
+    the 3-D block reshaped to 2-D; column-major: transposed); B's block starts at column
+    ``off_n`` and is ``bn`` wide."""
     a_idx = "[bid, off_m, off_k]" if spec.a_batched else "[off_m, off_k]"
     if spec.a_trans:
         a_idx = "[bid, off_k, off_m]" if spec.a_batched else "[off_k, off_m]"
-    b_idx = "[bid, off_k, off_n]" if spec.b_batched else "[off_k, off_n]"
+    b_idx = f"[bid, off_k, {off_n}]" if spec.b_batched else f"[off_k, {off_n}]"
     if spec.b_trans:
-        b_idx = "[bid, off_n, off_k]" if spec.b_batched else "[off_n, off_k]"
+        b_idx = f"[bid, {off_n}, off_k]" if spec.b_batched else f"[{off_n}, off_k]"
     a_load = f"a_desc.load({a_idx})"
     b_load = f"b_desc.load({b_idx})"
     if spec.a_batched:
         a_load += ".reshape(BLOCK_K, BLOCK_M)" if spec.a_trans else ".reshape(BLOCK_M, BLOCK_K)"
     if spec.b_batched:
-        b_load += ".reshape(BLOCK_N, BLOCK_K)" if spec.b_trans else ".reshape(BLOCK_K, BLOCK_N)"
+        b_load += f".reshape({bn}, BLOCK_K)" if spec.b_trans else f".reshape(BLOCK_K, {bn})"
     if spec.a_trans:
         a_load += ".T"
     if spec.b_trans:
@@ -463,29 +426,36 @@ def _prefetch_lines(spec: KernelSpec, indent: str) -> list[str]:
 
 def _hopper_source(spec: KernelSpec) -> str:
     """The hopper family's kernel: a persistent loop over tiles, TMA loads, the epilogue
-    per sub-tile."""
+    per sub-tile. Grouped over M (``spec.grouped``): the tiles of every group, each found
+    in the program's table of groups (``group_emit``); gated (``pairs(accum)``): a tile
+    spans BLOCK_N of B's columns and BLOCK_N // 2 of the output's."""
     epi = EpilogueEmitter(spec)
-    roles = epilogue_params(spec.names, spec.dag, "hopper", l2_spread=spec.l2_spread)
-    params = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + [p for p, _ in roles])
+    roles = epilogue_params(spec.names, spec.dag, "hopper", spec.direct, l2_spread=spec.l2_spread)
+    grouped, gated = spec.grouped, spec.dag.gated
+    params = ", ".join(["a_desc", "b_desc", spec.rows_param(), "N", "K", "L"]
+                       + (["offs"] if grouped else []) + [p for p, _ in roles])
     I1, I2, I3 = "    ", "        ", "            "
-    a_load, b_load = _ab_loads(spec)
     lines = [
         *_hopper_tile_coords(I1, I2),
+        *(group_of_helper(I1) if grouped else []),
         spec.jit_line(),
         f"def evtfuse_kernel({params},",
         "                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,",
         "                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,",
         "                   NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,",
-        "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr, EVEN_MN: tl.constexpr):",
-        f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split}",
+        "                   ONE_ROW: tl.constexpr, ONE_WAVE: tl.constexpr, EVEN_MN: tl.constexpr"
+        + ("," if grouped else "):"),
+        *(["                   GROUPS: tl.constexpr):"] if grouped else []),
+        # the output's columns of a sub-tile (gated: half of its B columns)
+        f"{I1}SUB_N: tl.constexpr = BLOCK_N // {spec.epi_split * (2 if gated else 1)}",
         *launch_dependents_lines(spec, I1),
         *int64_lines(spec, roles, I1),
         f"{I1}start = tl.program_id(0)",
-        f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)",
-        f"{I1}num_pid_n = tl.cdiv(N, BLOCK_N)",
+        *(group_table_lines(I1) if grouped else [f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)"]),
+        f"{I1}num_pid_n = tl.cdiv({'2 * N' if gated else 'N'}, BLOCK_N)",
         f"{I1}k_tiles = tl.cdiv(K, BLOCK_K)",
         f"{I1}tiles_per_batch = num_pid_m * num_pid_n",
-        f"{I1}num_tiles = tiles_per_batch * L",
+        f"{I1}num_tiles = tiles_per_batch{'' if grouped else ' * L'}",
         # one wave (a program per tile): the loop's end is a constant, its trip count one
         f"{I1}tiles_end = NUM_SMS if ONE_WAVE else num_tiles",
     ]
@@ -497,28 +467,26 @@ def _hopper_source(spec: KernelSpec) -> str:
         "warp_specialize=WARP_SPECIALIZE):",
         f"{I2}bid, pid_m, pid_n = _ef_tile_coords(tile, tiles_per_batch, num_pid_m, num_pid_n, "
         "GROUP_M, ONE_ROW)",
-        f"{I2}off_m = pid_m * BLOCK_M",
-        f"{I2}off_n = pid_n * BLOCK_N",
-        f"{I2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={_acc_type(spec)})",
+        # grouped: the group is the batch, the row tile counts over every group's
+        f"{I2}bid, off_m, grp_end_m = _ef_group_of(pid_m, grp_cum, grp_n, offs, grp_rows, BLOCK_M)"
+        if grouped else f"{I2}off_m = pid_m * BLOCK_M",
+        f"{I2}off_n = pid_n * {'(BLOCK_N // 2)' if spec.dag.concatenated else 'BLOCK_N'}",
     ]
-    if spec.prefetch:
-        lines += _prefetch_lines(spec, I2)
-    spread = _l2_spread_lines(spec, I2, I3) if spec.l2_spread else ([], [])
-    lines += spread[0]
+    lines += _hopper_mainloop(spec, I2, I3)
     lines += [
-        f"{I2}for ki in range(k_tiles):",
-        f"{I3}off_k = ki * BLOCK_K",
-        *spread[1],
-        f"{I3}acc = tl.dot({a_load}, {b_load}, acc, input_precision=INPUT_PRECISION, "
-        f"{_dot_extra(spec)}out_dtype={_acc_type(spec)})",
         # the epilogue recomputes its tile's coordinates: with a flattened loop the
         # mainloop of the next tile may already have started
         f"{I2}tile_c += NUM_SMS",
-        f"{I2}bid, pid_m_c, pid_n_c = _ef_tile_coords(tile_c, tiles_per_batch, num_pid_m, "
-        "num_pid_n, GROUP_M, ONE_ROW)",
+        # grouped: the group and its rows are the mainloop's (finding them again costs
+        # its reductions, and spills: offline sm_90, a MoE epilogue with two outputs at
+        # 128x128, 247 spilled registers recomputed, 10 kept); from here on M is the
+        # group's end row (every mask stops there)
+        f"{I2}{'grp_t' if grouped else 'bid'}, pid_m_c, pid_n_c = _ef_tile_coords(tile_c, "
+        "tiles_per_batch, num_pid_m, num_pid_n, GROUP_M, ONE_ROW)",
+        *([f"{I2}off_m_c, M = off_m, grp_end_m"] if grouped else []),
         f"{I2}bid64 = bid.to(tl.int64)",
-        f"{I2}off_m_c = pid_m_c * BLOCK_M",
-        f"{I2}off_n_c = pid_n_c * BLOCK_N",
+        *([] if grouped else [f"{I2}off_m_c = pid_m_c * BLOCK_M"]),
+        f"{I2}off_n_c = pid_n_c * {'(BLOCK_N // 2)' if gated else 'BLOCK_N'}",
         f"{I2}rm = off_m_c + tl.arange(0, BLOCK_M)",
     ]
     lines += _hopper_pieces(spec, epi, I2)
@@ -527,25 +495,84 @@ def _hopper_source(spec: KernelSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _hopper_mainloop(spec: KernelSpec, i2: str, i3: str) -> list[str]:
+    """A tile's accumulator and its k-loop of TMA loads and dots. A concatenated gated
+    epilogue (``pairs(accum, layout="concatenated")``) has two accumulators, ``acc_gate``
+    and ``acc_up``: each k-step's A block meets gate's B block (B's columns from ``off_n``)
+    and up's (from N + ``off_n``), half the tile's columns each; columns past an edge are
+    TMA's zeros or belong to output columns past N, which the stores mask."""
+    acc_type = _acc_type(spec)
+    dot = f"input_precision=INPUT_PRECISION, {_dot_extra(spec)}out_dtype={acc_type})"
+    spread = _l2_spread_lines(spec, i2, i3) if spec.l2_spread else ([], [])
+    prefetch = _prefetch_lines(spec, i2) if spec.prefetch else []
+    if spec.dag.concatenated:
+        a_load, gate = _ab_loads(spec, "off_n", "(BLOCK_N // 2)")
+        up = _ab_loads(spec, "N + off_n", "(BLOCK_N // 2)")[1]
+        return [
+            f"{i2}acc_gate = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype={acc_type})",
+            f"{i2}acc_up = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype={acc_type})",
+            *prefetch,
+            *spread[0],
+            f"{i2}for ki in range(k_tiles):",
+            f"{i3}off_k = ki * BLOCK_K",
+            f"{i3}a = {a_load}",
+            f"{i3}acc_gate = tl.dot(a, {gate}, acc_gate, {dot}",
+            f"{i3}acc_up = tl.dot(a, {up}, acc_up, {dot}",
+        ]
+    a_load, b_load = _ab_loads(spec)
+    return [
+        f"{i2}acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_type})",
+        *prefetch,
+        *spread[0],
+        f"{i2}for ki in range(k_tiles):",
+        f"{i3}off_k = ki * BLOCK_K",
+        *spread[1],
+        f"{i3}acc = tl.dot({a_load}, {b_load}, acc, {dot}",
+    ]
+
+
 def _hopper_pieces(spec: KernelSpec, epi: EpilogueEmitter, indent: str) -> list[str]:
-    """The tile's epilogue, sub-tile by sub-tile (``EPI_SPLIT`` column pieces)."""
-    split_lines, pieces = split_pieces(spec.epi_split, indent)
+    """The tile's epilogue, sub-tile by sub-tile (``EPI_SPLIT`` column pieces, SUB_N of the
+    output's columns each)."""
+    split_lines, pieces = _accumulator_pieces(spec, indent)
     piece_n = [f"off_n_c + {s} * SUB_N" if s else "off_n_c" for s in range(len(pieces))]
     lines = _early_vector_lines(spec, piece_n, indent) if spec.early_vectors else []
     lines += split_lines
+    tile = _GroupedHopperTile if spec.grouped else _HopperTile
     for s, piece in enumerate(pieces):
         off_n = piece_n[s]
         rn = f"rn{s}"
-        sub = _HopperTile(acc=piece, rn=rn, off_n=f"({off_n})", piece=s,
-                          first_sub="True" if s == 0 else "False", prefetched=spec.prefetch,
-                          mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))),
-                          early_vectors=spec.early_vectors)
+        sub = tile(acc=piece, rn=rn, off_n=f"({off_n})", piece=s,
+                   first_sub="True" if s == 0 else "False", prefetched=spec.prefetch,
+                   mask=f"mask{s}", all_rn=tuple(f"rn{k}" for k in range(len(pieces))),
+                   early_vectors=spec.early_vectors)
         if not spec.early_vectors:
             lines.append(f"{indent}{rn} = {off_n} + tl.arange(0, SUB_N)")
-        if reduce_outputs(spec.dag):
+        if reduce_outputs(spec.dag) or spec.grouped:  # grouped: the stores' masks
             lines.append(f"{indent}mask{s} = (rm[:, None] < M) & ({rn}[None, :] < N)")
         lines += epi.body(sub, indent, first=s == 0, last=s == len(pieces) - 1)
     return lines
+
+
+def _accumulator_pieces(spec: KernelSpec, indent: str) -> tuple[list[str], list[str]]:
+    """Code splitting the tile's accumulator into ``EPI_SPLIT`` column pieces, and the
+    pieces' names. Gated (``pairs(accum)``): piece ``p`` of interleaved pairs is split into
+    ``p``_gate and ``p``_up after the column split; the concatenated layout's
+    accumulators, ``acc_gate`` and ``acc_up``, are split alike and piece k's halves are
+    named ``acc<k>p_gate`` and ``acc<k>p_up`` (one piece: ``acc_gate``, ``acc_up``)."""
+    if not spec.dag.gated:
+        return split_pieces(spec.epi_split, indent)
+    if not spec.dag.concatenated:
+        lines, pieces = split_pieces(spec.epi_split, indent)
+        return lines + [_pair_split(indent, p, "SUB_N") for p in pieces], pieces
+    if spec.epi_split == 1:
+        return [], ["acc"]
+    gate_lines, gates = split_pieces(spec.epi_split, indent, "acc_gate", width="BLOCK_N // 2")
+    up_lines, ups = split_pieces(spec.epi_split, indent, "acc_up", width="BLOCK_N // 2")
+    lines = gate_lines + up_lines
+    for k, (g, u) in enumerate(zip(gates, ups)):
+        lines.append(f"{indent}acc{k}p_gate, acc{k}p_up = {g}, {u}")
+    return lines, [f"acc{k}p" for k in range(len(gates))]
 
 
 def _early_vector_name(u: User, kind: OperandKind, piece: int) -> str:

@@ -33,15 +33,14 @@ def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
             ".to(tl.float32)[None, :]")
 
 
-def split_pieces(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_M"
-                 ) -> tuple[list[str], list[str]]:
-    """Code splitting ``root`` (``rows`` high) into ``split`` column pieces (left to
-    right) and their names."""
+def split_pieces(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_M",
+                 width: str = "BLOCK_N") -> tuple[list[str], list[str]]:
+    """Code splitting ``root`` (``rows`` high, ``width`` wide) into ``split`` column pieces
+    (left to right) and their names."""
     if split == 1:
         return [], [root]
     lines: list[str] = []
     pieces = [root]
-    width = "BLOCK_N"
     level = 0
     while len(pieces) < split:
         nxt = []

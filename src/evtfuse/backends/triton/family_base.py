@@ -42,8 +42,8 @@ FP16_ACC_GLUON = ("accumulator_type torch.float16: the gluon kernels' warpgroup 
                   "accumulate in fp32 (their register layouts are fp32's); the hopper and "
                   "portable families take fp16 accumulation")
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
-GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the portable family only in this "
-                 "release (docs/gated.md)")
+GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the portable family, and in the hopper "
+                 "family for grouped GEMMs over M, in this release (docs/gated.md)")
 
 
 def gated_refusal(args: GemmArguments) -> str | None:
@@ -71,8 +71,17 @@ def conditional_store_refusal(args: GemmArguments) -> str | None:
             "only: TMA stores write whole tiles")
 
 
-GROUPED_REFUSAL = ("grouped GEMMs (grouped_gemm, offs) run on the portable family only for now "
-                   "(TMA kernels do not find their group in offs yet; docs/grouped.md)")
+GROUPED_REFUSAL = ("grouped GEMMs (grouped_gemm, offs) run in the hopper and portable families "
+                   "(the gluon kernels do not find their group in offs yet; docs/grouped.md)")
+K_GROUPED_REFUSAL = ("grouped GEMMs over K (2-D A and B with offs) run in the portable family "
+                     "only (the TMA kernels group over M; docs/grouped.md)")
+
+
+def grouped_over_m(args: GemmArguments) -> bool:
+    """Whether ``args`` is a grouped GEMM over M (``grouped_gemm`` with a 3-D B): L is the
+    group count, M every group's rows (T), each group's rows found in ``offs`` on the
+    device."""
+    return getattr(args, "group_dim", None) == "M"
 
 
 @dataclass(frozen=True)
@@ -267,9 +276,27 @@ def even_tiles_vary(args: GemmArguments, config: TileConfig) -> bool:
 
 
 def tile_count(args: GemmArguments, config: TileConfig, m: int | None = None) -> int:
-    """Output tiles of ``config`` for ``args`` (every batch; at ``m`` rows if given)."""
+    """Output tiles of ``config`` for ``args`` (every batch; at ``m`` rows if given). A
+    grouped GEMM over M: the tiles of its T rows as if they were one group (each group
+    adds at most one partial row tile: ``grouped_tile_bound``)."""
     rows = args.M if m is None else m
+    if grouped_over_m(args):
+        return triton_cdiv(rows, config.block_m) * _column_tiles(args, config)
     return triton_cdiv(rows, config.block_m) * triton_cdiv(args.N, config.block_n) * args.L
+
+
+def grouped_tile_bound(args: GemmArguments, config: TileConfig, m: int | None = None) -> int:
+    """An upper bound of a grouped GEMM's tiles over M (the groups' sizes stay on the
+    device): every group ends at most one partial row tile, ``cdiv(T, BLOCK_M) + G`` row
+    tiles (at ``m`` rows if given) times the column tiles."""
+    rows = args.M if m is None else m
+    return (triton_cdiv(rows, config.block_m) + args.L) * _column_tiles(args, config)
+
+
+def _column_tiles(args: GemmArguments, config: TileConfig) -> int:
+    """Column tiles of a grouped problem: a gated epilogue's tile spans BLOCK_N of B's 2N
+    columns (BLOCK_N // 2 of the output's)."""
+    return triton_cdiv(2 * args.N if getattr(args, "gated", False) else args.N, config.block_n)
 
 
 def fill_rank(args: GemmArguments, config: TileConfig, sms: int) -> float:

@@ -5,6 +5,13 @@ Layer: backends/triton. Invariant: a config it offers a GPU fits shared memory b
 (``HopperFamily._smem`` within ``SMEM_BUDGET``), and it supports only problems whose A, B
 and full aux tiles can move by TMA (``launch_items._tma_refusal``). ``_sms`` is read from
 this module's globals at call time (a test faking the SM count patches it here).
+
+Grouped GEMMs over M (``grouped_gemm``, docs/grouped.md) run in the same kernel: the
+programs' loop runs over every group's tiles, each tile's group found on the device in a
+table of ``offs`` the program reads once (``group_emit``); A moves through one descriptor
+over (T, K), B through a 3-D one over (G, K, N) (or its K-major transpose), and the full
+outputs leave through pointers masked to the group's rows (``KernelSpec.direct``). There,
+and only there, it takes gated epilogues (``pairs(accum)``, both layouts).
 """
 
 from __future__ import annotations
@@ -18,11 +25,18 @@ from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
 from ...sizes import size_class
-from .family_base import (GATED_REFUSAL, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
-                          even_tiles, fill_rank, fp8_promote, tile_count)
-from .launch_items import (_batched, _epilogue_items, _make_descriptor, _operand_getters,
-                           _reduction_items, _tma_refusal, needs_int64)
+from .family_base import (GATED_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+                          even_tiles, fill_rank, fp8_promote, gated_refusal, grouped_over_m,
+                          grouped_tile_bound, tile_count)
+from .launch_items import (_batched, _epilogue_items, _gated_descriptor_getter, _get_offs,
+                           _make_descriptor, _operand_getters, _reduction_items, _tma_refusal,
+                           needs_int64)
 from .spec import KernelSpec, full_outputs
+
+
+GROUPED_REDUCTIONS_REFUSAL = ("grouped GEMMs with reductions run in the portable family only "
+                              "(grouped_reduce: its tickets count a non-persistent grid's "
+                              "programs)")
 
 
 class HopperFamily(KernelFamily):
@@ -31,11 +45,14 @@ class HopperFamily(KernelFamily):
                    "epilogue per sub-tile (sm_90+)")
 
     def supports(self, args, target):
-        if getattr(args, "offs", None) is not None:
-            return Status.fail(GROUPED_REFUSAL)
-        if getattr(args, "gated", False):
+        grouped = grouped_over_m(args)
+        if getattr(args, "offs", None) is not None and not grouped:
+            return Status.fail(K_GROUPED_REFUSAL)
+        if getattr(args, "gated", False) and not grouped:
             return Status.fail(GATED_REFUSAL)
-        why = conditional_store_refusal(args)
+        if grouped and args.optimized_dag.reductions:
+            return Status.fail(GROUPED_REDUCTIONS_REFUSAL)
+        why = conditional_store_refusal(args) or gated_refusal(args)
         if why:
             return Status.fail(why)
         st = self._common(args, target)
@@ -48,7 +65,7 @@ class HopperFamily(KernelFamily):
         if target.kind == INTERPRETER and target.cc < 90:
             return Status.fail("TMA kernels run under the interpreter only when asked for "
                                "with cc=90")
-        why = _tma_refusal(args)
+        why = _tma_refusal(args, outputs=not grouped)  # grouped: outputs through pointers
         if why:
             return Status.fail(why)
         return Status.success()
@@ -101,7 +118,7 @@ class HopperFamily(KernelFamily):
         # every program reads its C tile at the same moment after the last k-step
         small = TileConfig(128, 128, bk, 8, 4, 3, epi_split=2, flatten=False, ctas_per_sm=2,
                            l2_spread=_l2_spread_ok(args))
-        if sms <= tiles(small) <= 2 * sms and self._smem(small, elt, tile_bytes) <= SMEM_BUDGET:
+        if sms <= tiles(small) <= 2 * sms and not grouped_over_m(args) and self._smem(small, elt, tile_bytes) <= SMEM_BUDGET:
             # one wave at two programs per SM, tiles taken in launch order (no flattened
             # loop): relu aux at 2048^3 0.0344 ms against 0.0352 for 128x256 (perf_probe)
             fits.insert(1, small)
@@ -141,23 +158,30 @@ class HopperFamily(KernelFamily):
         a_trans = bool(A.stride(-1) != 1)
         b_trans = bool(B.stride(-1) != 1)
         a_batched, b_batched = _batched(A), _batched(B)
-        prefetch = config.prefetch and any(s.kind is OperandKind.FULL
-                                           for s in args.optimized_dag.used_operands)
-        l2 = config.l2_spread and _l2_spread_ok(args) and target.kind != INTERPRETER
+        grouped = grouped_over_m(args)
+        # gated: the prefetched sub-tiles would be the output's (not spelled yet)
+        prefetch = config.prefetch and not getattr(args, "gated", False) and any(
+            s.kind is OperandKind.FULL for s in args.optimized_dag.used_operands)
+        l2 = config.l2_spread and _l2_spread_ok(args) and target.kind != INTERPRETER \
+            and not grouped
         # two programs per SM: registers to spare for every piece's vectors at once (the
         # 128x256 eight-warp tiles, at 167 registers, lose 1.5-3% to the extra 25)
         early = config.ctas_per_sm == 2 and any(
             s.kind in (OperandKind.PER_ROW, OperandKind.PER_COL)
             for s in args.optimized_dag.used_operands)
+        direct = _pointer_stores(args)
         return KernelSpec("hopper", args.optimized_dag, a_trans, b_trans, a_batched,
                           b_batched, config.epi_split, target.kind != INTERPRETER, prefetch,
                           int_acc=args.A.dtype in _INT_DTYPES, l2_spread=l2,
                           acc16=args.accumulator_type == torch.float16,
                           early_vectors=early, fp8_promote=fp8_promote(args, target),
-                          int64=needs_int64(args, self.name, config), runtime_m=True)
+                          int64=needs_int64(args, self.name, config, direct), runtime_m=True,
+                          grouped=grouped, direct=direct)
 
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
+        if spec.grouped:
+            return self._grouped_plan(args, dag, config, target, spec)
         bm, bn, bk = config.block_m, config.block_n, config.block_k
         items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
                             args.K, args.L]
@@ -184,6 +208,38 @@ class HopperFamily(KernelFamily):
         if target.kind != INTERPRETER:
             consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
         return items, consts, (programs,), post
+
+    def _grouped_plan(self, args, dag, config, target, spec):
+        """The launch plan of a grouped GEMM over M: ``offs`` after the sizes, the outputs
+        through pointers, and as many programs as an upper bound of the tiles allows
+        (``grouped_tile_bound``: the groups' sizes stay on the device); NUM_SMS, the
+        loop's stride, is constant over M's size class (one compiled kernel for every T
+        of the class). No reductions (the arguments refuse them)."""
+        gated = getattr(args, "gated", False)
+        items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
+                            args.K, args.L, _get_offs]
+        items += _epilogue_items(args, dag, "hopper", config, direct=spec.direct,
+                                 descriptor=_gated_descriptor_getter if gated else None)
+        cap = _sms(target) * config.ctas_per_sm
+        num_sms = min(cap, grouped_tile_bound(args, config, size_class(args.M)))
+        programs = min(num_sms, grouped_tile_bound(args, config))
+        consts = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                      GROUP_M=config.group_m, INPUT_PRECISION=self.input_precision(args, target),
+                      NUM_SMS=num_sms, FLATTEN=config.flatten,
+                      WARP_SPECIALIZE=config.warp_specialize, ONE_ROW=False, ONE_WAVE=False,
+                      EVEN_MN=False, GROUPS=max(16, 1 << (args.L - 1).bit_length()))
+        if target.kind != INTERPRETER:
+            consts.update(num_warps=config.num_warps, num_stages=config.num_stages)
+        return items, consts, (programs,), []
+
+
+def _pointer_stores(args: GemmArguments) -> tuple[str, ...]:
+    """The full outputs a hopper kernel stores through pointers (``KernelSpec.direct``):
+    a grouped GEMM's, whose tiles end at their group's last row (a TMA store writes the
+    whole tile); none otherwise."""
+    if not grouped_over_m(args):
+        return ()
+    return tuple(o.name for o in full_outputs(args.optimized_dag))
 
 
 def _l2_spread_ok(args: GemmArguments) -> bool:

@@ -132,8 +132,8 @@ def _rebased(make):
     return get
 
 
-def _descriptor_getter(name: str, batched: bool, config: TileConfig):
-    make = _rebased(lambda t: _descriptor(t, batched, config))
+def _descriptor_getter(name: str, batched: bool, config: TileConfig, gated: bool = False):
+    make = _rebased(lambda t: _descriptor(t, batched, config, gated))
 
     def get(A, B, values):
         return make(values[name])
@@ -402,8 +402,16 @@ def _make_descriptor(view: torch.Tensor, block: list[int]):
     return TensorDescriptor(view, list(view.shape), _tma_strides(view), block)
 
 
-def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig):
-    sub_n = config.block_n // config.epi_split
+def _gated_descriptor_getter(name: str, batched: bool, config: TileConfig):
+    """``_descriptor_getter`` for a gated epilogue's tiles (``pairs(accum)``): a sub-tile
+    spans half of its B columns."""
+    return _descriptor_getter(name, batched, config, gated=True)
+
+
+def _descriptor(t: torch.Tensor, batched: bool, config: TileConfig, gated: bool = False):
+    """The TMA descriptor of a full aux tile's sub-tiles (``gated``: half as wide, the
+    output's columns of the sub-tile's B columns)."""
+    sub_n = config.block_n // (config.epi_split * (2 if gated else 1))
     block = [1, config.block_m, sub_n] if batched else [config.block_m, sub_n]
     return _make_descriptor(_as2d_or_3d(t, batched), block)
 
@@ -433,10 +441,11 @@ def _tma_ok(view: torch.Tensor, name: str) -> str | None:
     return None
 
 
-def _tma_refusal(args: GemmArguments) -> str | None:
+def _tma_refusal(args: GemmArguments, outputs: bool = True) -> str | None:
     """Why A, B or a full aux operand/output cannot move by TMA (None: all can). A and B
     are checked as the kernels read them: column-major ones (last stride not 1) as their
-    transposes; aux tiles row-major."""
+    transposes; aux tiles row-major. ``outputs`` False: the full outputs are stored through
+    pointers (a grouped kernel's), not checked."""
     A, B = args.A, args.B
     if A.stride(-1) != 1 and A.stride(-2) != 1:
         return "A is neither row- nor column-major"
@@ -449,7 +458,7 @@ def _tma_refusal(args: GemmArguments) -> str | None:
     for spec in dag.used_operands:
         if spec.kind is OperandKind.FULL:
             checks.append((values[spec.name], spec.name))
-    for o in full_outputs(dag):
+    for o in full_outputs(dag) if outputs else ():
         checks.append((values[o.name], o.name))
     for t, name in checks:
         why = _tma_ok(t, name)
@@ -465,8 +474,11 @@ def _tma_refusal(args: GemmArguments) -> str | None:
 def _operand_getters(spec: KernelSpec, config: TileConfig, make_descriptor) -> list[Any]:
     """The plan items for A and B: TMA descriptors (``make_descriptor(view, block)``) of
     their (M, K)/(K, N) views, or of the transposed view for a column-major operand,
-    validated once per plan and rebased on each call's tensors."""
+    validated once per plan and rebased on each call's tensors (a concatenated gated
+    epilogue's B blocks: half the tile's columns, ``codegen._hopper_mainloop``)."""
     bm, bn, bk = config.block_m, config.block_n, config.block_k
+    if spec.dag.concatenated:  # gate's and up's halves of the tile, loaded apart
+        bn //= 2
 
     def operand(trans: bool, batched: bool, block: list[int]):
         def make(t):

@@ -1,13 +1,14 @@
 """The portable kernel family: one program per tile, pointer loads with masks.
 
 Layer: backends/triton. Runs on any GPU and under Triton's CPU interpreter, any strides;
-it refuses only what every family refuses (``KernelFamily._common``). The one family that
-runs grouped GEMMs (``evtfuse.grouped_gemm``): the same kernel, over M each program
-finding its group in ``offs`` on the device (``codegen._group_lines``), over K each batch
-its group's range of K (``codegen._k_group_lines``). Invariant: its
-plan's items follow the portable kernel's parameters (``launch_items``). Also the one family
-that runs gated epilogues (``pairs(accum)``, docs/gated.md): a tile is BLOCK_N columns of
-B and BLOCK_N // 2 of the output, the accumulator split after the mainloop.
+it refuses only what every family refuses (``KernelFamily._common``). It runs grouped GEMMs
+(``evtfuse.grouped_gemm``) with the same kernel, over M each program finding its group in
+``offs`` on the device (``group_emit.group_lines``), over K each batch its group's range of
+K (``group_emit.k_group_lines``; the one family that groups over K). Invariant: its
+plan's items follow the portable kernel's parameters (``launch_items``). It runs gated
+epilogues (``pairs(accum)``, docs/gated.md) of every problem (the hopper family: grouped
+ones over M): a tile is BLOCK_N columns of B and BLOCK_N // 2 of the output, the
+accumulator split after the mainloop.
 """
 
 from __future__ import annotations

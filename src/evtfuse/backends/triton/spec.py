@@ -50,7 +50,9 @@ class KernelSpec:
     #                          int8 a - 128 and b - 128, the products' offset terms added
     #                          from per-row sums of A's tiles and per-column sums of B's
     #                          (``codegen._u8_lines``; exact modulo 2^32, as int32 is)
-    direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory)
+    direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory);
+    #                               hopper: a grouped kernel's full outputs, stored through
+    #                               pointers masked to their group's rows
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
     chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_codegen._SlotPlan``; 0: none)
     tile_n: int = 0  # gluon: BLOCK_N, where the store chunks need it
@@ -67,8 +69,8 @@ class KernelSpec:
     int64: bool = False  # element offsets in 64 bits (``int64_lines``): some tensor the
     #                      kernel addresses through pointers reaches past 2^31 - 1 elements
     #                      (``launch_items.needs_int64``); in int32 they would wrap
-    grouped: bool = False  # portable: a grouped GEMM (groups over M: L is the group count,
-    #                        M the rows of every group, ``offs`` their cumulative ends)
+    grouped: bool = False  # portable, hopper: a grouped GEMM (groups over M: L is the group
+    #                        count, M the rows of every group, ``offs`` their cumulative ends)
     k_grouped: bool = False  # portable: a grouped GEMM over K (L is the group count, a
     #                          batch's K the range of its group in ``offs``)
     runtime_m: bool = False  # M (a grouped GEMM's rows) passed unspecialised: Triton

@@ -1,0 +1,230 @@
+"""The hopper family's grouped GEMMs over M (``grouped_gemm``) on the CPU tier: every hopper
+candidate under Triton's interpreter (asked for with cc=90) against a per-group loop of the
+reference evaluator (``reference.evaluate_grouped``): ragged, empty and single groups, rows
+past offs[-1], sizes off the tiles, every operand kind, gated epilogues in both layouts;
+its refusals, the tuner's candidate order, and an offline sm_90 compile (wgmma)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments, library
+from evtfuse.reference import evaluate_grouped
+from offline_run import run_offline
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="CPU-interpreter tier; tests/gpu/test_gpu_grouped.py on a GPU")
+
+GEN = torch.Generator().manual_seed(35)
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def offs_of(sizes) -> torch.Tensor:
+    return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+
+
+def hopper_kernels(args):
+    ks = [k for k in evtfuse.get_kernels(args, cc=90) if k.family.name == "hopper"]
+    assert ks, evtfuse.explain(args, cc=90)
+    return ks
+
+
+def check_every_hopper_kernel(src, A, B, offs, dtype, outputs, **operands):
+    """Run every hopper candidate on NaN-filled ``outputs`` and compare each with the
+    reference over the rows of some group; rows past offs[-1] stay NaN."""
+    D = outputs["D"]
+    args = GemmArguments(A, B, D, offs=offs,
+                         epilogue=EpilogueArguments.unbound(src, **operands, **outputs))
+    end = int(offs[-1])
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.float16 else dict(atol=1e-4, rtol=1e-4)
+    names = []
+    for k in hopper_kernels(args):
+        for t in outputs.values():
+            if t is not None:
+                t.fill_(float("nan"))
+        k.run(args)
+        ref = evaluate_grouped(src, A, B, offs, {**operands, **outputs})
+        for name, t in outputs.items():
+            if t is None:
+                continue
+            torch.testing.assert_close(t[:end].float(), ref[name][:end].float(), **tol,
+                                       msg=lambda m: f"{k.name} {name}: {m}")
+            assert t[end:].isnan().all(), f"{k.name} wrote {name}'s rows past offs[-1]"
+        names.append(k.name)
+    return names
+
+
+MOE = """def moe(accum, bias, w, s, C, cb, alpha):
+    F = silu(accum + bias) * s
+    D = F * w + alpha * C + cb
+    R = w * 2.0
+    return D, F, R"""
+
+CASES = {  # name: (group sizes, T)
+    "ragged": ([7, 33, 1, 20], 61),
+    "empty_first_last": ([0, 12, 0, 40, 0], 52),
+    "one_group": ([45], 45),
+    "smaller_than_tile": ([3, 5, 2, 1, 6], 17),
+    "rows_past_end": ([9, 14], 30),
+    "one_row": ([0, 1, 0], 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_operand_kind(case, dtype):
+    """Per-group (G, 1, N) and (G, 1, 1), per-row (T, 1), full (T, N), shared (N,) and
+    runtime-scalar operands; a full output, an unstored one and a per-row (T, 1) one. N and
+    K are no multiples of the tiles (TMA still needs 16-byte rows of A, B and C)."""
+    sizes, T = CASES[case]
+    G, K, N = len(sizes), 40, 40
+    A, B = rand(T, K, dtype=dtype), rand(G, K, N, dtype=dtype)
+    ops = dict(bias=rand(G, 1, N, dtype=dtype), w=rand(T, 1), s=rand(G, 1, 1).abs(),
+               C=rand(T, N, dtype=dtype), cb=rand(N), alpha=0.5)
+    outs = dict(D=torch.empty(T, N, dtype=dtype), F=None, R=torch.empty(T, 1))
+    names = check_every_hopper_kernel(MOE, A, B, offs_of(sizes), dtype, outs, **ops)
+    assert len(names) == 2  # both interpreter configs, one of them prefetching C
+
+
+def test_transposed_expert_weight_and_column_major_a():
+    """B as ``W.mT`` of an expert weight W (G, N, K), read K-major through a 3-D
+    descriptor over W; A column-major, read through its transpose's descriptor."""
+    G, T, K, N = 3, 52, 24, 40  # T: A's transpose has 16-byte rows
+    W, A = rand(G, N, K), rand(K, T).t()
+    check_every_hopper_kernel("def epi(accum, bias): D = relu(accum + bias); return D",
+                              A, W.mT, offs_of([20, 0, 30]), torch.float32,
+                              dict(D=torch.empty(T, N)), bias=rand(G, 1, N))
+
+
+def test_many_groups_and_bad_offsets():
+    """More groups than the table's smallest size (GROUPS 16 -> 64); and offsets past T or
+    below 0, clamped on the device: nothing outside D is written."""
+    G, K, N = 40, 16, 24
+    sizes = [(g * 7) % 4 for g in range(G)]
+    T = sum(sizes)
+    check_every_hopper_kernel("def epi(accum, bias): D = accum + bias; return D",
+                              rand(T, K), rand(G, K, N), offs_of(sizes), torch.float32,
+                              dict(D=torch.empty(T, N)), bias=rand(G, 1, N))
+    A, B = rand(20, 16), rand(3, 16, 16)
+    buf = torch.full((60, 16), 7.0)
+    D = buf[20:40]
+    offs = torch.tensor([-8, 10, 50], dtype=torch.int32)
+    args = GemmArguments(A, B, D, offs=offs, epilogue=EpilogueArguments.unbound(
+        "def e(accum): D = accum; return D", D=D))
+    for k in hopper_kernels(args):
+        buf.fill_(7.0)
+        k.run(args)
+        assert (buf[:20] == 7.0).all() and (buf[40:] == 7.0).all(), k.name
+        torch.testing.assert_close(D[:10], A[:10] @ B[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(D[10:], A[10:] @ B[2], atol=1e-4, rtol=1e-4)
+
+
+GATED = """def e(accum, bias_gate, bias_up, w, C):
+    gate, up = pairs(accum, layout="LAYOUT")
+    D = silu(gate + bias_gate) * (up + bias_up) * w + C
+    E = gate
+    return D, E"""
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+@pytest.mark.parametrize("sizes,T", [([7, 0, 20, 1], 31), ([0, 0, 13], 13), ([3], 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_both_layouts(layout, sizes, T, dtype):
+    """A mixture of experts' SwiGLU up-projection: experts' weights (G, 2N, K) passed as
+    W.mT, interleaved or concatenated; per-group biases of gate and up, routing weights,
+    a full operand, two full outputs (one of them gate itself); N = 24 is no multiple of
+    the tiles' output columns (16)."""
+    G, K, N = len(sizes), 24, 24
+    A, W = rand(T, K, dtype=dtype), rand(G, 2 * N, K, dtype=dtype) / K ** 0.5
+    ops = dict(bias_gate=rand(G, 1, N, dtype=dtype), bias_up=rand(G, 1, N, dtype=dtype),
+               w=rand(T, 1), C=rand(T, N, dtype=dtype))
+    outs = dict(D=torch.empty(T, N, dtype=dtype), E=torch.empty(T, N, dtype=dtype))
+    check_every_hopper_kernel(GATED.replace("LAYOUT", layout), A, W.mT, offs_of(sizes),
+                              dtype, outs, **ops)
+
+
+def test_gated_library_source_row_major_weights():
+    """library.SWIGLU over B (G, K, 2N) stored row-major (N contiguous)."""
+    G, T, K, N = 2, 19, 16, 20
+    check_every_hopper_kernel(library.SWIGLU, rand(T, K), rand(G, K, 2 * N), offs_of([11, 8]),
+                              torch.float32, dict(D=torch.empty(T, N)))
+
+
+def test_refusals_and_explain():
+    """Groups over K, and grouped problems under the interpreter without cc=90, are refused
+    with a reason; groups over M are offered with cc=90."""
+    A, B, offs = rand(8, 16), rand(2, 16, 12), offs_of([4, 4])
+    D = torch.empty(8, 12)
+    epi = EpilogueArguments.unbound("def e(accum): D = accum; return D", D=D)
+    args = GemmArguments(A, B, D, offs=offs, epilogue=epi)
+    assert "hopper: supported" in evtfuse.explain(args, cc=90)
+    assert "hopper: refused: TMA kernels run under the interpreter only" in evtfuse.explain(args)
+    dW = torch.empty(2, 16, 12)  # groups over K: A (M, T), B (T, N), offs over T
+    args = GemmArguments(rand(16, 8), rand(8, 12), dW, offs=offs,
+                         epilogue=EpilogueArguments.unbound("def e(accum): D = accum; return D",
+                                                            D=dW))
+    text = evtfuse.explain(args, cc=90)
+    assert "hopper: refused: grouped GEMMs over K" in text and "portable: supported" in text
+
+
+def test_a_gpu_offers_both_families_in_turn():
+    """On an sm_90 GPU (offline: the offer, nothing runs) a grouped problem's candidates
+    alternate between the hopper and portable families, so that a fast tuning times both;
+    hopper's pointer-stored outputs need no TMA alignment (N = 2044: rows of 4088 bytes)."""
+    from evtfuse.runtime.offline import offered
+
+    G, T, K, N = 8, 4096, 1024, 2044
+    A, W = torch.empty(T, K, dtype=torch.bfloat16), torch.empty(G, N, K, dtype=torch.bfloat16)
+    D = torch.empty(T, N, dtype=torch.bfloat16)
+    args = GemmArguments(A, W.mT, D, offs=torch.zeros(G, dtype=torch.int32),
+                         epilogue=EpilogueArguments.unbound("def e(accum): D = accum; return D",
+                                                            D=D))
+    fams = [f.name for f, _ in offered(args)]
+    assert fams[:4] == ["hopper", "portable", "hopper", "portable"], fams
+
+
+_OFFLINE_SCRIPT = """
+import json, torch
+from evtfuse import EpilogueArguments, GemmArguments, library
+from evtfuse.backends.triton.families import HopperFamily
+from evtfuse.runtime.offline import compile_for, offered
+G, T, K, N = 8, 4096, 1024, 2048
+dt = torch.bfloat16
+A = torch.empty(T, K, dtype=dt)
+offs = torch.zeros(G, dtype=torch.int32)
+bias, w = torch.empty(G, 1, N, dtype=dt), torch.empty(T, 1, dtype=torch.float32)
+D = torch.empty(T, N, dtype=dt)
+problems = {
+    "plain": (torch.empty(G, N, K, dtype=dt).mT,
+              "def e(accum, bias, w): D = silu(accum + bias) * w; return D", dict(bias=bias, w=w)),
+    "interleaved": (torch.empty(G, 2 * N, K, dtype=dt).mT,
+                    library.gated("swiglu", bias=True), dict(bias_gate=bias, bias_up=bias)),
+    "concatenated": (torch.empty(G, 2 * N, K, dtype=dt).mT,
+                     library.gated("swiglu", layout="concatenated"), {}),
+}
+out = {}
+for name, (B, src, ops) in problems.items():
+    args = GemmArguments(A, B, D, offs=offs, epilogue=EpilogueArguments.unbound(src, D=D, **ops))
+    configs = [c for f, c in offered(args) if f.name == "hopper"][:2]
+    for c in configs:
+        got = compile_for(HopperFamily(), c, args)
+        out[name + "/" + c.name] = {"shared": got.shared_bytes, "spills": got.spills,
+                                    "wgmma": got.ptx.count("wgmma.mma_async")}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_grouped_hopper_kernels_compile_for_sm90():
+    """The grouped hopper kernel (bf16, expert weights as W.mT: a routing-weighted bias +
+    silu, SwiGLU interleaved with biases, SwiGLU concatenated) compiles offline to an sm_90
+    cubin with warpgroup MMAs (wgmma) and no spills, in the two configs a GPU is offered
+    first."""
+    got = run_offline(_OFFLINE_SCRIPT, timeout=900)
+    assert len(got) == 6, got
+    for name, c in got.items():
+        assert c["shared"] > 0 and c["wgmma"] > 0 and c["spills"] == 0, (name, c)
