@@ -12,6 +12,7 @@ import torch
 import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, UnsupportedError
 from evtfuse.reference import evaluate_grouped
+from grouped_cases import GROUP_CASES, offs_of
 from offline_run import run_offline
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
@@ -22,10 +23,6 @@ GEN = torch.Generator().manual_seed(33)
 
 def rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=GEN).to(dtype)
-
-
-def offs_of(sizes) -> torch.Tensor:
-    return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
 
 
 def moe(accum, bias, w, s, C, cb, alpha):
@@ -51,12 +48,7 @@ def check(fn, A, B, offs, dtype, **operands):
     return named
 
 
-CASES = {  # name: (group sizes, T)
-    "ragged": ([7, 33, 1, 20], 61),
-    "empty_first_last": ([0, 12, 0, 40, 0], 52),
-    "one_group": ([45], 45),
-    "smaller_than_tile": ([3, 5, 2, 1, 6], 17),
-    "rows_past_end": ([9, 14], 30),
+CASES = {**GROUP_CASES,  # and:
     "all_empty_but_one": ([0, 0, 0, 33, 0, 0], 40),
     "one_row": ([0, 1, 0], 1),
 }

@@ -11,6 +11,7 @@ import torch
 import evtfuse
 from evtfuse import EpilogueError
 from evtfuse.reference import evaluate_grouped
+from grouped_cases import GROUP_CASES, offs_of
 from offline_run import run_offline
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
@@ -23,10 +24,6 @@ IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "logsumexp": 
 
 def rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=GEN).to(dtype)
-
-
-def offs_of(sizes) -> torch.Tensor:
-    return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
 
 
 def reduce(op: str, x: torch.Tensor, dims) -> torch.Tensor:
@@ -68,12 +65,7 @@ def expected(op: str, A, B, C, offs) -> dict:
                 W=reduce(op, everything, (0, 1)).reshape(1))
 
 
-CASES = {  # name: (group sizes, T)
-    "ragged": ([7, 33, 1, 20], 61),
-    "empty_first_last": ([0, 12, 0, 40, 0], 52),
-    "one_group": ([45], 45),
-    "smaller_than_tile": ([3, 5, 2, 1, 6], 17),
-    "rows_past_end": ([9, 14], 30),
+CASES = {**GROUP_CASES,  # and:
     "all_empty": ([0, 0, 0], 6),
 }
 
