@@ -5,12 +5,26 @@ paths (the same tensor objects again, rotating sets of new tensors of one struct
 runs on one machine (before / after a change).
 
     PYTHONPATH=src python3 scripts/host_keys_cpu.py [--workloads alpha_beta,bce_loss,relu_aux] [--calls 2000]
+    PYTHONPATH=src python3 scripts/host_keys_cpu.py --training [--top 30]
+
+``--training``: host time of one training step ``lin(x).backward(g)`` of
+``evtfuse.nn.Linear(32, 48, epilogue=with_activation("gelu_tanh"))`` over 16 tokens (the
+MLP step of benchmarks/training.py; host time does not depend on the sizes), in "save" and
+"recompute" modes, the evtfuse launches stubbed out: what is left is the forward's and the
+backward's Python, the operators' dispatch, the autograd engine and torch's two (tiny)
+matmuls dA and dB. Eager torch's step (``F.linear`` + ``F.gelu``, its compute as tiny) is
+printed beside it for scale. fp32: this CPU build's bf16 matmul takes about a millisecond at
+any size, which a GPU's does not (the host path is the same for bf16 but for the saved
+accumulator's dtype). ``--top N`` prints each mode's N costliest functions (cProfile).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import tempfile
 import time
 
@@ -37,11 +51,56 @@ def per_call_us(fn, n: int) -> float:
     return best
 
 
+def training(steps: int, top: int) -> None:
+    """``--training`` (see the module's docstring)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 32).requires_grad_(True)
+    g = torch.randn(16, 48)
+    ref = torch.nn.Linear(32, 48)
+    steps_of = {}
+    for mode in ("save", "recompute"):
+        lin = evtfuse.nn.Linear(32, 48, epilogue=evtfuse.nn.with_activation("gelu_tanh"),
+                                backward=mode)
+        steps_of[f"evtfuse {mode}"] = (lin, lambda k, lin=lin: lin(x).backward(g))
+    steps_of["eager torch"] = (ref, lambda k: F.gelu(F.linear(x, ref.weight, ref.bias),
+                                                    approximate="tanh").backward(g))
+    for _, step in steps_of.values():  # compile and run for real once
+        step(0)
+    stubs = (kernel_module.LaunchPlan, kernel_module.Bf16AsFp32Plan)
+    real = [cls.__call__ for cls in stubs]
+    for cls in stubs:
+        cls.__call__ = lambda self, A, B, values: None
+    try:
+        for name, (module, step) in steps_of.items():
+            def timed(k, module=module, step=step):
+                x.grad = module.weight.grad = module.bias.grad = None
+                step(k)
+
+            us = per_call_us(timed, steps)
+            print(f"{name}: {us:.1f} us host per training step (launches stubbed out)")
+            if top:
+                prof = cProfile.Profile()
+                prof.runcall(lambda: [timed(k) for k in range(steps)])
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+                print("\n".join(out.getvalue().splitlines()[:top + 9]))
+    finally:
+        for cls, fn in zip(stubs, real):
+            cls.__call__ = fn
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workloads", default="alpha_beta,bce_loss,relu_aux")
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--training", action="store_true", help="time a training step instead")
+    p.add_argument("--top", type=int, default=0, help="--training: cProfile's N costliest")
     a = p.parse_args()
+    if a.training:
+        training(min(a.calls, 200), a.top)
+        return
     shape = (32, 32, 32)
     for w in W.select_workloads(a.workloads.split(",")):
         sets = [(W.make_inputs(w, shape, torch.float16, "cpu", seed),
