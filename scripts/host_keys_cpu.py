@@ -55,6 +55,9 @@ def training(steps: int, top: int) -> None:
     """``--training`` (see the module's docstring)."""
     import torch.nn.functional as F
 
+    # one thread: on a busy host a matmul's OpenMP team waits for a descheduled thread
+    # (milliseconds for a 16 x 48 x 32 product), which a GPU's enqueue does not
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     x = torch.randn(16, 32).requires_grad_(True)
     g = torch.randn(16, 48)

@@ -310,6 +310,45 @@ def test_double_backward_raises():
         (g,) = torch.autograd.grad(D.sum(), A, create_graph=True)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_an_eager_call_is_one_flat_autograd_node_whose_backward_runs_again(mode):
+    """Outside torch.compile the differentiable operator is called through its eager
+    Function (``runtime.eager_autograd``: torch.library's per-call flattening left out); a
+    graph kept with ``retain_graph`` runs its backward again with the same gradients (the
+    Function restores the needs it rewrites for the formula), and a second call that wants
+    fewer gradients gets the same ones."""
+    A, B = _rand(M, K).requires_grad_(True), _rand(K, N, seed=1).requires_grad_(True)
+    bias = _rand(N, seed=3).requires_grad_(True)
+    D = evtfuse.gemm(A, B, GELU, bias=bias, backward=mode)
+    assert type(D.grad_fn).__name__ == "evtfuse_gemm_functionalBackward"
+    g = _rand(M, N, seed=9)
+    first = torch.autograd.grad(D, (A, B, bias), g, retain_graph=True)
+    second = torch.autograd.grad(D, (A, B, bias), g)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (db,) = torch.autograd.grad(evtfuse.gemm(A, B, GELU, bias=bias, backward=mode), bias, g)
+    torch.testing.assert_close(db, first[2], rtol=0, atol=0)
+
+
+def test_meta_and_fake_tensors_requiring_grad_get_gradients_of_their_shapes():
+    """The eager Function runs the operator below autograd, through the dispatcher: meta
+    tensors and FakeTensorMode get the fake implementation, forward and backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def step(device=None):
+        A = torch.empty(M, K, device=device).requires_grad_(True)
+        B = torch.empty(K, N, device=device).requires_grad_(True)
+        bias = torch.empty(N, device=device).requires_grad_(True)
+        D = evtfuse.gemm(A, B, GELU, bias=bias, backward="save")
+        D.sum().backward()
+        assert D.shape == (M, N) and D.device == A.device
+        assert [t.grad.shape for t in (A, B, bias)] == [A.shape, B.shape, bias.shape]
+
+    step("meta")
+    with FakeTensorMode():
+        step()
+
+
 def test_fused_is_differentiable():
     f = evtfuse.fuse(EPI, alpha=0.5)
     A = _rand(M, K).requires_grad_(True)

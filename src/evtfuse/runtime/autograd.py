@@ -45,7 +45,7 @@ from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
-from . import torch_op
+from . import eager_autograd, torch_op
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
@@ -569,9 +569,17 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
 
 torch.library.register_autograd("evtfuse::gemm_functional", _backward,
                                 setup_context=_setup_context, lib=_lib)
+_EAGER = eager_autograd.eager_function("gemm_functional", torch.ops.evtfuse.gemm_functional.default,
+                                       2, _setup_context, _backward)
 
 
 def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
+    """``evtfuse::gemm_functional``: through its eager autograd Function outside
+    torch.compile (``runtime.eager_autograd``: the same operator and formula, without
+    torch.library's per-call flattening), as it is under torch.compile."""
+    if not torch.compiler.is_compiling():
+        return eager_autograd.apply(_EAGER, (A, B), wire(source), layout, tensors, scalars,
+                                    outs)
     return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors, scalars,
                                                      outs)
 

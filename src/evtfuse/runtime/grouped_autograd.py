@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import OutputKind
+from . import eager_autograd
 from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
                        check_first_order, forward_of, in_layout_of, operand_gradients,
                        remember, run_backward)
@@ -168,9 +169,16 @@ def _setup_context(ctx, inputs, output) -> None:
 
 torch.library.register_autograd("evtfuse::grouped_gemm_functional", _backward,
                                 setup_context=_setup_context, lib=_lib)
+_EAGER = eager_autograd.eager_function("grouped_gemm_functional",
+                                       torch.ops.evtfuse.grouped_gemm_functional.default, 3,
+                                       _setup_context, _backward)
 
 
 def call(A, B, offs, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
+    """``evtfuse::grouped_gemm_functional``, as ``autograd.call`` calls its operator."""
+    if not torch.compiler.is_compiling():
+        return eager_autograd.apply(_EAGER, (A, B, offs), wire(source), layout, tensors,
+                                    scalars, outs)
     return torch.ops.evtfuse.grouped_gemm_functional.default(A, B, offs, wire(source), layout,
                                                              tensors, scalars, outs)
 
