@@ -330,6 +330,36 @@ def test_an_eager_call_is_one_flat_autograd_node_whose_backward_runs_again(mode)
     torch.testing.assert_close(db, first[2], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_plans_of_one_structure_follow_each_calls_gradients_and_needs(mode):
+    """Backward plans, and what ``run_backward`` derives from each, are kept per forward
+    structure and per (outputs graded, inputs wanted): calls of one structure that grade
+    other outputs (D, then F, then both) or have another M each get their own gradients
+    (a plan kept for D alone would find no gradient of D in F's call; one kept with its
+    sizes, results of the wrong shape), the same whether autograd asks for one input's
+    gradient or for all four (the inputs a backward is asked for are those that required
+    grad in the forward: part of the structure, ``Layout.grad``)."""
+    for m in (M, M + 5, M):
+        ins = (_rand(m, K), _rand(K, N, seed=1), _rand(m, N, seed=2), _rand(N, seed=3))
+        ins = tuple(t.requires_grad_(True) for t in ins)
+        D, F = evtfuse.gemm(ins[0], ins[1], EPI, C=ins[2], bias=ins[3], alpha=0.75,
+                            backward=mode)
+        gD, gF = _rand(m, N, seed=7), _rand(m, N, seed=8)
+        for outs, grads in (((D,), (gD,)), ((F,), (gF,)), ((D, F), (gD, gF))):
+            alone = [torch.autograd.grad(outs, t, grads, retain_graph=True,
+                                         allow_unused=True)[0] for t in ins[::3]]
+            every = torch.autograd.grad(outs, ins, grads, retain_graph=True, allow_unused=True)
+            for a, b, t in zip(alone, every[::3], ins[::3]):
+                if b is None:  # F does not depend on bias
+                    assert a is None and t is ins[3] and outs == (F,)
+                    continue
+                assert a.shape == t.shape
+                torch.testing.assert_close(a, b, **TOL)
+        run_and_check(EPI, ins[0].detach(), ins[1].detach(),
+                      dict(C=ins[2].detach(), bias=ins[3].detach(), alpha=0.75), {"D", "F"},
+                      {"C", "bias"}, backward=mode)
+
+
 def test_meta_and_fake_tensors_requiring_grad_get_gradients_of_their_shapes():
     """The eager Function runs the operator below autograd, through the dispatcher: meta
     tensors and FakeTensorMode get the fake implementation, forward and backward."""
