@@ -360,6 +360,25 @@ def test_backward_plans_of_one_structure_follow_each_calls_gradients_and_needs(m
                       {"C", "bias"}, backward=mode)
 
 
+def test_forward_plans_follow_the_layout_of_each_call():
+    """A forward plan is kept per (epilogue, layout string, backward mode, shapes' pattern,
+    dtypes): calls of one epilogue at one shape that differ only in which inputs require
+    grad, which outputs are given or in the backward mode each get their own plan (one
+    kept for C alone would keep no accumulator for A's and B's gradients; one kept for an
+    allocated F would return F where a given one is written), each checked against the
+    oracle, in an order that returns to the first."""
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), alpha=0.75)
+    given_f = dict(values, F=torch.empty(M, N))
+    for vals, wrt, grad_ab, mode in ((values, {"C"}, False, "save"),
+                                     (values, {"C"}, True, "save"),
+                                     (given_f, {"bias"}, True, "save"),
+                                     (given_f, {"bias"}, True, "recompute"),
+                                     (values, {"C"}, False, "save")):
+        run_and_check(EPI, A, B, vals, {"D", "F"}, wrt, grad_ab=grad_ab, backward=mode,
+                      what=f"{sorted(vals)} {sorted(wrt)} grad_ab={grad_ab}")
+
+
 def test_meta_and_fake_tensors_requiring_grad_get_gradients_of_their_shapes():
     """The eager Function runs the operator below autograd, through the dispatcher: meta
     tensors and FakeTensorMode get the fake implementation, forward and backward."""

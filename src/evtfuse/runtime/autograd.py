@@ -225,23 +225,23 @@ class Forward:
 _forwards: dict[tuple, Forward] = {}
 
 
-def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
+def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
                grouped: bool = False, groups=None) -> Forward:
-    """The ``Forward`` of a call (built once per structure); ``grouped``: a grouped GEMM
-    over M (``evtfuse.grouped_gemm``, A (T, K), B (G, K, N)); ``groups``: G of a grouped
-    GEMM over K (A (M, T), B (T, N)), which is a batched problem (G, M, N) (the frontend
-    binds it as one, each group in the L place)."""
+    """The ``Forward`` of a call (built once per structure) of the operator's ``layout``
+    string; ``grouped``: a grouped GEMM over M (``evtfuse.grouped_gemm``, A (T, K), B (G,
+    K, N)); ``groups``: G of a grouped GEMM over K (A (M, T), B (T, N)), which is a batched
+    problem (G, M, N) (the frontend binds it as one, each group in the L place)."""
+    lay = parse_layout(layout)
     gated = _gated(source, lay.line, lay.where, lay.from_function)
     problem = problem_of(A, B, grouped, gated, groups)
     pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
     place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
     place = tuple(int(p) for p in place)
     mode = backward_mode(lay.backward, A.shape[-1], A.dtype, lay.allow_tf32)
-    key = (source, lay.line, lay.where, lay.from_function, lay.tensors, lay.scalars, lay.outs,
-           lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
-           mode,
-           tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
-           A.dim(), B.dim(), grouped, groups is not None)
+    # the layout string says every name and option ``lay`` holds (the two strings' hashes
+    # are kept by Python: a call of a structure seen before hashes no field of ``lay``)
+    key = (source, layout, mode, tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place,
+           A.dtype, B.dtype, A.dim(), B.dim(), grouped, groups is not None)
     hit = _forwards.get(key)
     if hit is not None:
         return hit
@@ -320,8 +320,7 @@ def allocate_results(fwd: Forward, A, B, outs: list, groups=None) -> list:
 def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     from .api import run_values
 
-    lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs)
     results = allocate_results(fwd, A, B, outs)
     run_values(A, B, fwd.source, fwd.layout, values_of(fwd.layout, tensors, scalars, results))
     return results
@@ -331,7 +330,7 @@ def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     """The results' shapes and dtypes; runs nothing (the plan is Python over shapes)."""
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
-    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs)
     return allocate_results(fwd, A, B, outs)
 
 
@@ -353,7 +352,7 @@ def remember(ctx, first: tuple, A, B, epilogue: str, layout: str, tensors, scala
     grouped GEMM's offs), the operands and what the forward saved for it (``grouped``,
     ``groups``: as ``forward_of``'s)."""
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped, groups)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs, grouped, groups)
     position = fwd.position
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
     ctx.save_for_backward(*first, *tensors, *(t for _, t in saved))
