@@ -234,14 +234,14 @@ def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
     lay = parse_layout(layout)
     gated = _gated(source, lay.line, lay.where, lay.from_function)
     problem = problem_of(A, B, grouped, gated, groups)
-    pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
-    place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
-    place = tuple(int(p) for p in place)
+    every = (*tensors, *outs)
+    pats = tuple([_pattern(t.shape, problem) for t in every])
+    place = tuple([int(d) if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE)])
     mode = backward_mode(lay.backward, A.shape[-1], A.dtype, lay.allow_tf32)
     # the layout string says every name and option ``lay`` holds (the two strings' hashes
     # are kept by Python: a call of a structure seen before hashes no field of ``lay``)
-    key = (source, layout, mode, tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place,
-           A.dtype, B.dtype, A.dim(), B.dim(), grouped, groups is not None)
+    key = (source, layout, mode, pats, tuple([t.dtype for t in every]), place, A.dtype,
+           B.dtype, A.dim(), B.dim(), grouped, groups is not None)
     hit = _forwards.get(key)
     if hit is not None:
         return hit
