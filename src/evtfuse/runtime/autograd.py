@@ -467,9 +467,9 @@ def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict
     # which outputs have a gradient and which inputs want one: all the plan depends on
     # beyond ``fwd`` (a per-call key of booleans, not sets: host time per backward)
     key = (tuple(g is not None for g in grads), bool(need_ab), tuple(bool(n) for n in need_t))
-    bplan = fwd.backwards.get(key)
-    if bplan is None:
-        bplan = fwd.backwards[key] = _backward_plan(fwd, lay, grads, need_ab, need_t)
+    if key not in fwd.backwards:  # (None kept too: nothing to do for this key)
+        fwd.backwards[key] = _backward_plan(fwd, lay, grads, need_ab, need_t)
+    bplan = fwd.backwards[key]
     if bplan is None or bplan.empty:
         return None
     problem = fwd.problem(A, B, groups)
