@@ -12,7 +12,9 @@ runs on one machine (before / after a change).
 MLP step of benchmarks/training.py; host time does not depend on the sizes), in "save" and
 "recompute" modes, the evtfuse launches stubbed out: what is left is the forward's and the
 backward's Python, the operators' dispatch, the autograd engine and torch's two (tiny)
-matmuls dA and dB. Eager torch's step (``F.linear`` + ``F.gelu``, its compute as tiny) is
+matmuls dA and dB; and the same epilogue as a grouped GEMM over 4 experts with a
+per-expert bias (``evtfuse.grouped_gemm``, "save": its dA and dB are grouped GEMMs too).
+Eager torch's step (``F.linear`` + ``F.gelu``, its compute as tiny) is
 printed beside it for scale. fp32: a CPU computes a bf16 matmul slowly (13 us at these
 sizes against 3 in fp32), time a GPU's enqueue does not take; the host path is the same
 for bf16 but for the saved accumulator's dtype. One thread, measured in the thread's CPU
@@ -29,6 +31,7 @@ import os
 import pstats
 import tempfile
 import time
+import types
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("EVTFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="evtfuse-host-keys-"))
@@ -69,6 +72,13 @@ def training(steps: int, top: int) -> None:
         lin = evtfuse.nn.Linear(32, 48, epilogue=evtfuse.nn.with_activation("gelu_tanh"),
                                 backward=mode)
         steps_of[f"evtfuse {mode}"] = (lin, lambda k, lin=lin: lin(x).backward(g))
+    # the same over 4 experts (groups over M: 4, 0, 7, 5 tokens): a mixture of experts' step
+    experts = types.SimpleNamespace(weight=torch.randn(4, 32, 48).requires_grad_(True),
+                                    bias=torch.randn(4, 1, 48).requires_grad_(True))
+    offs = torch.tensor([4, 4, 11, 16], dtype=torch.int32)
+    steps_of["evtfuse grouped save"] = (experts, lambda k: evtfuse.grouped_gemm(
+        x, experts.weight, offs, evtfuse.nn.with_activation("gelu_tanh"), bias=experts.bias,
+        backward="save").backward(g))
     steps_of["eager torch"] = (ref, lambda k: F.gelu(F.linear(x, ref.weight, ref.bias),
                                                     approximate="tanh").backward(g))
     for _, step in steps_of.values():  # compile and run for real once
