@@ -310,6 +310,94 @@ def test_double_backward_raises():
         (g,) = torch.autograd.grad(D.sum(), A, create_graph=True)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_an_eager_call_is_one_flat_autograd_node_whose_backward_runs_again(mode):
+    """Outside torch.compile the differentiable operator is called through its eager
+    Function (``runtime.eager_autograd``: torch.library's per-call flattening left out); a
+    graph kept with ``retain_graph`` runs its backward again with the same gradients (the
+    Function restores the needs it rewrites for the formula), and a second call that wants
+    fewer gradients gets the same ones."""
+    A, B = _rand(M, K).requires_grad_(True), _rand(K, N, seed=1).requires_grad_(True)
+    bias = _rand(N, seed=3).requires_grad_(True)
+    D = evtfuse.gemm(A, B, GELU, bias=bias, backward=mode)
+    assert type(D.grad_fn).__name__ == "evtfuse_gemm_functionalBackward"
+    g = _rand(M, N, seed=9)
+    first = torch.autograd.grad(D, (A, B, bias), g, retain_graph=True)
+    second = torch.autograd.grad(D, (A, B, bias), g)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (db,) = torch.autograd.grad(evtfuse.gemm(A, B, GELU, bias=bias, backward=mode), bias, g)
+    torch.testing.assert_close(db, first[2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_plans_of_one_structure_follow_each_calls_gradients_and_needs(mode):
+    """Backward plans, and what ``run_backward`` derives from each, are kept per forward
+    structure and per (outputs graded, inputs wanted): calls of one structure that grade
+    other outputs (D, then F, then both) or have another M each get their own gradients
+    (a plan kept for D alone would find no gradient of D in F's call; one kept with its
+    sizes, results of the wrong shape), the same whether autograd asks for one input's
+    gradient or for all four (the inputs a backward is asked for are those that required
+    grad in the forward: part of the structure, ``Layout.grad``)."""
+    for m in (M, M + 5, M):
+        ins = (_rand(m, K), _rand(K, N, seed=1), _rand(m, N, seed=2), _rand(N, seed=3))
+        ins = tuple(t.requires_grad_(True) for t in ins)
+        D, F = evtfuse.gemm(ins[0], ins[1], EPI, C=ins[2], bias=ins[3], alpha=0.75,
+                            backward=mode)
+        gD, gF = _rand(m, N, seed=7), _rand(m, N, seed=8)
+        for outs, grads in (((D,), (gD,)), ((F,), (gF,)), ((D, F), (gD, gF))):
+            alone = [torch.autograd.grad(outs, t, grads, retain_graph=True,
+                                         allow_unused=True)[0] for t in ins[::3]]
+            every = torch.autograd.grad(outs, ins, grads, retain_graph=True, allow_unused=True)
+            for a, b, t in zip(alone, every[::3], ins[::3]):
+                if b is None:  # F does not depend on bias
+                    assert a is None and t is ins[3] and outs == (F,)
+                    continue
+                assert a.shape == t.shape
+                torch.testing.assert_close(a, b, **TOL)
+        run_and_check(EPI, ins[0].detach(), ins[1].detach(),
+                      dict(C=ins[2].detach(), bias=ins[3].detach(), alpha=0.75), {"D", "F"},
+                      {"C", "bias"}, backward=mode)
+
+
+def test_forward_plans_follow_the_layout_of_each_call():
+    """A forward plan is kept per (epilogue, layout string, backward mode, shapes' pattern,
+    dtypes): calls of one epilogue at one shape that differ only in which inputs require
+    grad, which outputs are given or in the backward mode each get their own plan (one
+    kept for C alone would keep no accumulator for A's and B's gradients; one kept for an
+    allocated F would return F where a given one is written), each checked against the
+    oracle, in an order that returns to the first."""
+    A, B = _rand(M, K), _rand(K, N, seed=1)
+    values = dict(C=_rand(M, N, seed=2), bias=_rand(N, seed=3), alpha=0.75)
+    given_f = dict(values, F=torch.empty(M, N))
+    for vals, wrt, grad_ab, mode in ((values, {"C"}, False, "save"),
+                                     (values, {"C"}, True, "save"),
+                                     (given_f, {"bias"}, True, "save"),
+                                     (given_f, {"bias"}, True, "recompute"),
+                                     (values, {"C"}, False, "save")):
+        run_and_check(EPI, A, B, vals, {"D", "F"}, wrt, grad_ab=grad_ab, backward=mode,
+                      what=f"{sorted(vals)} {sorted(wrt)} grad_ab={grad_ab}")
+
+
+def test_meta_and_fake_tensors_requiring_grad_get_gradients_of_their_shapes():
+    """The eager Function runs the operator below autograd, through the dispatcher: meta
+    tensors and FakeTensorMode get the fake implementation, forward and backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def step(device=None):
+        A = torch.empty(M, K, device=device).requires_grad_(True)
+        B = torch.empty(K, N, device=device).requires_grad_(True)
+        bias = torch.empty(N, device=device).requires_grad_(True)
+        D = evtfuse.gemm(A, B, GELU, bias=bias, backward="save")
+        D.sum().backward()
+        assert D.shape == (M, N) and D.device == A.device
+        assert [t.grad.shape for t in (A, B, bias)] == [A.shape, B.shape, bias.shape]
+
+    step("meta")
+    with FakeTensorMode():
+        step()
+
+
 def test_fused_is_differentiable():
     f = evtfuse.fuse(EPI, alpha=0.5)
     A = _rand(M, K).requires_grad_(True)

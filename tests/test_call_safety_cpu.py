@@ -84,6 +84,60 @@ def test_structure_hit_still_serves_an_exact_in_place_output():
         torch.testing.assert_close(C, expected, rtol=1e-4, atol=1e-4)
 
 
+# ------------------------------------------------------- grouped GEMMs, a cached structure
+
+G_SIZES = (5, 0, 11)  # G = 3 groups over T = 16 rows
+BIAS = "def epi(accum, bias): D = accum + bias; return D"
+
+
+def _grouped_want(A, B, offs, bias):
+    ends = [0, *offs.tolist()]
+    return torch.cat([A[a:b] @ B[g] + bias[g] for g, (a, b) in enumerate(zip(ends, ends[1:]))])
+
+
+def _offs(sizes):
+    return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+
+
+def test_grouped_calls_of_a_cached_structure_read_each_calls_tensors_and_offsets():
+    """Grouped calls share ``gemm``'s cached paths (``offs`` part of what they key on and
+    check): calls of one structure with new tensors and other group sizes each get their
+    own result (a plan holding the first call's offs would give the first call's groups),
+    the same objects again too; another G, offs' dtype, B's strides after them are a new
+    structure: a correct result or the first call's error (int64 offs)."""
+    for sizes in (G_SIZES, (16, 0, 0), (1, 7, 8), (1, 7, 8)):
+        A, B, bias = rand(M, K), rand(3, K, N), rand(3, 1, N)
+        offs = _offs(sizes)
+        for _ in range(2):  # new tensors, then the same objects again
+            D = evtfuse.grouped_gemm(A, B, offs, BIAS, bias=bias)
+            torch.testing.assert_close(D, _grouped_want(A, B, offs, bias), rtol=1e-4,
+                                       atol=1e-4)
+    A, W, bias = rand(M, K), rand(4, N, K), rand(4, 1, N)  # G = 4, B = W.mT (K-contiguous)
+    offs = _offs((2, 5, 0, 9))
+    D = evtfuse.grouped_gemm(A, W.mT, offs, BIAS, bias=bias)
+    torch.testing.assert_close(D, _grouped_want(A, W.mT, offs, bias), rtol=1e-4, atol=1e-4)
+    with pytest.raises(EpilogueError, match="offs must be torch.int32"):
+        evtfuse.grouped_gemm(A, W.mT, offs.long(), BIAS, bias=bias)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_grouped_output_overlapping_offs_is_refused(cached):
+    """An output whose memory holds offs (read by the kernel while the output is written)
+    is refused, on the first call of a structure and on a cached one alike (a cached
+    path that left offs out of its overlap checks would launch); nothing is written."""
+    if cached:  # the same structure: D 8 bytes into its buffer (16-byte alignment is keyed)
+        evtfuse.grouped_gemm(rand(M, K), rand(3, K, N), _offs(G_SIZES), BIAS,
+                             bias=rand(3, 1, N), D=torch.empty(M * N + 2)[2:].view(M, N))
+    buf = torch.full((M * N + 2,), 7.0)
+    offs = buf[:3].view(torch.int32)  # the first three floats' bits hold valid group
+    offs.copy_(_offs(G_SIZES))  # ends, the third one also D's first element
+    D = buf[2:].view(M, N)
+    before = buf.clone()
+    with pytest.raises(EpilogueError, match="output D overlaps input offs"):
+        evtfuse.grouped_gemm(rand(M, K), rand(3, K, N), offs, BIAS, bias=rand(3, 1, N), D=D)
+    assert torch.equal(buf, before)
+
+
 # ------------------------------------------------------- the same objects, changed in place
 
 def test_same_objects_path_sees_an_in_place_transpose():

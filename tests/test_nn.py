@@ -29,6 +29,32 @@ def test_loads_a_torch_linear_state_dict_and_matches_it_over_batch_dimensions():
     assert "epilogue=linear" in repr(lin)
 
 
+@pytest.mark.parametrize("lead", [(), (7,), (2, 5)])
+def test_inputs_of_any_leading_dims_get_outputs_and_gradients_of_torch_linear(lead):
+    """A 2-D input is used as it is and its output returned as it is (no reshape: no view
+    node in the autograd graph, the evtfuse node is the output's own); 1-D and 3-D inputs
+    are flattened and their output unflattened; values and gradients are torch.nn.Linear's
+    with gelu_tanh after it."""
+    torch.manual_seed(5)
+    ref = torch.nn.Linear(IN, OUT)
+    lin = Linear(IN, OUT, epilogue=evtfuse.nn.with_activation("gelu_tanh"))
+    lin.load_state_dict(ref.state_dict())
+    x = torch.randn(*lead, IN)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    g = torch.randn(*lead, OUT)
+    y = lin(xs[0])
+    want = torch.nn.functional.gelu(ref(xs[1]), approximate="tanh")
+    assert y.shape == want.shape
+    if len(lead) == 1:
+        assert type(y.grad_fn).__name__ == "evtfuse_gemm_functionalBackward"
+    y.backward(g)
+    want.backward(g)
+    _close(y.detach(), want.detach())
+    for got, exp in ((xs[0].grad, xs[1].grad), (lin.weight.grad, ref.weight.grad),
+                     (lin.bias.grad, ref.bias.grad)):
+        _close(got, exp)
+
+
 def test_without_bias_and_with_an_epilogue_of_its_own():
     torch.manual_seed(1)
     plain = Linear(IN, OUT, bias=False)

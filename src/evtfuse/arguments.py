@@ -167,7 +167,7 @@ class GemmArguments:
         self.epilogue = epilogue
         self.dag = epilogue.bind(self.problem, self.group_dim == "M")
         self._optimized: ir.Dag | None = None
-        _check_memory(self.A, self.B, epilogue, self.dag)
+        _check_memory(self.A, self.B, epilogue, self.dag, offs)
         self._state = self._current_state()
 
     @property
@@ -200,7 +200,7 @@ class GemmArguments:
         if self.gated:
             N = gated_width(self.B)
         dag = self.epilogue.bind((L, M, N), self.group_dim == "M")
-        _check_memory(self.A, self.B, self.epilogue, dag)
+        _check_memory(self.A, self.B, self.epilogue, dag, self.offs)
         if dag is not self.dag:
             self._optimized = None
         self.L, self.M, self.K, self.N, self.dag = L, M, K, N, dag
@@ -306,10 +306,11 @@ def _problem_of(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor | None = No
 
 
 def _check_memory(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueArguments,
-                  dag: ir.Dag) -> None:
+                  dag: ir.Dag, offs: torch.Tensor | None = None) -> None:
     """Every tensor on A's device; no output whose elements share memory with each other
-    (torch refuses such in-place writes too), with another output, or with an input,
-    except a full-shaped output that is exactly a full-shaped operand (in place)."""
+    (torch refuses such in-place writes too), with another output, or with an input (a
+    grouped GEMM's offs included: the kernel reads it while outputs are written), except a
+    full-shaped output that is exactly a full-shaped operand (in place)."""
     dev = A.device
     values = epilogue.values
     for name, v in values.items():
@@ -319,6 +320,8 @@ def _check_memory(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueArguments,
     outs = [(n, values[n]) for n in epilogue.output_names if isinstance(values[n], torch.Tensor)]
     ins = [(n, values[n]) for n in epilogue.operand_names
            if isinstance(values[n], torch.Tensor)] + [("A", A), ("B", B)]
+    if offs is not None:
+        ins.append(("offs", offs))
     kinds = {o.name: o.kind for o in dag.outputs}
     for on, o in outs:
         if has_internal_overlap(o.shape, o.stride()):
@@ -336,7 +339,7 @@ def _check_memory(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueArguments,
             if not overlap(o, t):
                 continue
             same = (o.data_ptr() == t.data_ptr() and o.shape == t.shape
-                    and o.stride() == t.stride() and inn not in ("A", "B"))
+                    and o.stride() == t.stride() and inn not in ("A", "B", "offs"))
             if not (same and kinds.get(on) is ir.OutputKind.FULL):
                 raise EpilogueError(f"output {on} overlaps input {inn}; only a full-shaped "
                                     f"output may alias a full-shaped input exactly (in place)",

@@ -66,7 +66,10 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor, **operands: Any):
         lead = x.shape[:-1]
-        flat = x.reshape(-1, self.in_features)
+        # a 2-D x (tokens, in_features) is used as it is and its output returned as it is:
+        # a reshape to the same shape would add a view node to the autograd graph, host time
+        # in the forward and in the backward for nothing
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self._takes_bias:
             operands["bias"] = self.bias
         out = gemm(flat, self.weight.t(), self.epilogue, backward=self.backward_mode,
@@ -82,7 +85,7 @@ class Linear(torch.nn.Linear):
 
 def _unflatten(out, flat: torch.Tensor, shape: tuple):
     full = isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == flat.shape[0]
-    return out.reshape(shape) if full else out
+    return out.reshape(shape) if full and out.shape != shape else out
 
 
 def fuse_activations(module: torch.nn.Module) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ..arguments import EpilogueArguments, GemmArguments, check_grouped
+from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
@@ -299,18 +299,10 @@ def _returned(outputs: tuple, onames: list, outs: list):
 
 def run_grouped_values(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor, source: str,
                        lay: Layout, values: dict[str, Any]) -> None:
-    """The eager implementation of ``torch.ops.evtfuse.grouped_gemm``: validated on every
-    call (no launch-plan fast path yet: a grouped call costs the host more than a dense
-    one), then one launch of the chosen kernel's plan, no host synchronisation."""
-    _on_device(A, _run_grouped, A, B, offs, source, lay, values)
-
-
-def _run_grouped(A, B, offs, source: str, lay: Layout, values: dict[str, Any]) -> None:
-    epi = EpilogueArguments.unbound(_parsed_of(source, lay), **values)
-    args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi, allow_tf32=lay.allow_tf32,
-                         fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
-    kernel = choose_kernel(args, tune=lay.tune, cc=None if lay.cc < 0 else lay.cc)
-    kernel.plan(args)(A, B, args.launch_values)
+    """The eager implementation of ``torch.ops.evtfuse.grouped_gemm``: ``run_values`` with
+    ``offs`` (the same cached paths: its structure and address are part of what they
+    check), one launch of the chosen kernel's plan, no host synchronisation."""
+    _on_device(A, _run_values, A, B, source, lay, values, offs)
 
 
 def _acc16(A: torch.Tensor, accumulator_type) -> bool:
@@ -473,39 +465,45 @@ def _parsed_of(source: str, lay: Layout):
     return parsed
 
 
-def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any]) -> None:
+def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=None) -> None:
+    """``run_values``; with ``offs``, a grouped GEMM's (``run_grouped_values``): its launch
+    values carry offs under ``OFFS_KEY``, so that every cached path keys on it and checks
+    it as it checks the epilogue's tensors (structure, address, in-place changes, overlap
+    with an output)."""
     key = (source, lay.line, lay.where)
     cc = None if lay.cc < 0 else lay.cc
     options = (lay.tune, lay.allow_tf32, lay.fp8_fast_accum, cc, lay.acc16)
+    launch = values if offs is None else {**values, OFFS_KEY: offs}
     last = _last_call.get(key)
     if last is not None and last.options == options and A is last.A() and B is last.B() \
-            and _same_objects(values, last.given) \
+            and _same_objects(launch, last.given) \
             and [tensor_state(t()) for t in last.tensors] == last.state:
         # the same tensors as the last call with this epilogue, none of them changed in
         # place since (address, shape, strides, storage): launch at once
-        last.plan(A, B, values)
+        last.plan(A, B, launch)
         return
     parsed = _parsed_of(source, lay)
-    if lay.kernel:
+    if lay.kernel:  # (no grouped call names its kernel)
         _run_named(A, B, parsed, lay, values)
         return
-    call_key, tensors, state = _call_key(A, B, values)
+    call_key, tensors, state = _call_key(A, B, launch)
     fast_key = (id(parsed), options, call_key)
     hit = _fast.get(fast_key)
     if hit is not None and hit.parsed is parsed and hit.disjoint(state):
-        _last_call[key] = _LastCall(options, A, B, values, hit.plan, tensors, state)
-        hit.plan(A, B, values)
+        _last_call[key] = _LastCall(options, A, B, launch, hit.plan, tensors, state)
+        hit.plan(A, B, launch)
         return
     # first call of this structure, or tensors that now overlap: validate everything
-    epi = EpilogueArguments(parsed, **values)
+    epi = EpilogueArguments(parsed, **values) if offs is None else \
+        EpilogueArguments.unbound(parsed, **values)  # per-group operands: bound per group
     args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi, allow_tf32=lay.allow_tf32,
-                         fp8_fast_accum=lay.fp8_fast_accum)
+                         fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
     kernel = choose_kernel(args, tune=lay.tune, cc=cc)
     plan = kernel.plan(args)
-    plan(A, B, values)
+    plan(A, B, launch)
     if len(_fast) > 1024:
         _fast.clear()
-    names = ["A", "B", *(n for n, v in values.items() if isinstance(v, torch.Tensor))]
+    names = ["A", "B", *(n for n, v in launch.items() if isinstance(v, torch.Tensor))]
     _fast[fast_key] = _Structure(parsed, plan, _overlap_pairs(names, tensors, parsed.outputs))
 
 

@@ -45,7 +45,7 @@ from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
-from . import torch_op
+from . import eager_autograd, torch_op
 from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
 
 SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
@@ -199,7 +199,15 @@ class Forward:
     grouped: bool  # a grouped GEMM over M (``grouped_autograd``)
     gated: bool | str  # the accumulator in pairs (their layout, ``Dag.gated``): N is half B's
     over_k: bool = False  # a grouped GEMM over K: a batched problem, L the group count
+    # backward plans by (outputs graded, A and B wanted, operands wanted), and what
+    # ``run_backward`` derives from each (``_BackwardCall``, by the plan's id)
     backwards: dict = field(default_factory=dict, compare=False, hash=False)
+    backward_calls: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @functools.cached_property
+    def position(self) -> dict[str, int]:
+        """Each returned output's position in the operator's results."""
+        return {name: k for k, name in enumerate(self.layout.outs)}
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -217,23 +225,23 @@ class Forward:
 _forwards: dict[tuple, Forward] = {}
 
 
-def forward_of(A, B, source: str, lay: Layout, tensors: list, outs: list,
+def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
                grouped: bool = False, groups=None) -> Forward:
-    """The ``Forward`` of a call (built once per structure); ``grouped``: a grouped GEMM
-    over M (``evtfuse.grouped_gemm``, A (T, K), B (G, K, N)); ``groups``: G of a grouped
-    GEMM over K (A (M, T), B (T, N)), which is a batched problem (G, M, N) (the frontend
-    binds it as one, each group in the L place)."""
+    """The ``Forward`` of a call (built once per structure) of the operator's ``layout``
+    string; ``grouped``: a grouped GEMM over M (``evtfuse.grouped_gemm``, A (T, K), B (G,
+    K, N)); ``groups``: G of a grouped GEMM over K (A (M, T), B (T, N)), which is a batched
+    problem (G, M, N) (the frontend binds it as one, each group in the L place)."""
+    lay = parse_layout(layout)
     gated = _gated(source, lay.line, lay.where, lay.from_function)
     problem = problem_of(A, B, grouped, gated, groups)
-    pats = [_pattern(tuple(t.shape), problem) for t in (*tensors, *outs)]
-    place = tuple(d if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE))
-    place = tuple(int(p) for p in place)
+    every = (*tensors, *outs)
+    pats = tuple([_pattern(t.shape, problem) for t in every])
+    place = tuple([int(d) if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE)])
     mode = backward_mode(lay.backward, A.shape[-1], A.dtype, lay.allow_tf32)
-    key = (source, lay.line, lay.where, lay.from_function, lay.tensors, lay.scalars, lay.outs,
-           lay.nones, lay.alloc, lay.grad, lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc,
-           mode,
-           tuple(pats), tuple(t.dtype for t in (*tensors, *outs)), place, A.dtype, B.dtype,
-           A.dim(), B.dim(), grouped, groups is not None)
+    # the layout string says every name and option ``lay`` holds (the two strings' hashes
+    # are kept by Python: a call of a structure seen before hashes no field of ``lay``)
+    key = (source, layout, mode, pats, tuple([t.dtype for t in every]), place, A.dtype,
+           B.dtype, A.dim(), B.dim(), grouped, groups is not None)
     hit = _forwards.get(key)
     if hit is not None:
         return hit
@@ -312,8 +320,7 @@ def allocate_results(fwd: Forward, A, B, outs: list, groups=None) -> list:
 def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     from .api import run_values
 
-    lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs)
     results = allocate_results(fwd, A, B, outs)
     run_values(A, B, fwd.source, fwd.layout, values_of(fwd.layout, tensors, scalars, results))
     return results
@@ -323,7 +330,7 @@ def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> list:
     """The results' shapes and dtypes; runs nothing (the plan is Python over shapes)."""
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
-    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs)
     return allocate_results(fwd, A, B, outs)
 
 
@@ -345,8 +352,8 @@ def remember(ctx, first: tuple, A, B, epilogue: str, layout: str, tensors, scala
     grouped GEMM's offs), the operands and what the forward saved for it (``grouped``,
     ``groups``: as ``forward_of``'s)."""
     lay = parse_layout(layout)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped, groups)
-    position = {name: k for k, name in enumerate(fwd.output_names)}
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs, grouped, groups)
+    position = fwd.position
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
     ctx.save_for_backward(*first, *tensors, *(t for _, t in saved))
     ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars)
@@ -459,36 +466,43 @@ def backward_inputs(fwd: Forward, lay: Layout, grads, tensors: dict, saved: dict
                     need_ab: bool, need_t, A: torch.Tensor, B: torch.Tensor, groups=None):
     """(the backward plan, its operands' values) of a call whose outputs got ``grads``, or
     None when no gradient arrives at a differentiable output or none is wanted. Plans are
-    kept per (graded outputs, wanted inputs) on ``fwd``, made for the kernel that runs
-    them (``caller_reductions``: a grouped (over M) or gated one leaves its sums to the
-    caller). ``groups``: G of a grouped GEMM over K."""
-    wanted = {name for name, need in zip(lay.tensors, need_t) if need}
-    if need_ab:
-        wanted.add(autodiff.ACCUM)
-    differentiable = {o.name for o in fwd.plan.differentiable_outputs()}
-    graded = {name: g for name, g in zip(fwd.output_names, grads)
-              if g is not None and name in differentiable}
-    if not graded or not wanted:
-        return None
-    key = (frozenset(graded), frozenset(wanted))
-    bplan = fwd.backwards.get(key)
-    if bplan is None:
-        bplan = fwd.backwards[key] = caller_reductions(
-            autodiff.backward(fwd.plan, key[0], key[1], batches=fwd.batches,
-                              name=f"{fwd.parsed.name}_backward"), fwd.grouped)
-    if bplan.empty:
+    kept on ``fwd`` per (outputs graded, A and B wanted, operands wanted), made for the
+    kernel that runs them (``caller_reductions``: a grouped (over M) or gated one leaves
+    its sums to the caller). ``groups``: G of a grouped GEMM over K."""
+    # which outputs have a gradient and which inputs want one: all the plan depends on
+    # beyond ``fwd`` (a per-call key of booleans, not sets: host time per backward)
+    key = (tuple(g is not None for g in grads), bool(need_ab), tuple(bool(n) for n in need_t))
+    if key not in fwd.backwards:  # (None kept too: nothing to do for this key)
+        fwd.backwards[key] = _backward_plan(fwd, lay, grads, need_ab, need_t)
+    bplan = fwd.backwards[key]
+    if bplan is None or bplan.empty:
         return None
     problem = fwd.problem(A, B, groups)
     values: dict[str, Any] = dict(tensors)
     values.update(zip(lay.scalars, scalars))
-    values.update({op: graded[o].contiguous() for o, op in bplan.grads})
+    values.update({op: grads[fwd.position[o]].contiguous() for o, op in bplan.grads})
     values.update({op: saved[s] for s, op in bplan.saved})
     if bplan.first_batch:
         values[bplan.first_batch] = autodiff.first_batch(problem[0], A.device)
     for inj in bplan.injected:
-        values[inj.name] = autodiff.injected_gradient(inj, saved[inj.saved.name],
-                                                      graded[inj.of], problem).contiguous()
+        values[inj.name] = autodiff.injected_gradient(
+            inj, saved[inj.saved.name], grads[fwd.position[inj.of]], problem).contiguous()
     return bplan, values
+
+
+def _backward_plan(fwd: Forward, lay: Layout, grads, need_ab: bool, need_t):
+    """``backward_inputs``' plan for these gradients and needs (None: nothing to do)."""
+    wanted = {name for name, need in zip(lay.tensors, need_t) if need}
+    if need_ab:
+        wanted.add(autodiff.ACCUM)
+    differentiable = {o.name for o in fwd.plan.differentiable_outputs()}
+    graded = frozenset(name for name, g in zip(fwd.output_names, grads)
+                       if g is not None and name in differentiable)
+    if not graded or not wanted:
+        return None
+    return caller_reductions(autodiff.backward(fwd.plan, graded, frozenset(wanted),
+                                               batches=fwd.batches,
+                                               name=f"{fwd.parsed.name}_backward"), fwd.grouped)
 
 
 def in_layout_of(like: torch.Tensor, product, transposed) -> torch.Tensor:
@@ -518,65 +532,116 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
     (G, M, N) (every one written: an empty group's accumulator is zero)."""
     grouped = offs is not None
     groups = offs.shape[0] if grouped and fwd.over_k else None
+    call = _BackwardCall.of(fwd, bplan, lay, A.dtype)
     new = A.new_zeros if grouped and not fwd.over_k else A.new_empty
     full = fwd.full_shape(A, B, groups)
-    terms = {name for name, _, _ in bplan.caller_sums}  # (L, M, N), (M, 1), (T, N), ...
-    outs, onames, results = [], [], {}
-    for target, name in bplan.outputs:
-        if target in autodiff.ACCUM_TARGETS:
-            dtype = A.dtype if A.dtype in _GRAD_DTYPES else torch.float32
-            node = bplan.dag.output(name).node
-            if node.kind is NodeKind.LOAD and node.operand.kind is OperandKind.FULL:
-                results[target] = values[node.operand.name].to(dtype)
-                continue
-            t = new(full, dtype=dtype)
-        elif name in terms:
-            out = bplan.dag.output(name)
-            lead = full[:-2] if out.batched else ()
-            cols = (1,) if out.kind is OutputKind.ROW else full[-1:]
-            t = new((*lead, full[-2], *cols), dtype=torch.float32)
-        elif target in bplan.batch_summed:
+    outs, results = [], {}
+    for target, how, arg in call.results:
+        if how is _FROM_OPERAND:  # dAccum is this operand as it is
+            results[target] = values[arg].to(call.grad_dtype)
+            continue
+        if how is _ACCUM:
+            t = new(full, dtype=call.grad_dtype)
+        elif how is _TERM:  # arg: (batched, per row)
+            lead = full[:-2] if arg[0] else ()
+            t = new((*lead, full[-2], *((1,) if arg[1] else full[-1:])), dtype=torch.float32)
+        elif how is _PER_BATCH:
             t = new(fwd.problem(A, B, groups), dtype=tensors[target].dtype)
-        else:
+        else:  # the operand's own shape and dtype
             op = tensors[target]
             t = new(op.shape, dtype=op.dtype)
         outs.append(t)
-        onames.append(name)
         results[target] = t
-    tnames, tvals, snames, svals = [], [], [], []
-    for spec in bplan.dag.operands:
-        v = values[spec.name]
-        if isinstance(v, torch.Tensor):
-            tnames.append(spec.name)
-            tvals.append(v)
-        else:
-            snames.append(spec.name)
-            svals.append(v)
     if not outs:
         return results
-    nones = () if "D" in onames else ("D",)
-    blay = Layout(tuple(tnames), nones, tuple(snames), tuple(onames), 0,
-                  f"the backward of {fwd.where}", False, lay.tune, lay.allow_tf32,
-                  lay.fp8_fast_accum, lay.cc)
+    tvals = [values[n] for n in call.tnames]
+    svals = [values[n] for n in call.snames]
     a, b = A, B
-    if not any(nd.kind is NodeKind.ACCUM for nd in bplan.dag.nodes):
+    if not call.reads_accum:
         # nothing reads the accumulator (a linear layer's dAccum is the upstream gradient):
         # a GEMM over K = 0 runs the epilogue alone
         # (a gated forward's backward then reads saved halves: N wide, not in pairs)
         a = A.new_empty((*A.shape[:-1], 0))
         b = B.new_empty((*B.shape[:-2], 0, full[-1]))
     if grouped:
-        torch_op.call_grouped(a, b, offs, bplan.source, blay.text(), tvals, svals, outs)
+        torch_op.call_grouped(a, b, offs, bplan.source, call.layout, tvals, svals, outs)
     else:
-        torch_op.call(a, b, bplan.source, blay.text(), tvals, svals, outs)
+        torch_op.call(a, b, bplan.source, call.layout, tvals, svals, outs)
     return results
+
+
+# how ``run_backward`` makes each result (``_BackwardCall.results``)
+_FROM_OPERAND, _ACCUM, _TERM, _PER_BATCH, _LIKE_OPERAND = "from operand", "accum", "term", \
+    "per batch", "like operand"
+
+
+class _BackwardCall:
+    """What ``run_backward`` reads of a backward plan, derived once per plan (kept on its
+    ``Forward``, beside the plan in ``backwards``): how each result is made, the names of
+    the operator's tensors and scalars in order, its layout string, and whether the kernel
+    reads the accumulator (else it runs over K = 0). All of it follows from the plan and
+    the forward's structure (its layout's options and names, A's dtype: ``forward_of``'s
+    key); a call supplies only sizes and tensors (host time per backward)."""
+
+    __slots__ = ("plan", "results", "tnames", "snames", "layout", "reads_accum", "grad_dtype")
+
+    @staticmethod
+    def of(fwd: Forward, bplan: autodiff.BackwardPlan, lay: Layout,
+           dtype: torch.dtype) -> "_BackwardCall":
+        hit = fwd.backward_calls.get(id(bplan))
+        if hit is None or hit.plan is not bplan:  # (the plan is held: ids are not reused)
+            hit = fwd.backward_calls[id(bplan)] = _BackwardCall(fwd, bplan, lay, dtype)
+        return hit
+
+    def __init__(self, fwd: Forward, bplan: autodiff.BackwardPlan, lay: Layout,
+                 dtype: torch.dtype):
+        self.plan = bplan
+        self.grad_dtype = dtype if dtype in _GRAD_DTYPES else torch.float32
+        terms = {name: (batched, kind is OutputKind.ROW) for name, kind, batched in
+                 ((n, bplan.dag.output(n).kind, bplan.dag.output(n).batched)
+                  for n, _, _ in bplan.caller_sums)}
+        results, onames = [], []
+        for target, name in bplan.outputs:
+            if target in autodiff.ACCUM_TARGETS:
+                node = bplan.dag.output(name).node
+                if node.kind is NodeKind.LOAD and node.operand.kind is OperandKind.FULL:
+                    results.append((target, _FROM_OPERAND, node.operand.name))
+                    continue
+                results.append((target, _ACCUM, None))
+            elif name in terms:
+                results.append((target, _TERM, terms[name]))
+            elif target in bplan.batch_summed:
+                results.append((target, _PER_BATCH, None))
+            else:
+                results.append((target, _LIKE_OPERAND, None))
+            onames.append(name)
+        self.results = tuple(results)
+        # the operands' kinds by structure: the forward's scalars are numbers (the schema's
+        # Scalar[]), every other operand of the backward is a tensor
+        scalars = set(lay.scalars)
+        names = [spec.name for spec in bplan.dag.operands]
+        self.tnames = tuple(n for n in names if n not in scalars)
+        self.snames = tuple(n for n in names if n in scalars)
+        nones = () if "D" in onames else ("D",)
+        self.layout = Layout(self.tnames, nones, self.snames, tuple(onames), 0,
+                             f"the backward of {fwd.where}", False, lay.tune, lay.allow_tf32,
+                             lay.fp8_fast_accum, lay.cc).text()
+        self.reads_accum = any(nd.kind is NodeKind.ACCUM for nd in bplan.dag.nodes)
 
 
 torch.library.register_autograd("evtfuse::gemm_functional", _backward,
                                 setup_context=_setup_context, lib=_lib)
+_EAGER = eager_autograd.eager_function("gemm_functional", torch.ops.evtfuse.gemm_functional.default,
+                                       2, _setup_context, _backward)
 
 
 def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
+    """``evtfuse::gemm_functional``: through its eager autograd Function outside
+    torch.compile (``runtime.eager_autograd``: the same operator and formula, without
+    torch.library's per-call flattening), as it is under torch.compile."""
+    if not torch.compiler.is_compiling():
+        return eager_autograd.apply(_EAGER, (A, B), wire(source), layout, tensors, scalars,
+                                    outs)
     return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors, scalars,
                                                      outs)
 

@@ -37,10 +37,11 @@ from __future__ import annotations
 import torch
 
 from ..ir import OutputKind
+from . import eager_autograd
 from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
                        check_first_order, forward_of, in_layout_of, operand_gradients,
                        remember, run_backward)
-from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
+from .torch_op import Layout, _lib, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
           "Tensor?[] tensors, Scalar[] scalars, Tensor[] outs) -> Tensor[]")
@@ -56,9 +57,8 @@ def _grouping(B: torch.Tensor, offs: torch.Tensor) -> tuple:
 def _impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
     from .api import run_grouped_values
 
-    lay = parse_layout(layout)
     grouped, groups = _grouping(B, offs)
-    fwd = forward_of(A, B, unwire(epilogue), lay, tensors, outs, grouped, groups)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs, grouped, groups)
     results = allocate_results(fwd, A, B, outs, groups)
     run_grouped_values(A, B, offs, fwd.source, fwd.layout,
                        values_of(fwd.layout, tensors, scalars, results))
@@ -69,8 +69,7 @@ def _fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
     torch._check(A.shape[-1] == B.shape[-2],
                  lambda: f"A @ B: A is {tuple(A.shape)} and B is {tuple(B.shape)}")
     grouped, groups = _grouping(B, offs)
-    fwd = forward_of(A, B, unwire(epilogue), parse_layout(layout), tensors, outs, grouped,
-                     groups)
+    fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs, grouped, groups)
     return allocate_results(fwd, A, B, outs, groups)
 
 
@@ -168,9 +167,16 @@ def _setup_context(ctx, inputs, output) -> None:
 
 torch.library.register_autograd("evtfuse::grouped_gemm_functional", _backward,
                                 setup_context=_setup_context, lib=_lib)
+_EAGER = eager_autograd.eager_function("grouped_gemm_functional",
+                                       torch.ops.evtfuse.grouped_gemm_functional.default, 3,
+                                       _setup_context, _backward)
 
 
 def call(A, B, offs, source: str, layout: str, tensors: list, scalars: list, outs: list) -> list:
+    """``evtfuse::grouped_gemm_functional``, as ``autograd.call`` calls its operator."""
+    if not torch.compiler.is_compiling():
+        return eager_autograd.apply(_EAGER, (A, B, offs), wire(source), layout, tensors,
+                                    scalars, outs)
     return torch.ops.evtfuse.grouped_gemm_functional.default(A, B, offs, wire(source), layout,
                                                              tensors, scalars, outs)
 

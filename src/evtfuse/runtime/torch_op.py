@@ -170,12 +170,22 @@ def check_no_grad(A: torch.Tensor, B: torch.Tensor, named: dict[str, Any]) -> No
             "instead, or run it under torch.no_grad() (inference), or detach the inputs.")
 
 
+@constant_result  # a constant under torch.compile: not traced
 def wire(source: str) -> str:
     """An epilogue's source as the operators carry it: one line, exactly reversible
     (``unwire``). Inductor copies an extern call's arguments into comments of the module it
     generates, where a line break of a string argument ends the comment and breaks the
-    module (``IndentationError``, seen with torch 2.11 compiling a backward on a GPU)."""
-    return source.encode("unicode_escape").decode("ascii")
+    module (``IndentationError``, seen with torch 2.11 compiling a backward on a GPU).
+    Kept per source: every call of a loop passes the same one."""
+    hit = _wired.get(source)
+    if hit is None:
+        if len(_wired) > 4096:
+            _wired.clear()
+        hit = _wired[source] = source.encode("unicode_escape").decode("ascii")
+    return hit
+
+
+_wired: dict[str, str] = {}
 
 
 @functools.lru_cache(maxsize=4096)
