@@ -318,11 +318,12 @@ def test_reductions_in_a_cuda_graph_with_new_offsets():
     graph.replay()
     torch.cuda.synchronize()
     start = 0
-    for g, n in enumerate(sizes):
-        x = D[start:start + n].float()
+    for g, n in enumerate(sizes):  # the reductions read fp32 values, not D's bf16 ones
+        x = A[start:start + n].float() @ B[g].float()
         torch.testing.assert_close(P[g], x.sum(0, keepdim=True), atol=5e-2, rtol=1e-3)
         if n:
-            torch.testing.assert_close(R[start:start + n], x.amax(1, keepdim=True))
+            torch.testing.assert_close(R[start:start + n], x.amax(1, keepdim=True),
+                                       atol=2e-3, rtol=1e-3)
         start += n
 
 
