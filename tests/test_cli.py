@@ -312,8 +312,8 @@ def test_run_bad_flags_exit_2(args, message):
 
 
 def test_run_epilogue_errors_exit_2():
-    res = invoke("run", "-e", "def e(accum):\n    D = softmax(accum)\n    return D")
-    assert res.exit_code == 2 and "unknown function 'softmax'" in res.output
+    res = invoke("run", "-e", "def e(accum):\n    D = softmin(accum)\n    return D")
+    assert res.exit_code == 2 and "unknown function 'softmin'" in res.output
     assert "line 2" in res.output
     res = invoke("run")
     assert res.exit_code == 2 and "no epilogue" in res.output
