@@ -4,7 +4,8 @@ Imported by ``test_fuzz_kernels.py`` (both tiers). ``cases()`` is a hypothesis s
 of :class:`Case`: an epilogue's source, which operands it reads (a full tile ``C``, a
 per-column ``bias``, a per-row ``rowv``, a runtime scalar ``alpha``, a device scalar
 ``sdev``) and which outputs it returns (full tiles of the run's dtype or fp32, per-row,
-per-column and whole-problem reductions of sum, max, min and logsumexp, the accumulator
+per-column and whole-problem reductions of sum, max, min, logsumexp, mean and
+shifted_sumexp, the accumulator
 itself, outputs passed as ``None``, per-row and per-column vectors of broadcast values). ``Case.arguments`` builds ``GemmArguments`` on fresh
 random data for any M, N, K, dtype and device.
 
@@ -72,7 +73,7 @@ TERNARY = ("multiply_add({}, {}, {})",)
 CONDITIONS = {"C": "C > 0.0", "bias": "bias > 0.25", "rowv": "rowv < 0.0"}
 LITERALS = ("0.5", "2.0", "-1.5", "3.0")
 OPERANDS = ("C", "bias", "rowv", "alpha", "sdev")
-REDUCTIONS = ("sum", "max", "min", "logsumexp")
+REDUCTIONS = ("sum", "max", "min", "logsumexp", "mean", "shifted_sumexp")
 # problem sizes: ragged against every tile size, rows of 16-byte multiples (TMA)
 CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
 # (the last: more tiles than two per SM of an H100 at 128x128 and 128x256, so persistent
