@@ -18,6 +18,7 @@ from evtfuse.frontend import parse_epilogue
 from evtfuse.reference import evaluate, evaluate_grouped
 from evtfuse.unparse import to_source
 from offline_run import run_offline
+from test_gated_cpu import expected  # torch's two projections, the one reference
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="CPU-interpreter tier; tests/gpu/test_gpu_gated.py on a GPU")
@@ -34,29 +35,6 @@ CONCAT = """def e(accum, bias_gate, bias_up):
 
 def rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=GEN).to(dtype)
-
-
-def expected(x, Wg, Wu, act, bg=None, bu=None):
-    g, u = x.float() @ Wg.float().mT, x.float() @ Wu.float().mT
-    if bg is not None:
-        g, u = g + bg.float(), u + bu.float()
-    return act(g) * u
-
-
-@pytest.mark.parametrize("kind,act", [("swiglu", F.silu), ("geglu", F.gelu)])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_library_concatenated_against_torch(kind, act, bias, dtype):
-    M, K, N = 37, 40, 26  # odd M, N not a multiple of any tile's half width
-    x, Wg, Wu = rand(M, K, dtype=dtype), rand(N, K, dtype=dtype), rand(N, K, dtype=dtype)
-    W = torch.cat((Wg, Wu))  # (2N, K), as a checkpoint holds it
-    ops = dict(bias_gate=rand(N, dtype=dtype), bias_up=rand(N, dtype=dtype)) if bias else {}
-    D = evtfuse.gemm(x, W.t(), library.gated(kind, bias=bias, layout="concatenated"),
-                     tune="none", **ops)
-    assert D.shape == (M, N) and D.dtype == dtype
-    want = expected(x, Wg, Wu, act, ops.get("bias_gate"), ops.get("bias_up"))
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(D.float(), want, atol=tol * 10, rtol=tol)
 
 
 def test_every_interpreter_config_the_reference_and_the_interleaved_layout():

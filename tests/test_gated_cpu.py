@@ -33,8 +33,9 @@ def swiglu(accum, bias_gate, bias_up):
 
 
 def expected(x, Wg, Wu, act, bg=None, bu=None):
-    g = x.float() @ Wg.float().T
-    u = x.float() @ Wu.float().T
+    """torch's two projections and the activation (batched weights too: ``mT``)."""
+    g = x.float() @ Wg.float().mT
+    u = x.float() @ Wu.float().mT
     if bg is not None:
         g, u = g + bg.float(), u + bu.float()
     return act(g) * u
@@ -43,14 +44,18 @@ def expected(x, Wg, Wu, act, bg=None, bu=None):
 @pytest.mark.parametrize("kind,act", [("swiglu", F.silu), ("geglu", F.gelu)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_library_gated_against_torch(kind, act, bias, dtype):
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+def test_library_gated_against_torch(kind, act, bias, dtype, layout):
+    """Both layouts: the interleaved weight, and a [W_gate; W_up] (2N, K) weight as a
+    checkpoint holds it (``pairs(accum, layout="concatenated")``)."""
     M, K, N = 37, 40, 26  # odd M, N not a multiple of any tile's half width
     x, Wg, Wu = rand(M, K, dtype=dtype), rand(N, K, dtype=dtype), rand(N, K, dtype=dtype)
-    W = evtfuse.interleave_gate_up(Wg, Wu)
+    W = evtfuse.interleave_gate_up(Wg, Wu) if layout == "interleaved" else torch.cat((Wg, Wu))
     ops = {}
     if bias:
         ops = dict(bias_gate=rand(N, dtype=dtype), bias_up=rand(N, dtype=dtype))
-    D = evtfuse.gemm(x, W.t(), library.gated(kind, bias=bias), tune="none", **ops)
+    D = evtfuse.gemm(x, W.t(), library.gated(kind, bias=bias, layout=layout), tune="none",
+                     **ops)
     assert D.shape == (M, N) and D.dtype == dtype
     want = expected(x, Wg, Wu, act, ops.get("bias_gate"), ops.get("bias_up"))
     tol = 1e-4 if dtype == torch.float32 else 2e-2
