@@ -6,21 +6,31 @@
 # the first is the baseline. Runs already in OUTDIR (an earlier call on the same machine)
 # are not measured again, so one call per Triton fits the 10-minute device limit.
 # BUDGET_S (default 420) bounds each run; SHAPES and WORKLOADS override the cells
-# (default: ten workloads, fp8 included, at 8192x8192x1024 and 4096^3).
+# (default: ten workloads, fp8 included, at 8192x8192x1024 and 4096^3). On a host with
+# several GPUs the runs go at once, one per GPU in turn (each run's ratios are to cuBLAS on
+# its own GPU, so the table compares like with like; compiles share the CPUs, which moves
+# first-call times only).
 set -u
 out=${1:?out dir}; shift
 shapes=${SHAPES:-8192x8192x1024,4096}
 workloads=${WORKLOADS:-identity,alpha_beta,bias_relu,bias_gelu_tanh,relu_aux,silu_mul,row_amax,bce_loss,row_logsumexp,fp8_scale_amax}
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+(( gpus > 0 )) || gpus=1
 runs=()
+i=0
 for spec in "$@"; do
   name=${spec%%=*}; dir=${spec#*=}
   runs+=("$name=$out/$name")
   [[ -f $out/$name/results.json ]] && { echo "$name: measured earlier"; continue; }
   mkdir -p "$out"
-  EVTFUSE_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=${dir:+$dir:}src \
-    python3 benchmarks/run.py --systems evtfuse,mm --no-compile --no-chart --shapes "$shapes" \
-      --workloads "$workloads" --budget-s "${BUDGET_S:-420}" --out "$out/$name" \
-      > "$out/$name.log" 2>&1
-  echo "$name: rc=$?"
+  gpu=$(( i++ % gpus ))
+  ( CUDA_VISIBLE_DEVICES=$gpu EVTFUSE_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) \
+      PYTHONPATH=${dir:+$dir:}src \
+      python3 benchmarks/run.py --systems evtfuse,mm --no-compile --no-chart --shapes "$shapes" \
+        --workloads "$workloads" --budget-s "${BUDGET_S:-420}" --out "$out/$name" \
+        > "$out/$name.log" 2>&1
+    echo "$name: rc=$? (GPU $gpu)" ) &
+  (( i % gpus == 0 )) && wait  # every GPU busy: the next run waits for this round
 done
+wait
 (( ${#runs[@]} > 1 )) && python3 scripts/triton_table.py "${runs[@]}" | tee "$out/table.md"
