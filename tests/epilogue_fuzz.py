@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 import evtfuse
 from evtfuse import get_kernels
+from evtfuse.optable import OPS
 
 # more examples, or other ones, when hunting (every fuzz test reads these)
 EXAMPLES = int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0"))
@@ -74,6 +75,9 @@ CONDITIONS = {"C": "C > 0.0", "bias": "bias > 0.25", "rowv": "rowv < 0.0"}
 LITERALS = ("0.5", "2.0", "-1.5", "3.0")
 OPERANDS = ("C", "bias", "rowv", "alpha", "sdev")
 REDUCTIONS = ("sum", "max", "min", "logsumexp", "mean", "shifted_sumexp")
+# those with a derivative in the op table (``cases(differentiable=True)``: the gradient
+# fuzzers)
+DIFFERENTIABLE = tuple(r for r in REDUCTIONS if OPS[r].grad is not None)
 # problem sizes: ragged against every tile size, rows of 16-byte multiples (TMA)
 CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
 # (the last: more tiles than two per SM of an H100 at 128x128 and 128x256, so persistent
@@ -242,7 +246,8 @@ def _renamed(src: str, names: dict[str, str]) -> str:
 
 
 @st.composite
-def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True) -> Case:
+def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
+          differentiable: bool = False) -> Case:
     """An epilogue of 1-``max_steps`` assignments and one to four outputs; ``named``: its
     operands and outputs take drawn names (``user_names``)."""
     operands = [n for n in OPERANDS if draw(st.booleans())]
@@ -267,7 +272,7 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True)
         outputs.append(("F", draw(st.sampled_from(("full", "full32")))))
     if reductions and (d_kind == "none" or draw(st.booleans())):
         for r in range(draw(st.integers(1, 2))):
-            red = draw(st.sampled_from(REDUCTIONS))
+            red = draw(st.sampled_from(DIFFERENTIABLE if differentiable else REDUCTIONS))
             body.append(f"R{r} = {red}({draw(st.sampled_from(values))})")
             outputs.append((f"R{r}", draw(st.sampled_from(AXES))))
     # stored vectors: values constant along a row (per-row operands) or a column

@@ -69,6 +69,8 @@ def to_source(dag: Dag, name: str | None = None) -> str:
     def ref(n: Node) -> str:
         return text[id(n)]
 
+    means = {id(n): n.inputs[0] for n in dag.nodes if _is_mean(n)}
+    mean_sums = {id(r) for r in means.values()}
     for n in dag.nodes:
         if n.kind is NodeKind.ACCUM:
             text[id(n)] = part_names[n.op]
@@ -79,8 +81,17 @@ def to_source(dag: Dag, name: str | None = None) -> str:
         elif n.kind is NodeKind.INDEX:
             text[id(n)] = f"{n.op}_index()"
         elif n.kind is NodeKind.REDUCE:
-            text[id(n)] = out_name[id(n)]
-            lines.append(f"{out_name[id(n)]} = {n.op}({ref(n.inputs[0])})")
+            if id(n) in mean_sums and id(n) not in out_name:
+                continue  # written as the mean that divides it (below)
+            # a reduction of a lowered row (softmax's) has no output: a name of its own, read
+            # back as a reduction used (per row)
+            target = out_name.get(id(n)) or next(fresh)
+            text[id(n)] = target
+            lines.append(f"{target} = {n.op}({ref(n.inputs[0])})")
+        elif id(n) in means:  # mean(x): the frontend's sum(x) / count, as the user wrote it
+            target = out_name.get(id(n)) or next(fresh)
+            lines.append(f"{target} = mean({ref(means[id(n)].inputs[0])})")
+            text[id(n)] = target
         else:
             target = out_name.get(id(n)) or next(fresh)
             lines.append(f"{target} = {_expression(n, ref, lines, fresh)}")
@@ -95,6 +106,14 @@ def to_source(dag: Dag, name: str | None = None) -> str:
     body = "\n".join(f"    {line}" for line in lines)
     returns = ", ".join(o.name for o in dag.outputs)
     return f"def {name or dag.name}({params}):\n{body}\n    return {returns}\n"
+
+
+def _is_mean(n: Node) -> bool:
+    """Whether ``n`` is a ``mean`` as the frontend lowers it: a sum no variable names (the
+    lowering's own), divided by a constant (the count of reduced elements)."""
+    return (n.kind is NodeKind.COMPUTE and n.op == "div" and n.inputs[0].kind is NodeKind.REDUCE
+            and n.inputs[0].op == "sum" and n.inputs[0].var is None
+            and n.inputs[1].kind is NodeKind.CONST)
 
 
 def _expression(n: Node, ref, lines: list[str], fresh: Iterator[str]) -> str:
