@@ -4,8 +4,9 @@ weight's ``W.t()`` read as it is) on the CPU tier: the portable kernel under Tri
 interpreter against torch's two projections and against the interleaved layout, dense,
 batched, grouped over M and over K, every interpreter config, N not a multiple of the
 tile; gradients (dense, grouped over M and over K, both backward modes) landing in the
-concatenated weight's halves; the parse, its errors and the unparse round trip; an offline
-sm_90 compile (docs/gated.md)."""
+concatenated weight's halves; the parse, its errors and the unparse round trip
+(docs/gated.md). The library's epilogues in both layouts and their offline sm_90 compiles:
+tests/test_gated_cpu.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, library
 from evtfuse.frontend import parse_epilogue
 from evtfuse.reference import evaluate, evaluate_grouped
 from evtfuse.unparse import to_source
-from offline_run import run_offline
 from test_gated_cpu import expected  # torch's two projections, the one reference
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
@@ -177,30 +177,3 @@ def test_parse_errors_and_unparse_round_trip():
                                                     D=D))
     text = to_source(args.dag)
     assert "layout='concatenated'" in text and parse_epilogue(text).gated == "concatenated"
-
-
-_OFFLINE_SCRIPT = """
-import json, torch
-from evtfuse import EpilogueArguments, GemmArguments, library
-from evtfuse.backends.triton.families import PortableFamily, TileConfig
-from evtfuse.runtime.offline import compile_for
-M, K, N = 4096, 1024, 2048
-dt = torch.bfloat16
-x, W = torch.empty(M, K, dtype=dt), torch.empty(2 * N, K, dtype=dt)
-bg, bu, D = torch.empty(N, dtype=dt), torch.empty(N, dtype=dt), torch.empty(M, N, dtype=dt)
-epi = EpilogueArguments(library.gated("swiglu", bias=True, layout="concatenated"),
-                        bias_gate=bg, bias_up=bu, D=D)
-args = GemmArguments(x, W.t(), D, epilogue=epi)
-out = {}
-for bn in (128, 256):
-    c = compile_for(PortableFamily(), TileConfig(128, bn, 64, 8, 8, 3), args)
-    out[bn] = {"shared": c.shared_bytes, "spills": c.spills}
-print("RESULT" + json.dumps(out))
-"""
-
-
-def test_concatenated_kernel_compiles_for_sm90():
-    """The concatenated-layout portable kernel (bf16 SwiGLU with biases, a [W_gate; W_up]
-    weight's W.t()) compiles offline to an sm_90 cubin at BLOCK_N 128 and 256."""
-    got = run_offline(_OFFLINE_SCRIPT, timeout=600)
-    assert got["128"]["shared"] > 0 and got["256"]["shared"] > 0, got

@@ -376,14 +376,15 @@ def test_grouped_moe_swiglu_gradients(mode):
 
 _OFFLINE_SCRIPT = """
 import json, torch
-from evtfuse import EpilogueArguments, GemmArguments, library, interleave_gate_up
+from evtfuse import EpilogueArguments, GemmArguments, library
 from evtfuse.backends.triton.families import PortableFamily, TileConfig
 from evtfuse.runtime.offline import compile_for
 M, K, N = 4096, 1024, 2048
 dt = torch.bfloat16
 x, W = torch.empty(M, K, dtype=dt), torch.empty(2 * N, K, dtype=dt)
 bg, bu, D = torch.empty(N, dtype=dt), torch.empty(N, dtype=dt), torch.empty(M, N, dtype=dt)
-epi = EpilogueArguments(library.gated("swiglu", bias=True), bias_gate=bg, bias_up=bu, D=D)
+epi = EpilogueArguments(library.gated("swiglu", bias=True, layout=LAYOUT), bias_gate=bg,
+                        bias_up=bu, D=D)
 args = GemmArguments(x, W.t(), D, epilogue=epi)
 out = {}
 for bn in (128, 256):
@@ -393,10 +394,12 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def test_gated_kernel_compiles_for_sm90():
-    """The gated portable kernel (bf16 SwiGLU with biases, W.t()) compiles offline to an
-    sm_90 cubin at BLOCK_N 128 and 256."""
-    got = run_offline(_OFFLINE_SCRIPT, timeout=600)
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+def test_gated_kernel_compiles_for_sm90(layout):
+    """The gated portable kernel (bf16 SwiGLU with biases, W.t(); B's columns interleaved,
+    or a [W_gate; W_up] weight's) compiles offline to an sm_90 cubin at BLOCK_N 128 and
+    256."""
+    got = run_offline(_OFFLINE_SCRIPT.replace("LAYOUT", repr(layout)), timeout=600)
     assert got["128"]["shared"] > 0 and got["256"]["shared"] > 0, got
 
 

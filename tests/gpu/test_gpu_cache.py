@@ -34,12 +34,22 @@ def test_tuned_call_from_a_fresh_cache(own_cache, monkeypatch):
     assert cache.record_problem({k: v for k, v in entries[0].items() if k != "file"}) is None
 
 
-def test_a_new_m_of_a_known_size_class_compiles_nothing(own_cache, monkeypatch):
-    """After a tuned call at M=1024, a call at M=920 (the same size class) takes the class's
-    kernel and Triton compiles nothing (``jit_cache_hook`` runs on every in-memory miss of
-    a JIT function, before it compiles): M is unspecialised, the constexprs are the same."""
+def _compiles(call, m: int, monkeypatch) -> list:
+    """What Triton compiled during ``call(m)``: ``jit_cache_hook`` runs on every in-memory
+    miss of a JIT function, before it compiles."""
     from triton import knobs
 
+    misses = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
+                        lambda *a, **k: misses.append(k.get("repr", a)) and False)
+    call(m)
+    return misses
+
+
+def test_a_new_m_of_a_known_size_class_compiles_nothing(own_cache, monkeypatch):
+    """After a tuned call at M=1024, a call at M=920 (the same size class) takes the class's
+    kernel and Triton compiles nothing (``_compiles``): M is unspecialised, the constexprs
+    are the same."""
     monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "20")
     src = "def epi(accum, C): D = gelu_tanh(accum) * 0.5 + C; return D"
     N, K = 2048, 512
@@ -53,10 +63,7 @@ def test_a_new_m_of_a_known_size_class_compiles_nothing(own_cache, monkeypatch):
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
 
     call(1024)
-    misses = []
-    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
-                        lambda *a, **k: misses.append(k.get("repr", a)) and False)
-    call(920)
+    misses = _compiles(call, 920, monkeypatch)
     assert not misses, misses
 
 
@@ -65,8 +72,6 @@ def test_a_new_m_of_the_other_kind_is_compiled_ahead(own_cache, monkeypatch):
     (``EVEN_MN``): after a tuned call at M=1024 (covered) the other variant compiles in the
     background (``runtime.background``), so a call at M=920 (not covered), once that is
     done, compiles nothing, and its sum is right (rows past M not counted)."""
-    from triton import knobs
-
     from evtfuse.runtime import background
 
     monkeypatch.setenv("EVTFUSE_TUNE_BUDGET_S", "20")
@@ -86,8 +91,5 @@ def test_a_new_m_of_the_other_kind_is_compiled_ahead(own_cache, monkeypatch):
 
     call(1024)
     background.wait(120)
-    misses = []
-    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
-                        lambda *a, **k: misses.append(k.get("repr", a)) and False)
-    call(920)
+    misses = _compiles(call, 920, monkeypatch)
     assert not misses, misses
