@@ -869,17 +869,8 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         if grouped:
             _check_grouped_output(name, node, kind, batched, given[name])
         outputs.append(Output(name, node, kind, dtype, batched))
-    if grouped and any(n.kind is not ir.NodeKind.REDUCE for n in late.values()):
-        first = next(n for n in late.values() if n.kind is ir.NodeKind.REDUCE)
-        raise error(f"{first.op}(...) feeds computation (softmax, log_softmax, mean or a "
-                    "reduction's result used); grouped GEMMs do not run reductions that feed "
-                    "computation yet (docs/grouped.md)", first.line, first.var)
-    shifted = [n for n in late.values() if n.kind is ir.NodeKind.REDUCE
-               and n.op == "shifted_sumexp"]
-    if grouped and shifted:
-        raise error("shifted_sumexp(...) in a grouped GEMM: grouped kernels do not compute it "
-                    "yet; logsumexp(x) - max(x) gives the log of it", shifted[0].line,
-                    shifted[0].var)
+    if grouped:
+        _check_grouped_reductions(late.values(), error)
     used = {id(n) for n in ir.Dag(tuple(outputs), specs).nodes} if pending else set()
     for name, (op, _, rline) in pending.items():
         if id(reduced[name]) not in used:
@@ -953,6 +944,24 @@ class _NodeBuilder:
 
     def call(self, op: str, vals: list, params: dict) -> ir.Node:
         return ir.compute_node(op, vals, tuple(params.items()), line=self.line)
+
+
+def _check_grouped_reductions(late, error) -> None:
+    """What a grouped GEMM refuses of its reductions (``late``: the reductions and the
+    values computed from them): a reduction feeding computation (no two-pass plan for
+    grouped problems), and shifted_sumexp (the grouped reference evaluator combines the
+    groups' results, which shifted_sumexp's are not without their max)."""
+    reductions = [n for n in late if n.kind is ir.NodeKind.REDUCE]
+    if len(reductions) < len(late):
+        first = reductions[0]
+        raise error(f"{first.op}(...) feeds computation (softmax, log_softmax, mean or a "
+                    "reduction's result used); grouped GEMMs do not run reductions that feed "
+                    "computation yet (docs/grouped.md)", first.line, first.var)
+    shifted = [n for n in reductions if n.op == "shifted_sumexp"]
+    if shifted:
+        raise error("shifted_sumexp(...) in a grouped GEMM: grouped kernels do not compute it "
+                    "yet; logsumexp(x) - max(x) gives the log of it", shifted[0].line,
+                    shifted[0].var)
 
 
 def _reduced_count(space: ir.Space, batched: bool, problem: tuple[int, int, int]) -> int:

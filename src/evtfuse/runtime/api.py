@@ -496,8 +496,8 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=Non
     # first call of this structure, or tensors that now overlap: validate everything
     epi = EpilogueArguments(parsed, **values) if offs is None else \
         EpilogueArguments.unbound(parsed, **values)  # per-group operands: bound per group
-    args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi, allow_tf32=lay.allow_tf32,
-                         fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
+    args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi,
+                         allow_tf32=lay.allow_tf32, fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
     kernel = choose_kernel(args, tune=lay.tune, cc=cc)
     plan = kernel.plan(args)
     plan(A, B, launch)
