@@ -69,7 +69,10 @@ def to_source(dag: Dag, name: str | None = None) -> str:
     def ref(n: Node) -> str:
         return text[id(n)]
 
-    means = {id(n): n.inputs[0] for n in dag.nodes if _is_mean(n)}
+    # a mean whose sum has no name of its own (the frontend's lowering) is written as mean;
+    # a named sum (an output: a two-pass plan's workspace) keeps its division
+    means = {id(n): n.inputs[0] for n in dag.nodes
+             if _is_mean(n) and id(n.inputs[0]) not in out_name}
     mean_sums = {id(r) for r in means.values()}
     for n in dag.nodes:
         if n.kind is NodeKind.ACCUM:
@@ -81,7 +84,7 @@ def to_source(dag: Dag, name: str | None = None) -> str:
         elif n.kind is NodeKind.INDEX:
             text[id(n)] = f"{n.op}_index()"
         elif n.kind is NodeKind.REDUCE:
-            if id(n) in mean_sums and id(n) not in out_name:
+            if id(n) in mean_sums:
                 continue  # written as the mean that divides it (below)
             # a reduction of a lowered row (softmax's) has no output: a name of its own, read
             # back as a reduction used (per row)
