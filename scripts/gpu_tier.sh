@@ -7,12 +7,21 @@
 # TRITON_DIR=/opt/t371 (a folder holding that release's unpacked `triton` package) goes
 # ahead of src on PYTHONPATH. On a host with several GPUs the shards take them in turn
 # (compiles are CPU-bound: such hosts also have more cores); CUDA_VISIBLE_DEVICES, when
-# set, pins every shard to it.
+# set (one GPU or a list: 1,2,3), names the GPUs they take. The longest shards run split over several processes
+# (pytest --shard I/N, tests/conftest.py; logs <shard>.<I>.log): `splits` below, or NAME/N
+# on the command line (NAME/1: whole).
 set -u
 out=${1:?log folder}
 limit=${2:-540}
 shift $(( $# < 2 ? $# : 2 ))
-only=" $* "  # shard names to run (none: every shard)
+declare -A splits=([kernels_b]=3 [cast_fp8]=3 [special_g2]=3 [special_g1]=2 [grouped]=2
+                   [autograd_r]=2 [autograd_s]=2 [fuzz_inputs]=2 [fuzz_other]=2)
+only=" "  # shard names to run (none: every shard)
+for arg in "$@"; do
+  name=${arg%%/*}
+  only+="$name "
+  [[ $arg == */* ]] && splits[$name]=${arg#*/}
+done
 mkdir -p "$out"
 G=tests/gpu/test_gpu_gluon.py
 K=tests/gpu/test_gpu_kernels.py
@@ -53,29 +62,46 @@ declare -A shards=(
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
   [[ " ${shards[*]} " == *"$f"* ]] || { echo "gpu_tier.sh: $f is in no shard" >&2; exit 2; }
 done
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)  # shards take the GPUs in turn (one GPU: all on it)
-(( gpus > 0 )) || gpus=1
+for name in $only; do
+  [[ -n ${shards[$name]:-} ]] || { echo "gpu_tier.sh: no shard $name" >&2; exit 2; }
+done
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+  IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
+else  # every GPU of the host (none: all on device 0)
+  n=$(nvidia-smi -L 2>/dev/null | wc -l)
+  read -r -a gpus <<< "$(seq -s ' ' 0 $(( (n > 0 ? n : 1) - 1 )))"
+fi
+all=$(IFS=,; echo "${gpus[*]}")
 i=0
 pids=()
+logs=()
 for name in "${!shards[@]}"; do
-  [[ $only == "  " || $only == *" $name "* ]] || { unset "shards[$name]"; continue; }
+  [[ $only == " " || $only == *" $name "* ]] || continue
   files=${shards[$name]%%|*}
   sel=${shards[$name]#*|}
   read -r -a args <<< "$files"
   [[ -n $sel ]] && args+=(-k "$sel")
-  gpu=$(( i++ % gpus ))
-  [[ $name == torch ]] && gpu=$(seq -s, 0 $(( gpus - 1 )))  # its tests of tensors on cuda:1
-  ( CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$gpu} EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout "$limit" \
-      python3 -m pytest -q -m gpu -p no:cacheprovider "${args[@]}" > "$out/$name.log" 2>&1
-    echo "rc=$?" >> "$out/$name.log" ) &
-  pids+=($!)
+  n=${splits[$name]:-1}
+  for (( part = 1; part <= n; part++ )); do
+    log=$out/$name.log
+    extra=()
+    (( n > 1 )) && { log=$out/$name.$part.log; extra=(--shard "$part/$n"); }
+    gpu=${gpus[i++ % ${#gpus[@]}]}
+    [[ $name == torch ]] && gpu=$all  # its tests of tensors on cuda:1
+    ( CUDA_VISIBLE_DEVICES=$gpu EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout "$limit" \
+        python3 -m pytest -q -m gpu -p no:cacheprovider "${args[@]}" "${extra[@]}" > "$log" 2>&1
+      echo "rc=$?" >> "$log" ) &
+    pids+=($!)
+    logs+=("$log")
+  done
 done
 wait "${pids[@]}"
 status=0
-for name in "${!shards[@]}"; do
-  summary=$(grep -E " in [0-9.]+s" "$out/$name.log" | tail -1)
-  rc=$(tail -1 "$out/$name.log")
-  echo "$name: $summary $rc"
+for log in "${logs[@]}"; do
+  summary=$(grep -E " in [0-9.]+s" "$log" | tail -1)
+  rc=$(tail -1 "$log")
+  name=${log##*/}
+  echo "${name%.log}: $summary $rc"
   [[ $rc == rc=0 ]] || status=1
 done
 exit $status

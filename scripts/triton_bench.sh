@@ -9,13 +9,19 @@
 # (default: ten workloads, fp8 included, at 8192x8192x1024 and 4096^3). On a host with
 # several GPUs the runs go at once, one per GPU in turn (each run's ratios are to cuBLAS on
 # its own GPU, so the table compares like with like; compiles share the CPUs, which moves
-# first-call times only).
+# first-call times only). CUDA_VISIBLE_DEVICES (a list: 1,2,3) names the GPUs to use;
+# TUNE (default fast) is evtfuse.gemm's tune= for every run.
 set -u
 out=${1:?out dir}; shift
 shapes=${SHAPES:-8192x8192x1024,4096}
 workloads=${WORKLOADS:-identity,alpha_beta,bias_relu,bias_gelu_tanh,relu_aux,silu_mul,row_amax,bce_loss,row_logsumexp,fp8_scale_amax}
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-(( gpus > 0 )) || gpus=1
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+  IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
+else
+  n=$(nvidia-smi -L 2>/dev/null | wc -l)
+  read -r -a ids <<< "$(seq -s ' ' 0 $(( (n > 0 ? n : 1) - 1 )))"
+fi
+gpus=${#ids[@]}
 runs=()
 i=0
 for spec in "$@"; do
@@ -23,11 +29,11 @@ for spec in "$@"; do
   runs+=("$name=$out/$name")
   [[ -f $out/$name/results.json ]] && { echo "$name: measured earlier"; continue; }
   mkdir -p "$out"
-  gpu=$(( i++ % gpus ))
+  gpu=${ids[i++ % gpus]}
   ( CUDA_VISIBLE_DEVICES=$gpu EVTFUSE_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) \
       PYTHONPATH=${dir:+$dir:}src \
       python3 benchmarks/run.py --systems evtfuse,mm --no-compile --no-chart --shapes "$shapes" \
-        --workloads "$workloads" --budget-s "${BUDGET_S:-420}" --out "$out/$name" \
+        --workloads "$workloads" --budget-s "${BUDGET_S:-420}" --tune "${TUNE:-fast}" --out "$out/$name" \
         > "$out/$name.log" 2>&1
     echo "$name: rc=$? (GPU $gpu)" ) &
   (( i % gpus == 0 )) && wait  # every GPU busy: the next run waits for this round

@@ -3,6 +3,8 @@
 Without a CUDA GPU, kernels run through Triton's CPU interpreter: it must be switched on
 before any kernel module is generated, so it is set here, before tests import evtfuse.
 The kernel cache goes to a per-session temporary folder so tests never touch ~/.cache.
+``--shard I/N`` keeps every N-th selected test from the I-th (1-based): the GPU tier splits
+its longest shards over several processes with it (scripts/gpu_tier.sh).
 """
 
 import os
@@ -27,3 +29,23 @@ def own_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(tuner, "_records", {})
     monkeypatch.setattr(tuner, "_chosen", {})
     monkeypatch.setattr(cache, "_loaded", {})
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run every N-th selected test, from the I-th (1 <= I <= N)")
+
+
+def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        i, n = (int(p) for p in spec.split("/"))
+        assert 1 <= i <= n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"--shard: expected I/N with 1 <= I <= N, got {spec!r}") from None
+    gone = [t for k, t in enumerate(items) if k % n != i - 1]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = [t for k, t in enumerate(items) if k % n == i - 1]
