@@ -9,7 +9,7 @@
 # (compiles are CPU-bound: such hosts also have more cores); CUDA_VISIBLE_DEVICES, when
 # set (one GPU or a list: 1,2,3), names the GPUs they take. The longest shards run split over several processes
 # (pytest --shard I/N, tests/conftest.py; logs <shard>.<I>.log): `splits` below, or NAME/N
-# on the command line (NAME/1: whole).
+# on the command line (NAME/1: whole). Fuzz failures are reported unshrunk (EVTFUSE_FUZZ_SHRINK=0).
 set -u
 out=${1:?log folder}
 limit=${2:-540}
@@ -73,6 +73,17 @@ else  # every GPU of the host (none: all on device 0)
 fi
 all=$(IFS=,; echo "${gpus[*]}")
 i=0
+# one process per shard part, each with its share of the cores (torch's CPU threads and
+# evtfuse's compile threads would otherwise each take every core: 40 processes of 64
+# threads ran the 3.6.0 tier at a third of its speed on a 64-core host)
+procs=0
+for name in "${!shards[@]}"; do
+  [[ $only == " " || $only == *" $name "* ]] && (( procs += ${splits[$name]:-1} ))
+done
+cores=$(nproc)
+share=$(( cores / procs > 0 ? cores / procs : 1 ))
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$share} EVTFUSE_COMPILE_WORKERS=${EVTFUSE_COMPILE_WORKERS:-$share}
+export EVTFUSE_FUZZ_SHRINK=${EVTFUSE_FUZZ_SHRINK:-0}  # a failing example as drawn
 pids=()
 logs=()
 for name in "${!shards[@]}"; do

@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 import torch
-from hypothesis import HealthCheck, seed, settings
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 
 import evtfuse
@@ -48,14 +48,18 @@ from evtfuse.optable import OPS
 # more examples, or other ones, when hunting (every fuzz test reads these)
 EXAMPLES = int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0"))
 SEED = int(os.environ.get("EVTFUSE_FUZZ_SEED", "0"))
+# EVTFUSE_FUZZ_SHRINK=0: report a failing example as drawn, unshrunk (the GPU tier: a
+# shrink there can spend a device call's minutes; the example is then reproduced on the CPU)
+SHRINK = os.environ.get("EVTFUSE_FUZZ_SHRINK", "1") != "0"
 
 
 def drawn(default_examples: int, base_seed: int):
     """hypothesis settings of the fuzz tests: ``default_examples`` (``EVTFUSE_FUZZ_EXAMPLES``
     instead when set) from the fixed seed ``base_seed`` shifted by ``EVTFUSE_FUZZ_SEED``, so
     CI runs the same examples every time; no example database."""
+    phases = [p for p in Phase if SHRINK or p.name not in ("shrink", "explain")]
     conf = settings(max_examples=EXAMPLES or default_examples, deadline=None, database=None,
-                    print_blob=True,
+                    print_blob=True, phases=phases,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
     return lambda fn: seed(base_seed + SEED)(conf(fn))
