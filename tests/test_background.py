@@ -5,6 +5,9 @@ caller fetched (so the thread makes no CUDA call that could disturb a graph capt
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -87,3 +90,32 @@ def test_it_can_be_turned_off(monkeypatch):
     plan = _Plan()
     assert not background.compile_variant(plan, torch.zeros(2), torch.zeros(2), {}, EVEN_MN=False)
     assert plan.jit.calls == []
+
+
+def test_an_ending_process_waits_for_its_background_compiles(tmp_path):
+    """A compile still running when the program ends finishes before the interpreter
+    exits (a daemon thread stopped inside Triton's compiler aborted the exit on 3.9)."""
+    done = tmp_path / "done"
+    script = f"""
+import time, torch
+from evtfuse.runtime import background
+
+class Jit:
+    def warmup(self, *args, **kwargs):
+        time.sleep(1.0)
+        open({str(done)!r}, "w").write("compiled")
+
+class Plan:
+    jit, consts, grid = Jit(), {{"EVEN_MN": True}}, (1,)
+    def positional(self, A, B, values):
+        return [A, B]
+    def warmup_positional(self, positional, **consts):
+        self.jit.warmup(*positional, grid=self.grid, **consts)
+
+assert background.compile_variant(Plan(), torch.zeros(2), torch.zeros(2), {{}}, EVEN_MN=False)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert done.read_text() == "compiled"

@@ -10,10 +10,16 @@ the JIT function's cache at once, so that a launch of that variant from another 
 before the compile ends waits for it instead of compiling it again. A failure is logged
 (debug) and left to the launch that needs the variant, which compiles and reports it as
 ever. Nothing runs on the GPU here. ``EVTFUSE_BACKGROUND_COMPILE=0`` turns it off.
+
+A process that ends while such a compile runs waits for it (at most ``EXIT_WAIT_S``): a
+daemon thread stopped inside Triton's compiler aborted the interpreter's exit on Triton 3.9
+("terminate called without an active exception", exit status 134, after every test of a
+GPU shard had passed).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -26,6 +32,7 @@ log = logging.getLogger("evtfuse")
 _started: set = set()
 _threads: list[threading.Thread] = []
 _lock = threading.Lock()
+EXIT_WAIT_S = 120.0  # the longest an exiting process waits for its background compiles
 
 
 def enabled() -> bool:
@@ -48,7 +55,10 @@ def compile_variant(plan, A, B, values, **consts) -> bool:
     positional = plan.positional(A, B, values)  # here: it may allocate a workspace
     thread = threading.Thread(target=_compile, args=(mode, plan, positional, consts),
                               name="evtfuse-background-compile", daemon=True)
-    _threads.append(thread)
+    with _lock:
+        if not _threads:
+            atexit.register(_wait_at_exit)
+        _threads.append(thread)
     thread.start()
     return True
 
@@ -68,3 +78,13 @@ def wait(timeout: float | None = None) -> None:
     """Wait for the background compiles started so far (tests, benchmarks)."""
     for t in list(_threads):
         t.join(timeout)
+
+
+def _wait_at_exit() -> None:
+    """The process is ending: let running compiles finish (all of them within
+    ``EXIT_WAIT_S``) rather than stop them inside Triton's compiler."""
+    import time
+
+    end = time.monotonic() + EXIT_WAIT_S
+    for t in list(_threads):
+        t.join(max(0.0, end - time.monotonic()))
