@@ -228,6 +228,15 @@ def test_cooperative_tiles_share_the_ring():
     assert "per-column sum" in fam._coop_refusal(col)
     folded = _args("def epi(accum): D = accum; cm = max(accum); return D, cm", cm=torch.empty(N))
     assert fam._coop_refusal(folded) is None  # atomic folds do not care whose rows
+    # a per-batch whole-output reduction: one partial per tile (both halves stored to it)
+    for op in ("sum", "max", "logsumexp"):
+        per_batch = GemmArguments(
+            torch.randn(3, M, K).to(BF), args.B, None, torch.float32,
+            EpilogueArguments(f"def epi(accum): D = accum; s = {op}(accum); return D, s",
+                              D=torch.empty(3, M, N), s=torch.empty(3, 1, 1)))
+        assert f"per-batch {op}" in fam._coop_refusal(per_batch)
+        assert not any(c.cooperative for c in fam.configs(per_batch, H100))
+        assert any(not c.cooperative for c in fam.configs(per_batch, H100))
 
 
 def test_quarters_run_in_a_runtime_loop_where_the_body_allows():

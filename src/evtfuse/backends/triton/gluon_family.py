@@ -245,6 +245,11 @@ class GluonFamily(KernelFamily):
             if o.kind is OutputKind.COL and not atomic_folded(o):
                 return (f"{o.name} is a per-column {o.node.op}: one partial per tile and column, "
                         "and a cooperative tile's two consumers each hold half the rows")
+            if o.kind is OutputKind.SCALAR and o.batched:
+                # (both consumers stored to the tile's one slot: the last store won, and a
+                # batch's result lost half its rows; Triton 3.9 showed it at 19 rows a batch)
+                return (f"{o.name} is a per-batch {o.node.op}: one partial per tile, and a "
+                        "cooperative tile's two consumers each hold half the rows")
         return None
 
     @staticmethod
