@@ -252,6 +252,69 @@ def test_a_row_without_derivative_raises_wherever_a_gradient_passes_it(monkeypat
     autodiff.plan_forward(dag, {"accum"}, parsed)  # A and B's gradient does not pass erf
 
 
+LATE = [  # reductions feeding computation, and values computed from them
+    ("def e(accum, rowv):\n    D = accum\n    m = mean(accum * rowv)\n    return D, m",
+     {"m": (M, 1)}, {"rowv"}),
+    ("def e(accum, bias):\n    D = accum\n    c = mean(accum * 2.0 + bias)\n    return D, c",
+     {"c": (N,)}, {"bias"}),
+    ("def e(accum, s):\n    D = accum\n    w = mean(accum * s)\n    return D, w",
+     {"w": (1,)}, {"s"}),
+    ("def e(accum, rowv, bias):\n    m = mean(accum * accum)\n"
+     "    D = accum * rsqrt(m + 1e-6) * rowv + bias\n    return D", {}, {"rowv", "bias"}),
+    ("def e(accum, C):\n    lse = logsumexp(accum + C)\n    D = exp(accum - lse)\n"
+     "    return D, lse", {"lse": (M, 1)}, {"C"}),
+    ("def e(accum, rowv):\n    q = sum(accum * accum)\n    D = sqrt(q + 1.0) * rowv\n"
+     "    return D", {}, {"rowv"}),
+]
+
+
+@pytest.mark.parametrize("L", [1, 3])
+@pytest.mark.parametrize("src,outs,wrt", LATE, ids=["row_mean", "col_mean", "whole_mean",
+                                                   "rms_norm", "lse_shift", "norm_stored"])
+def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
+    """A value computed from a reduction's result (a mean: the sum over a count; a norm; a
+    function of a logsumexp) takes its gradient as a value of its own shape, which the
+    reduction's rule broadcasts back over the tile; the backward reads the reduction's
+    result as the forward stored it (only where a rule needs it)."""
+    lead = (L,) if L > 1 else ()
+    A, B = _rand(*lead, M, K), _rand(K, N, seed=1)
+    shapes = {k: (*lead, *v) if v != (N,) and v != (1,) else ((L, 1, N) if v == (N,) else
+                                                                (L, 1, 1)) if L > 1 else v
+              for k, v in outs.items()}
+    operands = dict(rowv=_rand(*lead, M, 1, seed=4), bias=_rand(N, seed=3), s=_rand(seed=5),
+                    C=_rand(*lead, M, N, seed=6))
+    values = dict({k: v for k, v in operands.items() if k in wrt}, D=torch.empty(*lead, M, N),
+                  **{k: torch.empty(*v) for k, v in shapes.items()})
+    graded = {k: _rand(*v, seed=10 + i) for i, (k, v) in enumerate(shapes.items())}
+    graded["D"] = _rand(*lead, M, N, seed=9)
+    _check(src, A, B, values, graded, wrt, what=src)
+    dag = bind(parse_epilogue(src), values, (L, M, N))
+    plan = autodiff.plan_forward(dag, {"accum", *wrt}, parse_epilogue(src), batches=L)
+    # the backward reads a reduction's result where a rule needs it, not a mean's sum
+    # (its gradient needs only the count)
+    assert bool(plan.values) == ("mean(accum *" not in src or "rsqrt" in src), plan.values
+    bwd = autodiff.backward(plan, set(graded), {"accum", *wrt}, batches=L).dag
+    assert all(n.op != "logsumexp" for n in bwd.nodes)  # read, not recomputed
+
+
+@pytest.mark.parametrize("src,match", [
+    ("def e(accum):\n    D = softmax(accum)\n    return D", "softmax and log_softmax"),
+    ("def e(accum):\n    m = max(accum)\n    D = accum - m\n    return D",
+     "a max whose result feeds computation"),
+    ("def e(accum):\n    c = sum(accum)\n    D = accum - c\n    return D, c",
+     "a per-column or whole-output value feeds the tile"),
+])
+def test_gradients_through_reductions_feeding_the_tile_are_refused(src, match):
+    """Where a reduction's result feeds the tile's computation (softmax, a shift by a
+    logsumexp) or the reduction is a max whose ties are counted outside the kernel, the
+    call raises at the forward, naming the line: no silent detach."""
+    parsed = parse_epilogue(src)
+    values = {"D": torch.empty(M, N), **({"c": torch.empty(N)} if "c" in parsed.outputs else {})}
+    dag = bind(parsed, values, (1, M, N))
+    with pytest.raises(EpilogueError, match=match):
+        autodiff.plan_forward(dag, {"accum"}, parsed)
+
+
 def test_comparisons_and_integer_outputs_carry_no_gradient():
     """A comparison's result used as 1.0 / 0.0 passes no gradient back; an integer output
     (a quantised copy) carries none, so its cast needs no derivative."""

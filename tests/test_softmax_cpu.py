@@ -240,8 +240,31 @@ def test_gradient_through_softmax_is_refused():
 
     A = rand(8, 4).requires_grad_()
     B = rand(4, 16)
-    with pytest.raises(EpilogueError, match="computed from a reduction"):
+    with pytest.raises(EpilogueError, match="as in softmax and log_softmax"):
         evtfuse.gemm(A, B, "def epi(accum): D = softmax(accum); return D")
+
+
+@pytest.mark.parametrize("N", [16, 80])
+def test_gradients_through_a_mean_and_an_rms_norm(N):
+    """A mean's gradient (its count: N here, bound per problem size, not over the
+    placeholder sizes the autograd layer builds other forwards with) and an RMS norm's
+    (its backward sums over each row: a reduction feeding computation, one pass where a
+    tile spans the row, else two) through evtfuse.gemm, against torch's, at two widths."""
+    import evtfuse
+
+    A0, B0, r0 = rand(24, 8), rand(8, N), rand(24, 1)
+    src = ("def epi(accum, rowv):\n    ms = mean(accum * accum)\n"
+           "    D = accum * rsqrt(ms + 1e-5) * rowv\n    m = mean(accum)\n    return D, m")
+    A, B, rowv = (t.clone().requires_grad_() for t in (A0, B0, r0))
+    D, m = evtfuse.gemm(A, B, src, rowv=rowv, D=torch.empty(24, N), m=torch.empty(24, 1))
+    gD, gm = rand(24, N), rand(24, 1)
+    torch.autograd.backward((D, m), (gD, gm))
+    tA, tB, tr = (t.clone().double().requires_grad_() for t in (A0, B0, r0))
+    acc = tA @ tB
+    tD = acc * torch.rsqrt((acc * acc).mean(1, keepdim=True) + 1e-5) * tr
+    torch.autograd.backward((tD, acc.mean(1, keepdim=True)), (gD.double(), gm.double()))
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (rowv.grad, tr.grad)):
+        assert (got.double() - want).norm() <= 1e-4 * want.norm()
 
 
 def test_grouped_refused():

@@ -41,7 +41,7 @@ from .derivative import Diff, NoDerivative, TorchAlgebra, apply_rule
 from .errors import EpilogueError
 from .ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import OPS
-from .passes import optimize, read_saved_accumulator
+from .passes import optimize, read_saved_accumulator, read_saved_values
 from .unparse import to_source
 
 ACCUM = "accum"  # in ``wrt`` / ``wanted``: the accumulator (A and B)
@@ -70,13 +70,14 @@ def differentiable_dtype(dtype: torch.dtype | None) -> bool:
 @dataclass(frozen=True)
 class Saved:
     """A forward value the backward reads: ``result`` (a reduction's, in fp32),
-    ``argument`` (what a max or min reduced) or ``accum`` (the accumulator, in "save"
+    ``argument`` (what a max or min reduced), ``value`` (in fp32, a reduction whose result
+    feeds computation: ``ForwardPlan.values``) or ``accum`` (the accumulator, in "save"
     mode, in ``dtype``); ``hidden``: stored by an extra output of the augmented forward
     named ``name`` (else it is the output ``of`` itself)."""
 
     name: str
     of: str  # the forward output (a reduction) it serves; ``accum`` for the accumulator
-    role: str  # "result" | "argument" | "accum"
+    role: str  # "result" | "argument" | "value" | "accum"
     kind: OutputKind
     batched: bool
     hidden: bool
@@ -91,6 +92,9 @@ class ForwardPlan:
     saved: tuple[Saved, ...]
     augmented: Dag  # ``dag`` with the hidden outputs of ``saved``
     names: frozenset[str]  # every name the forward uses (operands, outputs, hidden ones)
+    # reductions feeding computation whose result the backward reads: (the node's index in
+    # ``dag.nodes``, the ``Saved`` of role "value" holding it)
+    values: tuple[tuple[int, str], ...] = ()
 
     @property
     def saved_accums(self) -> tuple[Saved, ...]:
@@ -238,6 +242,33 @@ def _no_derivative(n: Node, reason: str, parsed, wrt: frozenset[str]) -> Epilogu
                          else None)
 
 
+def _late_refusal(dag: Dag, n: Node, late: set[int], batches: int) -> str | None:
+    """Why a gradient cannot pass ``n``, a reduction feeding computation or a value computed
+    from one (None: it can). A per-row value (a sum, a mean, a logsumexp, what is computed
+    from them) takes its gradient as a per-row value: summed over the row where the tile's
+    computation uses it (a reduction feeding computation in the backward too), then
+    broadcast back by the reduction's rule."""
+    if n.space is not Space.FULL:
+        tile = any(u.space is Space.FULL for u in dag.users[id(n)]) or \
+            any(o.node is n and o.kind is OutputKind.FULL for o in dag.outputs)
+        if tile and (n.space is not Space.ROW or (not n.batched and batches > 1)):
+            return ("a per-column or whole-output value feeds the tile's computation: its "
+                    "gradient would reduce over M; not differentiated yet")
+    if n.kind is NodeKind.REDUCE:
+        if any(id(i) in late for i in n.inputs):
+            return "it reduces a value computed from another reduction: not differentiated"
+        try:
+            used = _probe_rule(n, reduction=True).used
+        except NoDerivative as exc:
+            return (f"{exc}; softmax and log_softmax are written with it: not differentiated "
+                    "yet" if n.op == "shifted_sumexp" else str(exc))
+        if "ties" in used:
+            return (f"a {n.op} whose result feeds computation, as in softmax and log_softmax: "
+                    "the gradient of its ties is counted outside the kernel, from an output's "
+                    "gradient; not differentiated yet")
+    return None
+
+
 def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                  save_accum: torch.dtype | None = None, batches: int = 1) -> ForwardPlan:
     """What differentiating ``dag`` with respect to ``wrt`` needs (see the module's text);
@@ -254,9 +285,9 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     late = ir.after_reduction(dag)
     for n in dag.nodes:  # every op a gradient passes through must have a derivative
         if id(n) in reach and id(n) in late:
-            raise _no_derivative(n, "it is computed from a reduction's result (softmax, "
-                                 "log_softmax, mean, or a reduction feeding computation): "
-                                 "not differentiated yet", parsed, wrt)
+            why = _late_refusal(dag, n, late, batches)
+            if why:
+                raise _no_derivative(n, why, parsed, wrt)
         if id(n) in reach and n.kind is NodeKind.COMPUTE:
             try:
                 _probe_rule(n)
@@ -265,7 +296,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     saved: list[Saved] = []
     hidden: list[Output] = []
     for o in outputs:
-        if o.node.kind is not NodeKind.REDUCE:
+        if o.node.kind is not NodeKind.REDUCE or id(o.node) in late:  # (late: below)
             continue
         used = _probe_rule(o.node, reduction=True).used
         if "ties" in used:  # max / min: keep the argument itself
@@ -283,8 +314,33 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                                        var=s.name, line=o.node.line)
                 hidden.append(Output(s.name, again, s.kind, torch.float32, s.batched))
                 saved.append(s)
+    values: list[tuple[int, str]] = []
+    for k, n in enumerate(dag.nodes):  # reductions feeding computation: their results
+        if n.kind is not NodeKind.REDUCE or id(n) not in late or id(n) not in reach:
+            continue
+        kind = _KIND_OF_SPACE[n.space]
+        out = next((o for o in dag.outputs if o.node is n and o.dtype == torch.float32
+                    and o.kind is kind and o.batched == n.batched), None)
+        if out is not None:  # the output itself holds it in fp32
+            s = Saved(out.name, out.name, "value", kind, n.batched, False)
+        else:
+            s = Saved(names(f"saved_{n.var or n.op}"), n.var or f"the {n.op} of line {n.line}",
+                      "value", kind, n.batched, True)
+            hidden.append(Output(s.name, n, kind, torch.float32, n.batched))
+        saved.append(s)
+        values.append((k, s.name))
+    if values:  # keep those the backward reads (mean's sum: none, the count is a constant)
+        trial = ForwardPlan(dag, wrt, active, tuple(saved), dag, frozenset(names.taken),
+                            tuple(values))
+        read = {name for name, _ in backward(trial, [o.name for o in outputs], wrt,
+                                               batches=batches).saved}
+        dropped = {name for _, name in values} - read
+        values = [v for v in values if v[1] in read]
+        saved = [v for v in saved if v.name not in dropped]
+        hidden = [h for h in hidden if h.name not in dropped]
     augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
-    plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken))
+    plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken),
+                       tuple(values))
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
@@ -293,7 +349,8 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         hidden.append(Output(s.name, acc, OutputKind.FULL, save_accum, s.batched))
         saved.append(s)
     return ForwardPlan(dag, wrt, active, tuple(saved),
-                       dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken))
+                       dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken),
+                       tuple(values))
 
 
 def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
@@ -345,6 +402,17 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             e = ir.compute_node("where", (ir.load_node(first), e, ir.const_node(0.0)))
         return e
 
+    # values computed from a reduction (per row, column or whole: ``_late_refusal``) take
+    # their gradient as a value of their own shape ("exact": not spread), which the
+    # reduction's rule broadcasts back over the tile; what flows from them into other
+    # values is spread as everything else is
+    late = ir.after_reduction(dag)
+    exact: dict[int, Node] = {}
+
+    def add_exact(n: Node, g: Node) -> None:
+        if id(n) in active:
+            exact[id(n)] = g if id(n) not in exact else ir.compute_node("add", (exact[id(n)], g))
+
     saved_of = {(s.of, s.role): s for s in plan.saved}
     for o in plan.differentiable_outputs():
         if o.name not in graded:
@@ -354,6 +422,9 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         operands.append(gspec)
         grads.append((o.name, gname))
         g = ir.load_node(gspec)
+        if id(o.node) in late and o.node.space is not Space.FULL and o.kind is not OutputKind.FULL:
+            add_exact(o.node, g)  # a reduction or a mean, stored in its own shape
+            continue
         if o.node.kind is not NodeKind.REDUCE:  # stored once per element of the output
             add(o.node, spread(g, o.kind in (OutputKind.COL, OutputKind.SCALAR),
                                o.kind in (OutputKind.ROW, OutputKind.SCALAR), not o.batched))
@@ -381,6 +452,32 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         if contribution is not None:
             add(src, contribution)
     for n in reversed(dag.nodes):
+        if id(n) in late and n.space is not Space.FULL:
+            e, a = exact.get(id(n)), adj.get(id(n))
+            if a is not None:  # what the tile's uses contribute, summed over each row
+                row = ir.reduce_node("sum", a, n.space, n.batched)
+                e = row if e is None else ir.compute_node("add", (e, row))
+            if e is None:
+                continue
+        else:
+            e = None
+        if e is not None and n.kind is NodeKind.REDUCE:  # its rule over the tile
+            d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n)
+            (contribution,) = apply_rule(OPS[n.op].grad, d)
+            if contribution is not None:
+                add(n.inputs[0], contribution)
+            continue
+        if e is not None:  # a value computed from a reduction
+            d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n)
+            for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):
+                if g is None:
+                    continue
+                if id(inp) in late and inp.space is not Space.FULL:
+                    add_exact(inp, g)
+                else:  # summed over the dims n lacks, as an output's gradient would be
+                    add(inp, spread(g, n.space in (Space.COL, Space.SCALAR),
+                                    n.space in (Space.ROW, Space.SCALAR), not n.batched))
+            continue
         a = adj.get(id(n))
         if a is None or n.kind is not NodeKind.COMPUTE:
             continue
@@ -418,6 +515,15 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     if not any(o.name == "D" for o in outputs):
         outputs.insert(0, filler)
     bwd = Dag(tuple(outputs), tuple(operands), name, dag.gated)
+    if plan.values:  # the reductions feeding computation: read as the forward stored them
+        by_name = {s.name: s for s in plan.saved}
+        loads = {}
+        for k, sname in plan.values:
+            s = by_name[sname]
+            vspec = _spec(names(s.name), s.kind, torch.float32, s.batched)
+            loads[id(dag.nodes[k])] = vspec
+            saved_ops.append((s.name, vspec.name))
+        bwd = read_saved_values(bwd, loads)
     for kept in plan.saved_accums:  # "save" mode: the accumulator is read from the forward's copy
         kspec = OperandSpec(names(kept.name), OperandKind.FULL, kept.dtype, kept.batched)
         saved_ops.append((kept.name, kspec.name))

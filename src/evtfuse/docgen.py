@@ -38,8 +38,12 @@ _SECTIONS = (
      "(`lse = logsumexp(accum); D = exp(accum - lse)`; one not returned reduces each row, "
      "over N, batches apart): in one pass where a tile spans the row, else in two "
      "([performance.md](performance.md), Reductions feeding computation); a value computed "
-     "from a reduction cannot be reduced again, and no gradient flows through such a "
-     "value yet (the call raises). In the derivative, `x` is the reduced value, `out` the "
+     "from a reduction cannot be reduced again. Gradients flow through a per-row sum, mean "
+     "or logsumexp feeding computation (an RMS norm; a shift by a logsumexp: the backward "
+     "sums over each row too, in one pass or two) and through a mean or a sum stored in "
+     "its own shape, but not through a max or min feeding computation, nor a per-column "
+     "or whole-output reduction feeding the tile's computation (the call raises). In the "
+     "derivative, `x` is the reduced value, `out` the "
      "result and `g` its gradient (both broadcast back), `ties` the number of reduced "
      "elements equal to the result."),
     (Category.ROWWISE, "Row functions",

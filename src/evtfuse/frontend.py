@@ -88,6 +88,18 @@ class ParsedEpilogue:
         return False
 
     @functools.cached_property
+    def sized(self) -> bool:
+        """Whether it calls an op whose lowering reads the problem's sizes (``mean``: the
+        count of reduced elements), so that its DAG holds them as constants."""
+        stack = [a.expr for a in self.assignments]
+        while stack:
+            e = stack.pop()
+            if e.kind == "call" and OPS[e.op].sized:
+                return True
+            stack.extend(e.args)
+        return False
+
+    @functools.cached_property
     def conditional_outputs(self) -> tuple[str, ...]:
         """Outputs assigned ``store_where(cond, value)``: written only where cond holds, so
         the caller must give their buffers (``gemm`` allocates no such output)."""

@@ -94,6 +94,19 @@ class OpDef:
         return self.category is Category.COMPARE
 
     @property
+    def differentiable(self) -> bool:
+        """A gradient can pass it: its own rule, or (``mean``) the rows it is lowered to."""
+        if self.grad is not None:
+            return True
+        return self.sized and all(OPS[r].grad is not None for r in self.lowered[0])
+
+    @property
+    def sized(self) -> bool:
+        """Its lowering reads the count of reduced elements (``mean``): a DAG bound for one
+        problem size holds that count as a constant."""
+        return self.category is Category.REDUCE and self.lowered is not None
+
+    @property
     def defaults(self) -> dict[str, float]:
         """The numeric parameters and their defaults (a Choice has no default)."""
         return {k: v for k, v in self.params if not isinstance(v, Choice)}
@@ -592,7 +605,8 @@ _ROWS: tuple[OpDef, ...] = (
           "_ef_add", Category.REDUCE, reduce_identity=0.0,
           doc="arithmetic mean: the sum (as `sum`) divided by the count of reduced elements "
               "after the reduction (NaN over no element, as torch.mean)",
-          lowered=(("sum",), lambda d: d.x / d.y), grad=None),
+          lowered=(("sum",), lambda d: d.x / d.y), grad=None,
+          grad_doc="`g / count` (the sum's, then the division's: the frontend writes mean so)"),
     # softmax and log_softmax's denominator, as torch computes it: logsumexp's partials and
     # combine, finished as the sum alone, so that no max is added back (lse = max +
     # log(sum) rounds log(sum) away where |max| is large: [1e8, 1e8] has lse 1e8)

@@ -248,6 +248,23 @@ def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec, part: str | None = N
     return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name, dag.gated)
 
 
+def read_saved_values(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
+    """Every node whose id is a key of ``saved`` (a forward's reduction whose result feeds
+    computation) becomes a load of that operand (the value as the forward stored it; added
+    to the operands), so that the DAG computes no reduction feeding computation. Not in
+    ``PIPELINE``: the backward of an epilogue applies it (``autodiff.backward``), before
+    any other rewrite, while its nodes are still the forward's."""
+    loads = {k: ir.load_node(spec) for k, spec in saved.items()}
+
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        return loads[id(n)] if id(n) in loads else _same_or_new(n, inputs)
+
+    rebuilt = _rebuild(dag, rewrite)
+    used = {id(n) for n in rebuilt.nodes}
+    extra = tuple(spec for k, spec in saved.items() if id(loads[k]) in used)
+    return Dag(rebuilt.outputs, (*dag.operands, *extra), dag.name, dag.gated)
+
+
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("dead-code elimination", eliminate_dead_code),
     ("constant folding", fold_constants),
@@ -279,6 +296,6 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
     return dag
 
 
-__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "eliminate_dead_code",
+__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_saved_values", "eliminate_dead_code",
            "fold_constants", "simplify_algebra", "stable_forms",
            "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

@@ -224,9 +224,13 @@ def backward_lines(args) -> list[str]:
     lines = ["", f"== backward: the gradients of {names} from those of {', '.join(graded)} ==",
              rule]
     for s in plan.saved:
+        how = "an extra output" if s.hidden else "the output itself"
+        if s.role == "value":
+            lines.append(f"# the forward keeps the result of {s.of} (a reduction feeding "
+                         f"computation) in fp32 for the backward ({how})")
+            continue
         what = {"argument": "its argument", "result": "its result in fp32",
                 "accum": "the accumulator"}[s.role]
-        how = "an extra output" if s.hidden else "the output itself"
         lines.append(f"# the forward keeps {what} for "
                      f"{'the' if s.role == 'accum' else s.of + chr(39) + 's'} gradient ({how})")
     lines.append(bp.source.rstrip())

@@ -225,6 +225,22 @@ class Forward:
 _forwards: dict[tuple, Forward] = {}
 
 
+_sized_sources: dict[str, bool] = {}
+
+
+def _sized(source: str, lay) -> bool:
+    """Whether the epilogue ``source`` depends on the problem's sizes (``ParsedEpilogue.sized``:
+    a mean's count), read once per source: its forward is then built per size, not once
+    over placeholder sizes."""
+    hit = _sized_sources.get(source)
+    if hit is None:
+        if len(_sized_sources) > 1024:
+            _sized_sources.clear()
+        text = EpilogueText(source, lay.line, lay.where, lay.from_function)
+        hit = _sized_sources[source] = parse_epilogue(text).sized
+    return hit
+
+
 def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
                grouped: bool = False, groups=None) -> Forward:
     """The ``Forward`` of a call (built once per structure) of the operator's ``layout``
@@ -236,7 +252,10 @@ def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
     problem = problem_of(A, B, grouped, gated, groups)
     every = (*tensors, *outs)
     pats = tuple([_pattern(t.shape, problem) for t in every])
-    place = tuple([int(d) if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE)])
+    if _sized(source, lay):  # its DAG holds a count of reduced elements (mean): bound as is
+        place = tuple(int(d) for d in problem)
+    else:
+        place = tuple([int(d) if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE)])
     mode = backward_mode(lay.backward, A.shape[-1], A.dtype, lay.allow_tf32)
     # the layout string says every name and option ``lay`` holds (the two strings' hashes
     # are kept by Python: a call of a structure seen before hashes no field of ``lay``)
