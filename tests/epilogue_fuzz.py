@@ -82,6 +82,18 @@ REDUCTIONS = ("sum", "max", "min", "logsumexp", "mean", "shifted_sumexp")
 # those with a derivative in the op table (``cases(differentiable=True)``: the gradient
 # fuzzers)
 DIFFERENTIABLE = tuple(r for r in REDUCTIONS if OPS[r].differentiable)
+# a per-row reduction feeding computation (``cases(feeding=True)``): {x} a drawn value,
+# {q} the reduction's name, {u} the value computed from it
+FEEDING_DIFFERENTIABLE = (
+    ("{q} = mean({x} * {x})", "{u} = {x} * rsqrt({q} + 1.0)"),  # an RMS norm
+    ("{q} = logsumexp({x})", "{u} = exp({x} - {q})"),  # softmax, written with a logsumexp
+    ("{q} = sum({x})", "{u} = {x} - {q} * 0.0625"),
+)
+FEEDING = FEEDING_DIFFERENTIABLE + (
+    ("{q} = max({x})", "{u} = {x} - {q}"),
+    ("{u} = softmax({x})",),
+    ("{u} = log_softmax({x} * 0.5)",),
+)
 # problem sizes: ragged against every tile size, rows of 16-byte multiples (TMA)
 CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
 # (the last: more tiles than two per SM of an H100 at 128x128 and 128x256, so persistent
@@ -251,9 +263,11 @@ def _renamed(src: str, names: dict[str, str]) -> str:
 
 @st.composite
 def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
-          differentiable: bool = False) -> Case:
+          differentiable: bool = False, feeding: bool = False) -> Case:
     """An epilogue of 1-``max_steps`` assignments and one to four outputs; ``named``: its
-    operands and outputs take drawn names (``user_names``)."""
+    operands and outputs take drawn names (``user_names``); ``feeding``: sometimes a
+    per-row reduction feeding computation too (``FEEDING``; with ``differentiable``, those
+    gradients pass)."""
     operands = [n for n in OPERANDS if draw(st.booleans())]
     names = ["accum", *operands]
     body: list[str] = []
@@ -265,6 +279,14 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
         body.append(f"t{k} = {on_product(draw(_expr(names, 2)))}")
         names.append(f"t{k}")
         values.append(f"t{k}")
+    reducible = list(values)  # what a returned reduction may take: none computed from one
+    if feeding and draw(st.booleans()):
+        form = draw(st.sampled_from(FEEDING_DIFFERENTIABLE if differentiable else FEEDING))
+        x = draw(st.sampled_from(values))
+        k = len(body)
+        body += [line.format(x=x, q=f"q{k}", u=f"u{k}") for line in form]
+        names.append(f"u{k}")
+        values.append(f"u{k}")
     outputs: list[tuple[str, str]] = []
     last = values[-1]
     d_kind = draw(st.sampled_from(("full", "full", "full32", "none") if reductions
@@ -277,7 +299,7 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
     if reductions and (d_kind == "none" or draw(st.booleans())):
         for r in range(draw(st.integers(1, 2))):
             red = draw(st.sampled_from(DIFFERENTIABLE if differentiable else REDUCTIONS))
-            body.append(f"R{r} = {red}({draw(st.sampled_from(values))})")
+            body.append(f"R{r} = {red}({draw(st.sampled_from(reducible))})")
             outputs.append((f"R{r}", draw(st.sampled_from(AXES))))
     # stored vectors: values constant along a row (per-row operands) or a column
     vectors = [(n, k) for n, k in (("rowv", "vrow"), ("bias", "vcol")) if n in operands]

@@ -62,6 +62,30 @@ def test_random_backward_dags_match_torch_autograd(case, shape, data_seed, keep,
                        what=f"{case.source}\n({'save' if save else 'recompute'})")
 
 
+@drawn(40, 13)
+@given(case=cases(differentiable=True, feeding=True), shape=st.sampled_from(CPU_SHAPES),
+       data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15), save=st.booleans())
+def test_random_backward_dags_through_reductions_feeding_computation(case, shape, data_seed,
+                                                                     keep, save):
+    """The same, with a per-row sum, mean or logsumexp feeding computation (an RMS norm, a
+    softmax written with a logsumexp) drawn in: the backward reads the forward's result and
+    sums over each row itself."""
+    test_random_backward_dags_match_torch_autograd.hypothesis.inner_test(
+        case, shape, data_seed, keep, save)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+@drawn(6, 14)
+@given(case=cases(max_steps=2, differentiable=True, feeding=True),
+       shape=st.sampled_from(CPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
+       keep=st.integers(1, 15), mode=st.sampled_from(["recompute", "save"]))
+def test_random_epilogues_with_reductions_feeding_computation_train(case, shape, data_seed,
+                                                                    keep, mode):
+    """evtfuse.gemm's gradients through reductions feeding computation (both kernels, fp32,
+    one pass or two) against the oracle."""
+    check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @drawn(14, 12)
 @given(case=cases(max_steps=2, differentiable=True), shape=st.sampled_from(CPU_SHAPES[:3]),

@@ -59,6 +59,17 @@ def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+@_drawn(12, salt="interpreted-feeding")
+@given(case=cases(feeding=True), shape=st.sampled_from(CPU_SHAPES),
+       dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16))
+def test_random_epilogues_with_reductions_feeding_computation_interpreted(case, shape, dtype,
+                                                                          data_seed):
+    """A per-row reduction feeding computation drawn in (an RMS norm, a softmax, a shift by
+    a max): one pass where a tile spans the row, else two, in both families."""
+    test_random_epilogues_interpreted.hypothesis.inner_test(case, shape, dtype, data_seed)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @_drawn(12, salt="interpreted-int8")
 @given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
        dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16))

@@ -181,7 +181,7 @@ def test_compiled_training_step_with_inductor(mode):
 
 
 @drawn(12, 21)
-@given(case=cases(differentiable=True), shape=st.sampled_from(GPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
+@given(case=cases(differentiable=True, feeding=True), shape=st.sampled_from(GPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
        keep=st.integers(1, 15))
 def test_random_epilogues_train_on_the_gpu(case, shape, data_seed, keep):
     mode = MODES[data_seed % 2]  # from the seed: the drawn examples stay those of before

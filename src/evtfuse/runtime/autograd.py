@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .. import autodiff
+from .. import autodiff, ir
 from ..errors import EpilogueError
 from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
@@ -441,13 +441,19 @@ def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
     (``BackwardPlan.caller_sums``). A grouped kernel's (over M) full outputs are per row,
     (T, N); it computes the reductions itself (per row (T, 1), per group (G, 1, N) and
     (G, 1, 1), over every group's rows (N,) and (1,): ``backends/triton/grouped_reduce``),
-    so a grouped plan that is not gated keeps them."""
-    if not grouped and not bplan.dag.gated:
+    so a grouped plan that is not gated keeps them. Any kernel leaves to the caller a
+    reduction of a value computed from the backward's own reduction feeding computation (a
+    bias's gradient through an RMS norm: kernels reduce no value computed from a
+    reduction)."""
+    late = ir.after_reduction(bplan.dag)
+    nested = {o.name for o in bplan.dag.outputs
+              if o.node.kind is NodeKind.REDUCE and id(o.node.inputs[0]) in late}
+    if not grouped and not bplan.dag.gated and not nested:
         return bplan
     outs, sums = [], []
     for o in bplan.dag.outputs:
-        if o.node.kind is NodeKind.REDUCE and grouped and not bplan.dag.gated:
-            outs.append(o)  # reduced in the grouped kernel
+        if o.node.kind is NodeKind.REDUCE and not bplan.dag.gated and o.name not in nested:
+            outs.append(o)  # reduced in the kernel (a grouped one's: grouped_reduce)
         elif o.node.kind is NodeKind.REDUCE:
             term = o.node.inputs[0]
             kind = {Space.FULL: OutputKind.FULL, Space.ROW: OutputKind.ROW}.get(term.space)
