@@ -224,6 +224,18 @@ def _error(src, **values):
     return str(e.value)
 
 
+@pytest.mark.parametrize("family", ["portable", "hopper"])
+@pytest.mark.parametrize("N", [ONE, 72])  # rows of 16-byte multiples (the hopper family's TMA)
+@pytest.mark.parametrize("expr", ["t", "t * 1.0"])
+def test_a_reduction_stored_whole_in_a_full_output(expr, N, family):
+    """``t = sum(accum); D = t`` (or ``t * 1.0``, folded to it): D holds the row's sum on
+    every element (``passes.broadcast_stores``; code generation once failed on it with a
+    KeyError), in one pass or two."""
+    src = f"def epi(accum):\n    t = sum(accum)\n    D = {expr}\n    return D"
+    _, acc, D, _ = run(src, 19, N, L=2, family=family)
+    close(D, acc.sum(-1, keepdim=True).expand_as(acc), torch.float32)
+
+
 def test_errors():
     msg = _error("def epi(accum):\n    lse = logsumexp(accum)\n    s = sum(accum - lse)\n"
                  "    D = accum\n    return D, s", s=torch.empty(8, 1))

@@ -248,6 +248,21 @@ def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec, part: str | None = N
     return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name, dag.gated)
 
 
+def broadcast_stores(dag: Dag) -> Dag:
+    """A full output that holds a reduction's value itself (``t = sum(accum); D = t``, or
+    ``D = t * 1.0`` once folded) stores it through ``identity``: the reduction then feeds
+    computation, which computes it before the tile is stored (in one pass or two), and the
+    output broadcasts it over the row. Without it the reduction was only a partial result
+    and the store found no tile value (a KeyError in code generation)."""
+    if not any(o.kind is OutputKind.FULL and o.node.kind is NodeKind.REDUCE
+               for o in dag.outputs):
+        return dag
+    outs = [Output(o.name, ir.compute_node("identity", (o.node,)), o.kind, o.dtype, o.batched)
+            if o.kind is OutputKind.FULL and o.node.kind is NodeKind.REDUCE else o
+            for o in dag.outputs]
+    return dag.replace_outputs(outs)
+
+
 def read_saved_values(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
     """Every node whose id is a key of ``saved`` (a forward's reduction whose result feeds
     computation) becomes a load of that operand (the value as the forward stored it; added
@@ -273,6 +288,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("constant folding (again)", fold_constants),
     ("common-subexpression elimination", eliminate_common_subexpressions),
     ("reduction elimination", eliminate_reductions),
+    ("broadcast stores", broadcast_stores),
     ("dead-code elimination (final)", eliminate_dead_code),
 )
 
@@ -296,6 +312,7 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
     return dag
 
 
-__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_saved_values", "eliminate_dead_code",
+__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_saved_values", "broadcast_stores",
+           "eliminate_dead_code",
            "fold_constants", "simplify_algebra", "stable_forms",
            "eliminate_common_subexpressions", "eliminate_reductions", "Space"]
