@@ -1,5 +1,6 @@
-"""What the grouped GEMM tests share: ``offs`` from group sizes, and the group layouts every
-grouped path is checked on (each test file adds its own special cases)."""
+"""What the grouped GEMM tests share: ``offs`` from group sizes, the group layouts every
+grouped path is checked on (each test file adds its own special cases), and the gradients a
+loss gives its leaves (``grads_of``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ import torch
 def offs_of(sizes) -> torch.Tensor:
     """``torch._grouped_mm``'s offsets: the cumulative end row of each group, int32."""
     return torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+
+
+def grads_of(loss, tensors: dict) -> dict:
+    """The gradients ``loss.backward()`` gives ``tensors`` (cleared first; None where none
+    reaches one)."""
+    for t in tensors.values():
+        t.grad = None
+    loss.backward()
+    return {k: (t.grad.clone() if t.grad is not None else None) for k, t in tensors.items()}
 
 
 # name: (group sizes, T): ragged groups, empty ones at both ends, one group, groups smaller

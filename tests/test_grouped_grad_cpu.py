@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import evtfuse
+from grouped_cases import grads_of  # tests/ is on the path (its conftest.py)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="CPU-interpreter tier; tests/gpu/test_gpu_grouped.py on a GPU")
@@ -49,13 +50,6 @@ def inputs(sizes, T, K=16, N=12):
     named = dict(A=rand(T, K), B=rand(G, K, N), bias=rand(G, 1, N), w=rand(T, 1),
                  s=rand(G, 1, 1), C=rand(T, N), cb=rand(N))
     return {k: v.requires_grad_(True) for k, v in named.items()}
-
-
-def grads_of(loss, tensors: dict) -> dict:
-    for t in tensors.values():
-        t.grad = None
-    loss.backward()
-    return {k: (t.grad.clone() if t.grad is not None else None) for k, t in tensors.items()}
 
 
 CASES = {"ragged": ([7, 0, 20, 1], 31), "rows_past_end": ([5, 9], 20),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import evtfuse
+from grouped_cases import grads_of  # tests/ is on the path (its conftest.py)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="CPU-interpreter tier; tests/gpu/test_gpu_grouped.py on a GPU")
@@ -57,13 +58,6 @@ def inputs(G, M, T, N):
     named = dict(A=rand(M, T), B=rand(T, N), C=rand(G, M, N), r=rand(G, M, 1), c=rand(G, 1, N),
                  S=rand(M, N), v=rand(N), s=rand(G, 1, 1))
     return {k: t.requires_grad_(True) for k, t in named.items()}
-
-
-def grads_of(loss, tensors: dict) -> dict:
-    for t in tensors.values():
-        t.grad = None
-    loss.backward()
-    return {k: (t.grad.clone() if t.grad is not None else None) for k, t in tensors.items()}
 
 
 CASES = {  # group sizes over T, T (>= their sum: columns past offs[-1] are in no group)
