@@ -18,22 +18,19 @@ import torch
 
 from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
-from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
+from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
 from .device import device_guard
 from .discovery import explain, get_kernels, kernels_for, order_by_fill  # noqa: F401 (re-exported)
 from .kernel import Kernel
 from . import autograd, grouped_autograd, torch_op
-from .torch_op import Layout, check_no_grad, constant_result, layout_text
+from .torch_op import Layout, check_no_grad, constant_result, layout_text, parsed_cache, parsed_of
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
 
 # ------------------------------------------------------------------ one call
-
-_parsed_cache: dict[Any, Any] = {}
-
 
 def default_output_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of an output ``gemm`` allocates (``<name>_dtype`` picks another): A's, but
@@ -87,7 +84,7 @@ def _epilogue_of(epilogue) -> _Epilogue:
                                           text.from_function, parsed.name, parsed.params,
                                           parsed.outputs, parsed.gated,
                                           parsed.conditional_outputs)
-        _parsed_cache[(text.source, text.line_offset, text.where)] = parsed
+        parsed_cache[(text.source, text.line_offset, text.where)] = parsed
     return hit
 
 
@@ -455,16 +452,6 @@ def _on_device(A: torch.Tensor, run: Callable, *args) -> None:
         run(*args)
 
 
-def _parsed_of(source: str, lay: Layout):
-    """The parsed epilogue of an operator call's source (parsed once per source)."""
-    key = (source, lay.line, lay.where)
-    parsed = _parsed_cache.get(key)
-    if parsed is None:
-        parsed = _parsed_cache[key] = parse_epilogue(
-            EpilogueText(source, lay.line, lay.where, lay.from_function))
-    return parsed
-
-
 def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=None) -> None:
     """``run_values``; with ``offs``, a grouped GEMM's (``run_grouped_values``): its launch
     values carry offs under ``OFFS_KEY``, so that every cached path keys on it and checks
@@ -482,7 +469,7 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=Non
         # place since (address, shape, strides, storage): launch at once
         last.plan(A, B, launch)
         return
-    parsed = _parsed_of(source, lay)
+    parsed = parsed_of(source, lay)
     if lay.kernel:  # (no grouped call names its kernel)
         _run_named(A, B, parsed, lay, values)
         return

@@ -42,11 +42,11 @@ import torch
 
 from .. import autodiff, ir
 from ..errors import EpilogueError
-from ..frontend import EpilogueText, ParsedEpilogue, bind, parse_epilogue
+from ..frontend import ParsedEpilogue, bind
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
 from . import eager_autograd, torch_op
-from .torch_op import Layout, _lib, parse_layout, unwire, values_of, wire
+from .torch_op import Layout, _lib, parse_layout, parsed_of, unwire, values_of, wire
 
 SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
           "Scalar[] scalars, Tensor[] outs) -> Tensor[]")
@@ -131,13 +131,6 @@ def _full_shape(A: torch.Tensor, B: torch.Tensor, grouped: bool = False,
     L, M, N = problem_of(A, B, grouped, gated, groups)
     batched = A.dim() == 3 or B.dim() == 3 or groups is not None
     return (L, M, N) if batched and not grouped else (M, N)
-
-
-@functools.lru_cache(maxsize=256)
-def _gated(source: str, line: int, where: str, from_function: bool) -> bool | str:
-    """Whether an epilogue takes the accumulator in pairs (``pairs(accum)``): False or
-    their layout (``ParsedEpilogue.gated``)."""
-    return parse_epilogue(EpilogueText(source, line, where, from_function)).gated
 
 
 def accumulator_gradient(results: dict, fwd: "Forward") -> torch.Tensor | None:
@@ -225,22 +218,6 @@ class Forward:
 _forwards: dict[tuple, Forward] = {}
 
 
-_sized_sources: dict[str, bool] = {}
-
-
-def _sized(source: str, lay) -> bool:
-    """Whether the epilogue ``source`` depends on the problem's sizes (``ParsedEpilogue.sized``:
-    a mean's count), read once per source: its forward is then built per size, not once
-    over placeholder sizes."""
-    hit = _sized_sources.get(source)
-    if hit is None:
-        if len(_sized_sources) > 1024:
-            _sized_sources.clear()
-        text = EpilogueText(source, lay.line, lay.where, lay.from_function)
-        hit = _sized_sources[source] = parse_epilogue(text).sized
-    return hit
-
-
 def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
                grouped: bool = False, groups=None) -> Forward:
     """The ``Forward`` of a call (built once per structure) of the operator's ``layout``
@@ -248,11 +225,11 @@ def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
     K, N)); ``groups``: G of a grouped GEMM over K (A (M, T), B (T, N)), which is a batched
     problem (G, M, N) (the frontend binds it as one, each group in the L place)."""
     lay = parse_layout(layout)
-    gated = _gated(source, lay.line, lay.where, lay.from_function)
-    problem = problem_of(A, B, grouped, gated, groups)
+    parsed = parsed_of(source, lay)
+    problem = problem_of(A, B, grouped, parsed.gated, groups)
     every = (*tensors, *outs)
     pats = tuple([_pattern(t.shape, problem) for t in every])
-    if _sized(source, lay):  # its DAG holds a count of reduced elements (mean): bound as is
+    if parsed.sized:  # its DAG holds a count of reduced elements (mean): bound as is
         place = tuple(int(d) for d in problem)
     else:
         place = tuple([int(d) if (d == 0 or d == 1) else p for d, p in zip(problem, _PLACE)])
@@ -264,8 +241,6 @@ def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
     hit = _forwards.get(key)
     if hit is not None:
         return hit
-    text = EpilogueText(source, lay.line, lay.where, lay.from_function)
-    parsed = parse_epilogue(text)
     if any(p is None for p in pats):  # the frontend names the tensor that does not fit
         values = values_of(lay, tensors, [1.0] * len(lay.scalars), outs)
         values.update({a.split(":")[0]: None for a in lay.alloc})

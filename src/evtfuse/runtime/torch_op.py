@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..errors import EpilogueError
+from ..frontend import EpilogueText, parse_epilogue
 
 def constant_result(fn):
     """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` at
@@ -112,6 +113,21 @@ def parse_layout(text: str) -> Layout:
                   f["fn"] == "1", f["tune"], f["tf32"] == "1", f["fp8fast"] == "1", int(f["cc"]),
                   f["kernel"], names("g") if "g" in f else (), names("a") if "a" in f else (),
                   f.get("bw", "auto"), f.get("acc") == "f16")
+
+
+# an operator call's parsed epilogue, keyed (source, first line, where): ``evtfuse.gemm``
+# puts each epilogue it checks here (``api._epilogue_of``), the runtime reads it back
+parsed_cache: dict[tuple, Any] = {}
+
+
+def parsed_of(source: str, lay: Layout):
+    """The parsed epilogue of an operator call's source (parsed once per source)."""
+    key = (source, lay.line, lay.where)
+    parsed = parsed_cache.get(key)
+    if parsed is None:
+        parsed = parsed_cache[key] = parse_epilogue(
+            EpilogueText(source, lay.line, lay.where, lay.from_function))
+    return parsed
 
 
 @constant_result  # a constant under torch.compile: not traced
