@@ -453,26 +453,20 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             add(src, contribution)
     for n in reversed(dag.nodes):
         if id(n) in late and n.space is not Space.FULL:
+            # a reduction feeding computation, or a value computed from one
             e, a = exact.get(id(n)), adj.get(id(n))
             if a is not None:  # what the tile's uses contribute, summed over each row
                 row = ir.reduce_node("sum", a, n.space, n.batched)
                 e = row if e is None else ir.compute_node("add", (e, row))
             if e is None:
                 continue
-        else:
-            e = None
-        if e is not None and n.kind is NodeKind.REDUCE:  # its rule over the tile
-            d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n)
-            (contribution,) = apply_rule(OPS[n.op].grad, d)
-            if contribution is not None:
-                add(n.inputs[0], contribution)
-            continue
-        if e is not None:  # a value computed from a reduction
             d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n)
             for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):
                 if g is None:
                     continue
-                if id(inp) in late and inp.space is not Space.FULL:
+                if n.kind is NodeKind.REDUCE:  # its rule, over the tile
+                    add(inp, g)
+                elif id(inp) in late and inp.space is not Space.FULL:
                     add_exact(inp, g)
                 else:  # summed over the dims n lacks, as an output's gradient would be
                     add(inp, spread(g, n.space in (Space.COL, Space.SCALAR),

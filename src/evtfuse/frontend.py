@@ -91,13 +91,7 @@ class ParsedEpilogue:
     def sized(self) -> bool:
         """Whether it calls an op whose lowering reads the problem's sizes (``mean``: the
         count of reduced elements), so that its DAG holds them as constants."""
-        stack = [a.expr for a in self.assignments]
-        while stack:
-            e = stack.pop()
-            if e.kind == "call" and OPS[e.op].sized:
-                return True
-            stack.extend(e.args)
-        return False
+        return any(_calls(a.expr, lambda row: row.sized) for a in self.assignments)
 
     @functools.cached_property
     def conditional_outputs(self) -> tuple[str, ...]:
@@ -987,16 +981,22 @@ def _reduced_count(space: ir.Space, batched: bool, problem: tuple[int, int, int]
     return count
 
 
-def _contains(e: Expr, category: Category, below_top: bool = False) -> bool:
-    """Whether ``e`` holds a call of a ``category`` row (only below its top call, where
-    ``below_top``)."""
+def _calls(e: Expr, test: Callable[[OpDef], bool], below_top: bool = False) -> bool:
+    """Whether ``e`` holds a call of a row that passes ``test`` (only below its top call,
+    where ``below_top``)."""
     stack = list(e.args) if below_top and e.kind == "call" else [e]
     while stack:
         x = stack.pop()
-        if x.kind == "call" and OPS[x.op].category is category:
+        if x.kind == "call" and test(OPS[x.op]):
             return True
         stack.extend(x.args)
     return False
+
+
+def _contains(e: Expr, category: Category, below_top: bool = False) -> bool:
+    """Whether ``e`` holds a call of a ``category`` row (only below its top call, where
+    ``below_top``)."""
+    return _calls(e, lambda row: row.category is category, below_top)
 
 
 def problem_shape_of(value: Any) -> tuple[int, int, int] | None:

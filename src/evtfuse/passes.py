@@ -238,14 +238,20 @@ def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec, part: str | None = N
     (``autodiff.backward``)."""
     assert saved.kind is ir.OperandKind.FULL, saved
     load = ir.load_node(saved)
-
-    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
-        if n.kind is NodeKind.ACCUM and n.op == part:
-            return load
-        return _same_or_new(n, inputs)
-
+    rebuilt = _as_loads(dag, lambda n: load if n.kind is NodeKind.ACCUM and n.op == part
+                        else None)
     operands = dag.operands if saved in dag.operands else (*dag.operands, saved)
-    return Dag(_rebuild(dag, rewrite).outputs, operands, dag.name, dag.gated)
+    return Dag(rebuilt.outputs, operands, dag.name, dag.gated)
+
+
+def _as_loads(dag: Dag, load_of: Callable[[Node], Node | None]) -> Dag:
+    """``dag`` with every node for which ``load_of`` gives a load replaced by that load (a
+    value read as a forward stored it); the operands are the caller's to add."""
+    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
+        load = load_of(n)
+        return load if load is not None else _same_or_new(n, inputs)
+
+    return _rebuild(dag, rewrite)
 
 
 def broadcast_stores(dag: Dag) -> Dag:
@@ -270,11 +276,7 @@ def read_saved_values(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
     ``PIPELINE``: the backward of an epilogue applies it (``autodiff.backward``), before
     any other rewrite, while its nodes are still the forward's."""
     loads = {k: ir.load_node(spec) for k, spec in saved.items()}
-
-    def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
-        return loads[id(n)] if id(n) in loads else _same_or_new(n, inputs)
-
-    rebuilt = _rebuild(dag, rewrite)
+    rebuilt = _as_loads(dag, lambda n: loads.get(id(n)))
     used = {id(n) for n in rebuilt.nodes}
     extra = tuple(spec for k, spec in saved.items() if id(loads[k]) in used)
     return Dag(rebuilt.outputs, (*dag.operands, *extra), dag.name, dag.gated)
@@ -312,7 +314,6 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
     return dag
 
 
-__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_saved_values", "broadcast_stores",
-           "eliminate_dead_code",
-           "fold_constants", "simplify_algebra", "stable_forms",
-           "eliminate_common_subexpressions", "eliminate_reductions", "Space"]
+__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_saved_values",
+           "broadcast_stores", "eliminate_dead_code", "fold_constants", "simplify_algebra",
+           "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

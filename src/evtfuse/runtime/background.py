@@ -23,6 +23,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..backends.triton.versions import async_compile_mode
@@ -83,8 +84,6 @@ def wait(timeout: float | None = None) -> None:
 def _wait_at_exit() -> None:
     """The process is ending: let running compiles finish (all of them within
     ``EXIT_WAIT_S``) rather than stop them inside Triton's compiler."""
-    import time
-
     end = time.monotonic() + EXIT_WAIT_S
     for t in list(_threads):
         t.join(max(0.0, end - time.monotonic()))
