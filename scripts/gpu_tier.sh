@@ -65,20 +65,18 @@ done
 for name in $only; do
   [[ -n ${shards[$name]:-} ]] || { echo "gpu_tier.sh: no shard $name" >&2; exit 2; }
 done
-if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-  IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
-else  # every GPU of the host (none: all on device 0)
-  n=$(nvidia-smi -L 2>/dev/null | wc -l)
-  read -r -a gpus <<< "$(seq -s ' ' 0 $(( (n > 0 ? n : 1) - 1 )))"
-fi
+read -r -a gpus <<< "$(scripts/gpu_list.sh)"
 all=$(IFS=,; echo "${gpus[*]}")
 i=0
 # one process per shard part, each with its share of the cores (torch's CPU threads and
 # evtfuse's compile threads would otherwise each take every core: 40 processes of 64
 # threads ran the 3.6.0 tier at a third of its speed on a 64-core host)
+selected=()
 procs=0
 for name in "${!shards[@]}"; do
-  [[ $only == " " || $only == *" $name "* ]] && (( procs += ${splits[$name]:-1} ))
+  [[ $only == " " || $only == *" $name "* ]] || continue
+  selected+=("$name")
+  (( procs += ${splits[$name]:-1} ))
 done
 cores=$(nproc)
 share=$(( cores / procs > 0 ? cores / procs : 1 ))
@@ -86,8 +84,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$share} EVTFUSE_COMPILE_WORKERS=${EVTF
 export EVTFUSE_FUZZ_SHRINK=${EVTFUSE_FUZZ_SHRINK:-0}  # a failing example as drawn
 pids=()
 logs=()
-for name in "${!shards[@]}"; do
-  [[ $only == " " || $only == *" $name "* ]] || continue
+for name in "${selected[@]}"; do
   files=${shards[$name]%%|*}
   sel=${shards[$name]#*|}
   read -r -a args <<< "$files"

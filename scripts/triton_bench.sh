@@ -15,12 +15,7 @@ set -u
 out=${1:?out dir}; shift
 shapes=${SHAPES:-8192x8192x1024,4096}
 workloads=${WORKLOADS:-identity,alpha_beta,bias_relu,bias_gelu_tanh,relu_aux,silu_mul,row_amax,bce_loss,row_logsumexp,fp8_scale_amax}
-if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-  IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
-else
-  n=$(nvidia-smi -L 2>/dev/null | wc -l)
-  read -r -a ids <<< "$(seq -s ' ' 0 $(( (n > 0 ? n : 1) - 1 )))"
-fi
+read -r -a ids <<< "$(scripts/gpu_list.sh)"
 gpus=${#ids[@]}
 runs=()
 i=0
