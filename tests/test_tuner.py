@@ -60,7 +60,8 @@ def test_search_reports_where_its_time_went():
                   "fast", cost)
     assert cost["candidates"] == 2  # the failure is not counted
     assert cost["compile_s"] == 0.0  # stand-ins have no plan to precompile
-    assert cost["timing_s"] >= (1 + tuner.ROUNDS) * 0.0022
+    # the sleeps of both stand-ins, less the half millisecond timing_s may lose to rounding
+    assert cost["timing_s"] >= (1 + tuner.ROUNDS) * 0.0022 - 0.0005
 
 
 def test_search_judges_the_rounds_after_the_first():
