@@ -88,11 +88,11 @@ FEEDING_DIFFERENTIABLE = (
     ("{q} = mean({x} * {x})", "{u} = {x} * rsqrt({q} + 1.0)"),  # an RMS norm
     ("{q} = logsumexp({x})", "{u} = exp({x} - {q})"),  # softmax, written with a logsumexp
     ("{q} = sum({x})", "{u} = {x} - {q} * 0.0625"),
+    ("{u} = softmax({x})",),
+    ("{u} = log_softmax({x} * 0.5)",),
 )
 FEEDING = FEEDING_DIFFERENTIABLE + (
     ("{q} = max({x})", "{u} = {x} - {q}"),
-    ("{u} = softmax({x})",),
-    ("{u} = log_softmax({x} * 0.5)",),
 )
 # problem sizes: ragged against every tile size, rows of 16-byte multiples (TMA)
 CPU_SHAPES = ((33, 40, 24), (64, 64, 32), (17, 24, 8), (70, 72, 40), (1, 16, 16))
@@ -225,8 +225,10 @@ NAME_POOL = (
 NAME_SUFFIXES = ("_0", "_1", "_s", "_c", "_c3", "_ptr", "_sl", "_sm", "_sn", "_desc", "_ws",
                  "_ws2", "_cnt", "_out", "_osl", "_os")
 NAME_PREFIXES = ("u_", "ve_", "pf_", "lb_", "vb_", "ob_", "rv_", "racc_", "pacc_", "pm_", "st_")
-# names a drawn one must not take: the epilogue's own, and its intermediate values
-_TAKEN = {"accum", "D", "epi", "t0", "t1", "t2"}
+# names a drawn one must not take: the epilogue's own, and its intermediate values (t0,
+# and q2, u2 of a reduction feeding computation: ``_INTERMEDIATE``)
+_TAKEN = {"accum", "D", "epi"}
+_INTERMEDIATE = re.compile(r"[tqu]\d+")
 
 
 @st.composite
@@ -248,7 +250,7 @@ def user_names(draw, canonical: list[str]) -> dict[str, str]:
             new = draw(st.sampled_from(NAME_POOL))
         else:
             new = name
-        if new in taken:
+        if new in taken or _INTERMEDIATE.fullmatch(new):
             new = name
         out[name] = new
     return {k: v for k, v in out.items() if k != v}

@@ -5,7 +5,10 @@ tensors that require grad (A, B and the tensor operands; the accumulator is ``A 
 float64) and asks torch.autograd for the gradients of ``sum(out * grad_out)`` over the
 graded outputs: every op's torch function differentiated by torch, never by evtfuse.
 ``autodiff_grads`` computes the same with evtfuse's backward DAG (``autodiff``) evaluated by
-the reference evaluator (no kernel): the pass alone. Both return {name: gradient}, the
+the reference evaluator (no kernel): the pass alone. Both fold the epilogue's constants in
+fp32 first, as every kernel does (``passes.fold_constants``), so that the two see the same
+literals (``sigmoid(0.5)`` in fp32 differs from float64's by 1.5e-8, which a steep softmax
+made a 1e-6 difference in a gradient). Both return {name: gradient}, the
 GEMM's A and B under ``GA`` and ``GB`` (an operand may be named A). Imported by ``test_autodiff.py``,
 ``test_autograd.py`` and ``test_fuzz_grads.py``.
 """
@@ -16,6 +19,7 @@ import torch
 
 from evtfuse import autodiff, reference
 from evtfuse.frontend import bind, parse_epilogue
+from evtfuse.passes import fold_constants
 
 F64 = torch.float64
 GA, GB = "@A", "@B"  # the keys of A's and B's gradients
@@ -37,7 +41,7 @@ def reference_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
     """{name: gradient} for A, B and the operands in ``wrt``, by torch.autograd in float64.
     ``values``: operands and outputs (outputs: tensors for their shapes, or None)."""
     problem = problem_of(A, B)
-    dag = bind(parse_epilogue(source), values, problem)
+    dag = fold_constants(bind(parse_epilogue(source), values, problem))
     leaves = {GA: _f64(A).requires_grad_(True), GB: _f64(B).requires_grad_(True)}
     ops = {}
     for k, v in values.items():
@@ -48,6 +52,8 @@ def reference_grads(source, A, B, values: dict, grad_out: dict, wrt) -> dict:
     outs = reference.evaluate(dag, acc, ops, compute_dtype=F64, cast=False)
     loss = sum((outs[n].reshape(g.shape) * _f64(g)).sum() for n, g in grad_out.items())
     names = list(leaves)
+    if not loss.requires_grad:  # only constants graded (``where(c, 0.5, 0.5)``): no gradient
+        return {n: torch.zeros_like(t) for n, t in leaves.items()}
     got = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
     return {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(names, got)}
 
@@ -58,7 +64,7 @@ def autodiff_grads(source, A, B, values: dict, grad_out: dict, wrt, save=False) 
     the accumulator the forward stored, here in float64)."""
     problem = problem_of(A, B)
     parsed = parse_epilogue(source)
-    dag = bind(parsed, values, problem)
+    dag = fold_constants(bind(parsed, values, problem))
     plan = autodiff.plan_forward(dag, {autodiff.ACCUM, *wrt}, parsed,
                                  save_accum=F64 if save else None, batches=problem[0])
     acc = torch.matmul(_f64(A), _f64(B))

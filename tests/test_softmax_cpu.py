@@ -6,7 +6,8 @@ Every kernel result is checked twice: by ``Kernel.verify`` (NaN-poisoned outputs
 the reference evaluator) and against an independent torch computation (torch.softmax,
 torch.log_softmax, torch.mean) of the same fp32 accumulator. Also: special values (rows
 with +inf, -inf, NaN, all -inf), which plan ``explain`` names, the errors (a reduction of a
-reduction's result, an unused reduction, gradients, grouped GEMMs) and an offline sm_90
+reduction's result, an unused reduction, gradients a max feeding computation would need,
+grouped GEMMs), softmax's gradients and an offline sm_90
 compile of the new kernels.
 """
 
@@ -246,14 +247,42 @@ def test_errors():
     assert "never returned or used" in msg and "'s'" in msg
 
 
-def test_gradient_through_softmax_is_refused():
-    """No silent detach: differentiating through a reduction feeding computation raises."""
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("N", [ONE, TWO])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_gradients_through_softmax(op, N, mode):
+    """softmax and log_softmax differentiated (their max a shift, ``ir.is_shift``: the
+    backward reads the forward's max and shifted_sumexp and sums over each row itself, in
+    one pass or two), with respect to A, B, a full operand inside the row function and a
+    bias after it, two batches, against torch's own softmax in float64."""
+    import evtfuse
+
+    A0, B0, C0, b0 = rand(2, 24, 8), rand(2, 8, N), rand(2, 24, N), rand(N)
+    src = f"def epi(accum, C, bias):\n    t = {op}(accum * 0.5 + C)\n    D = t * C + bias\n    return D"
+    A, B, C, bias = (t.clone().requires_grad_() for t in (A0, B0, C0, b0))
+    D = evtfuse.gemm(A, B, src, backward=mode, C=C, bias=bias, D=torch.empty(2, 24, N))
+    g = rand(2, 24, N)
+    D.backward(g)
+    tA, tB, tC, tb = (t.clone().double().requires_grad_() for t in (A0, B0, C0, b0))
+    tD = getattr(torch, op)(tA @ tB * 0.5 + tC, dim=-1) * tC + tb
+    tD.backward(g.double())
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (C.grad, tC.grad), (bias.grad, tb.grad)):
+        assert (got.double() - want).norm() <= 1e-5 * want.norm()
+
+
+def test_gradient_through_a_max_feeding_computation_is_refused():
+    """No silent detach: a max the user writes, feeding computation (its ties would be
+    counted outside the kernel), and a shifted_sumexp written on its own (no shift beside
+    it) raise at the forward call."""
     import evtfuse
 
     A = rand(8, 4).requires_grad_()
     B = rand(4, 16)
-    with pytest.raises(EpilogueError, match="as in softmax and log_softmax"):
-        evtfuse.gemm(A, B, "def epi(accum): D = softmax(accum); return D")
+    with pytest.raises(EpilogueError, match="line 2.*a max whose result feeds computation"):
+        evtfuse.gemm(A, B, "def epi(accum):\n    m = max(accum)\n    D = accum - m\n    return D")
+    with pytest.raises(EpilogueError, match="line 3.*shifted_sumexp.*outside softmax"):
+        evtfuse.gemm(A, B, "def epi(accum):\n    D = accum\n    s = shifted_sumexp(accum)\n"
+                     "    return D, s", D=torch.empty(8, 16), s=torch.empty(8, 1))
 
 
 @pytest.mark.parametrize("N", [16, 80])

@@ -214,14 +214,16 @@ def _reaching(dag: Dag, outputs: Iterable[Output], active: frozenset[int]) -> se
     return reach
 
 
-def _probe_rule(n: Node, reduction: bool = False) -> Diff:
-    """Run ``n``'s rule on nothing: raises NoDerivative where it has none; says what it reads."""
+def _probe_rule(n: Node, reduction: bool = False, shift: bool = False) -> Diff:
+    """Run ``n``'s rule on nothing: raises NoDerivative where it has none; says what it reads.
+    ``shift``: a shifted reduction has its row's shift beside it."""
     row = OPS[n.op]
     if row.grad is None:
         raise NoDerivative(f"the op table gives {n.op} no derivative")
     alg = _Probe()
     d = Diff(alg, tuple(None for _ in n.inputs), None, n.param_dict, out=lambda: None,
-             ties=(lambda: None) if reduction else None)
+             ties=(lambda: None) if reduction else None,
+             shift=(lambda: None) if shift else None)
     apply_rule(row.grad, d)
     return d
 
@@ -257,15 +259,16 @@ def _late_refusal(dag: Dag, n: Node, late: set[int], batches: int) -> str | None
     if n.kind is NodeKind.REDUCE:
         if any(id(i) in late for i in n.inputs):
             return "it reduces a value computed from another reduction: not differentiated"
+        if ir.is_shift(n):  # softmax's max: the gradient passes by the row's other terms
+            return None
         try:
-            used = _probe_rule(n, reduction=True).used
+            used = _probe_rule(n, reduction=True, shift=ir.shift_of(dag, n) is not None).used
         except NoDerivative as exc:
-            return (f"{exc}; softmax and log_softmax are written with it: not differentiated "
-                    "yet" if n.op == "shifted_sumexp" else str(exc))
+            return str(exc)
         if "ties" in used:
-            return (f"a {n.op} whose result feeds computation, as in softmax and log_softmax: "
-                    "the gradient of its ties is counted outside the kernel, from an output's "
-                    "gradient; not differentiated yet")
+            return (f"a {n.op} whose result feeds computation: the gradient of its ties is "
+                    "counted outside the kernel, from an output's gradient; not "
+                    "differentiated yet (softmax and log_softmax are)")
     return None
 
 
@@ -298,7 +301,10 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     for o in outputs:
         if o.node.kind is not NodeKind.REDUCE or id(o.node) in late:  # (late: below)
             continue
-        used = _probe_rule(o.node, reduction=True).used
+        try:
+            used = _probe_rule(o.node, reduction=True).used
+        except NoDerivative as exc:  # (a shifted_sumexp written on its own)
+            raise _no_derivative(o.node, str(exc), parsed, wrt) from None
         if "ties" in used:  # max / min: keep the argument itself
             src = o.node.inputs[0]
             s = Saved(names(f"saved_{o.name}_arg"), o.name, "argument",
@@ -458,9 +464,11 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             if a is not None:  # what the tile's uses contribute, summed over each row
                 row = ir.reduce_node("sum", a, n.space, n.batched)
                 e = row if e is None else ir.compute_node("add", (e, row))
-            if e is None:
+            if e is None or ir.is_shift(n):  # a shift passes no gradient (ir.is_shift)
                 continue
-            d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n)
+            shift = ir.shift_of(dag, n) if n.kind is NodeKind.REDUCE else None
+            d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n,
+                     shift=(lambda: shift) if shift is not None else None)
             for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):
                 if g is None:
                     continue

@@ -19,7 +19,8 @@ reductions). A rule raises ``NoDerivative`` where its op has none for these para
 Reduction rows' rules see ``d.x`` (the reduced value, broadcast), ``d.out`` (the result)
 and ``d.g`` (the result's gradient, broadcast), and may use ``d.ties``: the number of
 reduced elements equal to the result (max and min share their gradient among ties, as
-torch's amax does).
+torch's amax does), or ``d.shift``: the row's max a shifted reduction (softmax's
+shifted_sumexp) is taken relative to, held fixed.
 """
 
 from __future__ import annotations
@@ -75,17 +76,19 @@ class Sym:
 class Diff:
     """What a rule sees: ``x``, ``y``, ``z`` (the op's inputs, also ``args``), ``out`` (its
     result), ``g`` (the result's gradient), ``params`` (the row's parameters), ``ties``
-    (reductions: how many elements equal the result), ``const(v)``, and every op of the
-    table by name: ``d.sigmoid(v)``, ``d.where(c, a, b)``, ``d.pow(v, exponent=3.0)``."""
+    (reductions: how many elements equal the result), ``shift`` (shifted reductions: the
+    row's max, held fixed), ``const(v)``, and every op of the table by name:
+    ``d.sigmoid(v)``, ``d.where(c, a, b)``, ``d.pow(v, exponent=3.0)``."""
 
     def __init__(self, alg: Any, args: tuple, g: Any, params: Mapping[str, Any] | None = None,
-                 out: Callable[[], Any] | None = None, ties: Callable[[], Any] | None = None):
+                 out: Callable[[], Any] | None = None, ties: Callable[[], Any] | None = None,
+                 shift: Callable[[], Any] | None = None):
         self._alg = alg
         self.args = tuple(Sym(alg, a) for a in args)
         self.g = Sym(alg, g)
         self.params = dict(params or {})
-        self._out, self._ties = out, ties
-        self.used: set[str] = set()  # which of out / ties the rule read
+        self._out, self._ties, self._shift = out, ties, shift
+        self.used: set[str] = set()  # which of out / ties / shift the rule read
 
     @property
     def x(self) -> Sym:
@@ -112,6 +115,14 @@ class Diff:
             raise NoDerivative("the count of tied elements is not available here")
         self.used.add("ties")
         return Sym(self._alg, self._ties())
+
+    @property
+    def shift(self) -> Sym:
+        if self._shift is None:
+            raise NoDerivative("written on its own, outside softmax and log_softmax: the "
+                               "gradient of the max it is taken relative to is not counted")
+        self.used.add("shift")
+        return Sym(self._alg, self._shift())
 
     def const(self, value: float) -> Sym:
         return Sym(self._alg, self._alg.const(float(value)))

@@ -41,19 +41,24 @@ _SECTIONS = (
      "from a reduction cannot be reduced again. Gradients flow through a per-row sum, mean "
      "or logsumexp feeding computation (an RMS norm; a shift by a logsumexp: the backward "
      "sums over each row too, in one pass or two) and through a mean or a sum stored in "
-     "its own shape, but not through a max or min feeding computation, nor a per-column "
+     "its own shape, but not through a max or min the user writes feeding computation "
+     "(softmax's own max: see Row functions), nor a per-column "
      "or whole-output reduction feeding the tile's computation (the call raises). In the "
      "derivative, `x` is the reduced value, `out` the "
      "result and `g` its gradient (both broadcast back), `ties` the number of reduced "
-     "elements equal to the result."),
+     "elements equal to the result, `shift` the row's max a shifted reduction is taken "
+     "relative to."),
     (Category.ROWWISE, "Row functions",
      "Functions of the whole output row (over N, as torch's `dim=-1`), anywhere in an "
      "expression: the frontend writes them with the row's `max` and `shifted_sumexp` "
      "feeding computation, as torch computes them (the Triton column shows that form; no "
      "`max + log(sum)`, which rounds the sum away where the max is large), so they run in "
      "one pass where a tile spans the row, else in two ([performance.md](performance.md)). "
-     "Their argument cannot itself "
-     "come from a reduction; no derivative yet (differentiating through them raises)."),
+     "Their argument cannot itself come from a reduction. Their max is a *shift*: their "
+     "value does not change with it, so their gradient passes through their own terms "
+     "(shifted_sumexp's rule holds the max fixed) and no tie of the max is counted; the "
+     "forward keeps the row's max and sum (two per-row fp32 vectors) and the backward "
+     "sums over each row, in one pass or two."),
     (Category.STORE, "Conditional stores",
      "The whole value of an assignment whose result is returned as a full output you "
      "give: `D = store_where(x > 0.0, x)` writes D where the condition holds and leaves "

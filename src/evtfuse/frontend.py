@@ -786,7 +786,9 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             raise error(f"{x.op}(...) of a value computed from a reduction: a reduction cannot "
                         "reduce a value computed from another (one level of reduction "
                         "feeding computation)", x.line, None)
-        reds = tuple(ir.reduce_node(op, src, ir.Space.ROW, True, line=x.line)
+        shifted = any(OPS[op].shifted for op in row.lowered[0])  # its max is a shift
+        reds = tuple(ir.reduce_node(op, src, ir.Space.ROW, True, line=x.line,
+                                    params=(ir.SHIFT,) if shifted and op == "max" else ())
                      for op in row.lowered[0])
         late.update((id(r), r) for r in reds)
         return lowered(row, (src, *reds), x.line)

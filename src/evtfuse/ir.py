@@ -270,11 +270,32 @@ def compute_node(op: str, inputs: Iterable[Node], params: Iterable[tuple[str, Pa
                 dtype=dtype, var=var, line=line)
 
 
+SHIFT = ("shift", 1.0)  # the params of a row function's max taken as a shift (``is_shift``)
+
+
 def reduce_node(op: str, source: Node, result_space: Space, keep_batch: bool,
-                var: str | None = None, line: int | None = None) -> Node:
-    """A reduction of ``source`` to ``result_space`` (the space its output has)."""
-    return Node(NodeKind.REDUCE, (source,), op, space=result_space,
+                var: str | None = None, line: int | None = None,
+                params: tuple[tuple[str, ParamValue], ...] = ()) -> Node:
+    """A reduction of ``source`` to ``result_space`` (the space its output has); ``params``:
+    only ``(SHIFT,)``, on a row function's max (``is_shift``)."""
+    return Node(NodeKind.REDUCE, (source,), op, params, space=result_space,
                 batched=keep_batch and source.batched, var=var, line=line)
+
+
+def is_shift(n: Node) -> bool:
+    """Whether ``n`` is a row function's *shift*: the max the frontend builds beside a
+    shifted reduction (``OpDef.shifted``: softmax's shifted_sumexp) for softmax and
+    log_softmax, whose lowered expressions do not change with it. Its value is computed as
+    any max's; a gradient passes through the row function's own terms, not through it
+    (``autodiff``)."""
+    return n.kind is NodeKind.REDUCE and n.op == "max" and n.params == (SHIFT,)
+
+
+def shift_of(dag: Dag, n: Node) -> Node | None:
+    """The shift beside the shifted reduction ``n`` (over the same value, per row), or None
+    where ``n`` was written on its own."""
+    return next((m for m in dag.users[id(n.inputs[0])] if is_shift(m) and
+                 m.space is n.space and m.batched == n.batched), None)
 
 
 def with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
@@ -282,7 +303,7 @@ def with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
     if node.kind is NodeKind.COMPUTE:
         return compute_node(node.op, inputs, node.params, node.var, node.line)
     if node.kind is NodeKind.REDUCE:
-        return Node(NodeKind.REDUCE, inputs, node.op, space=node.space,
+        return Node(NodeKind.REDUCE, inputs, node.op, node.params, space=node.space,
                     batched=node.batched and inputs[0].batched, var=node.var, line=node.line)
     assert not inputs, node
     return node
@@ -319,6 +340,8 @@ def verify(dag: Dag) -> None:
             if OPS[n.op].lowered is not None:
                 raise IRError(f"{n.op} reduce node: the frontend writes it with "
                               f"{OPS[n.op].lowered[0][0]}")
+            if n.params and not is_shift(n):
+                raise IRError(f"reduce node {n.op} with parameters {n.params}")
             if id(n) not in out_nodes and not dag.users[id(n)]:
                 raise IRError(f"reduction {n.op} feeds nothing")
         elif n.kind is NodeKind.LOAD:
@@ -364,8 +387,9 @@ def signature(dag: Dag) -> str:
         elif n.kind is NodeKind.CONST:
             desc = f"const {float(n.value).hex()}"
         elif n.kind in (NodeKind.COMPUTE, NodeKind.REDUCE):
+            # (a shift's mark shapes no code: its value is any max's, ``is_shift``)
             ps = ",".join(f"{k}={v if isinstance(v, str) else float(v).hex()}"
-                          for k, v in n.params)
+                          for k, v in n.params if not is_shift(n))
             desc = f"{n.kind.value} {n.op}({','.join(names[id(i)] for i in n.inputs)};{ps})"
         else:
             desc = f"{n.kind.value} {n.op or ''}"

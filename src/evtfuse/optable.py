@@ -88,6 +88,11 @@ class OpDef:
     # value: ROWWISE: from ``d.x`` and its row's reductions ``d.y``, ``d.z``...; REDUCE
     # (one reduction): from its result ``d.x`` and the count of reduced elements ``d.y``)
     lowered: tuple[tuple[str, ...], Callable[[Diff], object]] | None = None
+    # REDUCE rows taken relative to their row's max (shifted_sumexp): where a row function
+    # builds one (softmax, log_softmax), the frontend builds that max beside it as a shift
+    # (``ir.is_shift``), which its rule reads as ``d.shift``, held fixed; written on its
+    # own, it has no shift and no derivative
+    shifted: bool = False
 
     @property
     def result_is_bool(self) -> bool:
@@ -95,10 +100,15 @@ class OpDef:
 
     @property
     def differentiable(self) -> bool:
-        """A gradient can pass it: its own rule, or (``mean``) the rows it is lowered to."""
+        """A gradient can pass it where a user writes it: its own rule, or (``mean``) the
+        rows it is lowered to (a shifted row: only inside softmax and log_softmax)."""
+        if self.shifted:
+            return False
         if self.grad is not None:
             return True
-        return self.sized and all(OPS[r].grad is not None for r in self.lowered[0])
+        # mean; softmax and log_softmax (their max a shift, their shifted_sumexp's rule)
+        return self.lowered is not None and all(OPS[r].grad is not None
+                                                for r in self.lowered[0])
 
     @property
     def sized(self) -> bool:
@@ -614,7 +624,12 @@ _ROWS: tuple[OpDef, ...] = (
           "_ef_lse_combine", Category.REDUCE, reduce_identity=float("-inf"),
           doc="sum(exp(x - max(x))) as torch computes it (softmax's denominator; "
               "logsumexp's partials, finished without the max): NaN where the max is "
-              "infinite (a +inf element, an all -inf line) or NaN, 0 over no element"),
+              "infinite (a +inf element, an all -inf line) or NaN, 0 over no element",
+          shifted=True, grad=lambda d: (d.g * d.exp(d.x - d.shift),),
+          grad_doc="`g * exp(x - shift)` inside softmax and log_softmax, `shift` their row's "
+                   "max held fixed (their value does not change with it, so it passes no "
+                   "gradient); written on its own, none: differentiating through it is an "
+                   "error"),
     # ---- row functions: built on the row's max and shifted_sumexp (docs/performance.md:
     # one pass where a tile spans the row, else two passes); as torch computes them:
     # exp(x - m) * (1 / s) and (x - m) - log(s), m the row's max, s its shifted_sumexp
@@ -622,12 +637,16 @@ _ROWS: tuple[OpDef, ...] = (
           doc="torch.softmax(x, dim=-1) over the output's row (N): exp(x - m) * (1 / s) with "
               "m the row's max and s its shifted_sumexp, as torch computes it; a row with "
               "+inf or NaN is all NaN, an all -inf row NaN, as torch",
-          lowered=(("max", "shifted_sumexp"), lambda d: d.exp(d.x - d.y) * (1.0 / d.z))),
+          lowered=(("max", "shifted_sumexp"), lambda d: d.exp(d.x - d.y) * (1.0 / d.z)),
+          grad_doc="through its lowering, its max a shift (shifted_sumexp's): "
+                   "`out * (g - sum(g * out))`, the sum over the row"),
     OpDef("log_softmax", 1, lambda x: torch.log_softmax(x, dim=-1), "", Category.ROWWISE,
           doc="torch.log_softmax(x, dim=-1) over the output's row (N): (x - m) - log(s) with "
               "m the row's max and s its shifted_sumexp, as torch computes it; a row with "
               "+inf or NaN is all NaN, an all -inf row NaN, as torch",
-          lowered=(("max", "shifted_sumexp"), lambda d: (d.x - d.y) - d.log(d.z))),
+          lowered=(("max", "shifted_sumexp"), lambda d: (d.x - d.y) - d.log(d.z)),
+          grad_doc="through its lowering, its max a shift (shifted_sumexp's): "
+                   "`g - exp(out) * sum(g)`, the sum over the row"),
 )
 
 OPS: Mapping[str, OpDef] = {row.name: row for row in _ROWS}

@@ -87,7 +87,8 @@ def to_source(dag: Dag, name: str | None = None) -> str:
             if id(n) in mean_sums:
                 continue  # written as the mean that divides it (below)
             # a reduction of a lowered row (softmax's) has no output: a name of its own, read
-            # back as a reduction used (per row)
+            # back as a reduction used (per row); its max, a shift (``ir.is_shift``), reads
+            # back as a plain max: the same value and code, only not differentiable
             target = out_name.get(id(n)) or next(fresh)
             text[id(n)] = target
             lines.append(f"{target} = {n.op}({ref(n.inputs[0])})")
