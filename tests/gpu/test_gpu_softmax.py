@@ -97,3 +97,27 @@ def test_gemm_one_call():
     D = evtfuse.gemm(A, B, "def epi(accum): D = log_softmax(accum); return D")
     torch.testing.assert_close(D.float(), torch.log_softmax(A.float() @ B.float(), -1),
                                rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("N", [200, 4096])  # one pass on the portable family; two passes
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_gradients_through_softmax(op, N, mode):
+    """softmax and log_softmax differentiated (their max a shift: the backward reads the
+    forward's max and sum and sums over each row itself) with respect to A, B and a bias
+    inside the row function, bf16, against torch's own softmax in fp32 on the same bf16
+    inputs."""
+    g = torch.Generator(device="cuda").manual_seed(N)
+    A0 = torch.randn(384, 256, device="cuda", generator=g).to(torch.bfloat16)
+    B0 = (torch.randn(256, N, device="cuda", generator=g) / 16).to(torch.bfloat16)
+    b0 = torch.randn(N, device="cuda", generator=g)
+    gD = torch.randn(384, N, device="cuda", generator=g)
+    A, B, bias = (t.clone().requires_grad_() for t in (A0, B0, b0))
+    D = evtfuse.gemm(A, B, f"def epi(accum, bias): D = {op}(accum + bias); return D",
+                     bias=bias, D=torch.empty(384, N, device="cuda"), backward=mode)
+    D.backward(gD)
+    tA, tB, tb = (t.detach().float().requires_grad_() for t in (A0, B0, b0))
+    getattr(torch, op)(tA @ tB + tb, dim=-1).backward(gD)
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (bias.grad, tb.grad)):
+        # A's and B's gradients pass a bf16 rounding of dAccum, as torch's bf16 matmul does
+        assert (got.float() - want).norm() <= 1e-2 * want.norm()
