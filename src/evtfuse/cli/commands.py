@@ -240,8 +240,10 @@ def backward_lines(args) -> list[str]:
                  "(torch matmuls)"
                  + (f"; {', '.join(sorted(bp.batch_summed))}: summed over L"
                     if bp.batch_summed else "")
-                 + (f"; {', '.join(n for n, _, _ in bp.caller_sums)}: summed by torch (a gated "
-                    "kernel computes no reductions)" if bp.caller_sums else ""))
+                 + (f"; {', '.join(n for n, _, _ in bp.caller_sums)}: summed by torch ("
+                    + ("a gated kernel computes no reductions" if bp.dag.gated else
+                       "a kernel reduces no value computed from its own reduction feeding "
+                       "computation") + ")" if bp.caller_sums else ""))
     lines += ["", "== backward DAG ==", ir.format_dag(bp.dag)]
     for other, obp in bps.items():
         if other != mode:
