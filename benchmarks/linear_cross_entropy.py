@@ -26,7 +26,9 @@ Memory: ``peak_beyond_mib``, the peak of one step after a warm-up step, minus wh
 allocated before it (inputs, weight, anything the peer keeps between calls) and minus the
 gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces a peer
 keeps). Correctness: each peer's loss and gradients against eager's, as relative norms
-(``rel_loss``, ``rel_dx``, ``rel_dw``), where eager ran.
+(``rel_loss``, ``rel_dx``, ``rel_dw``), where eager ran. ``profile`` (evtfuse's best chunk
+size, torch.compile): each kernel's GPU ms per step and the idle GPU between kernels
+(``evtfuse.bench.timing.kernel_profile``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import triton
 import triton.testing
 
 import evtfuse
+from evtfuse.bench.timing import kernel_profile
 from evtfuse.runtime import cross_entropy
 
 MIB = 1 << 20
@@ -141,7 +144,12 @@ class Bench:
         fn = torch.compile(lambda h, W, y: F.cross_entropy(F.linear(h, W).float(), y),
                            mode="max-autotune-no-cudagraphs")
         step = _backward_step(lambda: fn(self.h, self.W, self.y))
-        return self.step_result("compile", step)
+        out = self.step_result("compile", step)
+        try:
+            out["profile"] = kernel_profile(step, [self.h, self.W], steps=3)
+        except Exception as exc:  # noqa: BLE001  (the profile is extra; the times stand)
+            out["profile"] = {"error": _error(exc)}
+        return out
 
     def evtfuse(self) -> dict:
         out = {}
@@ -157,6 +165,13 @@ class Bench:
         if best:
             out["ms"], out["best"] = best
             out["peak_beyond_mib"] = out[best[1]]["peak_beyond_mib"]
+            cross_entropy.CHUNK_BYTES = int(float(best[1].split("_")[1]) * MIB)
+            try:  # where the best step's time goes, kernel by kernel
+                out["profile"] = kernel_profile(
+                    _backward_step(lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y)),
+                    [self.h, self.W], steps=3)
+            except Exception as exc:  # noqa: BLE001  (the profile is extra; the times stand)
+                out["profile"] = {"error": _error(exc)}
         with torch.no_grad():  # the forward alone: no logits stored
             h, W = self.h.detach(), self.W.detach()
             evtfuse.linear_cross_entropy(h, W, self.y)

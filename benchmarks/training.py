@@ -11,9 +11,10 @@ against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ 
 ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same step. Times are medians of
 ``triton.testing.do_bench`` with the gradients reset between steps; peak memory is
 ``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it;
-``*_kernels_ms``: each kernel's GPU time per step (torch.profiler), ``*_kernel_sum_ms`` their
-sum, ``*_host_ms`` the host's time to enqueue a step (a step's time above its kernels' sum
-is idle GPU: host-bound where ``*_host_ms`` reaches it), ``*_loop_ms`` a step's time in a
+``*_kernels_ms``: each kernel's GPU time per step (torch.profiler,
+``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_host_ms`` the
+host's time to enqueue a step (a step's time above its kernels' sum is idle GPU:
+host-bound where ``*_host_ms`` reaches it), ``*_loop_ms`` a step's time in a
 run of back-to-back steps, as a training loop runs them (no L2 flush, no gap between
 steps: the GPU idles only where a step synchronises or the host falls behind).
 """
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 import triton.testing
 
 import evtfuse
+from evtfuse.bench.timing import kernel_profile
 
 BF = torch.bfloat16
 
@@ -36,41 +38,6 @@ BF = torch.bfloat16
 def _ms(fn, grads) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, grad_to_none=grads,
                                    return_mode="median")
-
-
-def _kernels_ms(fn, grads, steps: int = 10) -> dict:
-    """GPU time per step of each kernel ``fn`` launches (torch.profiler), by kernel name:
-    where a step's time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            for p in grads:
-                p.grad = None
-            fn()
-        torch.cuda.synchronize()
-    rows = {e.key[:90]: e.device_time_total / steps / 1e3 for e in prof.key_averages()
-            if e.device_time_total > 0}
-    out = dict(sorted(rows.items(), key=lambda kv: -kv[1]))
-    _gaps[id(fn)] = _idle_before(prof, steps)
-    return out
-
-
-_gaps: dict = {}
-
-
-def _idle_before(prof, steps: int) -> dict:
-    """Idle GPU per step before each kernel (ms, by the kernel's name, largest first): the
-    gaps between one kernel's end and the next one's start in the profile."""
-    spans = sorted((e.time_range.start, e.time_range.end, e.name[:60]) for e in prof.events()
-                   if e.device_type.name == "CUDA")
-    idle: dict = {}
-    for (_, end, _), (start, _, name) in zip(spans, spans[1:]):
-        if start > end:
-            idle[name] = idle.get(name, 0.0) + (start - end) / steps / 1e3
-    return dict(sorted(idle.items(), key=lambda kv: -kv[1])[:6])
 
 
 def _host_ms(fn, grads, steps: int = 10) -> float:
@@ -184,10 +151,11 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
     for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
                      ("compiled", compiled)):
         try:
-            out[f"{name}_kernels_ms"] = kernels = _kernels_ms(fn, grads)
-            out[f"{name}_kernel_sum_ms"] = sum(kernels.values())
+            prof = kernel_profile(fn, grads)
+            out[f"{name}_kernels_ms"] = prof["kernels"]
+            out[f"{name}_kernel_sum_ms"] = prof["kernel_sum"]
             out[f"{name}_host_ms"] = _host_ms(fn, grads)
-            out[f"{name}_idle_before_ms"] = _gaps.pop(id(fn), {})
+            out[f"{name}_idle_before_ms"] = prof["idle_before"]
             out[f"{name}_loop_ms"] = _loop_ms(fn, grads)
         except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"

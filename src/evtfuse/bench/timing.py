@@ -134,3 +134,36 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 __all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "guarded_ms", "host_timed_s",
            "rel_err", "rotating"]
+
+
+def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
+                   steps: int = 10) -> dict:
+    """Where a step's GPU time goes (torch.profiler over ``steps`` calls of ``fn`` after one
+    warm-up, ``grads``' gradients set to None before each): ``kernels``, each kernel's GPU
+    ms per step by name (largest first), ``kernel_sum`` their sum, and ``idle_before``, the
+    idle GPU ms per step before each kernel (the six largest: gaps between one kernel's
+    end and the next one's start), ``idle`` their total. A step's time above ``kernel_sum``
+    is idle GPU: host work, or something that synchronises. GPU only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            for t in grads:
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    rows = {e.key[:90]: e.device_time_total / steps / 1e3 for e in prof.key_averages()
+            if e.device_time_total > 0}
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[:60]) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    idle: dict = {}
+    for (_, end, _), (start, _, name) in zip(spans, spans[1:]):
+        if start > end:
+            idle[name] = idle.get(name, 0.0) + (start - end) / steps / 1e3
+    return {"kernels": dict(sorted(rows.items(), key=lambda kv: -kv[1])),
+            "kernel_sum": sum(rows.values()),
+            "idle_before": dict(sorted(idle.items(), key=lambda kv: -kv[1])[:6]),
+            "idle": sum(idle.values())}
+
