@@ -28,7 +28,8 @@ gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces 
 keeps). Correctness: each peer's loss and gradients against eager's, as relative norms
 (``rel_loss``, ``rel_dx``, ``rel_dw``), where eager ran. ``profile`` (evtfuse's best chunk
 size, torch.compile): each kernel's GPU ms per step and the idle GPU between kernels
-(``evtfuse.bench.timing.kernel_profile``).
+(``evtfuse.bench.timing.kernel_profile``); ``syncs``: evtfuse's calls that made the host
+wait for the GPU (its check of the targets, at least).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import triton
 import triton.testing
 
 import evtfuse
-from evtfuse.bench.timing import kernel_profile
+from evtfuse.bench.timing import kernel_profile, synchronizing_calls
 from evtfuse.runtime import cross_entropy
 
 MIB = 1 << 20
@@ -170,6 +171,8 @@ class Bench:
                 out["profile"] = kernel_profile(
                     _backward_step(lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y)),
                     [self.h, self.W], steps=3)
+                out["syncs"] = synchronizing_calls(_backward_step(
+                    lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y)))
             except Exception as exc:  # noqa: BLE001  (the profile is extra; the times stand)
                 out["profile"] = {"error": _error(exc)}
         with torch.no_grad():  # the forward alone: no logits stored

@@ -14,7 +14,8 @@ against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ 
 ``*_kernels_ms``: each kernel's GPU time per step (torch.profiler,
 ``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_host_ms`` the
 host's time to enqueue a step (a step's time above its kernels' sum is idle GPU:
-host-bound where ``*_host_ms`` reaches it), ``*_loop_ms`` a step's time in a
+host-bound where ``*_host_ms`` reaches it; ``*_syncs``: the calls in a step that made the
+host wait for the GPU, ``evtfuse.bench.timing.synchronizing_calls``), ``*_loop_ms`` a step's time in a
 run of back-to-back steps, as a training loop runs them (no L2 flush, no gap between
 steps: the GPU idles only where a step synchronises or the host falls behind).
 """
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 import triton.testing
 
 import evtfuse
-from evtfuse.bench.timing import kernel_profile
+from evtfuse.bench.timing import kernel_profile, synchronizing_calls
 
 BF = torch.bfloat16
 
@@ -156,6 +157,7 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_kernel_sum_ms"] = prof["kernel_sum"]
             out[f"{name}_host_ms"] = _host_ms(fn, grads)
             out[f"{name}_idle_before_ms"] = prof["idle_before"]
+            out[f"{name}_syncs"] = synchronizing_calls(fn)
             out[f"{name}_loop_ms"] = _loop_ms(fn, grads)
         except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"

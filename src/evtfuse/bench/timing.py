@@ -167,3 +167,23 @@ def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
             "idle_before": dict(sorted(idle.items(), key=lambda kv: -kv[1])[:6]),
             "idle": sum(idle.values())}
 
+
+def synchronizing_calls(fn: Callable[[], Any]) -> list[str]:
+    """The calls in one run of ``fn`` that make the host wait for the GPU, as torch's sync
+    debug mode reports them (``.item()``, ``nonzero``, a copy to the host...; not a
+    ``torch.cuda.synchronize`` of one's own), one line each: an idle GPU inside a step with
+    a fast host comes from these. GPU only."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return [f"{w.filename}:{w.lineno}: {str(w.message)[:200]}" for w in caught
+            if "synchroniz" in str(w.message)]
+
