@@ -268,19 +268,25 @@ LATE = [  # reductions feeding computation, and values computed from them
     ("def e(accum, C, bias):\n    D = softmax(accum * C) + bias\n    return D", {}, {"C", "bias"}),
     ("def e(accum, rowv):\n    t = log_softmax(accum + rowv)\n    D = t * t\n    return D", {},
      {"rowv"}),
+    ("def e(accum, C):\n    m = max(abs(accum * C))\n    D = accum / m\n    return D, m",
+     {"m": (M, 1)}, {"C"}),
+    ("def e(accum, rowv):\n    m = min(relu(accum - 5.0))\n    D = accum * m + rowv\n    return D",
+     {}, {"rowv"}),
 ]
 
 
 @pytest.mark.parametrize("L", [1, 3])
 @pytest.mark.parametrize("src,outs,wrt", LATE, ids=["row_mean", "col_mean", "whole_mean",
                                                    "rms_norm", "lse_shift", "norm_stored",
-                                                   "softmax", "log_softmax"])
+                                                   "softmax", "log_softmax", "absmax",
+                                                   "min_ties"])
 def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
     """A value computed from a reduction's result (a mean: the sum over a count; a norm; a
-    function of a logsumexp; softmax and log_softmax, whose max is a shift) takes its
-    gradient as a value of its own shape, which the reduction's rule broadcasts back over
-    the tile; the backward reads the reduction's result as the forward stored it (only
-    where a rule needs it)."""
+    function of a logsumexp; softmax and log_softmax, whose max is a shift; a max or min,
+    whose ties the backward counts in the argument the forward kept: rows of zeros after
+    a relu tie everywhere) takes its gradient as a value of its own shape, which the
+    reduction's rule broadcasts back over the tile; the backward reads the reduction's
+    result as the forward stored it (only where a rule needs it)."""
     lead = (L,) if L > 1 else ()
     A, B = _rand(*lead, M, K), _rand(K, N, seed=1)
     shapes = {k: (*lead, *v) if v != (N,) and v != (1,) else ((L, 1, N) if v == (N,) else
@@ -299,20 +305,18 @@ def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
     # (its gradient needs only the count)
     assert bool(plan.values) == ("mean(accum *" not in src or "rsqrt" in src), plan.values
     bwd = autodiff.backward(plan, set(graded), {"accum", *wrt}, batches=L).dag
-    # read, not recomputed
-    assert all(n.op not in ("logsumexp", "max", "shifted_sumexp") for n in bwd.nodes)
+    # read, not recomputed (a max's ties: a sum over the argument the forward kept)
+    assert all(n.op not in ("logsumexp", "max", "min", "shifted_sumexp") for n in bwd.nodes)
 
 
 @pytest.mark.parametrize("src,match", [
-    ("def e(accum):\n    m = max(accum)\n    D = accum - m\n    return D",
-     "a max whose result feeds computation"),
     ("def e(accum):\n    c = sum(accum)\n    D = accum - c\n    return D, c",
      "a per-column or whole-output value feeds the tile"),
 ])
 def test_gradients_through_reductions_feeding_the_tile_are_refused(src, match):
     """Where a per-column reduction's result feeds the tile's computation (its gradient
-    would reduce over M) or the reduction is a max whose ties are counted outside the
-    kernel, the call raises at the forward, naming the line: no silent detach."""
+    would reduce over M), the call raises at the forward, naming the line: no silent
+    detach."""
     parsed = parse_epilogue(src)
     values = {"D": torch.empty(M, N), **({"c": torch.empty(N)} if "c" in parsed.outputs else {})}
     dag = bind(parsed, values, (1, M, N))

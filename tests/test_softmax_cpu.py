@@ -6,8 +6,8 @@ Every kernel result is checked twice: by ``Kernel.verify`` (NaN-poisoned outputs
 the reference evaluator) and against an independent torch computation (torch.softmax,
 torch.log_softmax, torch.mean) of the same fp32 accumulator. Also: special values (rows
 with +inf, -inf, NaN, all -inf), which plan ``explain`` names, the errors (a reduction of a
-reduction's result, an unused reduction, gradients a max feeding computation would need,
-grouped GEMMs), softmax's gradients and an offline sm_90
+reduction's result, an unused reduction, a gradient through a shifted_sumexp of one's own,
+grouped GEMMs), the gradients of softmax and of a max feeding computation and an offline sm_90
 compile of the new kernels.
 """
 
@@ -270,16 +270,40 @@ def test_gradients_through_softmax(op, N, mode):
         assert (got.double() - want).norm() <= 1e-5 * want.norm()
 
 
-def test_gradient_through_a_max_feeding_computation_is_refused():
-    """No silent detach: a max the user writes, feeding computation (its ties would be
-    counted outside the kernel), and a shifted_sumexp written on its own (no shift beside
-    it) raise at the forward call."""
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("N", [ONE, TWO])
+def test_gradients_through_a_max_feeding_computation(N, mode):
+    """A per-row max and min feeding computation differentiated as torch's amax and amin:
+    the gradient shared evenly among tied elements, found in the argument the forward kept
+    (fp32, as it compared them; a recomputed accumulator differs in its last bits). Rows 0
+    to 6 are all zeros after the relu: every element ties."""
+    import evtfuse
+
+    A0, B0, r0 = rand(24, 8), rand(8, N).abs(), rand(24, 1)
+    A0[:7] = -A0[:7].abs()
+    src = ("def epi(accum, rowv):\n    m = max(relu(accum))\n    n = min(accum * rowv)\n"
+           "    D = accum / (m + 1.0) + n\n    return D, m")
+    A, B, rowv = (t.clone().requires_grad_() for t in (A0, B0, r0))
+    D, m = evtfuse.gemm(A, B, src, backward=mode, rowv=rowv, D=torch.empty(24, N),
+                        m=torch.empty(24, 1))
+    gD, gm = rand(24, N), rand(24, 1)
+    torch.autograd.backward((D, m), (gD, gm))
+    tA, tB, tr = (t.clone().double().requires_grad_() for t in (A0, B0, r0))
+    acc = tA @ tB
+    tm = torch.relu(acc).amax(-1, keepdim=True)
+    tD = acc / (tm + 1.0) + (acc * tr).amin(-1, keepdim=True)
+    torch.autograd.backward((tD, tm), (gD.double(), gm.double()))
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (rowv.grad, tr.grad)):
+        assert (got.double() - want).norm() <= 1e-5 * want.norm()
+
+
+def test_gradient_through_a_shifted_sumexp_of_ones_own_is_refused():
+    """No silent detach: a shifted_sumexp written on its own (no shift beside it, as
+    softmax has) raises at the forward call, naming the line."""
     import evtfuse
 
     A = rand(8, 4).requires_grad_()
     B = rand(4, 16)
-    with pytest.raises(EpilogueError, match="line 2.*a max whose result feeds computation"):
-        evtfuse.gemm(A, B, "def epi(accum):\n    m = max(accum)\n    D = accum - m\n    return D")
     with pytest.raises(EpilogueError, match="line 3.*shifted_sumexp.*outside softmax"):
         evtfuse.gemm(A, B, "def epi(accum):\n    D = accum\n    s = shifted_sumexp(accum)\n"
                      "    return D, s", D=torch.empty(8, 16), s=torch.empty(8, 1))

@@ -95,6 +95,9 @@ class ForwardPlan:
     # reductions feeding computation whose result the backward reads: (the node's index in
     # ``dag.nodes``, the ``Saved`` of role "value" holding it)
     values: tuple[tuple[int, str], ...] = ()
+    # a max or min among them: (its index, the ``Saved`` of role "argument" holding what it
+    # reduced, in fp32: the backward finds its ties there, exactly as the forward compared)
+    arguments: tuple[tuple[int, str], ...] = ()
 
     @property
     def saved_accums(self) -> tuple[Saved, ...]:
@@ -265,10 +268,6 @@ def _late_refusal(dag: Dag, n: Node, late: set[int], batches: int) -> str | None
             used = _probe_rule(n, reduction=True, shift=ir.shift_of(dag, n) is not None).used
         except NoDerivative as exc:
             return str(exc)
-        if "ties" in used:
-            return (f"a {n.op} whose result feeds computation: the gradient of its ties is "
-                    "counted outside the kernel, from an output's gradient; not "
-                    "differentiated yet (softmax and log_softmax are)")
     return None
 
 
@@ -321,32 +320,42 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                 hidden.append(Output(s.name, again, s.kind, torch.float32, s.batched))
                 saved.append(s)
     values: list[tuple[int, str]] = []
+    arguments: list[tuple[int, str]] = []
     for k, n in enumerate(dag.nodes):  # reductions feeding computation: their results
         if n.kind is not NodeKind.REDUCE or id(n) not in late or id(n) not in reach:
             continue
         kind = _KIND_OF_SPACE[n.space]
+        label = n.var or f"the {n.op} of line {n.line}"
+        beside = ir.shift_of(dag, n) is not None
+        if not ir.is_shift(n) and "ties" in _probe_rule(n, True, beside).used:
+            src = n.inputs[0]  # a max or min: what it reduced, as the forward compared it
+            a = Saved(names(f"saved_{n.var or n.op}_arg"), label, "argument",
+                      _KIND_OF_SPACE[src.space], src.batched, True)
+            hidden.append(Output(a.name, src, a.kind, torch.float32, a.batched))
+            saved.append(a)
+            arguments.append((k, a.name))
         out = next((o for o in dag.outputs if o.node is n and o.dtype == torch.float32
                     and o.kind is kind and o.batched == n.batched), None)
         if out is not None:  # the output itself holds it in fp32
             s = Saved(out.name, out.name, "value", kind, n.batched, False)
         else:
-            s = Saved(names(f"saved_{n.var or n.op}"), n.var or f"the {n.op} of line {n.line}",
-                      "value", kind, n.batched, True)
+            s = Saved(names(f"saved_{n.var or n.op}"), label, "value", kind, n.batched, True)
             hidden.append(Output(s.name, n, kind, torch.float32, n.batched))
         saved.append(s)
         values.append((k, s.name))
     if values:  # keep those the backward reads (mean's sum: none, the count is a constant)
         trial = ForwardPlan(dag, wrt, active, tuple(saved), dag, frozenset(names.taken),
-                            tuple(values))
+                            tuple(values), tuple(arguments))
         read = {name for name, _ in backward(trial, [o.name for o in outputs], wrt,
                                                batches=batches).saved}
-        dropped = {name for _, name in values} - read
+        dropped = {name for _, name in values + arguments} - read
         values = [v for v in values if v[1] in read]
+        arguments = [v for v in arguments if v[1] in read]
         saved = [v for v in saved if v.name not in dropped]
         hidden = [h for h in hidden if h.name not in dropped]
     augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
     plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken),
-                       tuple(values))
+                       tuple(values), tuple(arguments))
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
@@ -356,7 +365,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         saved.append(s)
     return ForwardPlan(dag, wrt, active, tuple(saved),
                        dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken),
-                       tuple(values))
+                       tuple(values), tuple(arguments))
 
 
 def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
@@ -414,6 +423,14 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     # values is spread as everything else is
     late = ir.after_reduction(dag)
     exact: dict[int, Node] = {}
+    by_name = {s.name: s for s in plan.saved}
+    argument_of: dict[int, OperandSpec] = {}  # a max or min feeding computation: its argument
+    for k, sname in plan.arguments:
+        a = by_name[sname]
+        argument_of[id(dag.nodes[k])] = spec = _spec(names(a.name), a.kind, torch.float32,
+                                                     a.batched)
+        operands.append(spec)
+        saved_ops.append((a.name, spec.name))
 
     def add_exact(n: Node, g: Node) -> None:
         if id(n) in active:
@@ -467,8 +484,15 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             if e is None or ir.is_shift(n):  # a shift passes no gradient (ir.is_shift)
                 continue
             shift = ir.shift_of(dag, n) if n.kind is NodeKind.REDUCE else None
-            d = Diff(alg, n.inputs, e, n.param_dict, out=lambda n=n: n,
-                     shift=(lambda: shift) if shift is not None else None)
+            ins, ties = n.inputs, None
+            if id(n) in argument_of:  # a max or min: its ties among what the forward reduced
+                ins = (ir.load_node(argument_of[id(n)]),)
+                tied = ir.compute_node("where", (ir.compute_node("eq", (ins[0], n)),
+                                                 ir.const_node(1.0), ir.const_node(0.0)))
+                ties = ir.reduce_node("sum", tied, n.space, n.batched)
+            d = Diff(alg, ins, e, n.param_dict, out=lambda n=n: n,
+                     shift=(lambda: shift) if shift is not None else None,
+                     ties=(lambda: ties) if ties is not None else None)
             for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):
                 if g is None:
                     continue
@@ -518,7 +542,6 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         outputs.insert(0, filler)
     bwd = Dag(tuple(outputs), tuple(operands), name, dag.gated)
     if plan.values:  # the reductions feeding computation: read as the forward stored them
-        by_name = {s.name: s for s in plan.saved}
         loads = {}
         for k, sname in plan.values:
             s = by_name[sname]
