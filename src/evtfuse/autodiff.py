@@ -8,7 +8,10 @@ Two named steps, pure functions of immutable DAGs:
   an op without derivative, and what the backward will need from the forward beyond what it
   recomputes: a logsumexp's result in fp32 (the output itself when it is fp32) and a max's
   or min's argument (stored, so that the backward sees exactly the elements the forward
-  compared). Those are hidden outputs of the ``augmented`` forward DAG. In "save" mode
+  compared; for a max or min feeding computation the backward counts its ties there, in
+  the kernel), and the result of a per-row reduction feeding computation. A row function's
+  max (softmax's: ``ir.is_shift``) passes no gradient; shifted_sumexp's rule holds it
+  fixed. Those are hidden outputs of the ``augmented`` forward DAG. In "save" mode
   (``save_accum``: a dtype), where the backward reads the accumulator, the accumulator
   itself too, in that dtype: the backward then reads it instead of recomputing ``A @ B``.
 * ``backward(plan, graded, wanted)``: the backward DAG, a new epilogue of the same GEMM.
@@ -249,10 +252,12 @@ def _no_derivative(n: Node, reason: str, parsed, wrt: frozenset[str]) -> Epilogu
 
 def _late_refusal(dag: Dag, n: Node, late: set[int], batches: int) -> str | None:
     """Why a gradient cannot pass ``n``, a reduction feeding computation or a value computed
-    from one (None: it can). A per-row value (a sum, a mean, a logsumexp, what is computed
-    from them) takes its gradient as a per-row value: summed over the row where the tile's
-    computation uses it (a reduction feeding computation in the backward too), then
-    broadcast back by the reduction's rule."""
+    from one (None: it can). A per-row value (a sum, a mean, a logsumexp, a max or min,
+    what is computed from them) takes its gradient as a per-row value: summed over the row
+    where the tile's computation uses it (a reduction feeding computation in the backward
+    too), then broadcast back by the reduction's rule. A per-column or whole-output one
+    would need a reduction over M feeding the backward's computation, which the epilogue
+    language cannot write for an unreturned value (``unparse``): refused."""
     if n.space is not Space.FULL:
         tile = any(u.space is Space.FULL for u in dag.users[id(n)]) or \
             any(o.node is n and o.kind is OutputKind.FULL for o in dag.outputs)

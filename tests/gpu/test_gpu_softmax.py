@@ -1,7 +1,8 @@
 """GPU tier: reductions feeding computation (softmax, log_softmax, mean, RMS norm) in every
 kernel family the GPU offers, in one pass (portable, N up to 256) and two passes (wider
 rows; hopper and gluon always), against torch (torch.softmax, torch.log_softmax,
-torch.mean of the fp32 accumulator) and ``Kernel.verify``. Run on the device machine:
+torch.mean of the fp32 accumulator) and ``Kernel.verify``; the gradients of softmax and of a
+row max feeding computation against torch's. Run on the device machine:
 ``PYTHONPATH=src python3 -m pytest -m gpu tests/gpu/test_gpu_softmax.py``.
 """
 
@@ -120,4 +121,28 @@ def test_gradients_through_softmax(op, N, mode):
     getattr(torch, op)(tA @ tB + tb, dim=-1).backward(gD)
     for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (bias.grad, tb.grad)):
         # A's and B's gradients pass a bf16 rounding of dAccum, as torch's bf16 matmul does
+        assert (got.float() - want).norm() <= 1e-2 * want.norm()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("N", [200, 4096])
+def test_gradients_through_a_row_max_feeding_computation(N, mode):
+    """A per-row absmax scale (``accum / max(abs(accum))``) differentiated as torch's amax,
+    bf16, against torch in fp32 on the same inputs; rows 0 to 15 are all zeros after a relu
+    (every element ties)."""
+    g = torch.Generator(device="cuda").manual_seed(N + 1)
+    A0 = torch.randn(384, 256, device="cuda", generator=g)
+    A0[:16] = -A0[:16].abs()
+    A0 = A0.to(torch.bfloat16)
+    B0 = (torch.randn(256, N, device="cuda", generator=g).abs() / 16).to(torch.bfloat16)
+    gD = torch.randn(384, N, device="cuda", generator=g)
+    A, B = A0.clone().requires_grad_(), B0.clone().requires_grad_()
+    src = ("def epi(accum):\n    m = max(relu(accum))\n    s = max(abs(accum))\n"
+           "    D = accum / s + m\n    return D")
+    D = evtfuse.gemm(A, B, src, D=torch.empty(384, N, device="cuda"), backward=mode)
+    D.backward(gD)
+    tA, tB = (t.detach().float().requires_grad_() for t in (A0, B0))
+    acc = tA @ tB
+    (acc / acc.abs().amax(-1, keepdim=True) + torch.relu(acc).amax(-1, keepdim=True)).backward(gD)
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad)):
         assert (got.float() - want).norm() <= 1e-2 * want.norm()
