@@ -485,6 +485,29 @@ def test_compiled_training_step_has_no_graph_break(mode):
         torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+def test_compiled_training_through_softmax_and_a_row_max(mode):
+    """A forward whose backward reads saved per-row values (softmax's max and sum, an absmax
+    scale and its argument) under torch.compile(fullgraph=True): the hidden outputs are
+    outputs of the forward's operator, the backward traced by AOTAutograd; gradients as
+    eager torch's."""
+    torch._dynamo.reset()
+    src = ("def epi(accum, bias):\n    s = max(abs(accum))\n"
+           "    D = softmax(accum + bias) + accum / s\n    return D")
+
+    def step(A, B, bias):
+        return (evtfuse.gemm(A, B, src, bias=bias, backward=mode) ** 2).sum()
+
+    ts = [_rand(M, K).requires_grad_(True), _rand(K, N, seed=1).requires_grad_(True),
+          _rand(N, seed=3).requires_grad_(True)]
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*ts).backward()
+    ref = [t.detach().double().requires_grad_(True) for t in ts]
+    acc = ref[0] @ ref[1]
+    ((torch.softmax(acc + ref[2], -1) + acc / acc.abs().amax(-1, keepdim=True)) ** 2).sum().backward()
+    for got, want in zip((t.grad for t in ts), (t.grad for t in ref)):
+        torch.testing.assert_close(got.double(), want, **TOL)
+
+
 def test_compiled_forward_and_backward_traced_together():
     """loss.backward() inside the compiled function (Dynamo's trace_autograd_ops): one
     graph for forward and backward, fullgraph."""
