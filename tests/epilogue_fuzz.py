@@ -90,7 +90,7 @@ FEEDING_DIFFERENTIABLE = (
     ("{q} = sum({x})", "{u} = {x} - {q} * 0.0625"),
     ("{u} = softmax({x})",),
     ("{u} = log_softmax({x} * 0.5)",),
-    ("{q} = max({x})", "{u} = {x} - {q}"),  # its ties found in the argument the forward kept
+    ("{q} = max({x})", "{u} = {x} - {q}"),  # its ties: the mask the forward kept
     ("{q} = min(relu({x}))", "{u} = {x} * {q}"),  # ties: rows of zeros
 )
 FEEDING = FEEDING_DIFFERENTIABLE

@@ -283,8 +283,8 @@ LATE = [  # reductions feeding computation, and values computed from them
 def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
     """A value computed from a reduction's result (a mean: the sum over a count; a norm; a
     function of a logsumexp; softmax and log_softmax, whose max is a shift; a max or min,
-    whose ties the backward counts in the argument the forward kept: rows of zeros after
-    a relu tie everywhere) takes its gradient as a value of its own shape, which the
+    whose ties the backward counts in the mask the forward kept: rows of zeros after a
+    relu tie everywhere) takes its gradient as a value of its own shape, which the
     reduction's rule broadcasts back over the tile; the backward reads the reduction's
     result as the forward stored it (only where a rule needs it)."""
     lead = (L,) if L > 1 else ()
@@ -305,7 +305,7 @@ def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
     # (its gradient needs only the count)
     assert bool(plan.values) == ("mean(accum *" not in src or "rsqrt" in src), plan.values
     bwd = autodiff.backward(plan, set(graded), {"accum", *wrt}, batches=L).dag
-    # read, not recomputed (a max's ties: a sum over the argument the forward kept)
+    # read, not recomputed (a max's ties: a sum over the mask the forward kept)
     assert all(n.op not in ("logsumexp", "max", "min", "shifted_sumexp") for n in bwd.nodes)
 
 

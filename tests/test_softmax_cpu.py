@@ -274,9 +274,9 @@ def test_gradients_through_softmax(op, N, mode):
 @pytest.mark.parametrize("N", [ONE, TWO])
 def test_gradients_through_a_max_feeding_computation(N, mode):
     """A per-row max and min feeding computation differentiated as torch's amax and amin:
-    the gradient shared evenly among tied elements, found in the argument the forward kept
-    (fp32, as it compared them; a recomputed accumulator differs in its last bits). Rows 0
-    to 6 are all zeros after the relu: every element ties."""
+    the gradient shared evenly among tied elements, as the mask the forward kept marks them
+    (a recomputed accumulator differs in its last bits). Rows 0 to 6 are all zeros after
+    the relu: every element ties."""
     import evtfuse
 
     A0, B0, r0 = rand(24, 8), rand(8, N).abs(), rand(24, 1)

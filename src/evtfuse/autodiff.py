@@ -8,8 +8,9 @@ Two named steps, pure functions of immutable DAGs:
   an op without derivative, and what the backward will need from the forward beyond what it
   recomputes: a logsumexp's result in fp32 (the output itself when it is fp32) and a max's
   or min's argument (stored, so that the backward sees exactly the elements the forward
-  compared; for a max or min feeding computation the backward counts its ties there, in
-  the kernel), and the result of a per-row reduction feeding computation. A row function's
+  compared), the result of a per-row reduction feeding computation and, for a max or min
+  among those, the mask of its ties (uint8: where its argument equals it, as the forward
+  compared them; the backward counts them in the kernel). A row function's
   max (softmax's: ``ir.is_shift``) passes no gradient; shifted_sumexp's rule holds it
   fixed. Those are hidden outputs of the ``augmented`` forward DAG. In "save" mode
   (``save_accum``: a dtype), where the backward reads the accumulator, the accumulator
@@ -74,13 +75,14 @@ def differentiable_dtype(dtype: torch.dtype | None) -> bool:
 class Saved:
     """A forward value the backward reads: ``result`` (a reduction's, in fp32),
     ``argument`` (what a max or min reduced), ``value`` (in fp32, a reduction whose result
-    feeds computation: ``ForwardPlan.values``) or ``accum`` (the accumulator, in "save"
-    mode, in ``dtype``); ``hidden``: stored by an extra output of the augmented forward
-    named ``name`` (else it is the output ``of`` itself)."""
+    feeds computation: ``ForwardPlan.values``), ``ties`` (uint8, 1 where the argument of a
+    max or min feeding computation equals its result: ``ForwardPlan.ties``) or ``accum``
+    (the accumulator, in "save" mode, in ``dtype``); ``hidden``: stored by an extra output
+    of the augmented forward named ``name`` (else it is the output ``of`` itself)."""
 
     name: str
     of: str  # the forward output (a reduction) it serves; ``accum`` for the accumulator
-    role: str  # "result" | "argument" | "value" | "accum"
+    role: str  # "result" | "argument" | "value" | "ties" | "accum"
     kind: OutputKind
     batched: bool
     hidden: bool
@@ -98,9 +100,10 @@ class ForwardPlan:
     # reductions feeding computation whose result the backward reads: (the node's index in
     # ``dag.nodes``, the ``Saved`` of role "value" holding it)
     values: tuple[tuple[int, str], ...] = ()
-    # a max or min among them: (its index, the ``Saved`` of role "argument" holding what it
-    # reduced, in fp32: the backward finds its ties there, exactly as the forward compared)
-    arguments: tuple[tuple[int, str], ...] = ()
+    # a max or min among them: (its index, the ``Saved`` of role "ties" holding the mask of
+    # its ties: the backward counts them as the forward compared, not in a recomputed
+    # accumulator, which differs in its last bits)
+    ties: tuple[tuple[int, str], ...] = ()
 
     @property
     def saved_accums(self) -> tuple[Saved, ...]:
@@ -325,7 +328,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                 hidden.append(Output(s.name, again, s.kind, torch.float32, s.batched))
                 saved.append(s)
     values: list[tuple[int, str]] = []
-    arguments: list[tuple[int, str]] = []
+    ties: list[tuple[int, str]] = []
     for k, n in enumerate(dag.nodes):  # reductions feeding computation: their results
         if n.kind is not NodeKind.REDUCE or id(n) not in late or id(n) not in reach:
             continue
@@ -333,12 +336,12 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         label = n.var or f"the {n.op} of line {n.line}"
         beside = ir.shift_of(dag, n) is not None
         if not ir.is_shift(n) and "ties" in _probe_rule(n, True, beside).used:
-            src = n.inputs[0]  # a max or min: what it reduced, as the forward compared it
-            a = Saved(names(f"saved_{n.var or n.op}_arg"), label, "argument",
-                      _KIND_OF_SPACE[src.space], src.batched, True)
-            hidden.append(Output(a.name, src, a.kind, torch.float32, a.batched))
-            saved.append(a)
-            arguments.append((k, a.name))
+            tied = ir.compute_node("eq", (n.inputs[0], n))  # a max or min: its ties
+            t = Saved(names(f"saved_{n.var or n.op}_ties"), label, "ties",
+                      _KIND_OF_SPACE[tied.space], tied.batched, True, torch.uint8)
+            hidden.append(Output(t.name, tied, t.kind, torch.uint8, t.batched))
+            saved.append(t)
+            ties.append((k, t.name))
         out = next((o for o in dag.outputs if o.node is n and o.dtype == torch.float32
                     and o.kind is kind and o.batched == n.batched), None)
         if out is not None:  # the output itself holds it in fp32
@@ -350,17 +353,17 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         values.append((k, s.name))
     if values:  # keep those the backward reads (mean's sum: none, the count is a constant)
         trial = ForwardPlan(dag, wrt, active, tuple(saved), dag, frozenset(names.taken),
-                            tuple(values), tuple(arguments))
+                            tuple(values), tuple(ties))
         read = {name for name, _ in backward(trial, [o.name for o in outputs], wrt,
                                                batches=batches).saved}
-        dropped = {name for _, name in values + arguments} - read
+        dropped = {name for _, name in values + ties} - read
         values = [v for v in values if v[1] in read]
-        arguments = [v for v in arguments if v[1] in read]
+        ties = [v for v in ties if v[1] in read]
         saved = [v for v in saved if v.name not in dropped]
         hidden = [h for h in hidden if h.name not in dropped]
     augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
     plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken),
-                       tuple(values), tuple(arguments))
+                       tuple(values), tuple(ties))
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
@@ -370,7 +373,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         saved.append(s)
     return ForwardPlan(dag, wrt, active, tuple(saved),
                        dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken),
-                       tuple(values), tuple(arguments))
+                       tuple(values), tuple(ties))
 
 
 def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
@@ -429,13 +432,12 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     late = ir.after_reduction(dag)
     exact: dict[int, Node] = {}
     by_name = {s.name: s for s in plan.saved}
-    argument_of: dict[int, OperandSpec] = {}  # a max or min feeding computation: its argument
-    for k, sname in plan.arguments:
-        a = by_name[sname]
-        argument_of[id(dag.nodes[k])] = spec = _spec(names(a.name), a.kind, torch.float32,
-                                                     a.batched)
+    ties_of: dict[int, OperandSpec] = {}  # a max or min feeding computation: its ties
+    for k, sname in plan.ties:
+        t = by_name[sname]
+        ties_of[id(dag.nodes[k])] = spec = _spec(names(t.name), t.kind, t.dtype, t.batched)
         operands.append(spec)
-        saved_ops.append((a.name, spec.name))
+        saved_ops.append((t.name, spec.name))
 
     def add_exact(n: Node, g: Node) -> None:
         if id(n) in active:
@@ -489,13 +491,11 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             if e is None or ir.is_shift(n):  # a shift passes no gradient (ir.is_shift)
                 continue
             shift = ir.shift_of(dag, n) if n.kind is NodeKind.REDUCE else None
-            ins, ties = n.inputs, None
-            if id(n) in argument_of:  # a max or min: its ties among what the forward reduced
-                ins = (ir.load_node(argument_of[id(n)]),)
-                tied = ir.compute_node("where", (ir.compute_node("eq", (ins[0], n)),
-                                                 ir.const_node(1.0), ir.const_node(0.0)))
-                ties = ir.reduce_node("sum", tied, n.space, n.batched)
-            d = Diff(alg, ins, e, n.param_dict, out=lambda n=n: n,
+            ins, out, ties = n.inputs, n, None
+            if id(n) in ties_of:  # a max or min: the rule's "x == out" is the forward's mask
+                ins, out = (ir.load_node(ties_of[id(n)]),), ir.const_node(1.0)
+                ties = ir.reduce_node("sum", ins[0], n.space, n.batched)
+            d = Diff(alg, ins, e, n.param_dict, out=lambda out=out: out,
                      shift=(lambda: shift) if shift is not None else None,
                      ties=(lambda: ties) if ties is not None else None)
             for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):

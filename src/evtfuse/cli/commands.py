@@ -230,7 +230,7 @@ def backward_lines(args) -> list[str]:
                          f"computation) in fp32 for the backward ({how})")
             continue
         what = {"argument": "its argument", "result": "its result in fp32",
-                "accum": "the accumulator"}[s.role]
+                "ties": "the mask of its ties (uint8)", "accum": "the accumulator"}[s.role]
         lines.append(f"# the forward keeps {what} for "
                      f"{'the' if s.role == 'accum' else s.of + chr(39) + 's'} gradient ({how})")
     lines.append(bp.source.rstrip())
