@@ -167,7 +167,7 @@ class Case:
             elif name == "sdev":
                 values[name] = torch.tensor(-1.25, device=device)
         shapes = {"row": (*lead, M, 1), "col": (*lead, 1, N) if L > 1 else (N,), "all": (1,),
-                  "vrow": (*lead, M, 1), "vcol": (N,)}
+                  "all_b": (L, 1, 1) if L > 1 else (1,), "vrow": (*lead, M, 1), "vcol": (N,)}
         out = None
         for name, kind in self.outputs:
             if kind == "none":
@@ -268,8 +268,8 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
           differentiable: bool = False, feeding: bool = False) -> Case:
     """An epilogue of 1-``max_steps`` assignments and one to four outputs; ``named``: its
     operands and outputs take drawn names (``user_names``); ``feeding``: sometimes a
-    per-row reduction feeding computation too (``FEEDING``; with ``differentiable``, those
-    gradients pass)."""
+    reduction feeding computation too (``FEEDING``: per row, or returned per row, column or
+    for the whole of each batch; with ``differentiable``, those gradients pass)."""
     operands = [n for n in OPERANDS if draw(st.booleans())]
     names = ["accum", *operands]
     body: list[str] = []
@@ -282,6 +282,7 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
         names.append(f"t{k}")
         values.append(f"t{k}")
     reducible = list(values)  # what a returned reduction may take: none computed from one
+    fed: list[tuple[str, str]] = []  # a reduction feeding computation, also returned
     if feeding and draw(st.booleans()):
         form = draw(st.sampled_from(FEEDING_DIFFERENTIABLE if differentiable else FEEDING))
         x = draw(st.sampled_from(values))
@@ -289,12 +290,15 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
         body += [line.format(x=x, q=f"q{k}", u=f"u{k}") for line in form]
         names.append(f"u{k}")
         values.append(f"u{k}")
+        if "{q}" in form[0] and draw(st.integers(0, 2)) == 0:  # its axes: the output's shape
+            fed.append((f"q{k}", draw(st.sampled_from(("row", "col", "all_b")))))
     outputs: list[tuple[str, str]] = []
     last = values[-1]
     d_kind = draw(st.sampled_from(("full", "full", "full32", "none") if reductions
                                   else ("full", "full", "full32")))
     body.append(f"D = {last}")
     outputs.append(("D", d_kind))
+    outputs += fed
     if draw(st.booleans()):
         body.append(f"F = {on_product(draw(_expr(names, 1)))}")
         outputs.append(("F", draw(st.sampled_from(("full", "full32")))))

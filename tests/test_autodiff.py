@@ -272,6 +272,10 @@ LATE = [  # reductions feeding computation, and values computed from them
      {"m": (M, 1)}, {"C"}),
     ("def e(accum, rowv):\n    m = min(relu(accum - 5.0))\n    D = accum * m + rowv\n    return D",
      {}, {"rowv"}),
+    ("def e(accum, bias):\n    c = sum(accum * bias)\n    D = (accum - c * 0.25) * bias\n    return D, c",
+     {"c": (N,)}, {"bias"}),
+    ("def e(accum, C):\n    s = max(abs(accum * C))\n    D = accum / s\n    return D, s",
+     {"s": (1,)}, {"C"}),
 ]
 
 
@@ -279,9 +283,10 @@ LATE = [  # reductions feeding computation, and values computed from them
 @pytest.mark.parametrize("src,outs,wrt", LATE, ids=["row_mean", "col_mean", "whole_mean",
                                                    "rms_norm", "lse_shift", "norm_stored",
                                                    "softmax", "log_softmax", "absmax",
-                                                   "min_ties"])
+                                                   "min_ties", "col_centre", "whole_absmax"])
 def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
-    """A value computed from a reduction's result (a mean: the sum over a count; a norm; a
+    """A value computed from a reduction's result (per row, per column or whole; a mean:
+    the sum over a count; a norm; a
     function of a logsumexp; softmax and log_softmax, whose max is a shift; a max or min,
     whose ties the backward counts in the mask the forward kept: rows of zeros after a
     relu tie everywhere) takes its gradient as a value of its own shape, which the
@@ -309,19 +314,15 @@ def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
     assert all(n.op not in ("logsumexp", "max", "min", "shifted_sumexp") for n in bwd.nodes)
 
 
-@pytest.mark.parametrize("src,match", [
-    ("def e(accum):\n    c = sum(accum)\n    D = accum - c\n    return D, c",
-     "a per-column or whole-output value feeds the tile"),
-])
-def test_gradients_through_reductions_feeding_the_tile_are_refused(src, match):
-    """Where a per-column reduction's result feeds the tile's computation (its gradient
-    would reduce over M), the call raises at the forward, naming the line: no silent
-    detach."""
+def test_gradients_through_a_reduction_shared_by_the_batches_are_refused():
+    """A per-column reduction stored without its L (shared by the batches: (N,)) that feeds
+    a batched tile's computation would take its gradient summed over L alone, which no
+    kernel reduces: the call raises at the forward, naming the line (no silent detach)."""
+    src = "def e(accum):\n    c = sum(accum)\n    D = accum - c\n    return D, c"
     parsed = parse_epilogue(src)
-    values = {"D": torch.empty(M, N), **({"c": torch.empty(N)} if "c" in parsed.outputs else {})}
-    dag = bind(parsed, values, (1, M, N))
-    with pytest.raises(EpilogueError, match=match):
-        autodiff.plan_forward(dag, {"accum"}, parsed)
+    dag = bind(parsed, {"D": torch.empty(3, M, N), "c": torch.empty(N)}, (3, M, N))
+    with pytest.raises(EpilogueError, match="line 2.*shared by the problem's batches"):
+        autodiff.plan_forward(dag, {"accum"}, parsed, batches=3)
 
 
 def test_comparisons_and_integer_outputs_carry_no_gradient():

@@ -7,8 +7,8 @@ the reference evaluator) and against an independent torch computation (torch.sof
 torch.log_softmax, torch.mean) of the same fp32 accumulator. Also: special values (rows
 with +inf, -inf, NaN, all -inf), which plan ``explain`` names, the errors (a reduction of a
 reduction's result, an unused reduction, a gradient through a shifted_sumexp of one's own,
-grouped GEMMs), the gradients of softmax and of a max feeding computation and an offline sm_90
-compile of the new kernels.
+grouped GEMMs), the gradients of softmax and of reductions feeding computation (a max with
+ties, per column and whole) and an offline sm_90 compile of the new kernels.
 """
 
 from __future__ import annotations
@@ -294,6 +294,33 @@ def test_gradients_through_a_max_feeding_computation(N, mode):
     tD = acc / (tm + 1.0) + (acc * tr).amin(-1, keepdim=True)
     torch.autograd.backward((tD, tm), (gD.double(), gm.double()))
     for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (rowv.grad, tr.grad)):
+        assert (got.double() - want).norm() <= 1e-5 * want.norm()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("M", [24, 80])  # the columns within one tile's rows, or several
+def test_gradients_through_column_and_whole_reductions_feeding_computation(M, mode):
+    """A per-column mean (centring the columns) and a whole-output absmax scale, both
+    returned per batch and feeding computation, differentiated (the backward sums over
+    each column and over everything, returning those sums as scratch outputs:
+    ``BackwardPlan.scratch``), two batches, against torch in float64."""
+    import evtfuse
+
+    N = 40
+    A0, B0, b0 = rand(2, M, 8), rand(8, N), rand(N)
+    src = ("def epi(accum, bias):\n    c = mean(accum * bias)\n    s = max(abs(accum))\n"
+           "    D = (accum - c) / s\n    return D, c, s")
+    A, B, bias = (t.clone().requires_grad_() for t in (A0, B0, b0))
+    D, c, sc = evtfuse.gemm(A, B, src, backward=mode, bias=bias, D=torch.empty(2, M, N),
+                            c=torch.empty(2, 1, N), s=torch.empty(2, 1, 1))
+    gD, gc, gs = rand(2, M, N), rand(2, 1, N), rand(2, 1, 1)
+    torch.autograd.backward((D, c, sc), (gD, gc, gs))
+    tA, tB, tb = (t.clone().double().requires_grad_() for t in (A0, B0, b0))
+    acc = tA @ tB
+    tc = (acc * tb).mean(1, keepdim=True)
+    ts = acc.abs().amax((1, 2), keepdim=True)
+    torch.autograd.backward(((acc - tc) / ts, tc, ts), (gD.double(), gc.double(), gs.double()))
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (bias.grad, tb.grad)):
         assert (got.double() - want).norm() <= 1e-5 * want.norm()
 
 

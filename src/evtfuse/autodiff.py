@@ -151,6 +151,10 @@ class BackwardPlan:
     batch_summed: frozenset[str]
     first_batch: str | None = None  # operand: (L, 1, 1), 1.0 for batch 0 and 0.0 after
     caller_sums: tuple[tuple[str, OutputKind, bool], ...] = ()
+    # outputs the caller allocates (fp32, their kind's shape) and drops: a per-column or
+    # whole-output sum the backward's own computation uses, returned because the epilogue
+    # language reduces a value it does not return over each row
+    scratch: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -258,15 +262,16 @@ def _late_refusal(dag: Dag, n: Node, late: set[int], batches: int) -> str | None
     from one (None: it can). A per-row value (a sum, a mean, a logsumexp, a max or min,
     what is computed from them) takes its gradient as a per-row value: summed over the row
     where the tile's computation uses it (a reduction feeding computation in the backward
-    too), then broadcast back by the reduction's rule. A per-column or whole-output one
-    would need a reduction over M feeding the backward's computation, which the epilogue
-    language cannot write for an unreturned value (``unparse``): refused."""
+    too), then broadcast back by the reduction's rule; a per-column or whole-output one
+    likewise, over each column or everything (``BackwardPlan.scratch``). One shared by
+    the batches of a batched tile would need a sum over L alone: refused."""
     if n.space is not Space.FULL:
         tile = any(u.space is Space.FULL for u in dag.users[id(n)]) or \
             any(o.node is n and o.kind is OutputKind.FULL for o in dag.outputs)
-        if tile and (n.space is not Space.ROW or (not n.batched and batches > 1)):
-            return ("a per-column or whole-output value feeds the tile's computation: its "
-                    "gradient would reduce over M; not differentiated yet")
+        if tile and not n.batched and batches > 1:
+            return ("a value shared by the problem's batches (an output without its L) feeds "
+                    "the tile's computation: its gradient would reduce over L; not "
+                    "differentiated yet")
     if n.kind is NodeKind.REDUCE:
         if any(id(i) in late for i in n.inputs):
             return "it reduces a value computed from another reduction: not differentiated"
@@ -439,6 +444,18 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         operands.append(spec)
         saved_ops.append((t.name, spec.name))
 
+    scratch: list[Output] = []
+
+    def tile_sum(x: Node, n: Node) -> Node:
+        """``x`` summed over the dims ``n`` lacks, for the backward's own computation: a
+        per-row sum as an unreturned reduction, a per-column or whole one also returned, as
+        scratch (the language reduces a value it does not return over each row)."""
+        r = ir.reduce_node("sum", x, n.space, n.batched)
+        if n.space is not Space.ROW:
+            scratch.append(Output(names("scratch"), r, _KIND_OF_SPACE[n.space], torch.float32,
+                                  n.batched))
+        return r
+
     def add_exact(n: Node, g: Node) -> None:
         if id(n) in active:
             exact[id(n)] = g if id(n) not in exact else ir.compute_node("add", (exact[id(n)], g))
@@ -486,7 +503,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             # a reduction feeding computation, or a value computed from one
             e, a = exact.get(id(n)), adj.get(id(n))
             if a is not None:  # what the tile's uses contribute, summed over each row
-                row = ir.reduce_node("sum", a, n.space, n.batched)
+                row = tile_sum(a, n)
                 e = row if e is None else ir.compute_node("add", (e, row))
             if e is None or ir.is_shift(n):  # a shift passes no gradient (ir.is_shift)
                 continue
@@ -494,7 +511,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
             ins, out, ties = n.inputs, n, None
             if id(n) in ties_of:  # a max or min: the rule's "x == out" is the forward's mask
                 ins, out = (ir.load_node(ties_of[id(n)]),), ir.const_node(1.0)
-                ties = ir.reduce_node("sum", ins[0], n.space, n.batched)
+                ties = tile_sum(ins[0], n)
             d = Diff(alg, ins, e, n.param_dict, out=lambda out=out: out,
                      shift=(lambda: shift) if shift is not None else None,
                      ties=(lambda: ties) if ties is not None else None)
@@ -516,7 +533,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         for inp, g in zip(n.inputs, apply_rule(OPS[n.op].grad, d)):
             if g is not None:
                 add(inp, g)
-    outputs, results, summed = [], [], set()
+    outputs, results, batch_summed = [], [], set()
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
         if ACCUM in wanted and id(acc) in adj:
             out_name = "D" if acc.op is None else names(f"grad_{acc.op}")
@@ -532,7 +549,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         if spec.kind is OperandKind.FULL:
             per_batch = not spec.batched and batches > 1
             if per_batch:
-                summed.add(spec.name)
+                batch_summed.add(spec.name)
             outputs.append(Output(out_name, a, OutputKind.FULL, spec.dtype,
                                   spec.batched or per_batch))
         else:
@@ -545,6 +562,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     filler = Output("D", ir.const_node(0.0), OutputKind.NONE, None, False)
     if not any(o.name == "D" for o in outputs):
         outputs.insert(0, filler)
+    outputs += scratch
     bwd = Dag(tuple(outputs), tuple(operands), name, dag.gated)
     if plan.values:  # the reductions feeding computation: read as the forward stored them
         loads = {}
@@ -569,7 +587,8 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     return BackwardPlan(bwd, to_source(bwd), tuple(grads),
                         tuple((s, n) for s, n in saved_ops if n in used),
                         tuple(i for i in injected if i.name in used), tuple(results),
-                        frozenset(summed), first.name if first.name in used else None)
+                        frozenset(batch_summed), first.name if first.name in used else None,
+                        scratch=tuple(o.name for o in scratch))
 
 
 def output_shape(kind: OutputKind, batched: bool, problem: tuple) -> tuple:

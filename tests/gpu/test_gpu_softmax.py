@@ -146,3 +146,28 @@ def test_gradients_through_a_row_max_feeding_computation(N, mode):
     (acc / acc.abs().amax(-1, keepdim=True) + torch.relu(acc).amax(-1, keepdim=True)).backward(gD)
     for got, want in ((A.grad, tA.grad), (B.grad, tB.grad)):
         assert (got.float() - want).norm() <= 1e-2 * want.norm()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "save"])
+def test_gradients_through_column_and_whole_reductions_feeding_computation(mode):
+    """A per-column mean (centring the columns) and a whole-output absmax scale, returned
+    per batch and feeding computation, differentiated (the backward's sums over each column
+    and over everything: scratch outputs), two batches of 1000 x 512, bf16, against torch in
+    fp32 on the same inputs."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    A0 = torch.randn(2, 1000, 256, device="cuda", generator=g).to(torch.bfloat16)
+    B0 = (torch.randn(256, 512, device="cuda", generator=g) / 16).to(torch.bfloat16)
+    b0 = torch.randn(512, device="cuda", generator=g)
+    gD = torch.randn(2, 1000, 512, device="cuda", generator=g)
+    A, B, bias = (t.clone().requires_grad_() for t in (A0, B0, b0))
+    src = ("def epi(accum, bias):\n    c = mean(accum * bias)\n    s = max(abs(accum))\n"
+           "    D = (accum - c) / s\n    return D, c, s")
+    D, _, _ = evtfuse.gemm(A, B, src, bias=bias, D=torch.empty(2, 1000, 512, device="cuda"),
+                           c=torch.empty(2, 1, 512, device="cuda"),
+                           s=torch.empty(2, 1, 1, device="cuda"), backward=mode)
+    D.backward(gD)
+    tA, tB, tb = (t.detach().float().requires_grad_() for t in (A0, B0, b0))
+    acc = tA @ tB
+    ((acc - (acc * tb).mean(1, keepdim=True)) / acc.abs().amax((1, 2), keepdim=True)).backward(gD)
+    for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (bias.grad, tb.grad)):
+        assert (got.float() - want).norm() <= 1e-2 * want.norm()

@@ -421,13 +421,15 @@ def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
     bias's gradient through an RMS norm: kernels reduce no value computed from a
     reduction)."""
     late = ir.after_reduction(bplan.dag)
-    nested = {o.name for o in bplan.dag.outputs
-              if o.node.kind is NodeKind.REDUCE and id(o.node.inputs[0]) in late}
+    nested = {o.name for o in bplan.dag.outputs if o.name not in bplan.scratch
+              and o.node.kind is NodeKind.REDUCE and id(o.node.inputs[0]) in late}
     if not grouped and not bplan.dag.gated and not nested:
         return bplan
     outs, sums = [], []
     for o in bplan.dag.outputs:
-        if o.node.kind is NodeKind.REDUCE and not bplan.dag.gated and o.name not in nested:
+        if o.name in bplan.scratch:  # a sum the kernel's own computation uses
+            outs.append(o)
+        elif o.node.kind is NodeKind.REDUCE and not bplan.dag.gated and o.name not in nested:
             outs.append(o)  # reduced in the kernel (a grouped one's: grouped_reduce)
         elif o.node.kind is NodeKind.REDUCE:
             term = o.node.inputs[0]
@@ -540,6 +542,10 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
         if how is _FROM_OPERAND:  # dAccum is this operand as it is
             results[target] = values[arg].to(call.grad_dtype)
             continue
+        if how is _SCRATCH:  # written, read by the kernel's own computation, dropped
+            outs.append(new(autodiff.output_shape(*arg, fwd.problem(A, B, groups)),
+                            dtype=torch.float32))
+            continue
         if how is _ACCUM:
             t = new(full, dtype=call.grad_dtype)
         elif how is _TERM:  # arg: (batched, per row)
@@ -571,8 +577,8 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
 
 
 # how ``run_backward`` makes each result (``_BackwardCall.results``)
-_FROM_OPERAND, _ACCUM, _TERM, _PER_BATCH, _LIKE_OPERAND = "from operand", "accum", "term", \
-    "per batch", "like operand"
+_FROM_OPERAND, _ACCUM, _TERM, _PER_BATCH, _LIKE_OPERAND, _SCRATCH = "from operand", "accum", \
+    "term", "per batch", "like operand", "scratch"
 
 
 class _BackwardCall:
@@ -614,6 +620,10 @@ class _BackwardCall:
                 results.append((target, _PER_BATCH, None))
             else:
                 results.append((target, _LIKE_OPERAND, None))
+            onames.append(name)
+        for name in bplan.scratch:  # (BackwardPlan.scratch)
+            o = bplan.dag.output(name)
+            results.append((None, _SCRATCH, (o.kind, o.batched)))
             onames.append(name)
         self.results = tuple(results)
         # the operands' kinds by structure: the forward's scalars are numbers (the schema's
