@@ -268,8 +268,9 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
           differentiable: bool = False, feeding: bool = False) -> Case:
     """An epilogue of 1-``max_steps`` assignments and one to four outputs; ``named``: its
     operands and outputs take drawn names (``user_names``); ``feeding``: sometimes a
-    reduction feeding computation too (``FEEDING``: per row, or returned per row, column or
-    for the whole of each batch; with ``differentiable``, those gradients pass)."""
+    reduction feeding computation too (``FEEDING``: per row, or returned per row, column,
+    for the whole of each batch or of all; with ``differentiable``, those gradients
+    pass)."""
     operands = [n for n in OPERANDS if draw(st.booleans())]
     names = ["accum", *operands]
     body: list[str] = []
@@ -291,7 +292,7 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
         names.append(f"u{k}")
         values.append(f"u{k}")
         if "{q}" in form[0] and draw(st.integers(0, 2)) == 0:  # its axes: the output's shape
-            fed.append((f"q{k}", draw(st.sampled_from(("row", "col", "all_b")))))
+            fed.append((f"q{k}", draw(st.sampled_from(("row", "col", "all_b", "all")))))
     outputs: list[tuple[str, str]] = []
     last = values[-1]
     d_kind = draw(st.sampled_from(("full", "full", "full32", "none") if reductions

@@ -314,15 +314,24 @@ def test_gradients_through_values_computed_from_reductions(src, outs, wrt, L):
     assert all(n.op not in ("logsumexp", "max", "min", "shifted_sumexp") for n in bwd.nodes)
 
 
-def test_gradients_through_a_reduction_shared_by_the_batches_are_refused():
-    """A per-column reduction stored without its L (shared by the batches: (N,)) that feeds
-    a batched tile's computation would take its gradient summed over L alone, which no
-    kernel reduces: the call raises at the forward, naming the line (no silent detach)."""
-    src = "def e(accum):\n    c = sum(accum)\n    D = accum - c\n    return D, c"
-    parsed = parse_epilogue(src)
-    dag = bind(parsed, {"D": torch.empty(3, M, N), "c": torch.empty(N)}, (3, M, N))
-    with pytest.raises(EpilogueError, match="line 2.*shared by the problem's batches"):
-        autodiff.plan_forward(dag, {"accum"}, parsed, batches=3)
+@pytest.mark.parametrize("src,outs", [
+    ("def e(accum):\n    c = sum(accum)\n    D = accum - c\n    return D, c", {"c": (N,)}),
+    ("def e(accum):\n    s = max(abs(accum))\n    D = accum / s\n    return D, s", {"s": (1,)}),
+    ("def e(accum):\n    r = mean(accum * accum)\n    D = accum * r\n    return D, r",
+     {"r": (M, 1)}),
+])
+def test_gradients_through_a_reduction_shared_by_the_batches(src, outs):
+    """A reduction stored without its L (shared by the batches: (N,), (1,), (M, 1)) that
+    feeds a batched tile's computation: its gradient sums over L too (a scratch output of
+    the backward, ``BackwardPlan.scratch``)."""
+    L = 3
+    A, B = _rand(L, M, K), _rand(K, N, seed=1)
+    values = {"D": torch.empty(L, M, N), **{k: torch.empty(*v) for k, v in outs.items()}}
+    graded = {"D": _rand(L, M, N, seed=9), **{k: _rand(*v, seed=10) for k, v in outs.items()}}
+    _check(src, A, B, values, graded, set(), what=src)
+    dag = bind(parse_epilogue(src), values, (L, M, N))
+    plan = autodiff.plan_forward(dag, {"accum"}, parse_epilogue(src), batches=L)
+    assert autodiff.backward(plan, set(graded), {"accum"}, batches=L).scratch
 
 
 def test_comparisons_and_integer_outputs_carry_no_gradient():

@@ -257,28 +257,20 @@ def _no_derivative(n: Node, reason: str, parsed, wrt: frozenset[str]) -> Epilogu
                          else None)
 
 
-def _late_refusal(dag: Dag, n: Node, late: set[int], batches: int) -> str | None:
+def _late_refusal(dag: Dag, n: Node, late: set[int]) -> str | None:
     """Why a gradient cannot pass ``n``, a reduction feeding computation or a value computed
-    from one (None: it can). A per-row value (a sum, a mean, a logsumexp, a max or min,
-    what is computed from them) takes its gradient as a per-row value: summed over the row
+    from one (None: it can). Such a value (a sum, a mean, a logsumexp, a max or min, what
+    is computed from them; per row, per column or whole, per batch or shared by the
+    batches) takes its gradient as a value of its own shape: summed over what it lacks
     where the tile's computation uses it (a reduction feeding computation in the backward
-    too), then broadcast back by the reduction's rule; a per-column or whole-output one
-    likewise, over each column or everything (``BackwardPlan.scratch``). One shared by
-    the batches of a batched tile would need a sum over L alone: refused."""
-    if n.space is not Space.FULL:
-        tile = any(u.space is Space.FULL for u in dag.users[id(n)]) or \
-            any(o.node is n and o.kind is OutputKind.FULL for o in dag.outputs)
-        if tile and not n.batched and batches > 1:
-            return ("a value shared by the problem's batches (an output without its L) feeds "
-                    "the tile's computation: its gradient would reduce over L; not "
-                    "differentiated yet")
+    too: ``backward``'s ``tile_sum``), then broadcast back by the reduction's rule."""
     if n.kind is NodeKind.REDUCE:
         if any(id(i) in late for i in n.inputs):
             return "it reduces a value computed from another reduction: not differentiated"
         if ir.is_shift(n):  # softmax's max: the gradient passes by the row's other terms
             return None
         try:
-            used = _probe_rule(n, reduction=True, shift=ir.shift_of(dag, n) is not None).used
+            _probe_rule(n, reduction=True, shift=ir.shift_of(dag, n) is not None)
         except NoDerivative as exc:
             return str(exc)
     return None
@@ -300,7 +292,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
     late = ir.after_reduction(dag)
     for n in dag.nodes:  # every op a gradient passes through must have a derivative
         if id(n) in reach and id(n) in late:
-            why = _late_refusal(dag, n, late, batches)
+            why = _late_refusal(dag, n, late)
             if why:
                 raise _no_derivative(n, why, parsed, wrt)
         if id(n) in reach and n.kind is NodeKind.COMPUTE:
@@ -448,10 +440,11 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
 
     def tile_sum(x: Node, n: Node) -> Node:
         """``x`` summed over the dims ``n`` lacks, for the backward's own computation: a
-        per-row sum as an unreturned reduction, a per-column or whole one also returned, as
-        scratch (the language reduces a value it does not return over each row)."""
+        per-row sum, batches apart, as an unreturned reduction; any other (per column,
+        whole, over the batches too) also returned, as scratch (the language reduces a
+        value it does not return over each row, batches apart)."""
         r = ir.reduce_node("sum", x, n.space, n.batched)
-        if n.space is not Space.ROW:
+        if n.space is not Space.ROW or (not n.batched and batches > 1):
             scratch.append(Output(names("scratch"), r, _KIND_OF_SPACE[n.space], torch.float32,
                                   n.batched))
         return r
