@@ -52,6 +52,10 @@ def gated_refusal(args: GemmArguments) -> str | None:
     below 2^31."""
     if not getattr(args, "gated", False):
         return None
+    red = next((n for n in args.dag.nodes if n.kind is NodeKind.REDUCE), None)
+    if red is not None:  # (by its op: a staged pass's names and lines are its own source's)
+        return (f"a {red.op} reduction: gated epilogues (pairs(accum)) compute no reductions "
+                "and store full (M, N) outputs only in this release (docs/gated.md)")
     for o in args.dag.outputs:
         if o.kind not in (OutputKind.FULL, OutputKind.NONE):
             return (f"output {o.name} is a {o.kind.value}; gated epilogues (pairs(accum)) "
