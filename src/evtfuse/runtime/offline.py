@@ -53,8 +53,14 @@ def offered(args: GemmArguments, cc: int = 90, sms: int = 132) -> list[tuple[Ker
 
 def compile_for(family: KernelFamily, config: TileConfig, args: GemmArguments,
                 cc: int = 90, sms: int = 132) -> Compiled:
-    """Generate and compile ``family``'s kernel for ``args`` to a ``cc`` cubin."""
+    """Generate and compile ``family``'s kernel for ``args`` to a ``cc`` cubin: where the
+    family runs them in two passes (reductions feeding computation), the first pass's, the
+    GEMM with ``config`` (``two_pass.judged``; the second pass is another kernel, over
+    K = 0)."""
+    from .two_pass import judged
+
     target = Target("cuda", cc, args.A.device, sms, offline=True)
+    args = judged(family, args, target)
     spec = family.spec(args, config, target)
     with tempfile.TemporaryDirectory() as tmp:
         fn = _compiled_kernel_fn(generate(spec), tmp)
