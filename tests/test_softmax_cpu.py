@@ -8,7 +8,8 @@ torch.log_softmax, torch.mean) of the same fp32 accumulator. Also: special value
 with +inf, -inf, NaN, all -inf), which plan ``explain`` names, the errors (a reduction of a
 reduction's result, an unused reduction, a gradient through a shifted_sumexp of one's own,
 grouped GEMMs), the gradients of softmax and of reductions feeding computation (a max with
-ties, per column and whole) and an offline sm_90 compile of the new kernels.
+ties, per column and whole; their backward kernels on the hopper family too) and an
+offline sm_90 compile of the new kernels.
 """
 
 from __future__ import annotations
@@ -322,6 +323,44 @@ def test_gradients_through_column_and_whole_reductions_feeding_computation(M, mo
     torch.autograd.backward(((acc - tc) / ts, tc, ts), (gD.double(), gc.double(), gs.double()))
     for got, want in ((A.grad, tA.grad), (B.grad, tB.grad), (bias.grad, tb.grad)):
         assert (got.double() - want).norm() <= 1e-5 * want.norm()
+
+
+@pytest.mark.parametrize("src", [
+    "def epi(accum, bias): D = softmax(accum + bias); return D",
+    "def epi(accum):\n    m = max(relu(accum))\n    D = accum * m\n    return D",
+    "def epi(accum, bias):\n    c = mean(accum * bias)\n    s = max(abs(accum))\n"
+    "    D = (accum - c) / s\n    return D, c, s",
+], ids=["softmax", "row_max_ties", "column_and_whole"])
+def test_backward_kernels_on_the_hopper_family(src):
+    """The backward epilogues of reductions feeding computation (softmax's shift, a max's
+    tie mask, scratch sums over columns and everything) on the hopper family, as an sm_90
+    GPU runs them in "recompute" mode, verified under the interpreter (evtfuse.gemm on the
+    CPU runs the portable family)."""
+    from evtfuse import autodiff
+    from evtfuse.frontend import bind, parse_epilogue
+    from evtfuse.runtime.autograd import caller_reductions
+
+    M, N = 37, 80  # N: the uint8 tie mask's rows 16-byte aligned, as TMA needs
+    parsed = parse_epilogue(src)
+    given = dict(bias=rand(N), D=torch.empty(M, N), c=torch.empty(N), s=torch.empty(1))
+    given = {k: v for k, v in given.items() if k in parsed.params or k in parsed.outputs}
+    wrt = {"accum"} | ({"bias"} if "bias" in parsed.params else set())
+    plan = autodiff.plan_forward(bind(parsed, given, (1, M, N)), wrt, parsed)
+    bp = caller_reductions(autodiff.backward(
+        plan, [o.name for o in plan.differentiable_outputs()], wrt))
+    shapes = {"FULL": (M, N), "PER_ROW": (M, 1), "PER_COL": (N,), "DEVICE_SCALAR": (1,)}
+    ops = {spec.name: (rand(*shapes[spec.kind.name]) > 0 if spec.dtype == torch.uint8
+                       else rand(*shapes[spec.kind.name])).to(spec.dtype)
+           for spec in bp.dag.operands}
+    outs = {o.name: torch.empty({"FULL": (M, N), "ROW": (M, 1), "COL": (N,), "SCALAR": (1,)}
+                                [o.kind.name]) for o in bp.dag.outputs if o.kind.name != "NONE"}
+    D = outs.pop("D", None)
+    args = GemmArguments(rand(M, 16, dtype=torch.float16), rand(16, N, dtype=torch.float16), D,
+                         epilogue=EpilogueArguments(bp.source, D=D, **ops, **outs))
+    ks = [k for k in get_kernels(args, cc=90) if k.family.name == "hopper"]
+    assert ks, explain(args, cc=90)
+    result = ks[0].verify(args)
+    assert result, result.report()
 
 
 def test_gradient_through_a_shifted_sumexp_of_ones_own_is_refused():
