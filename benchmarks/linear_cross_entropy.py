@@ -153,26 +153,23 @@ class Bench:
         return out
 
     def evtfuse(self) -> dict:
-        out = {}
+        out, timed = {}, []  # timed: (ms, chunk MiB) of each chunk size that ran
+        step = _backward_step(lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y))
         for mib in self.args.chunk_mib:
             cross_entropy.CHUNK_BYTES = int(mib * MIB)
-            step = _backward_step(lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y))
             try:
-                out[f"chunk_{mib:g}_mib"] = self.step_result(f"evtfuse chunk {mib:g} MiB", step)
+                out[f"chunk_{mib:g}_mib"] = r = self.step_result(f"evtfuse chunk {mib:g} MiB", step)
+                timed.append((r["ms"], mib))
             except Exception as exc:  # noqa: BLE001  (one chunk size failing is a result)
                 out[f"chunk_{mib:g}_mib"] = {"error": _error(exc)}
-        best = min((v["ms"], k) for k, v in out.items() if "ms" in v) if any(
-            "ms" in v for v in out.values()) else None
-        if best:
-            out["ms"], out["best"] = best
-            out["peak_beyond_mib"] = out[best[1]]["peak_beyond_mib"]
-            cross_entropy.CHUNK_BYTES = int(float(best[1].split("_")[1]) * MIB)
+        if timed:
+            ms, mib = min(timed)
+            out["ms"], out["best"] = ms, f"chunk_{mib:g}_mib"
+            out["peak_beyond_mib"] = out[out["best"]]["peak_beyond_mib"]
+            cross_entropy.CHUNK_BYTES = int(mib * MIB)
             try:  # where the best step's time goes, kernel by kernel
-                out["profile"] = kernel_profile(
-                    _backward_step(lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y)),
-                    [self.h, self.W], steps=3)
-                out["syncs"] = synchronizing_calls(_backward_step(
-                    lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y)))
+                out["profile"] = kernel_profile(step, [self.h, self.W], steps=3)
+                out["syncs"] = synchronizing_calls(step)
             except Exception as exc:  # noqa: BLE001  (the profile is extra; the times stand)
                 out["profile"] = {"error": _error(exc)}
         with torch.no_grad():  # the forward alone: no logits stored

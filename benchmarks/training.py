@@ -15,9 +15,9 @@ against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ 
 ``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_host_ms`` the
 host's time to enqueue a step (a step's time above its kernels' sum is idle GPU:
 host-bound where ``*_host_ms`` reaches it; ``*_syncs``: the calls in a step that made the
-host wait for the GPU, ``evtfuse.bench.timing.synchronizing_calls``), ``*_loop_ms`` a step's time in a
-run of back-to-back steps, as a training loop runs them (no L2 flush, no gap between
-steps: the GPU idles only where a step synchronises or the host falls behind).
+host wait for the GPU, ``evtfuse.bench.timing.synchronizing_calls``), ``*_loop_ms`` a
+step's time in a run of back-to-back steps, as a training loop runs them (no L2 flush, no
+gap between steps: the GPU idles only where a step synchronises or the host falls behind).
 """
 
 from __future__ import annotations

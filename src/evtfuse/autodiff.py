@@ -241,6 +241,12 @@ def _probe_rule(n: Node, reduction: bool = False, shift: bool = False) -> Diff:
     return d
 
 
+def _probe_reduction(dag: Dag, n: Node) -> Diff:
+    """``_probe_rule`` of the reduction ``n`` of ``dag``, with its shift where it has one
+    (softmax's shifted_sumexp)."""
+    return _probe_rule(n, reduction=True, shift=ir.shift_of(dag, n) is not None)
+
+
 def _no_derivative(n: Node, reason: str, parsed, wrt: frozenset[str]) -> EpilogueError:
     var = n.var
     if var is None and parsed is not None:
@@ -270,7 +276,7 @@ def _late_refusal(dag: Dag, n: Node, late: set[int]) -> str | None:
         if ir.is_shift(n):  # softmax's max: the gradient passes by the row's other terms
             return None
         try:
-            _probe_rule(n, reduction=True, shift=ir.shift_of(dag, n) is not None)
+            _probe_reduction(dag, n)
         except NoDerivative as exc:
             return str(exc)
     return None
@@ -331,8 +337,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             continue
         kind = _KIND_OF_SPACE[n.space]
         label = n.var or f"the {n.op} of line {n.line}"
-        beside = ir.shift_of(dag, n) is not None
-        if not ir.is_shift(n) and "ties" in _probe_rule(n, True, beside).used:
+        if not ir.is_shift(n) and "ties" in _probe_reduction(dag, n).used:
             tied = ir.compute_node("eq", (n.inputs[0], n))  # a max or min: its ties
             t = Saved(names(f"saved_{n.var or n.op}_ties"), label, "ties",
                       _KIND_OF_SPACE[tied.space], tied.batched, True, torch.uint8)
