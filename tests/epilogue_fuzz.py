@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 import evtfuse
 from evtfuse import get_kernels
 from evtfuse.optable import OPS
+from evtfuse.runtime.two_pass import judged
 
 # more examples, or other ones, when hunting (every fuzz test reads these)
 EXAMPLES = int(os.environ.get("EVTFUSE_FUZZ_EXAMPLES", "0"))
@@ -382,8 +383,10 @@ def pick(args: evtfuse.GemmArguments, family: str, which: str, cc: int | None = 
     k = ks[0]
     if which != "wide" or k.config.num_warps == 8:
         return k
-    wide = k.with_config(num_warps=8)  # 8 warps may need more scratch: fewer stages
-    return wide.with_config(num_stages=k.family.fit_stages(args, wide.config))
+    wide = k.with_config(num_warps=8)  # 8 warps may need more scratch: fewer stages, fit
+    # to what the kernel emits (in two passes: the first pass's epilogue, with workspaces)
+    emitted = judged(k.family, args, k.target)
+    return wide.with_config(num_stages=k.family.fit_stages(emitted, wide.config))
 
 
 # ------------------------------------------------------------------ special floats

@@ -202,7 +202,9 @@ class GluonFamily(KernelFamily):
     def fit_stages(self, args: GemmArguments, config: TileConfig) -> int:
         """The most A/B stages, up to ``config.num_stages``, that ``config``'s kernel fits
         in shared memory with (``with_config`` may ask for 8-warp consumers, which need more
-        scratch than the 4-warp config's plan left)."""
+        scratch than the 4-warp config's plan left). ``args`` as the family emits them
+        (``runtime.two_pass.judged``: where it runs them in two passes, the first pass's,
+        whose workspaces take shared memory too)."""
         return self._fit_stages(args.optimized_dag, args.A.element_size(), config)
 
     def _fit_stages(self, dag: Dag, elt: int, config: TileConfig) -> int:
