@@ -409,3 +409,19 @@ def test_bad_arguments_raise_errors_naming_them(change, variable, phrase):
                                      **args)
     assert exc.value.variable == variable
     assert phrase in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("g", [1.0, 1.7, 0.3, -2.0, 0.0, float("inf"), float("nan")])
+def test_backward_scale_matches_mul(dtype, g):
+    """The backward's in-place scaling (``evtfuse::scale_``, a Triton kernel here under the
+    interpreter) gives ``x.mul_(g)``'s values exactly, special values of g and x too, and
+    leaves x as it was where g is 1; non-contiguous tensors take ``mul_`` itself."""
+    x = _rand(3, 5000, seed=3).to(dtype)
+    x[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    gt = torch.tensor(g)
+    for t in (x, x.t()):
+        want = t.clone().mul_(gt)
+        got = t.clone() if t.is_contiguous() else t.clone().t().contiguous().t()
+        torch.ops.evtfuse.scale_.default(got, gt)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

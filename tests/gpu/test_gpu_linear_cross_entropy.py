@@ -152,3 +152,18 @@ def test_peak_memory_stays_under_the_bound(dtype):
     logits = T * V * hidden.element_size() / MIB
     print(f"peak beyond inputs and gradients: {beyond:.0f} MiB (logits: {logits:.0f} MiB)")
     assert beyond <= 256 and beyond < logits / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("g", [1.0, 1.7, 1 / 3, float("inf"), float("nan")])
+def test_backward_scale_rounds_once(dtype, g):
+    """The backward's in-place scaling (``evtfuse::scale_``) is the float32 product of x and
+    g rounded once to x's dtype, exactly, special values included, over a tensor of several
+    programs with a ragged end."""
+    x = torch.randn(1000, 4097, device=DEV).to(dtype)
+    x[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    gt = torch.tensor(g, device=DEV)
+    want = (x.float() * gt).to(dtype)
+    torch.ops.evtfuse.scale_.default(x, gt)
+    torch.testing.assert_close(x, want, rtol=0, atol=0, equal_nan=True)

@@ -10,6 +10,7 @@ Layer: runtime, beside ``runtime.autograd`` (same ``torch.library`` namespace). 
         Tensor? bias, Tensor? row_grad, Tensor? lse_grad, int ignore_index,
         float label_smoothing, float softcap, float z_loss, bool[] grads)
         -> (Tensor d_hidden, Tensor d_weight, Tensor d_bias)
+    evtfuse::scale_(Tensor(a!) x, Tensor g) -> ()    # x *= g, the backward's scaling
 
 ``hidden`` is (T, H), ``weight`` (V, H), ``target`` (T,); ``softcap`` 0.0 means none.
 Per row of the logits z (``hidden @ weight.T + bias``, then ``softcap * tanh(z / softcap)``)
@@ -45,11 +46,17 @@ from typing import Optional
 import torch
 
 from .. import autodiff
+from ..backends.triton import scale
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
+from .device import interpreter_enabled
 from .torch_op import _lib
 
-CHUNK_BYTES = 128 << 20  # logits (and then their gradient) of one chunk of rows, at most
+# logits (and then their gradient) of one chunk of rows, at most. 192 MiB (768 rows at a
+# vocabulary of 128256 in bf16; 188 MiB beyond the inputs): fewer, larger chunks than 128
+# MiB (126 MiB) ran the 8192 x 4096 x 128256 step 2.6-3.8% faster in each of three H200 runs
+# (BENCHMARKS.md, "Linear cross-entropy")
+CHUNK_BYTES = 192 << 20
 TUNE = "fast"  # the evtfuse.gemm calls' tuning ("none": the heuristic's first kernel)
 
 _lib.define("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
@@ -364,6 +371,23 @@ torch.library.register_fake("evtfuse::linear_cross_entropy_backward", _backward_
                             lib=_lib)
 
 
+def _scale_impl(x: torch.Tensor, g: torch.Tensor) -> None:
+    """``x *= g`` in place: ``backends.triton.scale``'s kernel where it applies (on the
+    GPU, or on the CPU under Triton's interpreter), else ``x.mul_(g)``. Either way x's
+    version counter moves, as an in-place torch op's does: a second backward through the
+    graph that saved x then fails clearly instead of scaling twice."""
+    if scale.applies(x, g) and (x.is_cuda or interpreter_enabled()):
+        scale.scale_(x, g)
+        torch.autograd.graph.increment_version(x)
+    else:
+        x.mul_(g)
+
+
+_lib.define("scale_(Tensor(a!) x, Tensor g) -> ()")
+_lib.impl("scale_", _scale_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::scale_", lambda x, g: None, lib=_lib)
+
+
 def _setup_context(ctx, inputs, output) -> None:
     hidden, weight, target, bias, ignore_index, reduction, ls, softcap, z_loss, grads = inputs
     _, _, dh, dw, db = output
@@ -398,7 +422,8 @@ def _backward(ctx, g_loss, g_lse, *unused):
     if g_loss is not None and ctx.precomputed:  # the forward computed them: scale
         for k, t in enumerate((dh, dw, db)):
             if need[k]:
-                got[k] = t.mul_(g_loss)  # in place: no second copy of d_weight
+                torch.ops.evtfuse.scale_.default(t, g_loss)  # in place: no copy of d_weight
+                got[k] = t
     elif g_loss is not None:  # recompute with the upstream gradient of each row
         row_grad = g_loss
         if reduction != "none":
