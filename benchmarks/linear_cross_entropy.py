@@ -51,6 +51,7 @@ from evtfuse.runtime import cross_entropy
 
 MIB = 1 << 20
 DEV = "cuda"
+DEFAULT_CHUNK_BYTES = cross_entropy.CHUNK_BYTES  # restored after the chunk sizes tried
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -176,7 +177,7 @@ class Bench:
             h, W = self.h.detach(), self.W.detach()
             evtfuse.linear_cross_entropy(h, W, self.y)
             out["forward_no_grad_ms"] = _ms(lambda: evtfuse.linear_cross_entropy(h, W, self.y))
-        cross_entropy.CHUNK_BYTES = 128 * MIB
+        cross_entropy.CHUNK_BYTES = DEFAULT_CHUNK_BYTES
         return out
 
     def evtfuse_compile(self) -> dict:

@@ -9,8 +9,10 @@ bf16; the upstream gradient a fixed random tensor): ``evtfuse.nn.Linear`` eager
 against the sum of its three bare cuBLAS GEMMs (forward ``x @ W.T``, ``dX = g @ W``,
 ``dW = g.T @ x``, each timed alone), eager torch (``F.linear`` + ``F.gelu``) and
 ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same step. Times are medians of
-``triton.testing.do_bench`` with the gradients reset between steps; peak memory is
-``torch.cuda.max_memory_allocated`` during one step beyond what was allocated before it;
+``triton.testing.do_bench`` with the gradients reset between steps, every peer timed once in
+each of ``ROUNDS`` rounds in turn and the median of its rounds kept (``*_ms_rounds``: all);
+peak memory is ``torch.cuda.max_memory_allocated`` during one step beyond what was
+allocated before it;
 ``*_kernels_ms``: each kernel's GPU time per step (torch.profiler,
 ``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_host_ms`` the
 host's time to enqueue a step (a step's time above its kernels' sum is idle GPU:
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +37,7 @@ import evtfuse
 from evtfuse.bench.timing import kernel_profile, synchronizing_calls
 
 BF = torch.bfloat16
+ROUNDS = 5  # rounds of timing, every peer once per round
 
 
 def _ms(fn, grads) -> float:
@@ -61,8 +65,6 @@ def _host_ms(fn, grads, steps: int = 10) -> float:
 def _loop_ms(fn, grads, steps: int = 20) -> float:
     """A step's time in ``steps`` back-to-back steps (CUDA events around the run; the
     median of three runs)."""
-    import statistics
-
     fn()
     runs = []
     for _ in range(3):
@@ -136,19 +138,35 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
                                 for n, a, b in zip(("dX", "dW", "db"), got, want)}
     compiled()
     grads = params
-    out["fwd_gemm_ms"] = _ms(lambda: xd @ W.T, None)
-    out["dx_gemm_ms"] = _ms(lambda: g @ W, None)
-    out["dw_gemm_ms"] = _ms(lambda: g.T @ xd, None)
-    out["three_gemms_ms"] = out["fwd_gemm_ms"] + out["dx_gemm_ms"] + out["dw_gemm_ms"]
+    # every peer timed in each of ROUNDS rounds, in turn, and the median of its rounds kept
+    # (``*_ms_rounds``): a card's state drifts over a run (on an H200 evtfuse's do_bench step
+    # took 4.675 and 5.327 ms in two runs whose back-to-back steps agreed), and timing the
+    # peers one after another lets that drift into their ratios
+    timed = {"fwd_gemm": (lambda: xd @ W.T, None), "dx_gemm": (lambda: g @ W, None),
+             "dw_gemm": (lambda: g.T @ xd, None), "evtfuse": (ev, grads),
+             "evtfuse_recompute": (ev_recompute, grads), "eager": (eager, grads),
+             "compiled": (compiled, grads)}
+    rounds: dict = {name: [] for name in timed}
+    for _ in range(ROUNDS):
+        for name, (fn, reset) in timed.items():
+            if f"{name}_error" in out:
+                continue
+            try:
+                rounds[name].append(_ms(fn, reset))
+            except Exception as e:  # one peer's failure does not lose the others
+                out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
+    for name, got in rounds.items():
+        if got:
+            out[f"{name}_ms"] = statistics.median(got)
+            out[f"{name}_ms_rounds"] = got
+    if all(f"{n}_gemm_ms" in out for n in ("fwd", "dx", "dw")):
+        out["three_gemms_ms"] = out["fwd_gemm_ms"] + out["dx_gemm_ms"] + out["dw_gemm_ms"]
     for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
                      ("compiled", compiled)):
-        try:
-            out[f"{name}_ms"] = _ms(fn, grads)
+        if f"{name}_ms" in out:
             for p in grads:
                 p.grad = None
             out[f"{name}_peak_mib"] = _peak_mib(fn)
-        except Exception as e:  # one peer's failure does not lose the others
-            out[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
     for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
                      ("compiled", compiled)):
         try:
@@ -161,7 +179,7 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_loop_ms"] = _loop_ms(fn, grads)
         except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    if "evtfuse_ms" in out:
+    if "evtfuse_ms" in out and "three_gemms_ms" in out:
         out["ratio_to_three_gemms"] = out["evtfuse_ms"] / out["three_gemms_ms"]
         if "compiled_ms" in out:
             out["ratio_to_compiled"] = out["evtfuse_ms"] / out["compiled_ms"]
