@@ -46,7 +46,6 @@ from typing import Optional
 import torch
 
 from .. import autodiff
-from ..backends.triton import scale
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from .device import interpreter_enabled
@@ -376,6 +375,8 @@ def _scale_impl(x: torch.Tensor, g: torch.Tensor) -> None:
     GPU, or on the CPU under Triton's interpreter), else ``x.mul_(g)``. Either way x's
     version counter moves, as an in-place torch op's does: a second backward through the
     graph that saved x then fails clearly instead of scaling twice."""
+    from ..backends.triton import scale  # here: importing evtfuse imports no Triton
+
     if scale.applies(x, g) and (x.is_cuda or interpreter_enabled()):
         scale.scale_(x, g)
         torch.autograd.graph.increment_version(x)
