@@ -142,10 +142,11 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
     # (``*_ms_rounds``): a card's state drifts over a run (on an H200 evtfuse's do_bench step
     # took 4.675 and 5.327 ms in two runs whose back-to-back steps agreed), and timing the
     # peers one after another lets that drift into their ratios
+    steps = {"evtfuse": ev, "evtfuse_recompute": ev_recompute, "eager": eager,
+             "compiled": compiled}
     timed = {"fwd_gemm": (lambda: xd @ W.T, None), "dx_gemm": (lambda: g @ W, None),
-             "dw_gemm": (lambda: g.T @ xd, None), "evtfuse": (ev, grads),
-             "evtfuse_recompute": (ev_recompute, grads), "eager": (eager, grads),
-             "compiled": (compiled, grads)}
+             "dw_gemm": (lambda: g.T @ xd, None),
+             **{name: (fn, grads) for name, fn in steps.items()}}
     rounds: dict = {name: [] for name in timed}
     for _ in range(ROUNDS):
         for name, (fn, reset) in timed.items():
@@ -161,14 +162,12 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_ms_rounds"] = got
     if all(f"{n}_gemm_ms" in out for n in ("fwd", "dx", "dw")):
         out["three_gemms_ms"] = out["fwd_gemm_ms"] + out["dx_gemm_ms"] + out["dw_gemm_ms"]
-    for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
-                     ("compiled", compiled)):
+    for name, fn in steps.items():
         if f"{name}_ms" in out:
             for p in grads:
                 p.grad = None
             out[f"{name}_peak_mib"] = _peak_mib(fn)
-    for name, fn in (("evtfuse", ev), ("evtfuse_recompute", ev_recompute), ("eager", eager),
-                     ("compiled", compiled)):
+    for name, fn in steps.items():
         try:
             prof = kernel_profile(fn, grads)
             out[f"{name}_kernels_ms"] = prof["kernels"]

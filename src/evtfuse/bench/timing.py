@@ -132,8 +132,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den
 
 
-__all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "guarded_ms", "host_timed_s",
-           "rel_err", "rotating"]
 
 
 def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
@@ -145,8 +143,8 @@ def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
     end and the next one's start, the first step's left out), ``idle`` their total. A
     step's time above ``kernel_sum`` is idle GPU: host work, or something that
     synchronises. GPU only. The profiled steps run back to back, L2 warm: compare kernel
-    times within one profile, not with ``do_bench``'s (the same cuBLAS GEMM took 1.18 ms
-    here and 1.37-1.42 under ``do_bench`` on an H200)."""
+    times within one profile, not with ``do_bench``'s (the same cuBLAS GEMMs took 1.26-1.27
+    ms here and 1.37-1.42 under ``do_bench`` in one run on an H200)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -193,3 +191,6 @@ def synchronizing_calls(fn: Callable[[], Any]) -> list[str]:
     return [f"{w.filename}:{w.lineno}: {str(w.message)[:200]}" for w in caught
             if "called a synchronizing" in str(w.message)]
 
+
+__all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "guarded_ms", "host_timed_s",
+           "kernel_profile", "rel_err", "rotating", "synchronizing_calls"]
