@@ -411,6 +411,23 @@ def test_bad_arguments_raise_errors_naming_them(change, variable, phrase):
     assert phrase in str(exc.value), str(exc.value)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_a_bad_target_in_a_later_chunk_raises_and_leaves_no_gradient(reduction, grad):
+    """The targets are checked after the chunks are queued (no host sync before them): a
+    bad one in the last chunk, past good ones and an ignored one, still raises naming the
+    first bad target, and no gradient reaches the leaves."""
+    hidden, weight = _H.clone().requires_grad_(grad), _W.clone().requires_grad_(grad)
+    target = _Y.clone()
+    target[9], target[10] = -3, V + 4
+    with pytest.raises(EpilogueError) as exc:
+        loss = evtfuse.linear_cross_entropy(hidden, weight, target, reduction=reduction)
+        loss.sum().backward()
+    assert exc.value.variable == "target"
+    assert "target[9] = -3 is out of bounds" in str(exc.value), str(exc.value)
+    assert hidden.grad is None and weight.grad is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("g", [1.0, 1.7, 0.3, -2.0, 0.0, float("inf"), float("nan")])
 def test_backward_scale_matches_mul(dtype, g):
