@@ -14,7 +14,8 @@ each of ``ROUNDS`` rounds in turn and the median of its rounds kept (``*_ms_roun
 peak memory is ``torch.cuda.max_memory_allocated`` during one step beyond what was
 allocated before it;
 ``*_kernels_ms``: each kernel's GPU time per step (torch.profiler,
-``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_host_ms`` the
+``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_exposed_ms``
+each kernel's time when no other ran, ``*_host_ms`` the
 host's time to enqueue a step (a step's time above its kernels' sum is idle GPU:
 host-bound where ``*_host_ms`` reaches it; ``*_syncs``: the calls in a step that made the
 host wait for the GPU, ``evtfuse.bench.timing.synchronizing_calls``), ``*_loop_ms`` a
@@ -172,6 +173,7 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             prof = kernel_profile(fn, grads)
             out[f"{name}_kernels_ms"] = prof["kernels"]
             out[f"{name}_kernel_sum_ms"] = prof["kernel_sum"]
+            out[f"{name}_exposed_ms"] = prof["exposed"]
             out[f"{name}_host_ms"] = _host_ms(fn, grads)
             out[f"{name}_idle_before_ms"] = prof["idle_before"]
             out[f"{name}_syncs"] = synchronizing_calls(fn)

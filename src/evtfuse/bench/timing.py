@@ -140,7 +140,8 @@ def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
     warm-up, ``grads``' gradients set to None before each): ``kernels``, each kernel's GPU
     ms per step by name (largest first), ``kernel_sum`` their sum, and ``idle_before``, the
     idle GPU ms per step before each kernel (the six largest: gaps between one kernel's
-    end and the next one's start, the first step's left out), ``idle`` their total. A
+    end and the next one's start, the first step's left out), ``idle`` their total,
+    ``exposed`` each kernel's ms per step when it ran alone (``exposed_ms``). A
     step's time above ``kernel_sum`` is idle GPU: host work, or something that
     synchronises. GPU only. The profiled steps run back to back, L2 warm: compare kernel
     times within one profile, not with ``do_bench``'s (the same cuBLAS GEMMs took 1.26-1.27
@@ -163,13 +164,39 @@ def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
     # profile even with it (one step's kernels: as many as the steps' average)
     spans = spans[len(spans) // steps:]
     idle: dict = {}
-    for (_, end, _), (start, _, name) in zip(spans, spans[1:]):
-        if start > end:
-            idle[name] = idle.get(name, 0.0) + (start - end) / max(1, steps - 1) / 1e3
+    last_end = spans[0][1] if spans else 0
+    for start, end, name in spans[1:]:  # a gap: no kernel running (overlaps are not gaps)
+        if start > last_end:
+            idle[name] = idle.get(name, 0.0) + (start - last_end) / max(1, steps - 1) / 1e3
+        last_end = max(last_end, end)
     return {"kernels": dict(sorted(rows.items(), key=lambda kv: -kv[1])),
             "kernel_sum": sum(rows.values()),
+            "exposed": {k: v / max(1, steps - 1) for k, v in exposed_ms(spans).items()},
             "idle_before": dict(sorted(idle.items(), key=lambda kv: -kv[1])[:6]),
             "idle": sum(idle.values())}
+
+
+def exposed_ms(spans: Sequence[tuple]) -> dict:
+    """Each name's time, in ms, when its kernel ran alone: ``spans`` are (start_us, end_us,
+    name). A kernel that a programmatic dependent launch starts early (``combine_partials``
+    after the kernel whose partials it reads) waits on its SM for that kernel, which its
+    time in ``kernels`` counts; what the step spends on it is the time no other kernel
+    ran. Largest first."""
+    edges = sorted([(s, 1, i) for i, (s, _, _) in enumerate(spans)]
+                   + [(e, -1, i) for i, (_, e, _) in enumerate(spans)])
+    running: set = set()
+    out: dict = {}
+    prev = None
+    for t, kind, i in edges:
+        if len(running) == 1 and prev is not None and t > prev:
+            name = spans[next(iter(running))][2]
+            out[name] = out.get(name, 0.0) + (t - prev) / 1e3
+        if kind == 1:
+            running.add(i)
+        else:
+            running.discard(i)
+        prev = t
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def synchronizing_calls(fn: Callable[[], Any]) -> list[str]:
@@ -193,4 +220,4 @@ def synchronizing_calls(fn: Callable[[], Any]) -> list[str]:
 
 
 __all__ = ["bench_ms", "copy_bandwidth", "extra_memory_mib", "guarded_ms", "host_timed_s",
-           "kernel_profile", "rel_err", "rotating", "synchronizing_calls"]
+           "exposed_ms", "kernel_profile", "rel_err", "rotating", "synchronizing_calls"]
