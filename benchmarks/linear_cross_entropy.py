@@ -11,8 +11,10 @@ Peers:
   dX = G @ W and dW = G.T @ h (G a (tokens, vocab) gradient): each and their sum, the
   floor (the issue's target: evtfuse at most 1.05x the sum).
 - ``evtfuse``: ``loss = evtfuse.linear_cross_entropy(h, W, y); loss.backward()``, once per
-  chunk size of ``--chunk-mib`` (``runtime.cross_entropy.CHUNK_BYTES``); and its forward
-  alone under ``torch.no_grad()`` (one GEMM per chunk, no logits stored).
+  chunk size of ``--chunk-mib`` (``runtime.cross_entropy.CHUNK_BYTES``); the best chunk
+  size's step with the loss multiplied by 2 (``ms_upstream_grad_2``: the backward then
+  scales the gradients in place); and its forward alone under ``torch.no_grad()`` (one
+  GEMM per chunk, no logits stored).
 - ``eager``: ``F.cross_entropy(F.linear(h, W).float(), y)`` and its backward.
 - ``compile``: the same under ``torch.compile(mode="max-autotune-no-cudagraphs")``.
 - ``evtfuse_compile``: evtfuse's step under ``torch.compile(fullgraph=True)`` (there its
@@ -28,8 +30,9 @@ gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces 
 keeps). Correctness: each peer's loss and gradients against eager's, as relative norms
 (``rel_loss``, ``rel_dx``, ``rel_dw``), where eager ran. ``profile`` (evtfuse's best chunk
 size, torch.compile): each kernel's GPU ms per step and the idle GPU between kernels
-(``evtfuse.bench.timing.kernel_profile``); ``syncs``: evtfuse's calls that made the host
-wait for the GPU (its check of the targets, at least).
+(``evtfuse.bench.timing.kernel_profile``; ``exposed``: each kernel's time when no other
+ran); ``syncs``: evtfuse's calls that made the host wait for the GPU (its check of the
+targets, once its chunks are queued).
 """
 
 from __future__ import annotations
@@ -173,6 +176,14 @@ class Bench:
                 out["syncs"] = synchronizing_calls(step)
             except Exception as exc:  # noqa: BLE001  (the profile is extra; the times stand)
                 out["profile"] = {"error": _error(exc)}
+            # an upstream gradient other than 1 (a loss scaled by 2): the backward scales
+            # d_hidden and d_weight in place, one more pass over them (evtfuse::scale_)
+            scaled = _backward_step(
+                lambda: evtfuse.linear_cross_entropy(self.h, self.W, self.y) * 2.0)
+            scaled()
+            out["ms_upstream_grad_2"] = _ms(scaled, [self.h, self.W])
+            for t in (self.h, self.W):
+                t.grad = None
         with torch.no_grad():  # the forward alone: no logits stored
             h, W = self.h.detach(), self.W.detach()
             evtfuse.linear_cross_entropy(h, W, self.y)
