@@ -159,9 +159,10 @@ def test_peak_memory_stays_under_the_bound(dtype):
 @pytest.mark.parametrize("g", [1.0, 1.7, 1 / 3, float("inf"), float("nan")])
 def test_backward_scale_rounds_once(dtype, g):
     """The backward's in-place scaling (``evtfuse::scale_``) is the float32 product of x and
-    g rounded once to x's dtype, exactly, special values included, over a tensor of several
-    programs with a ragged end."""
-    x = torch.randn(1000, 4097, device=DEV).to(dtype)
+    g rounded once to x's dtype, exactly, special values included, over a tensor of more
+    blocks than the persistent grid has programs (4001 blocks of 4096 elements) with a
+    ragged end."""
+    x = torch.randn(4000, 4097, device=DEV).to(dtype)
     x[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
     gt = torch.tensor(g, device=DEV)
     want = (x.float() * gt).to(dtype)
