@@ -182,6 +182,10 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if "evtfuse_ms" in out and "three_gemms_ms" in out:
         out["ratio_to_three_gemms"] = out["evtfuse_ms"] / out["three_gemms_ms"]
+        # the same ratio within each round (the step and its GEMMs timed moments apart)
+        out["ratio_to_three_gemms_rounds"] = [
+            e / (f + x + w) for e, f, x, w in zip(*(out[f"{n}_ms_rounds"] for n in (
+                "evtfuse", "fwd_gemm", "dx_gemm", "dw_gemm")))]
         if "compiled_ms" in out:
             out["ratio_to_compiled"] = out["evtfuse_ms"] / out["compiled_ms"]
     return out

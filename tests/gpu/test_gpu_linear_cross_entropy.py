@@ -168,3 +168,23 @@ def test_backward_scale_rounds_once(dtype, g):
     want = (x.float() * gt).to(dtype)
     torch.ops.evtfuse.scale_.default(x, gt)
     torch.testing.assert_close(x, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_bad_target_raises_after_the_chunks_are_queued(quick_tuning, reduction):
+    """On the GPU the targets' check waits for an event queued before the chunks (no sync of
+    the whole queue): a bad target in the last chunk still raises, naming the first one, no
+    gradient reaches the leaves, and the next call with good targets runs and is right."""
+    hidden, weight, _, target = _inputs(1024, 256, 8003, torch.bfloat16)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    bad = target.clone()
+    bad[1000], bad[1020] = 8003, -7
+    with pytest.raises(evtfuse.EpilogueError) as exc:
+        evtfuse.linear_cross_entropy(hidden, weight, bad, reduction=reduction).sum().backward()
+    assert exc.value.variable == "target"
+    assert "target[1000] = 8003 is out of bounds" in str(exc.value), str(exc.value)
+    assert hidden.grad is None and weight.grad is None
+    loss = evtfuse.linear_cross_entropy(hidden, weight, target, reduction=reduction)
+    want = _torch_loss(hidden.float(), weight.float(), None, target, reduction)[0]
+    assert _rel(loss.detach(), want.detach()) < REL[torch.bfloat16]
