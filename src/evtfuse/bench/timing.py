@@ -141,7 +141,7 @@ def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
     ms per step by name (largest first), ``kernel_sum`` their sum, and ``idle_before``, the
     idle GPU ms per step before each kernel (the six largest: gaps between one kernel's
     end and the next one's start, the first step's left out), ``idle`` their total,
-    ``exposed`` each kernel's ms per step when it ran alone (``exposed_ms``). A
+    ``exposed`` each kernel's share of the busy GPU ms per step (``exposed_ms``). A
     step's time above ``kernel_sum`` is idle GPU: host work, or something that
     synchronises. GPU only. The profiled steps run back to back, L2 warm: compare kernel
     times within one profile, not with ``do_bench``'s (the same cuBLAS GEMMs took 1.26-1.27
@@ -177,19 +177,21 @@ def kernel_profile(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
 
 
 def exposed_ms(spans: Sequence[tuple]) -> dict:
-    """Each name's time, in ms, when its kernel ran alone: ``spans`` are (start_us, end_us,
-    name). A kernel that a programmatic dependent launch starts early (``combine_partials``
-    after the kernel whose partials it reads) waits on its SM for that kernel, which its
-    time in ``kernels`` counts; what the step spends on it is the time no other kernel
-    ran. Largest first."""
+    """Each name's share of the busy GPU time, in ms: ``spans`` are (start_us, end_us,
+    name), and each instant where kernels run is charged to the one that started first.
+    A kernel that a programmatic dependent launch starts early (``combine_partials``, whose
+    programs wait on their SMs for the kernel that writes its partials) is charged only for
+    the time after that kernel ends; its time in ``kernels`` counts the wait. The shares
+    and the idle time add up to the step. Largest first."""
+    spans = sorted(spans)  # by start: the lowest index running is the first started
     edges = sorted([(s, 1, i) for i, (s, _, _) in enumerate(spans)]
                    + [(e, -1, i) for i, (_, e, _) in enumerate(spans)])
     running: set = set()
     out: dict = {}
     prev = None
     for t, kind, i in edges:
-        if len(running) == 1 and prev is not None and t > prev:
-            name = spans[next(iter(running))][2]
+        if running and prev is not None and t > prev:
+            name = spans[min(running)][2]
             out[name] = out.get(name, 0.0) + (t - prev) / 1e3
         if kind == 1:
             running.add(i)
