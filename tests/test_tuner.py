@@ -19,6 +19,9 @@ class _Stand:
         self.name, self.seconds, self.fails, self.calls = name, seconds, fails, 0
         self.first = seconds if first is None else first  # its compile run and first round
 
+    def forget_plan(self, args) -> None:
+        self.forgot = True
+
     def run(self, args) -> None:
         if self.fails:
             raise RuntimeError("out of resources: shared memory")
@@ -39,6 +42,32 @@ def test_search_takes_the_fastest_and_skips_failures():
     # after its first sustained round, is timed no more (PRUNE_MARGIN)
     assert fast.calls == 1 + tuner.ROUNDS
     assert slow.calls == 1 + 2
+
+
+def test_search_drops_the_plans_of_every_candidate_but_the_pick():
+    """A candidate's plan keeps its reduction workspaces: the tuner drops the plans of
+    every candidate but the one it picks, those that failed or were never timed too."""
+    slow, fast, broken = _Stand("slow", 0.004), _Stand("fast", 0.001), _Stand("broken", 0, True)
+    assert tuner._search(_args(), [slow, broken, fast], "fast") is fast
+    assert slow.forgot and broken.forgot and not hasattr(fast, "forgot")
+
+
+def test_forget_plan_drops_one_problems_plan():
+    """``Kernel.forget_plan``: the plan of that problem goes (the next run plans afresh),
+    another problem's stays."""
+    import evtfuse
+    from evtfuse.runtime.discovery import get_kernels
+
+    D = torch.empty(16, 8)
+    b = GemmArguments(torch.randn(16, 4), torch.randn(4, 8), D,
+                      epilogue=EpilogueArguments("def epi(accum): D = accum; return D", D=D))
+    a = _args()
+    k = get_kernels(a)[0]
+    k.plan(a), k.plan(b)
+    assert len(k._plans) == 2
+    k.forget_plan(a)
+    assert len(k._plans) == 1 and k.plan(b) is not None
+    assert evtfuse  # imported for its registrations
 
 
 def test_search_times_every_round_of_a_contender(monkeypatch):
@@ -117,6 +146,9 @@ class _Scripted:
         self.name, self.rounds, self.timed = name, list(rounds), 0
 
     def run(self, args) -> None:  # the compile run
+        pass
+
+    def forget_plan(self, args) -> None:
         pass
 
 

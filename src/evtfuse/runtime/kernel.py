@@ -49,6 +49,13 @@ class Kernel:
         self._plans.clear()
         self._last = (lambda: None, None, None)
 
+    def forget_plan(self, args: GemmArguments) -> None:
+        """Drop the launch plan for problems shaped like ``args``, and with it the tensors
+        it keeps (reduction workspaces): the tuner's candidates that lost."""
+        plan = self._plans.pop(structure_key(args), None)
+        if plan is not None and self._last[2] is plan:
+            self._last = (lambda: None, None, None)
+
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.target.kind} cc={self.target.cc})"
 

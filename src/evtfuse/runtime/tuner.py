@@ -305,6 +305,9 @@ def _search(args: GemmArguments, kernels, tune: str, cost: dict | None = None):
         if r == 0:  # one sustained round each: drop the candidates that cannot win
             timed = _contenders(timed, times)
     best = _duel(args, sorted(timed, key=lambda k: _sustained(times[k.name])), times)
+    for k in cands:  # the others' plans for this problem would keep their workspaces (a
+        if k is not best:  # row logsumexp's partials: 110 MiB for a cross-entropy's chunks)
+            k.forget_plan(args)
     for k in ran:
         log.debug("candidate %s: %s ms", k.name, ", ".join(f"{t:.4f}" for t in times[k.name]))
     if cost is not None:
