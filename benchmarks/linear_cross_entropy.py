@@ -30,9 +30,10 @@ gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces 
 keeps). Correctness: each peer's loss and gradients against eager's, as relative norms
 (``rel_loss``, ``rel_dx``, ``rel_dw``), where eager ran. ``profile`` (evtfuse's best chunk
 size, torch.compile): each kernel's GPU ms per step and the idle GPU between kernels
-(``evtfuse.bench.timing.kernel_profile``; ``exposed``: each kernel's time when no other
-ran); ``syncs``: evtfuse's calls that made the host wait for the GPU (its check of the
-targets, once its chunks are queued).
+(``evtfuse.bench.timing.kernel_profile``; ``exposed``: each kernel's share of the busy GPU
+time, an instant charged to the kernel that started first); ``syncs``: evtfuse's calls that
+made the host wait for the whole queue (none: its check of the targets waits on an event
+queued behind their comparison).
 """
 
 from __future__ import annotations

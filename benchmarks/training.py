@@ -15,7 +15,8 @@ peak memory is ``torch.cuda.max_memory_allocated`` during one step beyond what w
 allocated before it;
 ``*_kernels_ms``: each kernel's GPU time per step (torch.profiler,
 ``evtfuse.bench.timing.kernel_profile``), ``*_kernel_sum_ms`` their sum, ``*_exposed_ms``
-each kernel's time when no other ran, ``*_host_ms`` the
+each kernel's share of the busy GPU time (an instant charged to the kernel that started
+first), ``*_host_ms`` the
 host's time to enqueue a step (a step's time above its kernels' sum is idle GPU:
 host-bound where ``*_host_ms`` reaches it; ``*_syncs``: the calls in a step that made the
 host wait for the GPU, ``evtfuse.bench.timing.synchronizing_calls``), ``*_loop_ms`` a
