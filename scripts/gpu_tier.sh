@@ -54,6 +54,7 @@ declare -A shards=(
   [autograd_r]="tests/gpu/test_gpu_autograd.py|not random and not save"
   [autograd_s]="tests/gpu/test_gpu_autograd.py|not random and save"
   [autograd_fuzz]="tests/gpu/test_gpu_autograd.py|random"
+  [grad_fuzz]="tests/gpu/test_gpu_grad_fuzz.py|"
   [linear_ce]="tests/gpu/test_gpu_linear_cross_entropy.py|"
   [grouped]="tests/gpu/test_gpu_grouped.py|"
   [gated]="tests/gpu/test_gpu_gated.py|"

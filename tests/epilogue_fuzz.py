@@ -75,6 +75,12 @@ UNARY = ("relu({})", "leaky_relu({}, 0.1)", "sigmoid({})", "tanh({})", "gelu({})
 BINARY = ("({} + {})", "({} - {})", "({} * {})", "({} / (abs({}) + 1.0))", "maximum({}, {})",
           "minimum({}, {})")
 TERNARY = ("multiply_add({}, {}, {})",)
+# decisions on computed values (``cases(deciding=True)``: the GPU gradient fuzz, where a
+# backward must take each as the forward did; a float64 oracle may take one otherwise
+# near its boundary, so the fp32 kernel tiers leave them out)
+DECIDING = ("where({0} > 0.0, {0}, {0} * 0.25)", "({0} * sign({0}))", "({0} * floor({0}))",
+            "relu({0} - 0.125)", "clamp({0}, -0.5, 0.5)", "maximum({0}, 0.0)", "abs({0})",
+            "hardswish({0} * 4.0)", "where(({0} > -0.25) & ({0} < 0.25), {0}, 0.0)")
 # selections on exact operands (never on computed values)
 CONDITIONS = {"C": "C > 0.0", "bias": "bias > 0.25", "rowv": "rowv < 0.0"}
 LITERALS = ("0.5", "2.0", "-1.5", "3.0")
@@ -188,12 +194,15 @@ class Case:
 
 
 @st.composite
-def _expr(draw, names: list[str], depth: int) -> str:
+def _expr(draw, names: list[str], depth: int, deciding: bool = False) -> str:
     if depth == 0 or draw(st.integers(0, 4)) == 0:
         # the accumulator and earlier values more often than operands and literals
         return draw(st.sampled_from(names + names + list(LITERALS)))
-    kind = draw(st.sampled_from(("unary", "unary", "binary", "binary", "ternary", "where")))
-    sub = lambda: draw(_expr(names, depth - 1))  # noqa: E731
+    kinds = ("unary", "unary", "binary", "binary", "ternary", "where")
+    kind = draw(st.sampled_from(kinds + (("decide", "decide") if deciding else ())))
+    sub = lambda: draw(_expr(names, depth - 1, deciding))  # noqa: E731
+    if kind == "decide":
+        return draw(st.sampled_from(DECIDING)).format(sub())
     if kind == "unary":
         return draw(st.sampled_from(UNARY)).format(sub())
     if kind == "binary":
@@ -266,12 +275,12 @@ def _renamed(src: str, names: dict[str, str]) -> str:
 
 @st.composite
 def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
-          differentiable: bool = False, feeding: bool = False) -> Case:
+          differentiable: bool = False, feeding: bool = False, deciding: bool = False) -> Case:
     """An epilogue of 1-``max_steps`` assignments and one to four outputs; ``named``: its
     operands and outputs take drawn names (``user_names``); ``feeding``: sometimes a
     reduction feeding computation too (``FEEDING``: per row, or returned per row, column,
     for the whole of each batch or of all; with ``differentiable``, those gradients
-    pass)."""
+    pass); ``deciding``: decisions on computed values too (``DECIDING``)."""
     operands = [n for n in OPERANDS if draw(st.booleans())]
     names = ["accum", *operands]
     body: list[str] = []
@@ -280,7 +289,7 @@ def cases(draw, max_steps: int = 3, reductions: bool = True, named: bool = True,
         return e if any(v in e for v in values) else f"({e} + accum)"
 
     for k in range(draw(st.integers(1, max_steps))):
-        body.append(f"t{k} = {on_product(draw(_expr(names, 2)))}")
+        body.append(f"t{k} = {on_product(draw(_expr(names, 2, deciding)))}")
         names.append(f"t{k}")
         values.append(f"t{k}")
     reducible = list(values)  # what a returned reduction may take: none computed from one

@@ -12,9 +12,17 @@ Two named steps, pure functions of immutable DAGs:
   among those, the mask of its ties (uint8: where its argument equals it, as the forward
   compared them; the backward counts them in the kernel). A row function's
   max (softmax's: ``ir.is_shift``) passes no gradient; shifted_sumexp's rule holds it
-  fixed. Those are hidden outputs of the ``augmented`` forward DAG. In "save" mode
-  (``save_accum``: a dtype), where the backward reads the accumulator, the accumulator
-  itself too, in that dtype: the backward then reads it instead of recomputing ``A @ B``.
+  fixed. And the forward's *decisions*: every comparison the backward evaluates on values
+  computed from the accumulator (relu's ``x > 0``, where's condition, clamp's bounds, a
+  maximum's side, abs's sign), as a uint8 mask, and every step function's value it reads
+  (floor, sign, a cast to an integer), in fp32: a recomputed or saved-and-rounded
+  accumulator differs from the forward's in its last bits, and a decision taken on it can
+  flip, so the backward would differentiate another function. Those are hidden outputs of
+  the ``augmented`` forward DAG. In "save" mode (``save_accum``: a dtype), where the
+  backward still reads the accumulator, the accumulator itself too, in that dtype (fp32
+  where the backward combines it with a reduction the forward computed in fp32, such as
+  softmax's logsumexp: a rounded copy there moves ``exp(x - lse)`` by |x| ulps): the
+  backward then reads it instead of recomputing ``A @ B``.
 * ``backward(plan, graded, wanted)``: the backward DAG, a new epilogue of the same GEMM.
   Its operands are the forward's, the gradients of the outputs in ``graded`` (shaped as
   the outputs: a per-row reduction's gradient is a per-row vector), and the saved values;
@@ -45,7 +53,7 @@ from .derivative import Diff, NoDerivative, TorchAlgebra, apply_rule
 from .errors import EpilogueError
 from .ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
 from .optable import OPS
-from .passes import optimize, read_saved_accumulator, read_saved_values
+from .passes import optimize, read_saved_accumulator, read_saved_decisions, read_saved_values
 from .unparse import to_source
 
 ACCUM = "accum"  # in ``wrt`` / ``wanted``: the accumulator (A and B)
@@ -76,13 +84,15 @@ class Saved:
     """A forward value the backward reads: ``result`` (a reduction's, in fp32),
     ``argument`` (what a max or min reduced), ``value`` (in fp32, a reduction whose result
     feeds computation: ``ForwardPlan.values``), ``ties`` (uint8, 1 where the argument of a
-    max or min feeding computation equals its result: ``ForwardPlan.ties``) or ``accum``
+    max or min feeding computation equals its result: ``ForwardPlan.ties``), ``decision``
+    (a comparison the backward evaluates, as the forward's uint8 mask, or a step
+    function's value in fp32: ``ForwardPlan.decisions``) or ``accum``
     (the accumulator, in "save" mode, in ``dtype``); ``hidden``: stored by an extra output
     of the augmented forward named ``name`` (else it is the output ``of`` itself)."""
 
     name: str
     of: str  # the forward output (a reduction) it serves; ``accum`` for the accumulator
-    role: str  # "result" | "argument" | "value" | "ties" | "accum"
+    role: str  # "result" | "argument" | "value" | "ties" | "decision" | "accum"
     kind: OutputKind
     batched: bool
     hidden: bool
@@ -104,6 +114,9 @@ class ForwardPlan:
     # its ties: the backward counts them as the forward compared, not in a recomputed
     # accumulator, which differs in its last bits)
     ties: tuple[tuple[int, str], ...] = ()
+    # the decisions the backward takes as the forward took them (``decision_key`` of the
+    # node -> the ``Saved`` of role "decision" holding it)
+    decisions: tuple[tuple[tuple, str], ...] = ()
 
     @property
     def saved_accums(self) -> tuple[Saved, ...]:
@@ -155,6 +168,9 @@ class BackwardPlan:
     # whole-output sum the backward's own computation uses, returned because the epilogue
     # language reduces a value it does not return over each row
     scratch: tuple[str, ...] = ()
+    # decisions it evaluates that the forward plan did not save (``plan_forward`` saves
+    # those of its trial backward; a final backward has none)
+    unsaved_decisions: tuple[Node, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -282,6 +298,73 @@ def _late_refusal(dag: Dag, n: Node, late: set[int]) -> str | None:
     return None
 
 
+def decision_key(n: Node, forward: frozenset[int], memo: dict[int, tuple] | None = None) -> tuple:
+    """What identifies a value built of forward nodes across backward DAGs built from one
+    plan: a forward node by its identity (the plan holds it), a node a rule built (a
+    comparison, a constant) by its structure."""
+    memo = {} if memo is None else memo
+    if id(n) in memo:
+        return memo[id(n)]
+    if id(n) in forward:
+        key: tuple = ("forward", id(n))
+    else:
+        value = None if n.value is None else repr(n.value)
+        key = (n.kind.value, n.op, n.params, value, n.space.value, n.batched, str(n.dtype),
+               tuple(decision_key(i, forward, memo) for i in n.inputs))
+    memo[id(n)] = key
+    return key
+
+
+def _decisions(bwd: Dag, forward: frozenset[int]) -> list[Node]:
+    """The decisions of a backward DAG not yet reading saved values: nodes built of forward
+    values alone (forward nodes, constants, indices) whose op decides (``OpDef.decides``:
+    a comparison, a step function) and which depend on the accumulator other than
+    through a reduction (whose result the backward reads as the forward stored it); the
+    outermost ones (a condition made of comparisons is one decision)."""
+    built: dict[int, bool] = {}  # of forward values alone
+    from_accum: dict[int, bool] = {}
+    for n in bwd.nodes:
+        if n.kind is NodeKind.ACCUM:
+            built[id(n)], from_accum[id(n)] = id(n) in forward, True
+        elif n.kind in (NodeKind.CONST, NodeKind.INDEX):
+            built[id(n)], from_accum[id(n)] = True, False
+        elif n.kind is NodeKind.REDUCE:
+            built[id(n)], from_accum[id(n)] = id(n) in forward, False
+        elif n.kind is NodeKind.LOAD:
+            built[id(n)], from_accum[id(n)] = id(n) in forward, False
+        else:
+            built[id(n)] = id(n) in forward or all(built[id(i)] for i in n.inputs)
+            from_accum[id(n)] = any(from_accum[id(i)] for i in n.inputs)
+    found: list[Node] = []
+    seen: set[int] = set()
+    stack = [o.node for o in reversed(bwd.outputs)]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if (n.kind is NodeKind.COMPUTE and built[id(n)] and from_accum[id(n)]
+                and OPS[n.op].decides(n.param_dict)):
+            found.append(n)
+            continue
+        stack.extend(reversed(n.inputs))
+    return found
+
+
+def _first_named(n: Node) -> Node | None:
+    """The first node under ``n`` (itself included, depth first) holding a user's variable:
+    what a decision's messages name (relu's ``out <= 0`` is a decision on ``F``)."""
+    stack, seen = [n], set()
+    while stack:
+        m = stack.pop()
+        if m.var:
+            return m
+        if id(m) not in seen:
+            seen.add(id(m))
+            stack.extend(reversed(m.inputs))
+    return None
+
+
 def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                  save_accum: torch.dtype | None = None, batches: int = 1) -> ForwardPlan:
     """What differentiating ``dag`` with respect to ``wrt`` needs (see the module's text);
@@ -353,21 +436,39 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             hidden.append(Output(s.name, n, kind, torch.float32, n.batched))
         saved.append(s)
         values.append((k, s.name))
-    if values:  # keep those the backward reads (mean's sum: none, the count is a constant)
+    decisions: list[tuple[tuple, str]] = []
+    if outputs:  # a trial backward says what it reads and which decisions it takes
         trial = ForwardPlan(dag, wrt, active, tuple(saved), dag, frozenset(names.taken),
                             tuple(values), tuple(ties))
-        read = {name for name, _ in backward(trial, [o.name for o in outputs], wrt,
-                                               batches=batches).saved}
-        dropped = {name for _, name in values + ties} - read
-        values = [v for v in values if v[1] in read]
-        ties = [v for v in ties if v[1] in read]
-        saved = [v for v in saved if v.name not in dropped]
-        hidden = [h for h in hidden if h.name not in dropped]
+        tried = backward(trial, [o.name for o in outputs], wrt, batches=batches)
+        if values:  # keep those it reads (mean's sum: none, the count is a constant)
+            read = {name for name, _ in tried.saved}
+            dropped = {name for _, name in values + ties} - read
+            values = [v for v in values if v[1] in read]
+            ties = [v for v in ties if v[1] in read]
+            saved = [v for v in saved if v.name not in dropped]
+            hidden = [h for h in hidden if h.name not in dropped]
+        forward_ids = frozenset(id(n) for n in dag.nodes)
+        memo: dict[int, tuple] = {}
+        for n in tried.unsaved_decisions:  # each as the forward took it
+            mask = n.dtype is torch.bool
+            named = _first_named(n)
+            base = named.var if named is not None else n.op
+            label = base if named is None or named.line is None else \
+                f"{base} (line {named.line})"
+            s = Saved(names(f"saved_{base}_{'mask' if mask else 'step'}"), label, "decision",
+                      _KIND_OF_SPACE[n.space], n.batched, True,
+                      torch.uint8 if mask else torch.float32)
+            hidden.append(Output(s.name, n, s.kind, s.dtype, s.batched))
+            saved.append(s)
+            decisions.append((decision_key(n, forward_ids, memo), s.name))
     augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
     plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken),
-                       tuple(values), tuple(ties))
+                       tuple(values), tuple(ties), tuple(decisions))
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
+    if values or any(s.role == "result" for s in saved):
+        save_accum = torch.float32  # read beside a reduction the forward took in fp32
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
         s = Saved(names(f"saved_{acc.var}"), accum_target(acc.op), "accum", OutputKind.FULL,
                   batches > 1, True, save_accum)
@@ -375,7 +476,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         saved.append(s)
     return ForwardPlan(dag, wrt, active, tuple(saved),
                        dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken),
-                       tuple(values), tuple(ties))
+                       tuple(values), tuple(ties), tuple(decisions))
 
 
 def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
@@ -562,6 +663,21 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         outputs.insert(0, filler)
     outputs += scratch
     bwd = Dag(tuple(outputs), tuple(operands), name, dag.gated)
+    forward_ids = frozenset(id(n) for n in dag.nodes)
+    unsaved: list[Node] = []
+    decided: dict[int, OperandSpec] = {}
+    kept_decisions = dict(plan.decisions)
+    memo: dict[int, tuple] = {}
+    for n in _decisions(bwd, forward_ids):  # taken as the forward took them
+        sname = kept_decisions.get(decision_key(n, forward_ids, memo))
+        if sname is None:
+            unsaved.append(n)
+            continue
+        s = by_name[sname]
+        decided[id(n)] = dspec = _spec(names(s.name), s.kind, s.dtype, s.batched)
+        saved_ops.append((s.name, dspec.name))
+    if decided:
+        bwd = read_saved_decisions(bwd, decided)
     if plan.values:  # the reductions feeding computation: read as the forward stored them
         loads = {}
         for k, sname in plan.values:
@@ -586,7 +702,8 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
                         tuple((s, n) for s, n in saved_ops if n in used),
                         tuple(i for i in injected if i.name in used), tuple(results),
                         frozenset(batch_summed), first.name if first.name in used else None,
-                        scratch=tuple(o.name for o in scratch))
+                        scratch=tuple(o.name for o in scratch),
+                        unsaved_decisions=tuple(unsaved))
 
 
 def output_shape(kind: OutputKind, batched: bool, problem: tuple) -> tuple:
@@ -642,5 +759,6 @@ def wrt_of_dag(dag: Dag) -> frozenset[str]:
 
 
 __all__ = ["ACCUM", "ACCUM_TARGETS", "accum_target", "Saved", "ForwardPlan", "Injected", "BackwardPlan", "plan_forward",
+           "decision_key",
            "backward", "reads_accumulator", "output_shape", "reduced_dims", "first_batch",
            "injected_gradient", "wrt_of_dag", "differentiable_dtype"]

@@ -28,7 +28,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import torch
 
@@ -93,10 +93,22 @@ class OpDef:
     # (``ir.is_shift``), which its rule reads as ``d.shift``, held fixed; written on its
     # own, it has no shift and no derivative
     shifted: bool = False
+    # its value jumps where its input crosses a point (floor, sign, a cast to an integer:
+    # a step function; a callable of the row's parameters where they decide): a backward
+    # reading it takes the forward's own value (``autodiff``'s decisions), as it takes a
+    # comparison's, never one recomputed from an accumulator that differs in its last bits
+    steps: bool | Callable[[Mapping[str, Any]], bool] = False
 
     @property
     def result_is_bool(self) -> bool:
         return self.category is Category.COMPARE
+
+    def decides(self, params: Mapping[str, Any]) -> bool:
+        """Whether a result of this row is a decision: a comparison's bool, or the value
+        of a step function (``steps``) for these parameters."""
+        if self.result_is_bool:
+            return True
+        return bool(self.steps(params) if callable(self.steps) else self.steps)
 
     @property
     def differentiable(self) -> bool:
@@ -529,16 +541,16 @@ _ROWS: tuple[OpDef, ...] = (
           grad=lambda d: (d.g * (d.out + 1.0),)),
     OpDef("floor", 1, torch.floor, "tl.floor({0})", triton_cuda="_ef_floor_cuda({0})",
           doc="the largest integer <= x",
-          grad=lambda d: (None,), grad_doc="none (0, as torch)"),
+          grad=lambda d: (None,), grad_doc="none (0, as torch)", steps=True),
     OpDef("ceil", 1, torch.ceil, "tl.ceil({0})", triton_cuda="_ef_ceil_cuda({0})",
           doc="the smallest integer >= x",
-          grad=lambda d: (None,), grad_doc="none (0, as torch)"),
+          grad=lambda d: (None,), grad_doc="none (0, as torch)", steps=True),
     OpDef("round", 1, torch.round, "_ef_round({0})",
           doc="the nearest integer, halves to even (as torch.round; round(-0.3) is -0.0)",
-          grad=lambda d: (None,), grad_doc="none (0, as torch)"),
+          grad=lambda d: (None,), grad_doc="none (0, as torch)", steps=True),
     OpDef("sign", 1, torch.sign, "tl.where({0} > 0.0, 1.0, tl.where({0} < 0.0, -1.0, 0.0))",
           doc="1, -1 or 0 (0 for +-0 and NaN, as torch.sign)",
-          grad=lambda d: (None,), grad_doc="none (0, as torch)"),
+          grad=lambda d: (None,), grad_doc="none (0, as torch)", steps=True),
     # on a GPU, tl.sin/tl.cos are the hardware's sin.approx/cos.approx, accurate only for
     # |x| < 100 pi: libdevice's (CUDA's sinf, cosf, tanf: full range reduction) match torch,
     # with subnormal arguments of sin/tan/erf handled apart (prelude: libdevice flushes them)
@@ -581,6 +593,7 @@ _ROWS: tuple[OpDef, ...] = (
               "even (fp16/bf16 overflow to inf); fp8 saturates to +-448 (e4m3) / +-57344 "
               "(e5m2), inf included, NaN kept; integers round half to even and saturate, "
               "NaN gives 0",
+          steps=lambda p: not CAST_TARGETS[p["dtype"]].dtype.is_floating_point,
           grad=_g_cast, grad_doc="g, straight through as torch's .to() (float targets); integer "
                                  "targets: none"),
     # ---- reductions: axes come from the shape of the output they feed ----

@@ -282,6 +282,31 @@ def read_saved_values(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
     return Dag(rebuilt.outputs, (*dag.operands, *extra), dag.name, dag.gated)
 
 
+def read_saved_decisions(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
+    """Every node whose id is a key of ``saved`` (a decision of the forward: a comparison,
+    stored as a uint8 mask, or a step function's value, stored in fp32) becomes a read of
+    that operand (added to the operands): a comparison ``mask != 0``, a step's value the
+    load itself. Not in ``PIPELINE``: the backward of an epilogue applies it
+    (``autodiff.backward``), before any other rewrite, while its nodes are still the
+    forward's, so that every decision it takes is the forward's own."""
+    made: dict[int, Node] = {}
+
+    def load_of(n: Node) -> Node | None:
+        spec = saved.get(id(n))
+        if spec is None:
+            return None
+        if id(n) not in made:
+            load = ir.load_node(spec)
+            made[id(n)] = ir.compute_node("ne", (load, ir.const_node(0.0))) \
+                if n.dtype is torch.bool else load
+        return made[id(n)]
+
+    rebuilt = _as_loads(dag, load_of)
+    read = {n.operand.name for n in rebuilt.nodes if n.kind is NodeKind.LOAD}
+    extra = tuple(dict.fromkeys(s for s in saved.values() if s.name in read))
+    return Dag(rebuilt.outputs, (*dag.operands, *extra), dag.name, dag.gated)
+
+
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("dead-code elimination", eliminate_dead_code),
     ("constant folding", fold_constants),

@@ -186,6 +186,8 @@ def backward_lines(args) -> list[str]:
     carries a gradient, its DAG after the passes, and what the forward keeps for it; in the
     mode "auto" picks for this K and dtype (``runtime.autograd.backward_mode``), with the
     rule, and the other mode's source."""
+    import torch
+
     from .. import autodiff, ir
     from ..errors import EpilogueError
     from ..runtime.autograd import backward_mode, save_threshold, saved_accum_dtype
@@ -210,13 +212,15 @@ def backward_lines(args) -> list[str]:
                                               batches=args.L)
         rule = (f"# backward mode: {mode} (backward=\"auto\" saves when K >= {threshold} "
                 f"for {str(dtype).removeprefix('torch.')} A and B; here K = {args.K}): ")
+        kept = plans["save"].saved_accums
+        keep = kept[0].dtype if kept else keep  # fp32 beside a reduction the forward took
         rule += (f"the forward stores accum ({str(keep).removeprefix('torch.')}, "
                  "M x N more memory until the backward) and the backward kernel reads it "
                  "and runs no GEMM (K = 0)" if mode == "save" else
                  "the backward kernel recomputes A @ B")
     else:
         mode = "recompute"
-        rule = "# the backward reads no accumulator: no GEMM (K = 0), nothing saved, in any mode"
+        rule = "# the backward reads no accumulator: no GEMM (K = 0) and no accumulator saved, in any mode"
     bps = {m: caller_reductions(autodiff.backward(p, graded, wrt, batches=args.L,
                                                   name=f"{dag.name}_backward"))
            for m, p in plans.items()}
@@ -228,6 +232,11 @@ def backward_lines(args) -> list[str]:
         if s.role == "value":
             lines.append(f"# the forward keeps the result of {s.of} (a reduction feeding "
                          f"computation) in fp32 for the backward ({how})")
+            continue
+        if s.role == "decision":
+            lines.append(f"# the forward keeps its decision on {s.of} for the backward ("
+                         + ("a uint8 mask" if s.dtype == torch.uint8 else "a step's value "
+                            "in fp32") + f", {how})")
             continue
         what = {"argument": "its argument", "result": "its result in fp32",
                 "ties": "the mask of its ties (uint8)", "accum": "the accumulator"}[s.role]

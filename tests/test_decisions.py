@@ -1,0 +1,170 @@
+"""A backward differentiates the forward that ran (issue 46, item 1): every decision the
+backward takes on values computed from the accumulator (relu's sign, where's condition,
+clamp's bounds, a maximum's side, abs's sign, a step function's value) is the forward's
+own, read from what the forward stored, in both backward modes; "save" mode keeps the
+accumulator in fp32 where its backward reads it beside a reduction the forward took in
+fp32 (softmax's logsumexp).
+
+The kernel tests build boundary values the interpreter shows: an fp16 accumulator saved in
+fp16 moves ``accum + bias`` across zero where the forward's fp32 sum did not cross it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import evtfuse
+from evtfuse import autodiff
+from evtfuse.frontend import bind, parse_epilogue
+from evtfuse.ir import NodeKind
+from evtfuse.optable import OPS
+
+MODES = ["recompute", "save"]
+
+
+def _boundary(rows=4, cols=4):
+    """fp16 A, B whose fp32 accumulator is 1000.19995 everywhere (fp16 rounds it to 1000.0)
+    and a bias of -1000.1: the forward's ``accum + bias`` is +0.09995, a rounded copy's is
+    -0.1."""
+    A = torch.tensor([[1000.0, 0.2]], dtype=torch.float16).repeat(rows, 1)
+    B = torch.ones(2, cols, dtype=torch.float16)
+    bias = torch.full((cols,), -1000.1, dtype=torch.float32)
+    return A, B, bias
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_relu_mask_is_the_forwards_at_a_boundary(mode):
+    """The issue's epilogue: dA was 0 in save mode (the backward's relu saw the fp16 copy
+    of the accumulator below -bias) where the forward's relu passed it."""
+    def epi(accum, bias):
+        F = accum + bias
+        D = relu(F) * 2.0  # noqa: F821
+        return D, F
+
+    A, B, bias = _boundary()
+    A.requires_grad_(), B.requires_grad_()
+    D, F = evtfuse.gemm(A, B, epi, bias=bias, backward=mode)
+    assert bool((F > 0).all())  # the forward's decision: relu passes everything
+    D.float().sum().backward()
+    a64, b64 = A.detach().double().requires_grad_(), B.detach().double().requires_grad_()
+    (torch.relu(a64 @ b64 + bias.double()) * 2.0).sum().backward()
+    torch.testing.assert_close(A.grad.double(), a64.grad, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(B.grad.double(), b64.grad, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("body,torch_fn", [
+    ("D = where(accum + bias > 0.0, accum, 0.5 * accum)",
+     lambda x, b: torch.where(x + b > 0, x, 0.5 * x)),
+    ("D = clamp(accum + bias, 0.0, 1.0)", lambda x, b: torch.clamp(x + b, 0.0, 1.0)),
+    ("D = maximum(accum + bias, 0.0)", lambda x, b: torch.clamp_min(x + b, 0.0)),
+    ("D = abs(accum + bias)", lambda x, b: torch.abs(x + b)),
+    ("D = (accum + bias) * sign(accum + bias)", lambda x, b: (x + b) * torch.sign(x + b)),
+    ("D = accum * floor(accum + bias)", lambda x, b: x * torch.floor(x + b)),
+])
+def test_every_kind_of_decision_at_a_boundary(mode, body, torch_fn):
+    """Each decision taken as the forward took it (the float64 gradient at the fp32
+    accumulator the forward used, not at its fp16 rounding, 0.1 away across a boundary)."""
+    A, B, bias = _boundary()
+    A.requires_grad_(), B.requires_grad_()
+    D = evtfuse.gemm(A, B, f"def epi(accum, bias):\n    {body}\n    return D", bias=bias,
+                     backward=mode)
+    D.float().sum().backward()
+    a64, b64 = A.detach().double().requires_grad_(), B.detach().double().requires_grad_()
+    acc = (a64 @ b64).detach().float().double()  # the fp32 accumulator the forward had
+    acc = acc + (a64 @ b64 - (a64 @ b64).detach())  # its value, with the gradient of A @ B
+    torch_fn(acc, bias.double()).sum().backward()
+    torch.testing.assert_close(A.grad.double(), a64.grad, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(B.grad.double(), b64.grad, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_softmax_gradient_in_save_mode_as_accurate_as_recompute(mode):
+    """Logits of about +-40 (fp16's ulp there is 1/32): a copy of the accumulator rounded
+    to fp16 moved exp(x - lse) by up to 3%; save mode now keeps it in fp32."""
+    g = torch.Generator().manual_seed(3)
+    A = (torch.randn(8, 16, generator=g) * 2.3).to(torch.float16).requires_grad_()
+    B = (torch.randn(16, 12, generator=g) * 2.3).to(torch.float16).requires_grad_()
+    up = torch.randn(8, 12, generator=g)
+    D = evtfuse.gemm(A, B, "def epi(accum):\n    D = softmax(accum)\n    return D",
+                     D_dtype=torch.float32, backward=mode)
+    (D * up).sum().backward()
+    a64, b64 = A.detach().double().requires_grad_(), B.detach().double().requires_grad_()
+    (torch.softmax(a64 @ b64, -1) * up.double()).sum().backward()
+    scale = a64.grad.abs().max()
+    assert (A.grad.double() - a64.grad).abs().max() <= 2e-3 * scale
+    assert (B.grad.double() - b64.grad).abs().max() <= 2e-3 * b64.grad.abs().max()
+
+
+M, N = 5, 6
+
+
+def _plan(src, save=None, **extra):
+    values = dict(bias=torch.randn(N), C=torch.randn(M, N), D=torch.empty(M, N), **extra)
+    parsed = parse_epilogue(src)
+    values = {k: v for k, v in values.items() if k in parsed.params or k in parsed.outputs}
+    dag = bind(parsed, values, (1, M, N))
+    return autodiff.plan_forward(dag, {"accum", "bias"} & set(parsed.params) | {"accum"},
+                                 parsed, save_accum=save)
+
+
+def _from_accum_decisions(bwd):
+    """Comparisons and step functions in a backward DAG computed from its accumulator."""
+    from_accum, found = {}, []
+    for n in bwd.nodes:
+        from_accum[id(n)] = n.kind is NodeKind.ACCUM or (
+            n.kind is NodeKind.COMPUTE and any(from_accum[id(i)] for i in n.inputs))
+        if from_accum[id(n)] and n.kind is NodeKind.COMPUTE and OPS[n.op].decides(n.param_dict):
+            found.append(n)
+    return found
+
+
+DECIDING = [
+    "D = relu(accum + bias)", "D = leaky_relu(accum, 0.1)", "D = hardswish(accum)",
+    "D = softplus(accum)", "D = abs(accum) + C", "D = clamp(accum, -1.0, 1.0)",
+    "D = maximum(accum, C)", "D = minimum(accum, bias)",
+    "D = where(accum > C, accum, C)", "D = where((accum > 0.0) & (C < 1.0), accum, 0.0)",
+    "D = accum * sign(accum)", "D = accum * floor(accum)", "D = accum * round(accum)",
+    "D = accum * ceil(accum)",
+]
+
+
+@pytest.mark.parametrize("body", DECIDING)
+@pytest.mark.parametrize("save", [None, torch.float16])
+def test_no_backward_decides_on_a_recomputed_accumulator(body, save):
+    """Over the op table's deciding rows: the backward reads every decision from the
+    forward's hidden outputs (a uint8 mask per comparison, fp32 per step value) and
+    evaluates none on the accumulator, in both modes."""
+    plan = _plan(f"def epi(accum, bias, C):\n    {body}\n    return D", save)
+    bwd = autodiff.backward(plan, ["D"], plan.wrt)
+    assert bwd.unsaved_decisions == ()
+    assert _from_accum_decisions(bwd.dag) == []
+    kept = [s for s in plan.saved if s.role == "decision"]
+    assert kept and all(s.dtype in (torch.uint8, torch.float32) for s in kept)
+    assert {s.name for s in kept} <= {o.name for o in plan.augmented.outputs}
+
+
+def test_a_relu_backward_reads_its_mask_not_the_accumulator():
+    """relu(accum + bias): the backward needs the forward's mask alone, so save mode keeps
+    no accumulator and neither mode runs a GEMM (K = 0)."""
+    for save in (None, torch.float16):
+        plan = _plan("def epi(accum, bias):\n    D = relu(accum + bias)\n    return D", save)
+        assert [s.dtype for s in plan.saved] == [torch.uint8]
+        bwd = autodiff.backward(plan, ["D"], plan.wrt)
+        assert not any(n.kind is NodeKind.ACCUM for n in bwd.dag.nodes)
+
+
+def test_save_mode_keeps_fp32_beside_a_forward_reduction():
+    smooth = _plan("def epi(accum, bias):\n    D = silu(accum + bias)\n    return D",
+                   torch.float16)
+    assert [s.dtype for s in smooth.saved_accums] == [torch.float16]
+    soft = _plan("def epi(accum):\n    D = softmax(accum)\n    return D", torch.float16)
+    assert [s.dtype for s in soft.saved_accums] == [torch.float32]
+
+
+def test_no_decision_without_an_accumulator_gradient_path():
+    """A comparison of operands alone (no accumulator) is not saved: the backward reads
+    the same operands the forward did."""
+    plan = _plan("def epi(accum, bias, C):\n    D = accum * where(C > 0.0, C, bias)\n"
+                 "    return D")
+    assert not [s for s in plan.saved if s.role == "decision"]
