@@ -26,7 +26,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from .errors import EpilogueError
+from .errors import EpilogueError, shorten
 from .ir import INTERLEAVED, PAIR_LAYOUTS
 from .optable import CALLABLE, Category
 
@@ -194,8 +194,13 @@ def _substitute_x(expression: str, var: str) -> str:
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as exc:
-        raise EpilogueError(f"the activation expression {expression!r} is not valid Python: "
-                            f"{exc.msg}", variable="activation") from None
+        raise EpilogueError(f"the activation expression {shorten(repr(expression))} is not "
+                            f"valid Python: {exc.msg}", variable="activation") from None
+    except (RecursionError, MemoryError):  # Python's parser: thousands of nested signs
+        raise _too_deep(expression) from None
+    except ValueError as exc:  # a lone surrogate or a null byte
+        raise EpilogueError(f"the activation expression {shorten(repr(expression))} is not "
+                            f"valid text: {exc}", variable="activation") from None
 
     class Rename(ast.NodeTransformer):
         def visit_Call(self, node: ast.Call) -> ast.AST:  # keep function names as they are
@@ -216,8 +221,17 @@ def _substitute_x(expression: str, var: str) -> str:
                                     variable="activation")
             return ast.copy_location(ast.Name(var, ast.Load()), node)
 
-    body = Rename().visit(tree.body)
-    return ast.unparse(body)
+    try:
+        body = Rename().visit(tree.body)
+        return ast.unparse(body)
+    except RecursionError:  # the walk and unparse recurse too
+        raise _too_deep(expression) from None
+
+
+def _too_deep(expression: str) -> EpilogueError:
+    return EpilogueError(f"the activation expression {shorten(repr(expression))} is nested "
+                         "too deep to parse (Python's recursion limit); write the epilogue "
+                         "as a function of several assignments", variable="activation")
 
 
 def per_channel_scaling(scale: Scale = "default", activation: str = "identity", *,
