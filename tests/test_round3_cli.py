@@ -220,3 +220,45 @@ def test_f_on_a_fifo_says_so_and_never_blocks(tmp_path):
 
 def test_f_on_a_missing_file_still_says_it_does_not_exist(tmp_path):
     _refused(invoke("run", "-f", str(tmp_path / "nope.py"), *RUN), "does not exist")
+
+
+# ------------------------------------------------------------------ evtfuse.nn reprs
+
+def relu_bias(accum, bias):
+    """A docstring the repr leaves out."""
+    D = relu(accum + bias)  # noqa: F821 (read by evtfuse, never run)  a comment too
+    return D
+
+
+def test_linear_repr_shows_a_function_epilogue_as_its_source_on_one_line():
+    from evtfuse.nn import Linear
+
+    text = repr(Linear(4, 8, epilogue=relu_bias))
+    assert 'epilogue="def relu_bias(accum, bias): D = relu(accum + bias); return D")' in text
+    text = repr(Linear(4, 8, epilogue="def e(accum, bias, scale):\n    D = (accum + bias) * "
+                       "scale\n    return D", scale=0.5, backward="save"))
+    assert text.endswith('epilogue="def e(accum, bias, scale): D = (accum + bias) * scale; '
+                         'return D", scale=0.5, backward=\'save\')'), text
+
+
+def test_linear_repr_shows_a_library_epilogue_as_the_call_that_made_it():
+    from evtfuse import library
+    from evtfuse.nn import Linear, fuse_activations
+
+    lin = Linear(4, 8, bias=False, epilogue=library.gated("swiglu", layout="concatenated"))
+    assert 'epilogue=gated("swiglu", layout="concatenated"))' in repr(lin)
+    lin = Linear(4, 8, epilogue=library.lin_comb_bias_elt_act("relu", "nothing"))
+    assert 'epilogue=lin_comb_bias_elt_act("relu", "nothing"))' in repr(lin)
+    lin = Linear(4, 8, bias=False, epilogue=library.SWIGLU)
+    assert 'epilogue=gated("swiglu"))' in repr(lin)
+    model = fuse_activations(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.SiLU()))
+    assert 'epilogue=with_activation("silu"))' in repr(model)
+
+
+def test_linear_repr_cuts_a_long_epilogue():
+    from evtfuse.nn import Linear
+
+    src = "def e(accum, bias):\n    D = " + " + ".join(["bias"] * 1500) + " + accum\n    return D"
+    text = repr(Linear(4, 8, epilogue=src))
+    assert 'epilogue="def e(accum, bias): D = bias + bias' in text and '...")' in text
+    assert len(text) < 300

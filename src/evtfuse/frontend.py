@@ -604,6 +604,32 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
     return parser.parse_function(fn)
 
 
+ONE_LINE_LIMIT = 160  # characters of an epilogue's one-line form (a repr's)
+
+
+def one_line(epilogue: EpilogueSource | EpilogueText, limit: int = ONE_LINE_LIMIT) -> str:
+    """The epilogue as one line of source, ``def epi(accum, bias): D = relu(accum + bias);
+    return D`` (docstring, comments and decorators dropped), cut to ``limit`` characters
+    with ``...`` when longer: what a module's repr shows. Read, never run."""
+    text = epilogue_text(epilogue)
+    module = parse_module(text.source, text.line_offset, text.where)
+    fn = next(s for s in module.body if isinstance(s, ast.FunctionDef))
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # the docstring
+
+    def statement(stmt: ast.stmt) -> str:
+        try:
+            return ast.unparse(stmt)
+        except RecursionError:  # a sum of thousands of terms: its text, on one line
+            return " ".join((ast.get_source_segment(text.source, stmt) or "...").split())
+
+    line = f"def {fn.name}({', '.join(a.arg for a in fn.args.args)}): " + \
+        "; ".join(statement(s) for s in body)
+    return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
+
+
 # ----------------------------------------------------------------------------- binding
 
 _LOADABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
