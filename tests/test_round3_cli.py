@@ -262,3 +262,62 @@ def test_linear_repr_cuts_a_long_epilogue():
     text = repr(Linear(4, 8, epilogue=src))
     assert 'epilogue="def e(accum, bias): D = bias + bias' in text and '...")' in text
     assert len(text) < 300
+
+
+# ------------------------------------------------------------------ evtfuse cache list
+
+@pytest.mark.usefixtures("own_cache")  # conftest.py: no kernel module loaded in this process
+def test_cache_list_shows_the_kernel_modules_a_gemm_wrote_and_the_tuning_choices():
+    import re
+
+    import evtfuse
+    from evtfuse.runtime import cache
+
+    A, B = torch.randn(16, 8), torch.randn(8, 16)
+    D = evtfuse.gemm(A, B, "def round3_epi(accum): D = relu(accum) * 3.25; return D")
+    torch.testing.assert_close(D, torch.relu(A @ B) * 3.25, rtol=1e-4, atol=1e-4)
+    modules = sorted((cache.cache_dir() / "kernels").glob("k*.py"))
+    assert modules  # what the gemm compiled is on disk
+    res = invoke("cache", "list")
+    out = res.output
+    assert res.exit_code == 0 and "no entries" not in out, out
+    assert "kernel modules (kernels/):" in out
+    for path in modules:
+        size = path.stat().st_size
+        shown = f"{size} bytes" if size < 1024 else f"{size / 1024:.1f} KiB"
+        assert re.search(rf"{path.name}  portable  epilogue round3_epi  {re.escape(shown)}",
+                         out), out
+    n = len(modules)
+    assert f"{n} entr{'y' if n == 1 else 'ies'}: {n} kernel module" in out, out
+
+    problem = {"M": 16, "N": 16, "K": 8, "L": 1, "dtype": "torch.float32",
+               "epilogue": "round3_epi", "tune": "fast", "device": "cpu"}
+    cache.store_choice("t1", {"kernel": "portable_32x32x32", "ms": 0.25, **problem})
+    out = invoke("cache", "list").output
+    record = cache.cache_dir() / "tuning" / "t1.json"
+    assert "tuning choices (tuning/):" in out and "portable_32x32x32  K=8" in out
+    assert f"({record.stat().st_size} bytes)" in out
+    assert f"{n + 1} entries: {n} kernel module" in out and "1 tuning choice" in out, out
+    res = invoke("cache", "clear")
+    assert f"removed {n + 1} files" in res.output
+    assert "no entries" in invoke("cache", "list").output
+
+
+@pytest.mark.usefixtures("own_cache")
+def test_cache_list_skips_a_kernel_module_that_is_not_a_file_and_names_other_versions():
+    from evtfuse.runtime import cache
+
+    kernels = cache.cache_dir() / "kernels"
+    kernels.mkdir(parents=True)
+    os.mkfifo(kernels / "kfifo.py")
+    (kernels / "kdir.py").mkdir()
+    (kernels / "kplain.py").write_text("x = 1\n")  # not evtfuse's header: shown as '?'
+    old = cache.cache_dir().parent / "v0.0.1-triton3.0.0-torch2.4.0" / "tuning"
+    old.mkdir(parents=True)
+    (old / "a.json").write_text("{}")
+    res = _finishes(lambda: invoke("cache", "list"), [kernels / "kfifo.py"])
+    assert res.exit_code == 0, res.output
+    assert "kplain.py  ?  epilogue ?  6 bytes" in res.output
+    assert "kfifo" not in res.output and "kdir" not in res.output
+    assert "other version v0.0.1-triton3.0.0-torch2.4.0: 1 file (2 bytes" in res.output
+    assert "1 entry: 1 kernel module (6 bytes)" in res.output
