@@ -26,7 +26,7 @@ def test_loads_a_torch_linear_state_dict_and_matches_it_over_batch_dimensions():
     x = torch.randn(2, 5, IN)
     with torch.no_grad():
         _close(lin(x), ref(x))
-    assert "epilogue=linear" in repr(lin)
+    assert 'epilogue="def linear(accum, bias): D = accum + bias; return D"' in repr(lin)
 
 
 @pytest.mark.parametrize("lead", [(), (7,), (2, 5)])
@@ -67,7 +67,8 @@ def test_without_bias_and_with_an_epilogue_of_its_own():
     with torch.no_grad():
         want = torch.nn.functional.gelu(x @ lin.weight.T + lin.bias, approximate="tanh") * 0.5
         _close(lin(x), want)
-    assert "epilogue=e" in repr(lin)
+    assert 'epilogue="def e(accum, bias, scale): D = gelu_tanh(accum + bias) * scale; ' \
+        'return D", scale=0.5' in repr(lin)
     with pytest.raises(ValueError, match="takes a bias"):
         Linear(IN, OUT, bias=False, epilogue=epi, scale=0.5)
 

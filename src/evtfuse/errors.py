@@ -32,8 +32,19 @@ class EpilogueError(ValueError):
             # documented messages stay word for word, the location after them
             text = f"{message} ({loc})" if exact else f"{loc}: {message}"
             if source_line:
-                text += f"\n    {source_line.strip()}"
+                text += f"\n    {shorten(source_line.strip())}"
         super().__init__(text)
+
+
+SOURCE_LINE_LIMIT = 160  # characters of a source line an error message quotes
+
+
+def shorten(text: str, limit: int = SOURCE_LINE_LIMIT) -> str:
+    """``text``, or its start and how much was left out when longer than ``limit``: an
+    error quoting a 20,000-term line stays readable."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 30]} ... ({len(text) - (limit - 30)} more characters)"
 
 
 def not_an_operand(name: str, value: object) -> EpilogueError:

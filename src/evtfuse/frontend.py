@@ -467,8 +467,9 @@ _TARGET = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
 
 
 def _too_deep_for_python(source: str, offset: int, where: str) -> EpilogueError:
-    """The error for a source Python's own parser cannot build (RecursionError): the first
-    logical line that fails alone, by its line and the name it assigns."""
+    """The error for a source Python's own parser cannot build (RecursionError, or the
+    MemoryError its parser raises for a chain of thousands of signs, ``- - - ... x``): the
+    first logical line that fails alone, by its line and the name it assigns."""
     lines = source.splitlines(keepends=True)
     start = None
     try:
@@ -479,7 +480,7 @@ def _too_deep_for_python(source: str, offset: int, where: str) -> EpilogueError:
                 text = "".join(lines[start - 1: tok.end[0]])
                 try:
                     ast.parse(text.lstrip())
-                except RecursionError:
+                except (RecursionError, MemoryError):
                     m = _TARGET.match(text)
                     name = m.group(1) if m else None
                     message = too_deep(name) if name else (
@@ -498,6 +499,48 @@ def _too_deep_for_python(source: str, offset: int, where: str) -> EpilogueError:
 
 _NOT_CODE = (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT,
              tokenize.ENCODING)
+
+
+def parse_module(source: str, offset: int = 0, where: str = "the epilogue string") -> ast.Module:
+    """``ast.parse(source)``, every way it can fail an ``EpilogueError``: a syntax error at
+    its line; a source too deep for Python's own parser (RecursionError, or MemoryError
+    for thousands of nested signs) at the line that is; a character that is no text (a
+    lone surrogate, as Python decodes a byte that is not UTF-8 from a command line) or a
+    null byte. ``offset`` is added to line numbers, ``where`` names the source. The
+    command line parses its ``--epilogue-file`` through it too."""
+    try:
+        return ast.parse(source)
+    except SyntaxError as exc:  # a null byte's has no line
+        line = exc.lineno + offset if exc.lineno else None
+        raise EpilogueError(f"the epilogue is not valid Python: {exc.msg}", line=line,
+                            where=where, source_line=exc.text) from None
+    except (RecursionError, MemoryError):  # Python's own parser: a sum of ~5,000 terms
+        raise _too_deep_for_python(source, offset, where) from None
+    except UnicodeEncodeError as exc:  # '\udcff': a byte that was not UTF-8
+        start = source.rfind("\n", 0, exc.start) + 1
+        end = source.find("\n", exc.start)
+        line = source.count("\n", 0, exc.start) + 1
+        raise EpilogueError(f"the epilogue is not valid text: {_no_text(source[exc.start])} "
+                            "is not UTF-8 text", line=line + offset, where=where,
+                            source_line=_escaped(source[start: end if end >= 0 else None])
+                            ) from None
+    except ValueError as exc:  # "source code string cannot contain null bytes" (older Pythons)
+        raise EpilogueError(f"the epilogue is not valid Python: {exc}", where=where) from None
+
+
+def _no_text(ch: str) -> str:
+    """A lone surrogate as what it stands for: the byte Python decoded it from (a byte that
+    was not UTF-8, read with ``surrogateescape`` as ``sys.argv`` is), or the code point."""
+    if "\udc80" <= ch <= "\udcff":
+        return f"the byte 0x{ord(ch) - 0xDC00:02x}"
+    return f"the character U+{ord(ch):04X}"
+
+
+def _escaped(text: str) -> str:
+    """``text`` printable whatever it holds: lone surrogates as ``\\xff`` / ``\\udc00``."""
+    return "".join(ch if not "\ud800" <= ch <= "\udfff" else
+                   f"\\x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else
+                   f"\\u{ord(ch):04x}" for ch in text)
 
 
 EpilogueSource = Union[str, Callable[..., Any]]
@@ -542,14 +585,7 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
         return epilogue
     text = epilogue_text(epilogue)
     source, offset, where = text.source, text.line_offset, text.where
-    try:
-        module = ast.parse(source)
-    except SyntaxError as exc:
-        line = (exc.lineno or 0) + offset
-        raise EpilogueError(f"the epilogue is not valid Python: {exc.msg}", line=line,
-                            where=where, source_line=exc.text) from None
-    except RecursionError:  # Python's own parser: a sum of ~5,000 terms
-        raise _too_deep_for_python(source, offset, where) from None
+    module = parse_module(source, offset, where)
     fns = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
         raise EpilogueError("the epilogue must be exactly one function definition "
@@ -566,6 +602,32 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
                              lineno=fn.lineno, col_offset=fn.col_offset)
     parser = _Parser(source, offset, fn.name if text.from_function else where)
     return parser.parse_function(fn)
+
+
+ONE_LINE_LIMIT = 160  # characters of an epilogue's one-line form (a repr's)
+
+
+def one_line(epilogue: EpilogueSource | EpilogueText, limit: int = ONE_LINE_LIMIT) -> str:
+    """The epilogue as one line of source, ``def epi(accum, bias): D = relu(accum + bias);
+    return D`` (docstring, comments and decorators dropped), cut to ``limit`` characters
+    with ``...`` when longer: what a module's repr shows. Read, never run."""
+    text = epilogue_text(epilogue)
+    module = parse_module(text.source, text.line_offset, text.where)
+    fn = next(s for s in module.body if isinstance(s, ast.FunctionDef))
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # the docstring
+
+    def statement(stmt: ast.stmt) -> str:
+        try:
+            return ast.unparse(stmt)
+        except RecursionError:  # a sum of thousands of terms: its text, on one line
+            return " ".join((ast.get_source_segment(text.source, stmt) or "...").split())
+
+    line = f"def {fn.name}({', '.join(a.arg for a in fn.args.args)}): " + \
+        "; ".join(statement(s) for s in body)
+    return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
 
 
 # ----------------------------------------------------------------------------- binding

@@ -26,7 +26,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from .errors import EpilogueError
+from .errors import EpilogueError, shorten
 from .ir import INTERLEAVED, PAIR_LAYOUTS
 from .optable import CALLABLE, Category
 
@@ -59,6 +59,52 @@ ACTIVATIONS: Mapping[str, str] = {
 
 #: Clamp's bounds are runtime operands (CUTLASS passes them as activation arguments).
 CLAMP_BOUNDS = ("lower_bound", "upper_bound")
+
+
+# ----------------------------------------------------------------------------- calls
+
+#: source text -> the call of this module (or of evtfuse.nn) that returned it, as text:
+#: what a module's repr shows instead of the source (``call_of``). Bounded: the oldest
+#: entries go first.
+_CALLS: dict[str, str] = {}
+_CALLS_LIMIT = 4096
+
+
+def _argument(value: Any) -> str:
+    if isinstance(value, str) and '"' not in value:
+        return f'"{value}"'
+    return repr(value)
+
+
+def call_text(fn: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """``fn(*args, **kwargs)`` as text, as it was called: ``gated("swiglu",
+    layout="concatenated")`` (positional arguments as given, keywords by name)."""
+    parts = [_argument(a) for a in args]
+    parts += [f"{k}={_argument(v)}" for k, v in kwargs.items()]
+    return f"{fn.__name__}({', '.join(parts)})"
+
+
+def remembered(fn):
+    """Decorate a function returning epilogue source: each source it returns is remembered
+    with the call that made it (``call_of``)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        source = fn(*args, **kwargs)
+        _CALLS.pop(source, None)  # the latest call is the one shown
+        _CALLS[source] = call_text(fn, args, kwargs)
+        while len(_CALLS) > _CALLS_LIMIT:
+            del _CALLS[next(iter(_CALLS))]
+        return source
+
+    return wrapper
+
+
+def call_of(source: Any) -> str | None:
+    """The call of this module that returned ``source`` (``lin_comb_elt_act("relu")``),
+    or None when no call of this process did."""
+    return _CALLS.get(source) if isinstance(source, str) else None
 
 
 # ----------------------------------------------------------------------------- templates
@@ -134,6 +180,7 @@ def _lincomb(name: str, scale: str, *, bias: bool = False, activation: str = "id
 
 # ----------------------------------------------------------------------------- the menu
 
+@remembered
 def linear_combination(scale: Scale = "default") -> str:
     """``D = alpha * accum + beta * C`` (CUTLASS ``LinearCombination``).
 
@@ -145,6 +192,7 @@ def linear_combination(scale: Scale = "default") -> str:
     return _lincomb(f"linear_combination{suffix}", scale)
 
 
+@remembered
 def lin_comb_elt_act(activation: str, scale: Scale = "default", *, aux: bool = False,
                      **activation_params: float) -> str:
     """``D = activation(alpha * accum + beta * C)`` (CUTLASS ``LinCombEltAct`` /
@@ -156,12 +204,14 @@ def lin_comb_elt_act(activation: str, scale: Scale = "default", *, aux: bool = F
                     activation_params=activation_params, aux=aux)
 
 
+@remembered
 def lin_comb_clamp(scale: Scale = "default") -> str:
     """``D = clamp(alpha * accum + beta * C, lower_bound, upper_bound)``
     (CUTLASS ``LinearCombinationClamp``; bounds are runtime operands)."""
     return lin_comb_elt_act("clamp", scale)
 
 
+@remembered
 def lin_comb_bias_elt_act(activation: str = "identity", scale: Scale = "default", *,
                           aux: bool = False, **activation_params: float) -> str:
     """``D = activation(alpha * accum + beta * C + bias)`` (CUTLASS
@@ -173,6 +223,7 @@ def lin_comb_bias_elt_act(activation: str = "identity", scale: Scale = "default"
                     activation_params=activation_params, aux=aux)
 
 
+@remembered
 def lin_comb_generic(activation: str, scale: Scale = "default", *, bias: bool = False,
                      aux: bool = False) -> str:
     """``D = f(alpha * accum + beta * C)`` with a user activation (CUTLASS
@@ -194,8 +245,13 @@ def _substitute_x(expression: str, var: str) -> str:
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as exc:
-        raise EpilogueError(f"the activation expression {expression!r} is not valid Python: "
-                            f"{exc.msg}", variable="activation") from None
+        raise EpilogueError(f"the activation expression {shorten(repr(expression))} is not "
+                            f"valid Python: {exc.msg}", variable="activation") from None
+    except (RecursionError, MemoryError):  # Python's parser: thousands of nested signs
+        raise _too_deep(expression) from None
+    except ValueError as exc:  # a lone surrogate or a null byte
+        raise EpilogueError(f"the activation expression {shorten(repr(expression))} is not "
+                            f"valid text: {exc}", variable="activation") from None
 
     class Rename(ast.NodeTransformer):
         def visit_Call(self, node: ast.Call) -> ast.AST:  # keep function names as they are
@@ -216,10 +272,20 @@ def _substitute_x(expression: str, var: str) -> str:
                                     variable="activation")
             return ast.copy_location(ast.Name(var, ast.Load()), node)
 
-    body = Rename().visit(tree.body)
-    return ast.unparse(body)
+    try:
+        body = Rename().visit(tree.body)
+        return ast.unparse(body)
+    except RecursionError:  # the walk and unparse recurse too
+        raise _too_deep(expression) from None
 
 
+def _too_deep(expression: str) -> EpilogueError:
+    return EpilogueError(f"the activation expression {shorten(repr(expression))} is nested "
+                         "too deep to parse (Python's recursion limit); write the epilogue "
+                         "as a function of several assignments", variable="activation")
+
+
+@remembered
 def per_channel_scaling(scale: Scale = "default", activation: str = "identity", *,
                         bias: bool = False, **activation_params: float) -> str:
     """Per-channel ``alpha`` and ``beta`` (CUTLASS ``PerColLinCombPerColBiasEltAct``,
@@ -232,6 +298,7 @@ def per_channel_scaling(scale: Scale = "default", activation: str = "identity", 
                     activation_params=activation_params)
 
 
+@remembered
 def fp8_scaled_output(activation: str = "identity", *, amax: bool = True, bias: bool = False,
                       **activation_params: float) -> str:
     """The FP8 output recipe (CUTLASS ``ScaledLinCombPerRowBiasEltActAmaxAux``, reduced to
@@ -333,6 +400,7 @@ def _describe(value: Any) -> str:
 GATED: Mapping[str, str] = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 
 
+@remembered
 def gated(kind: str = "swiglu", *, bias: bool = False, layout: str = "interleaved") -> str:
     """A gated epilogue: ``D = act(gate) * up`` over ``gate, up = pairs(accum)`` (the
     accumulator's interleaved column pairs; B from ``evtfuse.interleave_gate_up``), or with
@@ -450,5 +518,5 @@ __all__ = [
     "Scale", "SCALES", "ACTIVATIONS", "CLAMP_BOUNDS", "linear_combination", "lin_comb_elt_act",
     "lin_comb_clamp", "lin_comb_bias_elt_act", "lin_comb_generic", "per_channel_scaling",
     "fp8_scaled_output", "lin_comb_args", "per_channel_args", "fp8_scaled_output_args",
-    "MenuEntry", "CUTLASS_MENU", "menu_table", "GATED", "gated", "SWIGLU", "GEGLU",
+    "MenuEntry", "CUTLASS_MENU", "menu_table", "GATED", "gated", "SWIGLU", "GEGLU", "call_of",
 ]

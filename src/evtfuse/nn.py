@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-from .frontend import EpilogueSource, parse_epilogue
+from .errors import EpilogueError
+from .frontend import EpilogueSource, one_line, parse_epilogue
+from .library import call_of, remembered
 from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 from .runtime.autograd import check_backward
@@ -26,6 +28,7 @@ _ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.SiLU: "silu", torch.nn.Sigmoid: 
                 torch.nn.Tanh: "tanh"}
 
 
+@remembered  # its source shows in a repr as the call, with_activation("relu")
 def with_activation(op: str, bias: bool = True) -> str:
     """The epilogue ``op(accum + bias)`` (``op(accum)`` without a bias), as source text."""
     if bias:
@@ -62,6 +65,7 @@ class Linear(torch.nn.Linear):
                              "none (bias=False)")
         self._takes_bias = "bias" in parsed.params
         self._name = parsed.name
+        self._epilogue_repr = describe_epilogue(self.epilogue, parsed)
         self.operands = operands
 
     def forward(self, x: torch.Tensor, **operands: Any):
@@ -80,7 +84,33 @@ class Linear(torch.nn.Linear):
         return _unflatten(out, flat, shape)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, epilogue={self._name}"
+        parts = [super().extra_repr(), f"epilogue={self._epilogue_repr}"]
+        parts += [f"{k}={_operand_repr(v)}" for k, v in self.operands.items()]
+        if self.backward_mode != "auto":
+            parts.append(f"backward={self.backward_mode!r}")
+        return ", ".join(parts)
+
+
+def describe_epilogue(epilogue: Any, parsed: Any = None) -> str:
+    """How a module's repr shows its epilogue: the call of ``evtfuse.library`` (or
+    ``with_activation``) that made its source, ``gated("swiglu", layout="concatenated")``;
+    else its source on one line in double quotes, cut when very long (``frontend.one_line``);
+    else (no source to read) its name."""
+    call = call_of(epilogue)
+    if call is not None:
+        return call
+    try:
+        line = one_line(epilogue)
+    except (EpilogueError, StopIteration):  # a ParsedEpilogue, a source that cannot be read
+        return getattr(parsed, "name", None) or type(epilogue).__name__
+    return f'"{line}"' if '"' not in line else repr(line)
+
+
+def _operand_repr(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _unflatten(out, flat: torch.Tensor, shape: tuple):
@@ -102,8 +132,10 @@ def fuse_activations(module: torch.nn.Module) -> torch.nn.Module:
             op = _activation_op(act)
             if op is None or type(lin) is not torch.nn.Linear:
                 continue
-            fused = Linear(lin.in_features, lin.out_features, lin.bias is not None,
-                           epilogue=with_activation(op, lin.bias is not None),
+            bias = lin.bias is not None
+            fused = Linear(lin.in_features, lin.out_features, bias,
+                           epilogue=with_activation(op) if bias else
+                           with_activation(op, bias=False),
                            device=lin.weight.device, dtype=lin.weight.dtype)
             fused.weight, fused.bias = lin.weight, lin.bias
             child._modules[first] = fused

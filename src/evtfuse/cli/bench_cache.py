@@ -45,26 +45,60 @@ def _cache_module():
     return cache
 
 
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def cache_list():
-    """List the cached tuning choices (the folder is EVTFUSE_CACHE_DIR or ~/.cache/evtfuse)."""
+    """List what the cache holds: the generated kernel modules and the tuning choices, with
+    their sizes (the folder is EVTFUSE_CACHE_DIR or ~/.cache/evtfuse)."""
     try:
         cache = _cache_module()
     except CliError as exc:
         _fail(exc)
     try:
         entries = cache.list_entries()  # malformed records are skipped, with a warning
+        kernels = cache.list_kernels()
+        others = cache.other_versions()
         folder = cache.cache_dir()
     except ConfigError as exc:  # an unusable EVTFUSE_CACHE_DIR
         _fail(CliError(str(exc)))
     typer.echo(f"cache: {folder}")
-    if not entries:
+    if kernels:
+        typer.echo("kernel modules (kernels/):")
+        for k in kernels:
+            name = k["file"].rsplit("/", 1)[-1]
+            typer.echo(f"  {name}  {k['family']}  epilogue {k['epilogue']}  {_size(k['bytes'])}")
+    if entries:
+        typer.echo("tuning choices (tuning/):")
+        for e in entries:
+            head = e.get("kernel", "?")
+            rest = ", ".join(f"{k}={v}" for k, v in sorted(e.items())
+                             if k not in ("kernel", "file"))
+            typer.echo(f"  {head}  {rest}  ({_size(cache.file_size(e['file']))})".rstrip())
+    for name, files, size in others:
+        typer.echo(f"other version {name}: {_plural(files, 'file')} ({_size(size)}; "
+                   "`evtfuse cache clear` removes them)")
+    triton_dir = cache.triton_cache_dir()
+    if triton_dir:
+        typer.echo(f"(Triton keeps the GPU binaries it compiles from these modules in its own "
+                   f"cache, {triton_dir}: TRITON_CACHE_DIR)")
+    total = len(entries) + len(kernels)
+    if not total:
         typer.echo("no entries")
         return
-    for e in entries:
-        head = e.get("kernel", "?")
-        rest = ", ".join(f"{k}={v}" for k, v in sorted(e.items()) if k not in ("kernel", "file"))
-        typer.echo(f"  {head}  {rest}".rstrip())
-    typer.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+    kernel_bytes = sum(k["bytes"] for k in kernels)
+    parts = ([_plural(len(kernels), "kernel module") + f" ({_size(kernel_bytes)})"]
+             if kernels else []) + ([_plural(len(entries), "tuning choice")] if entries else [])
+    typer.echo(f"{total} entr{'y' if total == 1 else 'ies'}: {', '.join(parts)}")
 
 
 def cache_clear():

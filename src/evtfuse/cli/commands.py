@@ -17,7 +17,8 @@ from ..runtime.autograd import caller_reductions  # a gated kernel's sums go to 
 from . import draw
 from .base import EXIT_VERIFY, CliError, _fail, _user_errors
 from .device import Device, pick_device
-from .problem import BuiltProblem, ProblemSpec, build_problem, problem_spec_from_flags, short_dtype
+from .problem import (BuiltProblem, ProblemSpec, allocation_errors, build_problem,
+                      problem_spec_from_flags, short_dtype)
 from .report import eager_of, format_report, run_and_report
 from .sources import resolve_epilogue, resolve_positional
 
@@ -109,8 +110,10 @@ def run(
         k = cli.choose_kernel(built.args, kernel, tune)
         iters = iterations if iterations is not None else (1 if device.interpreter else 20)
         warm = warmup if warmup is not None else (0 if device.interpreter else 5)
-        rep = run_and_report(built.args, k, device, eager=eager_of(built.args) if eager else None,
-                             verify=verify, iterations=iters, warmup=warm)
+        with allocation_errors(spec):  # the reference and eager PyTorch allocate more
+            rep = run_and_report(built.args, k, device,
+                                 eager=eager_of(built.args) if eager else None,
+                                 verify=verify, iterations=iters, warmup=warm)
         for line in format_report(rep, spec.flops, device):
             typer.echo(line)
         if rep.ok is False:

@@ -115,11 +115,132 @@ def _shape_for(kind: str, spec: ProblemSpec, output: bool) -> tuple[int, ...]:
             "scalar": (1,) if output else (), "batch-scalar": (L, 1, 1)}[kind]
 
 
-def build_problem(source: str, spec: ProblemSpec, device: Device) -> BuiltProblem:
-    """Make A, B and a tensor (or number) for every parameter and output of ``source``."""
+def _fmt_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"  # unreachable
+
+
+def _mnkl_text(spec: ProblemSpec) -> str:
+    return f"--mnkl {spec.M},{spec.N},{spec.K},{spec.L}"
+
+
+def problem_bytes(spec: ProblemSpec, parsed: Any) -> tuple[int, int]:
+    """What ``build_problem`` allocates for ``parsed`` at ``spec``'s sizes, in bytes: on the
+    device (A, B, every tensor operand and stored output, in their dtypes) and in host
+    staging (operands are drawn in fp32 on the CPU and scaled: twice the largest in fp32),
+    computed in Python integers before anything is allocated."""
     import torch
 
-    from ..arguments import EpilogueArguments, GemmArguments
+    L, M, N, K = spec.L, spec.M, spec.N, spec.K
+    NB = 2 * N if parsed.gated else N
+
+    def size(dtype) -> int:
+        return dtype.itemsize
+
+    def count(shape) -> int:
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+    ab = L * K * (M + NB)
+    device = ab * size(spec.ab_dtype)
+    drawn = [L * M * K, L * K * NB]  # elements drawn in fp32 on the host
+    for p in parsed.params:
+        kind, dtype = spec.operands.get(p, (None, None))
+        if kind is None:
+            if p in spec.scalars or p in ("alpha", "beta"):
+                continue  # runtime scalars
+            kind = "col" if p == "bias" else "full"
+        n = count(_shape_for(kind, spec, output=False))
+        device += n * size(dtype or (spec.c_dtype if kind == "full" else torch.float32))
+        drawn.append(n)
+    for o in parsed.outputs:
+        kind, dtype = spec.outputs.get(o, ("full", None))
+        if kind != "none":
+            device += count(_shape_for(kind, spec, output=True)) * size(
+                dtype or (spec.d_dtype if kind == "full" else torch.float32))
+    return device, 8 * max(drawn)
+
+
+def available_bytes(device: Device) -> int | None:
+    """Memory free for the problem: the GPU's free memory, or the host's available memory
+    (``MemAvailable`` in /proc/meminfo, else the free physical pages); None when unknown."""
+    if not device.interpreter:
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info(device.torch_device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    return host_available_bytes()
+
+
+def host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(spec: ProblemSpec, parsed: Any, device: Device) -> None:
+    """Refuse, naming ``--mnkl``, a problem whose tensors cannot be allocated where it runs,
+    before allocating any of them."""
+    on_device, staging = problem_bytes(spec, parsed)
+    host = host_available_bytes()
+    if device.interpreter:
+        need, have, where = on_device + staging, host, "the host has"
+    else:
+        need, have, where = on_device, available_bytes(device), "the GPU has"
+        if host is not None and staging > host:  # operands are drawn on the host first
+            need, have, where = staging, host, "drawing them in fp32 needs as much; the host has"
+    if have is not None and need > have:
+        raise CliError(f"{_mnkl_text(spec)}: the operands and outputs need "
+                       f"{_fmt_bytes(on_device)} ({_fmt_bytes(need)} with what is drawn on the "
+                       f"host) and {where} {_fmt_bytes(have)} available; give smaller sizes")
+
+
+class allocation_errors:
+    """A context in which an allocation that fails (torch's out-of-memory errors, on the GPU
+    or the host) becomes a ``CliError`` naming ``--mnkl``: the estimate of ``check_fits``
+    leaves out what verification and timing allocate later."""
+
+    def __init__(self, spec: ProblemSpec):
+        self.spec = spec
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        import torch
+
+        if exc is None:
+            return False
+        text = str(exc)
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+                isinstance(exc, RuntimeError) and (
+                    "can't allocate memory" in text or "out of memory" in text)):
+            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            raise CliError(f"{_mnkl_text(self.spec)}: the problem does not fit in memory "
+                           f"({first[:200]}); give smaller sizes") from None
+        return False
+
+
+def build_problem(source: str, spec: ProblemSpec, device: Device) -> BuiltProblem:
+    """Make A, B and a tensor (or number) for every parameter and output of ``source``;
+    a problem too large for the memory where it runs is refused first (``check_fits``)."""
     from ..frontend import parse_epilogue
 
     parsed = parse_epilogue(source)
@@ -131,6 +252,16 @@ def build_problem(source: str, spec: ProblemSpec, device: Device) -> BuiltProble
         if name not in parsed.outputs:
             raise CliError(f"'{name}' is not an output of {parsed.name} "
                            f"(it returns {', '.join(parsed.outputs)})")
+    check_fits(spec, parsed, device)
+    with allocation_errors(spec):
+        return _build(source, parsed, spec, device)
+
+
+def _build(source: str, parsed: Any, spec: ProblemSpec, device: Device) -> BuiltProblem:
+    import torch
+
+    from ..arguments import EpilogueArguments, GemmArguments
+
     gen = torch.Generator(device="cpu").manual_seed(spec.seed)
     dev = device.torch_device
 

@@ -254,6 +254,102 @@ def list_entries() -> list[dict]:
     return out
 
 
+KERNEL_HEADER_LIMIT = 4096  # bytes of a kernel module read to describe it
+
+
+def _head(path: Path, limit: int) -> tuple[int, str] | None:
+    """The size of ``path`` and the text of its first ``limit`` bytes, if it is a regular
+    file (opened without blocking: a FIFO in its place never holds up a listing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return info.st_size, os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _describe_kernel(text: str) -> tuple[str, str]:
+    """(family, epilogue name) from a generated module's docstring (codegen.generate's
+    header: ``evtfuse generated kernel (portable); key ...`` then ``dag epi(...)``)."""
+    family = epilogue = "?"
+    lines = text.splitlines()
+    head = lines[0] if lines else ""
+    if head.startswith('"""evtfuse generated kernel (') and ")" in head:
+        family = head[len('"""evtfuse generated kernel ('):head.index(")")]
+    for line in lines[1:8]:
+        if line.strip().startswith("dag "):
+            epilogue = line.strip()[4:].split("(")[0].strip() or "?"
+            break
+    return family, epilogue
+
+
+def list_kernels() -> list[dict]:
+    """The generated kernel modules on disk (``kernels/k<key>.py``), one dict each: its
+    ``file``, size in ``bytes``, kernel ``family`` and ``epilogue`` name (from the module's
+    docstring; ``?`` when it holds none). What is not a regular file is skipped."""
+    folder = cache_dir() / "kernels"
+    try:
+        paths = sorted(p for p in folder.glob("*.py") if not p.name.startswith(".")) \
+            if folder.is_dir() else []
+    except OSError as exc:
+        raise _unusable(f"cannot list {folder} ({exc.strerror or exc})") from None
+    out = []
+    for p in paths:
+        head = _head(p, KERNEL_HEADER_LIMIT)
+        if head is None:
+            continue
+        size, text = head
+        family, epilogue = _describe_kernel(text)
+        out.append({"file": str(p), "bytes": size, "family": family, "epilogue": epilogue})
+    return out
+
+
+def file_size(path: str | Path) -> int | None:
+    """The size of a regular file (without opening it), else None."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def other_versions() -> list[tuple[str, int, int]]:
+    """The cache folders of other evtfuse / Triton / torch versions under the root (what
+    ``clear`` removes too): (folder name, files, bytes) each."""
+    here = cache_dir()
+    root = here.parent
+    out = []
+    try:
+        folders = sorted(f for f in root.glob("v*-triton*") if f != here and f.is_dir()) \
+            if root.is_dir() else []
+        for folder in folders:
+            sizes = [file_size(p) for p in folder.rglob("*")]
+            sizes = [n for n in sizes if n is not None]
+            out.append((folder.name, len(sizes), sum(sizes)))
+    except OSError as exc:
+        raise _unusable(f"cannot list {root} ({exc.strerror or exc})") from None
+    return out
+
+
+def triton_cache_dir() -> str | None:
+    """Where Triton keeps the binaries it compiles from evtfuse's modules (its own cache,
+    ``TRITON_CACHE_DIR``; neither listed nor cleared by evtfuse)."""
+    try:
+        import triton
+
+        return str(triton.knobs.cache.dir)
+    except Exception:  # noqa: BLE001 - an older Triton without knobs
+        return os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+
+
 def clear() -> int:
     """Remove every evtfuse cache entry (all versions); returns how many files were removed.
 
