@@ -168,3 +168,33 @@ def test_no_decision_without_an_accumulator_gradient_path():
     plan = _plan("def epi(accum, bias, C):\n    D = accum * where(C > 0.0, C, bias)\n"
                  "    return D")
     assert not [s for s in plan.saved if s.role == "decision"]
+
+
+@pytest.mark.parametrize("body,torch_fn", [
+    ("D = clamp(C, -2.0, 2.0) + accum", lambda c, b: torch.clamp(c, -2.0, 2.0)),
+    ("D = clamp(clamp(C, -2.0, 2.0), -2.0, 2.0) + accum",
+     lambda c, b: torch.clamp(torch.clamp(c, -2.0, 2.0), -2.0, 2.0)),
+    ("D = maximum(C, 0.0) + accum", lambda c, b: torch.maximum(c, torch.zeros(()))),
+    ("D = maximum(C, bias) + accum", lambda c, b: torch.maximum(c, b)),
+    ("D = minimum(bias, C) + accum", lambda c, b: torch.minimum(b, c)),
+])
+def test_ties_and_bounds_take_torchs_gradient(body, torch_fn):
+    """At a tie of maximum or minimum each side gets half (torch.maximum's rule) and at a
+    bound clamp passes the gradient (torch.clamp's), in the kernels and in evtfuse.ops (the
+    reference evaluator: autograd of its where-based formulas gave a tie's whole gradient
+    to one side, and made the gradient oracle disagree with torch at every tie)."""
+    C = torch.tensor([[2.0, -2.0, 0.0, 1.0, 3.0, -0.5]] * 4)
+    bias = torch.tensor([0.0, -2.0, 0.0, 1.0, 0.5, -0.5])
+    A, B = torch.randn(4, 3), torch.randn(3, 6)
+    c, b = C.clone().requires_grad_(), bias.clone().requires_grad_()
+    evtfuse.gemm(A, B, f"def epi(accum, C, bias):\n    {body}\n    return D", C=c,
+                 bias=b).sum().backward()
+    tc, tb = C.clone().requires_grad_(), bias.clone().requires_grad_()
+    torch_fn(tc, tb).sum().backward()
+    torch.testing.assert_close(c.grad, tc.grad)
+    torch.testing.assert_close(b.grad if b.grad is not None else torch.zeros(6),
+                               tb.grad if tb.grad is not None else torch.zeros(6))
+    from evtfuse import ops
+    ec = C.clone().requires_grad_()
+    ops.clamp(ec, torch.tensor(-2.0), torch.tensor(2.0)).sum().backward()
+    torch.testing.assert_close(ec.grad, (C.abs() <= 2.0).float())

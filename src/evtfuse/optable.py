@@ -257,7 +257,37 @@ def _t_shifted_sumexp(x: torch.Tensor, dims) -> torch.Tensor:
                                                                     keepdim=True)
 
 
-def _t_maximum(a, b):
+class _TorchsGradient(torch.autograd.Function):
+    """A row's values as evtfuse computes them (bit for bit, where torch's own op differs in
+    the sign of a zero), with the gradient of torch's own op (``torch.maximum``'s half to
+    each side of a tie, ``torch.clamp``'s gradient at its bounds): autograd of a where-based
+    formula would give a tie's whole gradient to one side, which is not torch's."""
+
+    @staticmethod
+    def forward(ctx, values, torchs, *args):
+        ctx.torchs = torchs
+        ctx.save_for_backward(*args)
+        return values(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        args = [a.detach().requires_grad_(need) for a, need in
+                zip(ctx.saved_tensors, ctx.needs_input_grad[2:])]
+        wanted = [a for a in args if a.requires_grad]
+        with torch.enable_grad():
+            out = ctx.torchs(*args)
+        got = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        return (None, None, *(next(got) if a.requires_grad else None for a in args))
+
+
+def _with_torchs_gradient(values, torchs, *args):
+    """``values(*args)``, differentiated (where autograd records it) as ``torchs``."""
+    if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        return _TorchsGradient.apply(values, torchs, *args)
+    return values(*args)
+
+
+def _maximum_values(a, b):
     # NaN-propagating like torch.maximum, and the same on every element: torch's CPU kernel
     # returns +0.0 or -0.0 for maximum(0.0, -0.0) depending on the element's position (its
     # vectorised body and scalar tail differ). Ties give b, as the Triton spelling does, so
@@ -265,8 +295,16 @@ def _t_maximum(a, b):
     return torch.where(torch.isnan(a) | (a > b), a, b)
 
 
-def _t_minimum(a, b):
+def _minimum_values(a, b):
     return torch.where(torch.isnan(a) | (a < b), a, b)
+
+
+def _t_maximum(a, b):
+    return _with_torchs_gradient(_maximum_values, torch.maximum, a, b)
+
+
+def _t_minimum(a, b):
+    return _with_torchs_gradient(_minimum_values, torch.minimum, a, b)
 
 
 def _t_store_where(cond, value):
@@ -277,8 +315,12 @@ def _t_store_where(cond, value):
     return torch.where(cond, value, torch.full_like(value, float("nan")))
 
 
+def _clamp_values(x, lo, hi):
+    return _minimum_values(_maximum_values(x, lo), hi)
+
+
 def _t_clamp(x, lo, hi):
-    return _t_minimum(_t_maximum(x, lo), hi)
+    return _with_torchs_gradient(_clamp_values, torch.clamp, x, lo, hi)
 
 
 # ---- cast(x, dtype): rounding to a dtype as a kernel stores it ----

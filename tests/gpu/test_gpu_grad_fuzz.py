@@ -8,8 +8,9 @@ ties between columns, values one bf16 ulp either side of a clamp bound).
 Each gradient is measured against torch.autograd of the reference evaluator in float64 at
 the accumulator the forward had (``grad_oracle``), beside torch's own path at the same
 dtype (the epilogue's torch functions on bf16 tensors, ``A @ B`` by cuBLAS in bf16: what a
-user's eager model computes); evtfuse's error may not pass torch's by more than the margin
-``within``. Every example runs; the test fails at the end with the list of misses (and
+user's eager model computes: the op table's torch functions differentiate as torch's own ops,
+ties and bounds included); evtfuse's error may not pass torch's by more than ``within``
+allows. Every example runs; the test fails at the end with the list of misses (and
 writes a summary where ``EVTFUSE_GRAD_FUZZ_REPORT`` names a file). Its size:
 ``EVTFUSE_FUZZ_EXAMPLES`` (default 24 in the tier) from seed ``EVTFUSE_FUZZ_SEED``; the
 issue's 2,000 examples ran as many processes of one seed each (BENCHMARKS.md).
@@ -17,6 +18,7 @@ issue's 2,000 examples ran as many processes of one seed each (BENCHMARKS.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -39,13 +41,14 @@ pytestmark = [pytest.mark.gpu,
 DEV = "cuda"
 DTYPE = torch.bfloat16
 MODES = ("recompute", "save")
-BF16_ULP_AT_1 = 2.0 ** -7
+BF16_ROUNDING = 2.0 ** -8
 
 
-def within(evt: float, ours_torch: float) -> bool:
-    """evtfuse's relative error no worse than twice torch's own plus a quarter of a bf16
-    ulp at 1 (two bf16 roundings apart: torch rounds A @ B, evtfuse rounds dAccum)."""
-    return evt <= 2.0 * ours_torch + 0.25 * BF16_ULP_AT_1
+def within(evt: float, torchs: float) -> bool:
+    """evtfuse's relative error no worse than twice torch's own, or than one bf16 rounding
+    (2^-8 relative: a gradient stored in bf16 carries that much; where torch's path happens
+    to sum a few hundred terms, such as a scalar's gradient, its own error is far below)."""
+    return evt <= max(2.0 * torchs, BF16_ROUNDING)
 
 
 def boundary_values(values: dict, A: torch.Tensor, B: torch.Tensor, seed: int):
@@ -160,6 +163,21 @@ def one_example(case, shape, data_seed, keep, mode, boundary) -> list[str]:
 STATS: list[tuple[float, float]] = []
 
 
+def _report(runs: dict, keys: list[str], misses: list[str]) -> None:
+    """The run so far, where ``EVTFUSE_GRAD_FUZZ_REPORT`` names a file (rewritten after
+    each example: a process cut by a timeout leaves what it ran)."""
+    report = os.environ.get("EVTFUSE_GRAD_FUZZ_REPORT")
+    if not report:
+        return
+    ratios = sorted(e / max(t, 1e-12) for e, t in STATS)
+    with open(report, "w") as f:
+        json.dump({**runs, "keys": keys, "gradients": len(STATS), "misses": len(misses),
+                   "worst_evtfuse_error": max((e for e, _ in STATS), default=0.0),
+                   "worst_torch_error": max((t for _, t in STATS), default=0.0),
+                   "median_ratio_to_torch": ratios[len(ratios) // 2] if ratios else None,
+                   "first_misses": misses[:20]}, f, indent=1)
+
+
 def test_gradient_fuzz_within_torchs_own_bf16_error():
     misses: list[str] = []
     runs = {"examples": 0, "recompute": 0, "save": 0, "boundary": 0}
@@ -175,16 +193,12 @@ def test_gradient_fuzz_within_torchs_own_bf16_error():
             runs[mode] += 1
         runs["examples"] += 1
         runs["boundary"] += boundary
+        keys.append(hashlib.sha1(f"{case.source}|{shape}|{data_seed}|{keep}|{boundary}"
+                                 .encode()).hexdigest()[:12])
+        _report(runs, keys, misses)
 
     STATS.clear()
+    keys: list[str] = []
     draw()
-    report = os.environ.get("EVTFUSE_GRAD_FUZZ_REPORT")
-    if report:
-        ratios = sorted(e / max(t, 1e-12) for e, t in STATS)
-        with open(report, "w") as f:
-            json.dump({**runs, "gradients": len(STATS), "misses": len(misses),
-                       "worst_evtfuse_error": max((e for e, _ in STATS), default=0.0),
-                       "median_ratio_to_torch": ratios[len(ratios) // 2] if ratios else None,
-                       "first_misses": misses[:20]}, f, indent=1)
     assert not misses, f"{len(misses)} gradients outside torch's own bf16 error:\n" + \
         "\n\n".join(misses[:10])
