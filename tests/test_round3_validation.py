@@ -107,6 +107,14 @@ def test_strided_offs_is_refused_where_it_is_not_copied():
         torch.ops.evtfuse.grouped_gemm.default(A, B, OFFS_STRIDED, wire(src), layout, [], [],
                                                [D2])
     assert e.value.variable == "offs" and D2.isnan().all()
+    # the same offs object as a cached call's, made strided in place since: refused too
+    memory = torch.tensor([10, 30, 31, 40, 0, 0, 0, 0], dtype=torch.int32)
+    offs = memory[:4]
+    torch.ops.evtfuse.grouped_gemm.default(A, B, offs, wire(src), layout, [], [], [D])
+    offs.as_strided_((4,), (2,))  # now [10, 31, 0, 0]
+    with pytest.raises(EpilogueError, match="offs is not contiguous"):
+        torch.ops.evtfuse.grouped_gemm.default(A, B, offs, wire(src), layout, [], [], [D2])
+    assert D2.isnan().all()
 
 
 def test_hopper_family_gets_the_copied_offs():

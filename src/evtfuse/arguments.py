@@ -144,7 +144,7 @@ class GemmArguments:
     cost in time (docs/dtypes-and-layouts.md).
 
     ``offs``: a grouped GEMM (``evtfuse.grouped_gemm``, docs/grouped.md), ``offs`` (G,)
-    int32 cumulative group ends on A's device. Groups over M (``group_dim`` "M"): A is
+    int32 cumulative group ends on A's device, contiguous (the kernels read it packed). Groups over M (``group_dim`` "M"): A is
     (T, K), B (G, K, N); the problem is then (L, M, N) = (G, T, N) with each row in one
     group (``frontend.bind``'s ``grouped``). Groups over K ("K", a mixture of experts'
     weight gradient): A is (M, T), B (T, N), each group a range of T; the problem is then

@@ -215,7 +215,8 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  backward: str = "auto", **operands_and_outputs: Any):
     """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
     outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
-    group ends on A's device.
+    group ends on A's device (a strided or expanded one is copied first, on the device: the
+    kernels read it packed; the operator and ``GemmArguments`` refuse one).
 
     Groups over M (a mixture of experts' forward): A (T, K) rows sorted by group, B
     (G, K, N) (any strides: an expert weight (G, N, K) passed as ``W.mT``); group g has rows
