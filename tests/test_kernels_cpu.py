@@ -303,9 +303,13 @@ def test_explain_and_empty_get_kernels():
 
 
 def test_cpu_tensors_without_interpreter(monkeypatch):
+    from evtfuse.runtime import discovery
+
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(discovery, "_warned_no_interpreter", False)
     args = GemmArguments(rand(8, 8), rand(8, 8), torch.empty(8, 8))
-    assert get_kernels(args) == []
+    with pytest.warns(UserWarning, match=r"interpreter is off.*use_interpreter\(\)"):
+        assert get_kernels(args) == []  # (warned once per process)
     assert "TRITON_INTERPRET" in explain(args)
 
 

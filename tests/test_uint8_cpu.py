@@ -148,8 +148,10 @@ def test_uint8_refusals_and_defaults():
     text = explain(args, cc=90)
     assert "hopper: refused: uint8 inputs run in the portable family only" in text
     assert [k.family.name for k in get_kernels(args, cc=90)] == ["portable", "portable"]
-    assert "the Triton kernels take fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8 and uint8" in \
-        explain(GemmArguments(A.short(), B.short(), D, torch.int32))
+    with pytest.raises(evtfuse.EpilogueError, match="A and B are torch.int16; evtfuse "
+                       "multiplies float16, .*int8 and uint8 inputs") as e:
+        GemmArguments(A.short(), B.short(), D, torch.int32)
+    assert e.value.variable == "A"
     out = evtfuse.gemm(A, B)  # allocated: int32, as for int8
     assert out.dtype == torch.int32 and torch.equal(out.long(), exact(A, B))
     assert (evaluate(args)["D"].long() == exact(A, B)).all()

@@ -16,7 +16,7 @@ import torch
 from . import ir
 from .errors import EpilogueError
 from .memory import has_internal_overlap, overlap, state_of
-from .optable import OPS, Category
+from .optable import FP8_DTYPES, OPS, Category
 from .frontend import (EpilogueSource, ParsedEpilogue, bind, check_names, parse_epilogue,
                        problem_shape_of)
 
@@ -41,7 +41,11 @@ class EpilogueArguments:
         # then binding waits for GemmArguments, which knows the problem
         guess = None if _is_reduction(self.parsed, "D") else problem_shape_of(self.values.get("D"))
         if guess is not None:
-            self.bind(guess)
+            try:
+                self.bind(guess)
+            except EpilogueError as exc:
+                raise _from_d_shape(exc, self.values["D"]) from None
+
 
     @classmethod
     def unbound(cls, epilogue: EpilogueSource, /, **operands_and_outputs: Any
@@ -109,6 +113,18 @@ class EpilogueArguments:
         return f"EpilogueArguments({self.parsed.name}, {', '.join(self.values)})"
 
 
+def _from_d_shape(exc: EpilogueError, D: torch.Tensor) -> EpilogueError:
+    """``exc``, raised binding the problem shape guessed from D's, with a note saying so when
+    it names another variable: a D of the wrong shape must not read as a fault of C."""
+    if exc.variable in (None, "D") or "(L, M, N)" not in str(exc):
+        return exc
+    head, sep, tail = str(exc).partition("\n")
+    note = (f" (the output's (L, M, N) is taken from D's shape {tuple(D.shape)} here, before "
+            "A and B are known: if D is what has the wrong shape, fix D)")
+    exc.args = (head + note + sep + tail,)
+    return exc
+
+
 def _is_reduction(parsed: ParsedEpilogue, name: str) -> bool:
     return any(a.target == name and a.expr.kind == "call"
                and OPS[a.expr.op].category is Category.REDUCE for a in parsed.assignments)
@@ -128,7 +144,7 @@ class GemmArguments:
     cost in time (docs/dtypes-and-layouts.md).
 
     ``offs``: a grouped GEMM (``evtfuse.grouped_gemm``, docs/grouped.md), ``offs`` (G,)
-    int32 cumulative group ends on A's device. Groups over M (``group_dim`` "M"): A is
+    int32 cumulative group ends on A's device, contiguous (the kernels read it packed). Groups over M (``group_dim`` "M"): A is
     (T, K), B (G, K, N); the problem is then (L, M, N) = (G, T, N) with each row in one
     group (``frontend.bind``'s ``grouped``). Groups over K ("K", a mixture of experts'
     weight gradient): A is (M, T), B (T, N), each group a range of T; the problem is then
@@ -232,6 +248,12 @@ def gated_width(B: torch.Tensor) -> int:
     return NB // 2
 
 
+# the dtypes A and B may have (the kernel families' ``_common`` says which target runs which:
+# fp8 needs a GPU of compute capability 8.9 or later)
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES, torch.int8,
+                torch.uint8)
+INPUT_DTYPES_TEXT = ("float16, bfloat16, float32, float8_e4m3fn and float8_e5m2 (on GPUs of "
+                     "compute capability 8.9 and later), int8 and uint8")
 OFFS_KEY = "<offs>"  # a grouped GEMM's offsets among a launch's values (not an identifier)
 MAX_GROUPS = 1024
 
@@ -266,6 +288,11 @@ def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> str:
         raise EpilogueError(f"offs is on {offs.device} but A is on {A.device}; keep the "
                             "offsets on A's device (they are never copied to the host)",
                             variable="offs")
+    if not offs.is_contiguous():
+        # the kernels read offs[g] at offs + g: another stride would read other groups' ends
+        raise EpilogueError(f"offs is not contiguous (stride {offs.stride(0)}); the kernels "
+                            "read it as a packed array of int32: pass offs.contiguous() "
+                            "(evtfuse.grouped_gemm makes that copy itself)", variable="offs")
     if dim == "M" and offs.shape[0] != B.shape[0]:
         raise EpilogueError(f"offs has {offs.shape[0]} groups but B {tuple(B.shape)} has "
                             f"{B.shape[0]}; give one end row per group of B", variable="offs")
@@ -298,6 +325,10 @@ def _problem_of(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor | None = No
     if A.dtype != B.dtype:
         raise EpilogueError(f"A is {A.dtype} and B is {B.dtype}; they must have one dtype",
                             variable="B")
+    if A.dtype not in INPUT_DTYPES:
+        raise EpilogueError(f"A and B are {A.dtype}; evtfuse multiplies {INPUT_DTYPES_TEXT} "
+                            f"inputs: convert A and B (A.float(), A.to(torch.bfloat16), ...)",
+                            variable="A")
     if A.device != B.device:
         raise EpilogueError(f"A is on {A.device} and B on {B.device}", variable="B")
     if offs is not None and A.dim() == 2 and B.dim() == 2:

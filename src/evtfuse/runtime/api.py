@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped
-from ..errors import EpilogueError, UnsupportedError, not_an_operand
+from ..errors import EpilogueError, UnsupportedError, not_an_operand, scalar_value
 from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
@@ -25,7 +25,8 @@ from .device import device_guard
 from .discovery import explain, get_kernels, kernels_for, order_by_fill  # noqa: F401 (re-exported)
 from .kernel import Kernel
 from . import autograd, grouped_autograd, torch_op
-from .torch_op import Layout, check_no_grad, constant_result, layout_text, parsed_cache, parsed_of
+from .torch_op import (Layout, check_no_grad, check_outputs_writable, constant_result,
+                       layout_text, parsed_cache, parsed_of)
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
@@ -182,6 +183,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
+    _check_tensors(A, B, "gemm")
     autograd.check_backward(backward)
     acc16 = _acc16(A, accumulator_type)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
@@ -189,8 +191,10 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
     _check_operands_given(A, B, epi, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
+    _check_devices(A, B, tensors, tnames, outs, onames, "gemm")
     grad = _requiring_grad(A, B, tensors, tnames)
     _check_acc16_grad(acc16, grad)
+    check_outputs_writable(outs, onames, "gemm", recorded=bool(grad))
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
@@ -211,7 +215,8 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  backward: str = "auto", **operands_and_outputs: Any):
     """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
     outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
-    group ends on A's device.
+    group ends on A's device (a strided or expanded one is copied first, on the device: the
+    kernels read it packed; the operator and ``GemmArguments`` refuse one).
 
     Groups over M (a mixture of experts' forward): A (T, K) rows sorted by group, B
     (G, K, N) (any strides: an expert weight (G, N, K) passed as ``W.mT``); group g has rows
@@ -234,16 +239,23 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     ``torch.ops.evtfuse.grouped_gemm``. Over M and over K it is differentiable with respect
     to A, B and every tensor operand (``runtime.grouped_autograd``; ``backward`` as
     ``gemm``'s, "auto" choosing over K by the mean group size T / G)."""
+    _check_tensors(A, B, "grouped_gemm")
     autograd.check_backward(backward)
     acc16 = _acc16(A, accumulator_type)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
     outputs = epi.outputs
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
+    if isinstance(offs, torch.Tensor) and offs.dim() == 1 and not offs.is_contiguous():
+        # the kernels read offs packed: a strided or expanded offs (at most 1024 int32) is
+        # copied, on the device (docs/grouped.md); the operator itself refuses one
+        offs = offs.contiguous()
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
     _check_operands_given(A, B, epi, named, "grouped_gemm")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
+    _check_devices(A, B, tensors, tnames, outs, onames, "grouped_gemm")
     grad = _requiring_grad(A, B, tensors, tnames)
     _check_acc16_grad(acc16, grad)
+    check_outputs_writable(outs, onames, "grouped_gemm", recorded=bool(grad))
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
@@ -261,14 +273,38 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
 
 def _split_dtypes(named: dict, outputs: tuple) -> tuple[dict, dict]:
     """(the operands and outputs, {output: dtype}): the ``<name>_dtype`` keywords, which
-    pick an allocated output's dtype, taken out of ``named`` (copied only when one is)."""
+    pick an allocated output's dtype, taken out of ``named`` (copied only when one is); a
+    dtype's name ("float16", "bf16", "torch.float32") is taken for the dtype."""
     dtypes = {}
     for name in outputs:
         if f"{name}_dtype" in named:
             if not dtypes:
                 named = dict(named)
-            dtypes[name] = named.pop(f"{name}_dtype")
+            dtypes[name] = dtype_argument(f"{name}_dtype", named.pop(f"{name}_dtype"))
     return named, dtypes
+
+
+# short names of dtypes (besides torch's own attribute names: "float16", "half", "bfloat16")
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32",
+                  "f32": "float32", "fp64": "float64", "f64": "float64",
+                  "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2",
+                  "i8": "int8", "u8": "uint8", "i32": "int32"}
+
+
+def dtype_argument(key: str, value: Any) -> torch.dtype:
+    """``value`` of the keyword ``key`` (``D_dtype``) as a ``torch.dtype``: a dtype, or its
+    name as torch spells it ("float16", "torch.bfloat16") or a short one ("bf16", "fp32");
+    otherwise an ``EpilogueError`` naming ``key``."""
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        name = value.strip().lower()
+        name = name[len("torch."):] if name.startswith("torch.") else name
+        got = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+        if isinstance(got, torch.dtype):
+            return got
+    raise EpilogueError(f"{key} must be a torch.dtype (torch.float16) or a dtype's name "
+                        f"(\"float16\", \"bf16\"), not {value!r}", variable=key)
 
 
 def _allocate_missing(A: torch.Tensor, outputs: tuple, named: dict, dtypes: dict,
@@ -382,6 +418,35 @@ def _gemm_with_grad(A, B, epi: _Epilogue, named, dtypes, options, grad, tensors,
     return tuple(got.get(n) for n in outputs)
 
 
+_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def _check_tensors(A, B, call: str) -> None:
+    """A and B are torch tensors (a numpy array is named, with the conversion)."""
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor):
+            hint = (f" (torch.from_numpy({name}) makes one of a numpy array)"
+                    if type(t).__module__.split(".")[0] == "numpy" else "")
+            raise EpilogueError(f"{call}: {name} must be a torch.Tensor, not "
+                                f"{type(t).__name__}{hint}", variable=name)
+
+
+def _check_devices(A, B, tensors: list, tnames: list, outs: list, onames: list,
+                   call: str) -> None:
+    """B, every tensor operand and every given output on A's device (a ``meta`` tensor
+    among real ones too: the dispatcher would send the call to the operator's fake
+    implementation, which computes nothing), before anything is allocated or written.
+    All on one device (``meta`` included, as torch.compile traces) passes."""
+    dev = A.device
+    for what, names, ts in (("", ("B",), (B,)), ("operand ", tnames, tensors),
+                            ("output ", onames, outs)):
+        for name, t in zip(names, ts):
+            if t.device != dev:
+                raise EpilogueError(f"{call}: {what}{name} is on {t.device} but A is on {dev}; "
+                                    "B, every tensor operand and output (and offs) must be "
+                                    "on A's device", variable=name)
+
+
 def _sort(named: dict, epi: _Epilogue) -> tuple:
     """A call's operands and outputs by kind, as the operator's lists take them: (tensors,
     their names, names passed None, scalars, their names, outputs given, their names)."""
@@ -398,6 +463,10 @@ def _sort(named: dict, epi: _Epilogue) -> tuple:
         elif v is None:
             nones.append(name)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX:
+                # the operator's Scalar holds int64: a larger int goes as the float the
+                # kernel takes anyway (10**400, which no float holds, is an error naming it)
+                v = scalar_value(name, v)
             scalars.append(v)
             snames.append(name)
         else:
@@ -424,7 +493,7 @@ def _run_named(A, B, parsed, lay: Layout, values: dict) -> None:
     """The operator's implementation for a call naming its kernel (``Kernel.run`` under
     torch.compile)."""
     args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay),
-                         EpilogueArguments(parsed, **values), allow_tf32=lay.allow_tf32,
+                         EpilogueArguments.unbound(parsed, **values), allow_tf32=lay.allow_tf32,
                          fp8_fast_accum=lay.fp8_fast_accum)
     for k in get_kernels(args, None if lay.cc < 0 else lay.cc):
         if k.name == lay.kernel:
@@ -481,8 +550,9 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=Non
         hit.plan(A, B, launch)
         return
     # first call of this structure, or tensors that now overlap: validate everything
-    epi = EpilogueArguments(parsed, **values) if offs is None else \
-        EpilogueArguments.unbound(parsed, **values)  # per-group operands: bound per group
+    # bound by GemmArguments, to the problem A and B make (not guessed from D's shape: a D
+    # of the wrong shape is named as such; per-group operands of a grouped GEMM bind too)
+    epi = EpilogueArguments.unbound(parsed, **values)
     args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi,
                          allow_tf32=lay.allow_tf32, fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
     kernel = choose_kernel(args, tune=lay.tune, cc=cc)

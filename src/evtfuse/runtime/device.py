@@ -3,6 +3,15 @@
 Layer: runtime. ``use_interpreter()`` turns the interpreter on for this process (it must
 be on before any kernel module is generated); with it, CPU tensors run through Triton's
 interpreter, which is how CI tests kernels.
+
+Why not per call: ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates a function
+(``knobs.runtime.interpret``, Triton 3.6 to 3.9 alike), so the setting counts for the kernel
+modules evtfuse generates (and loads) after it changes, and for every other Triton function
+decorated afterwards, torch.compile's included. evtfuse therefore never switches it itself
+(turning it on in a process with a GPU would interpret later GPU kernels): CPU tensors with
+the interpreter off get an error saying to call ``use_interpreter()`` first
+(``discovery.NO_INTERPRETER``). No evtfuse kernel module is generated while it is off for
+CPU tensors, so turning it on after that error works.
 """
 
 from __future__ import annotations

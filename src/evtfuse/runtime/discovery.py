@@ -10,7 +10,10 @@ names (``evtfuse.get_kernels``, ``evtfuse.explain``).
 
 from __future__ import annotations
 
+import warnings
+
 from ..arguments import GemmArguments
+from ..errors import UnsupportedError
 from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
 from .device import interpreter_enabled, sm_count, target_of
 from .kernel import Kernel
@@ -26,17 +29,38 @@ def _target(args: GemmArguments, cc: int | None) -> Target:
     return Target(kind, cc_value, args.A.device, sm_count(args.A.device))
 
 
+NO_INTERPRETER = ("A is on the CPU and Triton's CPU interpreter is off, so no kernel can run "
+                  "it: call evtfuse.runtime.device.use_interpreter() (or set "
+                  "TRITON_INTERPRET=1 in the environment) before evtfuse compiles its first "
+                  "kernel in the process, or use CUDA tensors")
+
+
 def _no_target_reason(target: Target) -> str | None:
     if target.kind == "none":
-        return ("tensors are on the CPU and Triton's interpreter is off: use CUDA tensors, or "
-                "set TRITON_INTERPRET=1 (evtfuse.runtime.device.use_interpreter()) for CPU runs")
+        return NO_INTERPRETER
     return None
 
 
+def no_device_error(args: GemmArguments, cc: int | None = None) -> UnsupportedError | None:
+    """The error for arguments no kernel can run wherever they are (CPU tensors with Triton's
+    interpreter off), saying what to do in its first line; None otherwise."""
+    why = _no_target_reason(_target(args, cc))
+    return None if why is None else UnsupportedError(why)
+
+
+_warned_no_interpreter = False
+
+
 def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
-    """Kernels that support ``args``, best first; ``[]`` when none does (see ``explain``)."""
+    """Kernels that support ``args``, best first; ``[]`` when none does (see ``explain``).
+    CPU tensors with Triton's interpreter off get ``[]`` and, once per process, a warning
+    saying how to turn the interpreter on (``get_kernels(args)[0]`` fails next)."""
+    global _warned_no_interpreter
     target = _target(args, cc)
     if _no_target_reason(target):
+        if not _warned_no_interpreter:
+            _warned_no_interpreter = True
+            warnings.warn(f"evtfuse.get_kernels: {NO_INTERPRETER}", stacklevel=2)
         return []
     return kernels_for(args, target)
 
@@ -107,4 +131,4 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["get_kernels", "explain", "kernels_for", "order_by_fill", "alternate_families"]
+__all__ = ["get_kernels", "explain", "no_device_error", "NO_INTERPRETER", "kernels_for", "order_by_fill", "alternate_families"]

@@ -25,7 +25,7 @@ from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import background, cache
 from .device import device_guard
-from .torch_op import check_no_grad
+from .torch_op import check_no_grad, check_outputs_writable
 from .two_pass import TwoPassPlan, judged, staged
 from .verify import FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
 
@@ -147,6 +147,8 @@ class Kernel:
             run_kernel_through_op(self, args)
             return
         if torch.is_grad_enabled():  # no silent detach: evtfuse.gemm is the differentiable call
+            outs = args.epilogue.outputs()
+            check_outputs_writable(list(outs.values()), list(outs), "Kernel.run")
             check_no_grad(args.A, args.B, args.epilogue.values)
         guard = device_guard(args.A)
         if guard is None:

@@ -186,6 +186,37 @@ def check_no_grad(A: torch.Tensor, B: torch.Tensor, named: dict[str, Any]) -> No
             "instead, or run it under torch.no_grad() (inference), or detach the inputs.")
 
 
+def check_outputs_writable(outs: list, onames: list, call: str, recorded: bool = False) -> None:
+    """Under grad mode, every output evtfuse writes in place may be: not a leaf tensor that
+    requires grad, nor a view of one (torch refuses in-place writes to those too: "a leaf
+    Variable that requires grad is being used in an in-place operation"); and, unless the
+    write is ``recorded`` by autograd (``gemm`` with an input that requires grad copies its
+    results in with ``copy_``), not a tensor that requires grad at all (its gradient would
+    flow to what it held before). An ``EpilogueError`` naming the output, before anything
+    is written. Eager only: under torch.compile, AOTAutograd checks such writes itself."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return
+    for name, o in zip(onames, outs):
+        if not isinstance(o, torch.Tensor) or not o.requires_grad:
+            continue
+        base = o._base
+        if o.is_leaf or (base is not None and base.is_leaf):
+            what = "a leaf tensor" if o.is_leaf else "a view of a leaf tensor"
+            raise EpilogueError(
+                f"{call}: output {name} is {what} that requires grad, and evtfuse writes its "
+                f"outputs in place, which torch refuses for such a tensor (\"a leaf Variable "
+                f"that requires grad is being used in an in-place operation\"): pass a buffer "
+                f"that does not require grad ({name}.detach(), or one made under "
+                f"torch.no_grad()), or call under torch.no_grad()", variable=name)
+        if not recorded:
+            raise EpilogueError(
+                f"{call}: output {name} requires grad (it is the result of a computation "
+                f"autograd recorded) but this call writes it in place without recording "
+                f"anything for autograd: its gradient would flow to what it held before. "
+                f"Pass {name}.detach() or a fresh buffer, or call under torch.no_grad()",
+                variable=name)
+
+
 @constant_result  # a constant under torch.compile: not traced
 def wire(source: str) -> str:
     """An epilogue's source as the operators carry it: one line, exactly reversible
@@ -217,9 +248,26 @@ def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> None:
     run_values(A, B, unwire(epilogue), lay, values_of(lay, tensors, scalars, outs))
 
 
+def _check_one_device(A, B, layout, tensors, outs, offs=None) -> None:
+    """Every tensor of an operator call on A's device, else an ``EpilogueError`` naming it.
+    In the fake implementations too: a real call with one ``meta`` tensor among CPU or CUDA
+    ones is dispatched to them (the Meta key wins), which compute nothing. A call whose
+    tensors are all on one device (all ``meta`` included) passes."""
+    lay = parse_layout(layout)
+    named = [("B", B), *zip(lay.tensors, tensors), *zip(lay.outs, outs)]
+    if offs is not None:
+        named.append(("offs", offs))
+    for name, t in named:
+        if t is not None and t.device != A.device:
+            raise EpilogueError(f"{name} is on {t.device} but A is on {A.device}; B, every "
+                                "tensor operand and output (and offs) must be on A's device",
+                                variable=name)
+
+
 def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> None:
     """Runs nothing: checks what can be checked of the call's shapes (fake and meta
     tensors have no memory, so no overlap check), as the real call would refuse it."""
+    _check_one_device(A, B, layout, tensors, outs)
     if A.dim() not in (2, 3) or B.dim() not in (2, 3):
         raise EpilogueError(f"A and B must be 2-D or 3-D (batched); got A {tuple(A.shape)}, "
                             f"B {tuple(B.shape)}")
@@ -247,6 +295,7 @@ def _grouped_impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
 def _grouped_fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
     """``_fake`` for ``evtfuse::grouped_gemm``: groups over M, A (T, K), B (G, K, N); or
     over K, A (M, T), B (T, N); offs (G,)."""
+    _check_one_device(A, B, layout, tensors, outs, offs)
     if A.dim() != 2 or B.dim() not in (2, 3) or offs.dim() != 1:
         raise EpilogueError(f"grouped_gemm: A must be (T, K) and B (G, K, N), or A (M, T) and "
                             f"B (T, N), and offs (G,); got A {tuple(A.shape)}, B "

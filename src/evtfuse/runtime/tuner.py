@@ -36,7 +36,7 @@ from ..sizes import size_class
 from . import cache
 from .device import device_name
 from .defaults import suggestions
-from .discovery import explain, get_kernels
+from .discovery import explain, get_kernels, no_device_error
 
 log = logging.getLogger("evtfuse")
 
@@ -124,6 +124,9 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
     hit = _chosen.get((key, args.M))
     if hit is not None:
         return hit
+    nowhere = no_device_error(args, cc)
+    if nowhere is not None:  # CPU tensors, interpreter off: what to do, in the first line
+        raise nowhere
     kernels = get_kernels(args, cc=cc)
     if not kernels:
         raise UnsupportedError("no evtfuse kernel supports these arguments:\n" + explain(args, cc))
