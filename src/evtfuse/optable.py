@@ -222,8 +222,42 @@ def _t_gelu_tanh(x):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-def _t_hardswish(x):
+class _TorchsGradient(torch.autograd.Function):
+    """A row's values as evtfuse computes them (bit for bit, where torch's own op differs in
+    the sign of a zero), with the gradient of torch's own op (``torch.maximum``'s half to
+    each side of a tie, ``torch.clamp``'s gradient at its bounds): autograd of a where-based
+    formula would give a tie's whole gradient to one side, which is not torch's."""
+
+    @staticmethod
+    def forward(ctx, values, torchs, *args):
+        ctx.torchs = torchs
+        ctx.save_for_backward(*args)
+        return values(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        args = [a.detach().requires_grad_(need) for a, need in
+                zip(ctx.saved_tensors, ctx.needs_input_grad[2:])]
+        wanted = [a for a in args if a.requires_grad]
+        with torch.enable_grad():
+            out = ctx.torchs(*args)
+        got = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        return (None, None, *(next(got) if a.requires_grad else None for a in args))
+
+
+def _with_torchs_gradient(values, torchs, *args):
+    """``values(*args)``, differentiated (where autograd records it) as ``torchs``."""
+    if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        return _TorchsGradient.apply(values, torchs, *args)
+    return values(*args)
+
+
+def _hardswish_values(x):
     return x * torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
+
+
+def _t_hardswish(x):  # torch's gradient: 0 at -3 and g at 3 (the formula's autograd: -g/2, 3g/2)
+    return _with_torchs_gradient(_hardswish_values, torch.nn.functional.hardswish, x)
 
 
 def _t_rsqrt(x):
@@ -255,36 +289,6 @@ def _t_shifted_sumexp(x: torch.Tensor, dims) -> torch.Tensor:
     """sum(exp(x - max(x))) over ``dims`` (keepdim), as torch's softmax forms it."""
     return torch.exp(x - x.amax(dim=tuple(dims), keepdim=True)).sum(dim=tuple(dims),
                                                                     keepdim=True)
-
-
-class _TorchsGradient(torch.autograd.Function):
-    """A row's values as evtfuse computes them (bit for bit, where torch's own op differs in
-    the sign of a zero), with the gradient of torch's own op (``torch.maximum``'s half to
-    each side of a tie, ``torch.clamp``'s gradient at its bounds): autograd of a where-based
-    formula would give a tie's whole gradient to one side, which is not torch's."""
-
-    @staticmethod
-    def forward(ctx, values, torchs, *args):
-        ctx.torchs = torchs
-        ctx.save_for_backward(*args)
-        return values(*args)
-
-    @staticmethod
-    def backward(ctx, grad):
-        args = [a.detach().requires_grad_(need) for a, need in
-                zip(ctx.saved_tensors, ctx.needs_input_grad[2:])]
-        wanted = [a for a in args if a.requires_grad]
-        with torch.enable_grad():
-            out = ctx.torchs(*args)
-        got = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
-        return (None, None, *(next(got) if a.requires_grad else None for a in args))
-
-
-def _with_torchs_gradient(values, torchs, *args):
-    """``values(*args)``, differentiated (where autograd records it) as ``torchs``."""
-    if torch.is_grad_enabled() and any(a.requires_grad for a in args):
-        return _TorchsGradient.apply(values, torchs, *args)
-    return values(*args)
 
 
 def _maximum_values(a, b):
