@@ -373,7 +373,7 @@ class _Parser:
             spelled = spellings.rewrite(node, lambda name: name in self.defined)
         except spellings.SpellingError as exc:
             raise self.error(f"{exc} (in the value of '{target}')", node, target) from None
-        if not isinstance(spelled, ast.Call):  # softplus(x, beta) is softplus(beta * x) / beta
+        if not isinstance(spelled, ast.Call):  # torch.mul(a, b) is a * b
             return self.parse_expr(spelled, target)
         node = spelled
         line = self.line(node)

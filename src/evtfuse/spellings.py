@@ -21,14 +21,15 @@ FORMS = (
     "`torch.clamp(x, min=a, max=b)` (also `clip`, `clamp_min`, `clamp_max`, and one bound "
     "given): `clamp`, `maximum` or `minimum`",
     "`F.leaky_relu(x, negative_slope=s)`: `leaky_relu`'s `slope`",
-    "`F.softplus(x, beta=b, threshold=20)`: `softplus(b * x) / b` (torch's threshold applies "
-    "to `b * x`, as evtfuse's own does; another threshold is refused)",
+    "`F.softplus(x, beta=b, threshold=t)` (positional or keywords): `softplus(x, beta=b, "
+    "threshold=t)`, numeric literals; a beta that is an operand: `where(b * x > t, x, "
+    "softplus(b * x, threshold=t) / b)`, torch's formula",
     "`inplace=False` (`F.relu(x, inplace=False)`) is dropped; `inplace=True` is refused",
     "`torch.add / sub / mul / div / pow / neg` and their methods (`x.pow(2)`, `x.mul(y)`): "
     "the Python operators (a `pow` exponent a numeric literal, as `**`)",
 )
 _GELU_APPROXIMATE = {"tanh": "gelu_tanh", "none": "gelu"}
-SOFTPLUS_THRESHOLD = 20.0  # torch's default, the one evtfuse's softplus applies
+SOFTPLUS_THRESHOLD = 20.0  # torch's default threshold
 
 
 class SpellingError(ValueError):
@@ -150,29 +151,54 @@ def _renamed(k: ast.keyword, old: str, new: str) -> ast.keyword:
     return ast.copy_location(ast.keyword(arg=new, value=k.value), k)
 
 
+def _is_number(node) -> bool:
+    """A numeric literal as written: ``2.0``, ``3``, ``-1.5`` (what a row's parameter takes)."""
+    while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+        and not isinstance(node.value, bool)
+
+
 def _softplus(args: list, keywords: list, node: ast.Call) -> ast.AST:
-    """softplus(x, beta, threshold) as ``softplus(beta * x) / beta``."""
+    """torch's ``softplus(x, beta=1, threshold=20)``: with numeric literals, the row's own
+    parameters (``softplus(x, beta=b, threshold=t)``); a beta that is not a literal (an
+    operand) as ``where(beta * x > t, x, softplus(beta * x, threshold=t) / beta)``, torch's
+    formula in the same order of operations (t must then be a literal)."""
+    if len(args) > 3:
+        raise SpellingError(f"softplus() takes 3 positional arguments (x, beta, threshold), "
+                            f"got {len(args)}")
     given = dict(zip(("beta", "threshold"), args[1:]))
     for k in keywords:
         if k.arg not in ("beta", "threshold"):
             raise SpellingError(f"softplus() got an unexpected keyword argument '{k.arg}' "
                                 f"(it takes beta and threshold)")
+        if k.arg in given:
+            raise SpellingError(f"softplus() got multiple values for argument '{k.arg}'")
         given[k.arg] = k.value
-    threshold = given.get("threshold")
-    if threshold is not None and not (isinstance(threshold, ast.Constant)
-                                      and threshold.value == SOFTPLUS_THRESHOLD):
-        raise SpellingError(f"softplus(threshold={ast.unparse(threshold)}): evtfuse's softplus "
-                            f"applies torch's default threshold, {SOFTPLUS_THRESHOLD:g}; "
-                            f"drop threshold")
-    x, beta = args[0] if args else None, given.get("beta")
-    if x is None:
+    if not args:
         raise SpellingError("softplus() needs the value")
-    if beta is None:
-        return _call(node, "softplus", [x], [])
-    scaled = ast.BinOp(left=copy.deepcopy(beta), op=ast.Mult(), right=x)
-    inner = _call(node, "softplus", [ast.copy_location(scaled, node)], [])
-    return ast.copy_location(ast.BinOp(left=inner, op=ast.Div(), right=copy.deepcopy(beta)),
-                             node)
+    x, beta = args[0], given.get("beta")
+    if beta is None or _is_number(beta):
+        kept = [ast.copy_location(ast.keyword(arg=k, value=v), node) for k, v in given.items()]
+        return _call(node, "softplus", [x], kept)
+    threshold = given.get("threshold",
+                          ast.copy_location(ast.Constant(SOFTPLUS_THRESHOLD), node))
+    if not _is_number(threshold):
+        raise SpellingError(f"softplus() parameter 'threshold' must be a numeric literal "
+                            f"(got {ast.unparse(threshold)})")
+
+    def scaled():
+        return ast.copy_location(ast.BinOp(left=copy.deepcopy(beta), op=ast.Mult(),
+                                           right=copy.deepcopy(x)), node)
+
+    linear = ast.copy_location(ast.Compare(left=scaled(), ops=[ast.Gt()],
+                                           comparators=[copy.deepcopy(threshold)]), node)
+    curve = _call(node, "softplus", [scaled()],
+                  [ast.copy_location(ast.keyword(arg="threshold",
+                                                 value=copy.deepcopy(threshold)), node)])
+    curve = ast.copy_location(ast.BinOp(left=curve, op=ast.Div(), right=copy.deepcopy(beta)),
+                              node)
+    return _call(node, "where", [linear, copy.deepcopy(x), curve], [])
 
 
 def _call(node: ast.Call, name: str, args: list, keywords: list) -> ast.Call:
