@@ -163,6 +163,17 @@ TRIGGERS = [
      "Argument D is not provided in the kwargs of the EpilogueArguments constructor"),
     (lambda: epi("def e(accum): D = softmin(accum); return D"), "unknown function 'softmin'"),
     (lambda: epi("def e(accum): D = accum + x; return D"), "undefined name 'x'"),
+    (lambda: epi("def e(accum): D = rellu(accum); return D"),
+     "unknown function 'rellu' in the value of 'D'; did you mean relu?"),
+    (lambda: epi(_uses_a_global),
+     "evtfuse reads only the epilogue function's own source, not the names of its module or "
+     "of an enclosing function"),
+    (lambda: epi(lambda accum: accum * 2.0),
+     "the epilogue is a lambda: evtfuse reads an epilogue's source (it never calls it) and "
+     "does not read lambdas"),
+    (lambda: evtfuse.gemm(A, B, epilog="def e(accum): D = accum; return D"),
+     "gemm got epilog=, which is neither one of its keywords nor an operand or output of the "
+     "epilogue identity(accum) -> D: did you mean epilogue=?"),
     (lambda: epi("def e(accum): D = accum[0]; return D"), "unsupported syntax (Subscript)"),
     (lambda: epi("def e(accum):\n    if accum:\n        D = accum\n    return D"),
      "unsupported statement (If)"),
@@ -297,6 +308,14 @@ TRIGGERS = [
         (dict(target=torch.full((5,), 7)), "is out of bounds: a target is a class index in"),
     ]],
 ]
+
+
+SCALE = 2.0
+
+
+def _uses_a_global(accum):
+    D = accum * SCALE
+    return D
 
 
 def _lce(hidden=None, weight=None, target=None, **kw):

@@ -441,3 +441,69 @@ def test_a_per_row_value_computed_from_a_reduction_is_stored_per_row():
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(EpilogueError, match="is not computed by sum/max/min"):
         evtfuse.gemm(A3, B2, src, m=torch.empty(M, 1))
+
+
+# ------------------------------------------------------------------ 15: messages that point at the fix
+
+SCALE = 2.0  # a module-level constant an epilogue cannot see
+
+
+def _epi_times_two(accum):
+    D = accum * 2.0
+    return D
+
+
+def _epi_with_a_global(accum):
+    D = accum * SCALE
+    return D
+
+
+def test_gemm_says_epilogue_for_epilog():
+    with pytest.raises(EpilogueError) as e:
+        evtfuse.gemm(A2, B2, epilog=_epi_times_two)
+    assert "gemm got epilog=, which is neither one of its keywords nor an operand or output " \
+           "of the epilogue identity(accum) -> D: did you mean epilogue=?" in str(e.value)
+    assert e.value.variable == "epilog"
+    with pytest.raises(EpilogueError, match="did you mean tune="):
+        evtfuse.gemm(A2, B2, _epi_times_two, tunes="none")
+    # an operand named like a keyword of gemm is still an operand
+    got = evtfuse.gemm(A2, B2, "def e(accum, tuned): D = accum * tuned; return D", tuned=2.0)
+    torch.testing.assert_close(got, 2.0 * (A2 @ B2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("expr, name, close", [
+    ("rellu(accum)", "rellu", "relu"), ("accum.sofmax(-1)", "sofmax", "softmax"),
+    ("torch.clmap(accum, min=0.0)", "clmap", "clamp"), ("gleu(accum)", "gleu", "gelu")])
+def test_a_misspelt_function_gets_the_closest_name(expr, name, close):
+    with pytest.raises(EpilogueError) as e:
+        parse_epilogue(f"def e(accum):\n    D = {expr}\n    return D")
+    assert f"unknown function '{name}' in the value of 'D'; did you mean {close}? recognised " \
+           f"functions:" in str(e.value)
+    assert e.value.line == 2 and e.value.variable == name
+
+
+def test_a_lambda_is_said_to_be_one():
+    for epilogue in (lambda accum: accum * 2.0, "lambda accum: accum * 2.0",
+                     "epi = lambda accum: accum * 2.0"):
+        with pytest.raises(EpilogueError) as e:
+            evtfuse.gemm(A2, B2, epilogue)
+        assert "the epilogue is a lambda: evtfuse reads an epilogue's source (it never calls " \
+               "it) and does not read lambdas" in str(e.value)
+        assert "write a function, def epi(accum, C): D = accum + C; return D" in str(e.value)
+
+
+def test_a_global_name_is_said_to_be_unseen():
+    with pytest.raises(EpilogueError) as e:
+        evtfuse.gemm(A2, B2, _epi_with_a_global)
+    text = str(e.value)
+    assert "undefined name 'SCALE' (in the value of 'D'); evtfuse reads only the epilogue " \
+           "function's own source, not the names of its module" in text
+    assert "make SCALE a parameter and pass its value to gemm or EpilogueArguments" in text
+    assert "or write the literal" in text
+    assert e.value.variable == "SCALE"
+    assert e.value.line == _epi_with_a_global.__code__.co_firstlineno + 1
+    with pytest.raises(EpilogueError, match="evtfuse reads only the epilogue's own text: make "
+                                            "SCALE a parameter"):
+        parse_epilogue("def e(accum):\n    D = accum * SCALE\n    return D")
+    with pytest.raises(EpilogueError, match="undefined name 'scael' .*; did you mean scale\\?"):
+        parse_epilogue("def e(accum, scale):\n    D = accum * scael\n    return D")

@@ -16,6 +16,7 @@ Every error is an ``EpilogueError`` naming the variable and, for source errors, 
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import inspect
 import io
@@ -120,10 +121,11 @@ _PY_MINMAX = {"max": "maximum", "min": "minimum"}  # max(a, b) is elementwise
 
 
 class _Parser:
-    def __init__(self, source: str, line_offset: int, where: str):
+    def __init__(self, source: str, line_offset: int, where: str, from_function: bool = False):
         self.source_lines = tuple(source.splitlines())
         self.line_offset = line_offset
         self.where = where
+        self.from_function = from_function  # given as a function (not as source text)
         self.defined: dict[str, int] = {}
         self.paired = False  # a 'gate, up = pairs(accum)' was read
 
@@ -295,10 +297,8 @@ class _Parser:
         line = self.line(node)
         if isinstance(node, ast.Name):
             if node.id not in self.defined:
-                hint = (f"; {node.id} is a function: call it ({node.id}(x))"
-                        if node.id in CALLABLE or node.id in _INDEX_FUNCTIONS else "")
-                raise self.error(f"undefined name '{node.id}' (in the value of '{target}'){hint}",
-                                 node, node.id)
+                raise self.error(f"undefined name '{node.id}' (in the value of '{target}')"
+                                 f"{self.undefined_hint(node.id)}", node, node.id)
             return Expr("name", line, name=node.id)
         if isinstance(node, ast.Constant):
             v = node.value
@@ -378,6 +378,23 @@ class _Parser:
         raise self.error(f"unsupported syntax ({type(node).__name__}) in the value of "
                          f"'{target}'", node, target)
 
+    def undefined_hint(self, name: str) -> str:
+        """What to do about an undefined name: call a function, fix a misspelt variable, or
+        pass what the epilogue cannot see (evtfuse reads its source only: no globals)."""
+        if name in CALLABLE or name in _INDEX_FUNCTIONS:
+            return f"; {name} is a function: call it ({name}(x))"
+        close = difflib.get_close_matches(name, list(self.defined), n=1)
+        if close:
+            return f"; did you mean {close[0]}?"
+        if self.from_function:
+            return (f"; evtfuse reads only the epilogue function's own source, not the "
+                    f"names of its module or of an enclosing function (a global constant is "
+                    f"not seen): make {name} a parameter and pass its value to gemm or "
+                    f"EpilogueArguments (a Python number is a runtime scalar), or write the "
+                    f"literal")
+        return (f"; evtfuse reads only the epilogue's own text: make {name} a parameter "
+                f"and pass its value, or write the literal")
+
     def parse_call(self, node: ast.Call, target: str) -> Expr:
         written = ast.unparse(node)  # the call as written, for messages about its dims
         try:  # torch's spellings (methods, keywords) as evtfuse's
@@ -404,9 +421,12 @@ class _Parser:
             fname = _PY_MINMAX[fname]
         row = CALLABLE.get(fname)
         if row is None:
-            known = ", ".join(sorted(list(CALLABLE) + list(_INDEX_FUNCTIONS)))
-            raise self.error(f"unknown function '{fname}' in the value of '{target}'; "
-                             f"recognised functions: {known}", node, fname)
+            known = sorted(list(CALLABLE) + list(_INDEX_FUNCTIONS))
+            close = difflib.get_close_matches(fname, sorted(set(known) | spellings.NAMES), n=1)
+            mean = f"did you mean {close[0]}? " if close else ""
+            raise self.error(f"unknown function '{fname}' in the value of '{target}'; {mean}"
+                             f"recognised functions: {', '.join(known)} (and torch's "
+                             f"spellings of docs/ops.md)", node, fname)
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(f"*args is not supported in a call of {fname}", node, target)
         axes = None
@@ -539,6 +559,12 @@ class EpilogueText:
     from_function: bool
 
 
+_LAMBDA = ("the epilogue is a lambda: evtfuse reads an epilogue's source (it never calls it) "
+           "and does not read lambdas, whose source is the whole line around them and which "
+           "cannot name their outputs; write a function, def epi(accum, C): D = accum + C; "
+           "return D, and pass it (or its text)")
+
+
 def epilogue_text(epilogue: EpilogueSource) -> EpilogueText:
     """The source of an epilogue given as a function or as source text (read, never run)."""
     if isinstance(epilogue, EpilogueText):
@@ -546,6 +572,8 @@ def epilogue_text(epilogue: EpilogueSource) -> EpilogueText:
     if isinstance(epilogue, str):
         return EpilogueText(epilogue, 0, "the epilogue string", False)
     if callable(epilogue):
+        if getattr(epilogue, "__name__", None) == "<lambda>":
+            raise EpilogueError(_LAMBDA)
         try:
             # the source and its first line come together: for a decorated function
             # (functools.wraps) __code__ is the wrapper's, while the source is the original's
@@ -575,6 +603,8 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
     except RecursionError:  # Python's own parser: a sum of ~5,000 terms
         raise _too_deep_for_python(source, offset, where) from None
     fns = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not fns and any(isinstance(n, ast.Lambda) for n in ast.walk(module)):
+        raise EpilogueError(_LAMBDA)
     if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
         raise EpilogueError("the epilogue must be exactly one function definition "
                             "(def epi(accum, ...): ...; return D)")
@@ -588,7 +618,8 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
     if fn.decorator_list:
         fn = ast.FunctionDef(fn.name, fn.args, fn.body, [], fn.returns, fn.type_comment,
                              lineno=fn.lineno, col_offset=fn.col_offset)
-    parser = _Parser(source, offset, fn.name if text.from_function else where)
+    parser = _Parser(source, offset, fn.name if text.from_function else where,
+                     text.from_function)
     return parser.parse_function(fn)
 
 

@@ -71,7 +71,7 @@ def rewrite(node: ast.Call, is_variable: Callable[[str], bool]) -> ast.AST:
     return _call(node, name, args, keywords)
 
 
-# torch functions and methods that are Python operators in an epilogue
+# torch functions and methods that are Python operators in an epilogue (NAMES: below)
 _OPERATORS = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "div": ast.Div,
               "pow": ast.Pow, "neg": ast.USub}
 
@@ -335,4 +335,8 @@ def _call(node: ast.Call, name: str, args: list, keywords: list) -> ast.Call:
     return ast.copy_location(ast.Call(func=func, args=args, keywords=keywords), node)
 
 
-__all__ = ["FORMS", "rewrite", "SpellingError", "SOFTPLUS_THRESHOLD"]
+# every name a call may have here that is not an op-table row's (for "did you mean")
+NAMES = frozenset(["clip", "clamp_min", "clamp_max", *_OPERATORS, *REDUCTIONS, *ROW_FUNCTIONS])
+
+__all__ = ["FORMS", "rewrite", "values_of", "SpellingError", "SOFTPLUS_THRESHOLD", "NAMES",
+           "REDUCTIONS", "ROW_FUNCTIONS", "TORCH_MODULES"]

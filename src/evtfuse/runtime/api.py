@@ -128,11 +128,19 @@ def _check_operands_given(A, B, epi: _Epilogue, named: dict, call: str = "gemm")
                 f"fails it keeps what its buffer holds, so {call} allocates no such output; "
                 f"pass {name}= a full output tensor", variable=name)
     params = epi.params
+    import difflib
+
+    for k in named:  # a misspelt keyword of the call itself (epilog= for epilogue=)
+        keyword = difflib.get_close_matches(k, sorted(_CALL_KEYWORDS), n=1, cutoff=0.75)
+        if keyword and k not in params and k not in epi.outputs:
+            raise EpilogueError(f"{call} got {k}=, which is neither one of its keywords nor "
+                                f"an operand or output of the epilogue {epi.name}("
+                                f"{', '.join(['accum', *params])}) -> "
+                                f"{', '.join(epi.outputs)}: did you mean {keyword[0]}=?",
+                                variable=k)
     missing = [p for p in params if p not in named]
     if not missing:
         return
-    import difflib
-
     unknown = [k for k in named if k not in params]
     close = {m: difflib.get_close_matches(m, unknown, n=1) for m in missing}
     p = missing[0]
