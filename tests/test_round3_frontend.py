@@ -274,6 +274,8 @@ SPELLED_2D = {  # the value of D for an (M, N) output -> torch's, from the accum
     "accum * torch.mean(accum * accum, dim=1, keepdim=True)":
         lambda x: x * torch.mean(x * x, dim=1, keepdim=True),
     "accum - ops.sum(accum, dim=0)": lambda x: x - x.sum(0),  # evtfuse's own, with a dim
+    "F.softmax(accum, dim=-1, dtype=torch.float32)": lambda x: F.softmax(x, -1, dtype=torch.float32),
+    "accum - accum.sum(-1, keepdim=True, dtype=None)": lambda x: x - x.sum(-1, keepdim=True),
     "accum - mean(accum, -1, keepdim=True)": lambda x: x - x.mean(-1, keepdim=True),
     "torch.max(accum, C)": lambda x: torch.max(x, C2),  # two tensors: elementwise
     "accum.min(C)": lambda x: x.min(C2),

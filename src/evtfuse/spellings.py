@@ -129,14 +129,15 @@ def _kw(node: ast.AST, name: str, value: ast.expr) -> ast.keyword:
 def _slots(name: str, args: list, keywords: list, slots: tuple[str, ...],
            allowed: tuple[str, ...] = ()) -> dict:
     """torch's arguments after x by name: positional ones in ``slots``' order, then the
-    keywords (``allowed``: others taken, and dropped where None, as ``dtype=None``)."""
+    keywords (``allowed``: others taken, and dropped where None or fp32, as ``dtype=None``;
+    refused otherwise)."""
     if len(args) - 1 > len(slots):
         raise SpellingError(f"{name}() takes {len(slots) + 1} positional arguments "
                             f"(x, {', '.join(slots)}), got {len(args)}")
     given = dict(zip(slots, args[1:]))
     for k in keywords:
-        if k.arg in allowed and isinstance(k.value, ast.Constant) and k.value.value is None:
-            continue
+        if k.arg in allowed and _is_none_or_fp32(k.value):
+            continue  # what the epilogue computes in anyway
         if k.arg in allowed:
             raise SpellingError(f"{name}({k.arg}={ast.unparse(k.value)}): an epilogue computes "
                                 f"in fp32; drop {k.arg} (cast(x, \"bf16\") rounds a value)")
@@ -147,6 +148,14 @@ def _slots(name: str, args: list, keywords: list, slots: tuple[str, ...],
             raise SpellingError(f"{name}() got multiple values for argument '{k.arg}'")
         given[k.arg] = k.value
     return given
+
+
+def _is_none_or_fp32(node) -> bool:
+    """``None``, ``torch.float32`` or ``torch.float`` as written."""
+    if isinstance(node, ast.Constant):
+        return node.value is None
+    return isinstance(node, ast.Attribute) and node.attr in ("float32", "float") \
+        and isinstance(node.value, ast.Name) and node.value.id == "torch"
 
 
 def _is_dim(node) -> bool:
