@@ -43,7 +43,7 @@ def _above(v: float) -> float:
     return torch.nextafter(torch.tensor(v), torch.tensor(math.inf)).item()
 
 
-# ------------------------------------------------------------------ 8: softplus
+# ------------------------------------------------ 8: softplus
 
 # (beta, threshold, x with x * beta == threshold exactly in fp32)
 SOFTPLUS_CASES = [(1.0, 20.0, 20.0), (2.0, 10.0, 5.0), (0.5, 3.0, 6.0), (4.0, 1.0, 0.25),
@@ -143,7 +143,7 @@ def test_softplus_refusals_name_the_call_and_line(expr, phrase):
     assert phrase in str(e.value) and e.value.line == 2 and e.value.variable == "D"
 
 
-# ------------------------------------------------------------------ 10: a reduction inside an expression
+# ------------------------------------------------ 10: a reduction inside an expression
 
 GEN = torch.Generator().manual_seed(46)
 M, K, N, L = 6, 8, 10, 2  # M != N: a wrong axis cannot hide
@@ -237,7 +237,7 @@ def test_a_reduction_of_a_value_computed_from_one_inside_an_expression_is_refuse
     assert e.value.line == 2 and e.value.variable == "D"
 
 
-# ------------------------------------------------------------------ 13: torch's spellings of reductions
+# ------------------------------------------------ 13: torch's spellings of reductions
 
 SPELLED_2D = {  # the value of D for an (M, N) output -> torch's, from the accumulator x
     "torch.softmax(accum, dim=-1)": lambda x: torch.softmax(x, dim=-1),
@@ -274,7 +274,8 @@ SPELLED_2D = {  # the value of D for an (M, N) output -> torch's, from the accum
     "accum * torch.mean(accum * accum, dim=1, keepdim=True)":
         lambda x: x * torch.mean(x * x, dim=1, keepdim=True),
     "accum - ops.sum(accum, dim=0)": lambda x: x - x.sum(0),  # evtfuse's own, with a dim
-    "F.softmax(accum, dim=-1, dtype=torch.float32)": lambda x: F.softmax(x, -1, dtype=torch.float32),
+    "F.softmax(accum, dim=-1, dtype=torch.float32)":
+        lambda x: F.softmax(x, -1, dtype=torch.float32),
     "accum - accum.sum(-1, keepdim=True, dtype=None)": lambda x: x - x.sum(-1, keepdim=True),
     "accum - mean(accum, -1, keepdim=True)": lambda x: x - x.mean(-1, keepdim=True),
     "torch.max(accum, C)": lambda x: torch.max(x, C2),  # two tensors: elementwise
@@ -445,7 +446,7 @@ def test_a_per_row_value_computed_from_a_reduction_is_stored_per_row():
         evtfuse.gemm(A3, B2, src, m=torch.empty(M, 1))
 
 
-# ------------------------------------------------------------------ 15: messages that point at the fix
+# ------------------------------------------------ 15: messages that point at the fix
 
 SCALE = 2.0  # a module-level constant an epilogue cannot see
 
