@@ -163,6 +163,17 @@ TRIGGERS = [
      "Argument D is not provided in the kwargs of the EpilogueArguments constructor"),
     (lambda: epi("def e(accum): D = softmin(accum); return D"), "unknown function 'softmin'"),
     (lambda: epi("def e(accum): D = accum + x; return D"), "undefined name 'x'"),
+    (lambda: epi("def e(accum): D = rellu(accum); return D"),
+     "unknown function 'rellu' in the value of 'D'; did you mean relu?"),
+    (lambda: epi(_uses_a_global),
+     "evtfuse reads only the epilogue function's own source, not the names of its module or "
+     "of an enclosing function"),
+    (lambda: epi(lambda accum: accum * 2.0),
+     "the epilogue is a lambda: evtfuse reads an epilogue's source (it never calls it) and "
+     "does not read lambdas"),
+    (lambda: evtfuse.gemm(A, B, epilog="def e(accum): D = accum; return D"),
+     "gemm got epilog=, which is neither one of its keywords nor an operand or output of the "
+     "epilogue identity(accum) -> D: did you mean epilogue=?"),
     (lambda: epi("def e(accum): D = accum[0]; return D"), "unsupported syntax (Subscript)"),
     (lambda: epi("def e(accum):\n    if accum:\n        D = accum\n    return D"),
      "unsupported statement (If)"),
@@ -198,8 +209,34 @@ TRIGGERS = [
      "the epilogue source must hold only the function definition"),
     (lambda: epi("def e(accum): D = accum +; return D"), "the epilogue is not valid Python"),
     (lambda: epi(functools.partial(max)), "pass the epilogue as a string instead"),
-    (lambda: epi("def e(accum): D = accum; m = 2.0 * max(D); return D, m", m=torch.zeros(M, 1)),
-     "a reduction must be the whole value of an assignment"),
+    (lambda: epi("def e(accum):\n    D = accum * sum(accum - max(accum))\n    return D"),
+     "sum(...) in the value of 'D' reduces a value computed from another reduction"),
+    (lambda: epi("def e(accum):\n    D = accum - accum.sum(-1)\n    return D"),
+     "accum.sum(-1) without keepdim=True has torch's shape (M,), which torch aligns from the "
+     "right against the (M, N) output, along other axes than the ones it keeps"),
+    (lambda: epi("def e(accum):\n    D = accum - accum.sum(0)\n    return D", D=torch.zeros(2, M, N)),
+     "accum.sum(0): dim=0 reduces the batches (L) only, which no evtfuse reduction does"),
+    (lambda: epi("def e(accum):\n    D = F.softmax(accum, dim=1)\n    return D", D=torch.zeros(2, M, N)),
+     "F.softmax(accum, dim=1): evtfuse's softmax is over each row (dim=-1, the last dim)"),
+    (lambda: epi("def e(accum):\n    D = F.softmax(accum)\n    return D"),
+     "softmax() without dim: torch picks the dim from the input's rank"),
+    (lambda: epi("def e(accum):\n    D = torch.logsumexp(accum)\n    return D"), "logsumexp() needs dim"),
+    (lambda: epi("def e(accum):\n    D = accum.sum(0)\n    return D", D=torch.zeros(N)).bind((1, M, N)),
+     "dim=0 means different axes for a 2-D (M, N) output and a batched (L, M, N) one"),
+    (lambda: epi("def e(accum):\n    D = accum - accum.sum(2, keepdim=True)\n    return D"),
+     "accum.sum(2, keepdim=True): dim=2 is out of range for the (M, N) output"),
+    (lambda: epi("def e(accum):\n    D = accum - accum.sum((1, -1), keepdim=True)\n    return D"),
+     "dim -1 appears more than once"),
+    (lambda: epi("def e(accum, d):\n    D = accum - accum.sum(d)\n    return D", d=1.0),
+     "dim must be an int literal, a tuple of them, or None"),
+    (lambda: epi("def e(accum):\n    D = accum - accum.sum(-1, keepdim=1)\n    return D"),
+     "keepdim must be True or False"),
+    (lambda: epi("def e(accum):\n    D = accum\n    r = accum.sum(-1, keepdim=True)\n"
+                 "    return D, r", r=torch.zeros(N)),
+     "accum.sum(-1, keepdim=True) reduces each row, but output r has shape (6,), which holds a "
+     "per-column reduction: give r the shape (M, 1)"),
+    (lambda: epi("def e(accum):\n    D = accum - accum.max(-1).indices\n    return D"),
+     "accum.max(-1).indices: evtfuse computes no indices (argmax, argmin)"),
     (lambda: epi("def e(accum):\n    m = max(accum)\n    s = sum(accum - m)\n    D = accum\n"
                  "    return D, s", s=torch.zeros(M, 1)),
      "reduces a value computed from another reduction"),
@@ -271,6 +308,14 @@ TRIGGERS = [
         (dict(target=torch.full((5,), 7)), "is out of bounds: a target is a class index in"),
     ]],
 ]
+
+
+SCALE = 2.0
+
+
+def _uses_a_global(accum):
+    D = accum * SCALE
+    return D
 
 
 def _lce(hidden=None, weight=None, target=None, **kw):

@@ -34,6 +34,7 @@ SPELLED = {  # the epilogue's value of D -> torch's, from the accumulator x and 
     "F.leaky_relu(accum, negative_slope=0.2)": lambda x: F.leaky_relu(x, negative_slope=0.2),
     "F.softplus(accum, beta=2.0)": lambda x: F.softplus(x, beta=2.0),
     "F.softplus(accum, 0.5, 20.0)": lambda x: F.softplus(x, 0.5, 20.0),
+    "F.softplus(accum, beta=2.0, threshold=10.0)": lambda x: F.softplus(x, 2.0, 10.0),
     "F.relu(accum, inplace=False)": F.relu,
     "accum.relu()": torch.relu,
     "accum.sigmoid() * accum.tanh()": lambda x: x.sigmoid() * x.tanh(),
@@ -60,7 +61,6 @@ def test_a_method_of_an_earlier_variable():
 
 REFUSED = {
     "F.gelu(accum, approximate='fast')": "gelu(approximate=...) takes \"none\"",
-    "F.softplus(accum, beta=2.0, threshold=10.0)": "softplus(threshold=10.0): evtfuse's softplus",
     "torch.clamp(accum)": "clamp() needs min or max",
     "torch.clamp(accum, low=0.0)": "clamp() got an unexpected keyword argument 'low'",
     "F.relu(accum, inplace=True)": "relu(inplace=True): an epilogue computes new values",

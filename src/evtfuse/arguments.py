@@ -34,9 +34,10 @@ class EpilogueArguments:
         self.parsed: ParsedEpilogue = parse_epilogue(epilogue)
         check_names(self.parsed, operands_and_outputs)
         self.values: dict[str, Any] = dict(operands_and_outputs)
-        # per problem shape: (the values' state when bound, the DAG)
-        self._dags: dict[tuple[int, int, int], tuple[list, ir.Dag]] = {}
+        # per (problem shape, rank): (the values' state when bound, the DAG)
+        self._dags: dict[tuple, tuple[list, ir.Dag]] = {}
         self._problem: tuple[int, int, int] | None = None
+        self._rank: int | None = None  # of A @ B, where the problem's binding knew it
         # a full-shaped D tells (L, M, N); a D that is a reduction (e.g. (M, 1)) does not:
         # then binding waits for GemmArguments, which knows the problem
         guess = None if _is_reduction(self.parsed, "D") else problem_shape_of(self.values.get("D"))
@@ -58,23 +59,25 @@ class EpilogueArguments:
         new.parsed = parse_epilogue(epilogue)
         check_names(new.parsed, operands_and_outputs)
         new.values = dict(operands_and_outputs)
-        new._dags, new._problem = {}, None
+        new._dags, new._problem, new._rank = {}, None, None
         return new
 
     # -- binding
-    def bind(self, problem: tuple[int, int, int], grouped: bool = False) -> ir.Dag:
+    def bind(self, problem: tuple[int, int, int], grouped: bool = False,
+             rank: int | None = None) -> ir.Dag:
         """The DAG for output shape (L, M, N); validates shapes. Built once per shape, and
         again when a value changed since (another tensor, or one changed in place).
-        ``grouped``: (G, T, N) of a grouped GEMM (``frontend.bind``)."""
+        ``grouped``: (G, T, N) of a grouped GEMM; ``rank``: 2 or 3, that of A @ B as torch
+        has it, where known (what torch's dims in the epilogue count: ``frontend.bind``)."""
         problem = tuple(int(p) for p in problem) + ((1,) if grouped else ())  # type: ignore[assignment]
         state = state_of(self.values.values())
-        hit = self._dags.get(problem)
+        hit = self._dags.get((problem, rank))
         if hit is not None and hit[0] == state:
             dag = hit[1]
         else:
-            dag = bind(self.parsed, self.values, problem[:3], grouped)
-            self._dags[problem] = (state, dag)
-        self._problem = problem
+            dag = bind(self.parsed, self.values, problem[:3], grouped, rank=rank)
+            self._dags[(problem, rank)] = (state, dag)
+        self._problem, self._rank = problem, rank
         return dag
 
     @property
@@ -82,7 +85,7 @@ class EpilogueArguments:
         if self._problem is None:
             raise EpilogueError("the problem shape is not known yet: pass a full-shaped D, or "
                                 "put these EpilogueArguments into GemmArguments")
-        return self._dags[self._problem][1]
+        return self._dags[(self._problem, self._rank)][1]
 
     @property
     def operand_names(self) -> tuple[str, ...]:
@@ -104,9 +107,9 @@ class EpilogueArguments:
         new.epilogue, new.parsed = self.epilogue, self.parsed
         new.values = {**self.values, **changes}
         check_names(new.parsed, new.values)
-        new._dags, new._problem = {}, None
+        new._dags, new._problem, new._rank = {}, None, None
         if self._problem is not None:  # bound as it was (a grouped problem keeps its marker)
-            new.bind(self._problem[:3], grouped=len(self._problem) > 3)
+            new.bind(self._problem[:3], grouped=len(self._problem) > 3, rank=self._rank)
         return new
 
     def __repr__(self) -> str:
@@ -181,7 +184,7 @@ class GemmArguments:
                                 "tensor to both", variable="D")
         self.out = out if out is not None else d
         self.epilogue = epilogue
-        self.dag = epilogue.bind(self.problem, self.group_dim == "M")
+        self.dag = epilogue.bind(self.problem, self.group_dim == "M", _rank(A, B, self.group_dim))
         self._optimized: ir.Dag | None = None
         _check_memory(self.A, self.B, epilogue, self.dag, offs)
         self._state = self._current_state()
@@ -215,7 +218,8 @@ class GemmArguments:
         L, M, K, N = _problem_of(self.A, self.B, self.offs)
         if self.gated:
             N = gated_width(self.B)
-        dag = self.epilogue.bind((L, M, N), self.group_dim == "M")
+        dag = self.epilogue.bind((L, M, N), self.group_dim == "M",
+                                 _rank(self.A, self.B, self.group_dim))
         _check_memory(self.A, self.B, self.epilogue, dag, self.offs)
         if dag is not self.dag:
             self._optimized = None
@@ -300,6 +304,14 @@ def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> str:
         raise EpilogueError(f"offs has {offs.shape[0]} groups; grouped_gemm takes 1 to "
                             f"{MAX_GROUPS}", variable="offs")
     return dim
+
+
+def _rank(A: torch.Tensor, B: torch.Tensor, group_dim: str | None) -> int:
+    """The rank of A @ B as torch has it (``gemm`` allocates outputs so): 3 where A or B is
+    batched, or groups over K make batches; 2 for groups over M (rows (T, N))."""
+    if group_dim is not None:
+        return 3 if group_dim == "K" else 2
+    return 3 if A.dim() == 3 or B.dim() == 3 else 2
 
 
 def _problem_of(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor | None = None

@@ -32,11 +32,14 @@ _SECTIONS = (
                                       "arithmetic, where it counts as 1.0 / 0.0)."),
     (Category.SELECT, "Selection", ""),
     (Category.REDUCE, "Reductions",
-     "The whole value of an assignment whose result is returned; the output's shape picks "
-     "the axes: `(M, 1)` reduces each row, `(N,)` each column, `(1,)` everything, a leading "
-     "`L` keeps batches apart. A reduction's result may also feed further computation "
-     "(`lse = logsumexp(accum); D = exp(accum - lse)`; one not returned reduces each row, "
-     "over N, batches apart): in one pass where a tile spans the row, else in two "
+     "Assigned to an output, the output's shape picks the axes: `(M, 1)` reduces each row, "
+     "`(N,)` each column, `(1,)` everything, a leading `L` keeps batches apart. A "
+     "reduction's result may also feed further computation, assigned to a name or inside "
+     "an expression (`lse = logsumexp(accum); D = exp(accum - lse)`, `D = accum * "
+     "rsqrt(mean(accum * accum) + eps)`; one not returned reduces each row, over N, batches "
+     "apart; written as torch writes it, `x.sum(0)`, `x.mean(-1, keepdim=True)`, its dims "
+     "pick the axes, as torch's do: below, torch's spellings): in one pass where a tile "
+     "spans the row, else in two "
      "([performance.md](performance.md), Reductions feeding computation); a value computed "
      "from a reduction cannot be reduced again. Gradients flow through every reduction "
      "feeding computation, per row, per column or whole (an RMS norm; a shift by a "
@@ -49,8 +52,8 @@ _SECTIONS = (
      "elements equal to the result, `shift` the row's max a shifted reduction is taken "
      "relative to."),
     (Category.ROWWISE, "Row functions",
-     "Functions of the whole output row (over N, as torch's `dim=-1`), anywhere in an "
-     "expression: the frontend writes them with the row's `max` and `shifted_sumexp` "
+     "Functions of the whole output row (over N, as torch's `dim=-1`; torch's spellings "
+     "with another dim are refused), anywhere in an expression: the frontend writes them with the row's `max` and `shifted_sumexp` "
      "feeding computation, as torch computes them (the Triton column shows that form; no "
      "`max + log(sum)`, which rounds the sum away where the max is large), so they run in "
      "one pass where a tile spans the row, else in two ([performance.md](performance.md)). "

@@ -16,6 +16,7 @@ Every error is an ``EpilogueError`` naming the variable and, for source errors, 
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import inspect
 import io
@@ -28,7 +29,7 @@ from typing import Any, Callable, Mapping, Union
 
 import torch
 
-from . import ir, spellings
+from . import axes as axes_, ir, spellings
 from .derivative import Diff
 from .errors import EpilogueError, not_an_operand, scalar_value
 from .ir import OperandKind, OperandSpec, Output, OutputKind, Space
@@ -49,6 +50,9 @@ class Expr:
     op: str | None = None  # for "call" (op-table row), "index" ("row"/"col"), "pair" ("gate"/"up")
     args: tuple["Expr", ...] = ()
     params: tuple[tuple[str, ParamValue], ...] = ()  # for "call": all, in the row's order
+    # for a reduction or row function written with torch's dim (``x.sum(-1, keepdim=True)``):
+    # its axes (``axes.Axes``); None: evtfuse's own (the output it is stored in picks them)
+    axes: axes_.Axes | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +121,11 @@ _PY_MINMAX = {"max": "maximum", "min": "minimum"}  # max(a, b) is elementwise
 
 
 class _Parser:
-    def __init__(self, source: str, line_offset: int, where: str):
+    def __init__(self, source: str, line_offset: int, where: str, from_function: bool = False):
         self.source_lines = tuple(source.splitlines())
         self.line_offset = line_offset
         self.where = where
+        self.from_function = from_function  # given as a function (not as source text)
         self.defined: dict[str, int] = {}
         self.paired = False  # a 'gate, up = pairs(accum)' was read
 
@@ -292,10 +297,8 @@ class _Parser:
         line = self.line(node)
         if isinstance(node, ast.Name):
             if node.id not in self.defined:
-                hint = (f"; {node.id} is a function: call it ({node.id}(x))"
-                        if node.id in CALLABLE or node.id in _INDEX_FUNCTIONS else "")
-                raise self.error(f"undefined name '{node.id}' (in the value of '{target}'){hint}",
-                                 node, node.id)
+                raise self.error(f"undefined name '{node.id}' (in the value of '{target}')"
+                                 f"{self.undefined_hint(node.id)}", node, node.id)
             return Expr("name", line, name=node.id)
         if isinstance(node, ast.Constant):
             v = node.value
@@ -365,15 +368,40 @@ class _Parser:
                                                        self.parse_expr(node.comparators[0], target)))
         if isinstance(node, ast.Call):
             return self.parse_call(node, target)
+        if isinstance(node, (ast.Attribute, ast.Subscript)):  # x.max(-1).values
+            try:
+                call = spellings.values_of(node, lambda name: name in self.defined)
+            except spellings.SpellingError as exc:
+                raise self.error(f"{exc} (in the value of '{target}')", node, target) from None
+            if call is not None:
+                return self.parse_call(call, target)
         raise self.error(f"unsupported syntax ({type(node).__name__}) in the value of "
                          f"'{target}'", node, target)
 
+    def undefined_hint(self, name: str) -> str:
+        """What to do about an undefined name: call a function, fix a misspelt variable, or
+        pass what the epilogue cannot see (evtfuse reads its source only: no globals)."""
+        if name in CALLABLE or name in _INDEX_FUNCTIONS:
+            return f"; {name} is a function: call it ({name}(x))"
+        close = difflib.get_close_matches(name, list(self.defined), n=1)
+        if close:
+            return f"; did you mean {close[0]}?"
+        if self.from_function:
+            return (f"; evtfuse reads only the epilogue function's own source, not the "
+                    f"names of its module or of an enclosing function (a global constant is "
+                    f"not seen): make {name} a parameter and pass its value to gemm or "
+                    f"EpilogueArguments (a Python number is a runtime scalar), or write the "
+                    f"literal")
+        return (f"; evtfuse reads only the epilogue's own text: make {name} a parameter "
+                f"and pass its value, or write the literal")
+
     def parse_call(self, node: ast.Call, target: str) -> Expr:
+        written = ast.unparse(node)  # the call as written, for messages about its dims
         try:  # torch's spellings (methods, keywords) as evtfuse's
             spelled = spellings.rewrite(node, lambda name: name in self.defined)
         except spellings.SpellingError as exc:
             raise self.error(f"{exc} (in the value of '{target}')", node, target) from None
-        if not isinstance(spelled, ast.Call):  # softplus(x, beta) is softplus(beta * x) / beta
+        if not isinstance(spelled, ast.Call):  # torch.mul(a, b) is a * b
             return self.parse_expr(spelled, target)
         node = spelled
         line = self.line(node)
@@ -393,11 +421,27 @@ class _Parser:
             fname = _PY_MINMAX[fname]
         row = CALLABLE.get(fname)
         if row is None:
-            known = ", ".join(sorted(list(CALLABLE) + list(_INDEX_FUNCTIONS)))
-            raise self.error(f"unknown function '{fname}' in the value of '{target}'; "
-                             f"recognised functions: {known}", node, fname)
+            known = sorted(list(CALLABLE) + list(_INDEX_FUNCTIONS))
+            close = difflib.get_close_matches(fname, sorted(set(known) | spellings.NAMES), n=1)
+            mean = f"did you mean {close[0]}? " if close else ""
+            raise self.error(f"unknown function '{fname}' in the value of '{target}'; {mean}"
+                             f"recognised functions: {', '.join(known)} (and torch's "
+                             f"spellings of docs/ops.md)", node, fname)
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(f"*args is not supported in a call of {fname}", node, target)
+        axes = None
+        if row.category in (Category.REDUCE, Category.ROWWISE):  # torch's dim and keepdim
+            given = {k.arg: k.value for k in node.keywords
+                     if k.arg in (axes_.DIM, axes_.KEEPDIM)}
+            if given:
+                try:
+                    axes = axes_.parse(given.get(axes_.DIM), given.get(axes_.KEEPDIM),
+                                       written, single=row.category is Category.ROWWISE)
+                except axes_.AxesError as exc:
+                    raise self.error(f"{exc} (in the value of '{target}')", node,
+                                     target) from None
+                node = ast.copy_location(ast.Call(node.func, node.args, [
+                    k for k in node.keywords if k.arg not in given]), node)
         pnames = [p for p, _ in row.params]
         params: dict[str, ParamValue] = row.defaults
         args = list(node.args)
@@ -419,7 +463,7 @@ class _Parser:
                 raise self.error(row.param_error(pname), node, target)
         parsed = tuple(self.parse_expr(a, target) for a in tensors)
         return Expr("call", line, op=fname, args=parsed,
-                    params=tuple((p, params[p]) for p in pnames))
+                    params=tuple((p, params[p]) for p in pnames), axes=axes)
 
     def param(self, row: OpDef, pname: str, node: ast.expr, target: str) -> ParamValue:
         """A parameter's value: a numeric literal, or for a Choice one of its names as a
@@ -558,6 +602,12 @@ class EpilogueText:
     from_function: bool
 
 
+_LAMBDA = ("the epilogue is a lambda: evtfuse reads an epilogue's source (it never calls it) "
+           "and does not read lambdas, whose source is the whole line around them and which "
+           "cannot name their outputs; write a function, def epi(accum, C): D = accum + C; "
+           "return D, and pass it (or its text)")
+
+
 def epilogue_text(epilogue: EpilogueSource) -> EpilogueText:
     """The source of an epilogue given as a function or as source text (read, never run)."""
     if isinstance(epilogue, EpilogueText):
@@ -565,6 +615,8 @@ def epilogue_text(epilogue: EpilogueSource) -> EpilogueText:
     if isinstance(epilogue, str):
         return EpilogueText(epilogue, 0, "the epilogue string", False)
     if callable(epilogue):
+        if getattr(epilogue, "__name__", None) == "<lambda>":
+            raise EpilogueError(_LAMBDA)
         try:
             # the source and its first line come together: for a decorated function
             # (functools.wraps) __code__ is the wrapper's, while the source is the original's
@@ -587,6 +639,8 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
     source, offset, where = text.source, text.line_offset, text.where
     module = parse_module(source, offset, where)
     fns = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not fns and any(isinstance(n, ast.Lambda) for n in ast.walk(module)):
+        raise EpilogueError(_LAMBDA)
     if len(fns) != 1 or isinstance(fns[0], ast.AsyncFunctionDef):
         raise EpilogueError("the epilogue must be exactly one function definition "
                             "(def epi(accum, ...): ...; return D)")
@@ -600,7 +654,8 @@ def parse_epilogue(epilogue: EpilogueSource | EpilogueText | ParsedEpilogue) -> 
     if fn.decorator_list:
         fn = ast.FunctionDef(fn.name, fn.args, fn.body, [], fn.returns, fn.type_comment,
                              lineno=fn.lineno, col_offset=fn.col_offset)
-    parser = _Parser(source, offset, fn.name if text.from_function else where)
+    parser = _Parser(source, offset, fn.name if text.from_function else where,
+                     text.from_function)
     return parser.parse_function(fn)
 
 
@@ -746,13 +801,16 @@ def check_given(fn_name: str, params: tuple[str, ...], outputs: tuple[str, ...],
 
 
 def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, int, int],
-         grouped: bool = False) -> ir.Dag:
+         grouped: bool = False, rank: int | None = None) -> ir.Dag:
     """Build the DAG for operand values ``given`` and output shape (L, M, N) ``problem``.
 
     ``grouped``: a grouped GEMM (``evtfuse.grouped_gemm``), its G groups in the L place and
     its T rows in the M place, each row in one group: full and per-row tensors are (T, N)
     and (T, 1) (a row's group is its batch, so a full output of a per-group value is
-    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``_grouped_operands``)."""
+    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``_grouped_operands``).
+    ``rank``: 2 or 3, that of A @ B as torch has it, which torch's dims in the epilogue
+    count (``x.sum(0)``: the columns of an (M, N) output, the batches of an (L, M, N) one);
+    None: read off the full outputs given (``_output_rank``)."""
     check_names(parsed, given)
     specs = tuple(classify_operand(p, given[p], problem) for p in parsed.params)
     if grouped:
@@ -811,7 +869,9 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             elif ready:
                 ins = [built[id(a)] for a in x.args]
                 if OPS[x.op].category is Category.ROWWISE:
-                    built[id(x)] = rowwise(x, ins[0])
+                    built[id(x)] = rowwise(x, ins[0], target)
+                elif OPS[x.op].category is Category.REDUCE:  # inside an expression
+                    built[id(x)] = nested_reduction(x, ins[0], target)
                 else:
                     built[id(x)] = ir.compute_node(x.op, ins, x.params, line=x.line)
                     if any(id(i) in late for i in ins):
@@ -840,7 +900,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         mark(node)
         return node
 
-    def rowwise(x: Expr, src: ir.Node) -> ir.Node:
+    def rowwise(x: Expr, src: ir.Node, target: str) -> ir.Node:
         """``softmax(src)`` and its kind: the row's reductions (over N, per batch), then the
         row's rule over src and them."""
         row = OPS[x.op]
@@ -848,6 +908,13 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
             raise error(f"{x.op}(...) of a value computed from a reduction: a reduction cannot "
                         "reduce a value computed from another (one level of reduction "
                         "feeding computation)", x.line, None)
+        if x.axes is not None:  # torch's dim: only the row's (the last dim) is evtfuse's
+            reading = read_axes(x, target)
+            if reading.space is not ir.Space.ROW or not reading.keep_batch:
+                full = "(L, M, N)" if rank == 3 else "(M, N)"
+                raise error(f"{x.axes.text}: evtfuse's {x.op} is over each row (dim=-1, the "
+                            f"last dim); dim={x.axes.dims[0]} is another dim of the {full} "
+                            f"output (in the value of '{target}')", x.line, target)
         shifted = any(OPS[op].shifted for op in row.lowered[0])  # its max is a shift
         reds = tuple(ir.reduce_node(op, src, ir.Space.ROW, True, line=x.line,
                                     params=(ir.SHIFT,) if shifted and op == "max" else ())
@@ -855,16 +922,83 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
         late.update((id(r), r) for r in reds)
         return lowered(row, (src, *reds), x.line)
 
+    rank = rank or _output_rank(parsed, given, problem, grouped)
+    used = _used_names(parsed)
+
+    def read_axes(x: Expr, target: str | None) -> axes_.Reading:
+        """What ``x``'s torch dims mean for this output (``axes.read``), or the error."""
+        try:
+            return axes_.read(x.axes, rank, problem[0])
+        except axes_.AxesError as exc:
+            where = f" (in the value of '{target}')" if target else ""
+            raise error(f"{exc}{where}", x.line, target) from None
+
+    def broadcast_check(x: Expr, reading: axes_.Reading, target: str) -> None:
+        """A reduction without keepdim whose torch shape would broadcast along other axes
+        than its own, used in computation: refused (torch would compute something else)."""
+        if not reading.broadcasts:
+            full = "(L, M, N)" if rank == 3 else "(M, N)"
+            raise error(f"{x.axes.text} without keepdim=True has torch's shape "
+                        f"{reading.result_shape}, which torch aligns from the right against "
+                        f"the {full} output, along other axes than the ones it keeps (in the "
+                        f"value of '{target}'); write keepdim=True", x.line, target)
+
+    def reduction(op: str, src: ir.Node, space: ir.Space, keep: bool, var: str | None,
+                  line: int) -> ir.Node:
+        """The reduce node (and, for mean, the division by the count after it)."""
+        row = OPS[op]
+        red_op = row.lowered[0][0] if row.lowered else op
+        node = ir.reduce_node(red_op, src, space, keep, var=None if row.lowered else var,
+                              line=line)
+        late[id(node)] = node
+        if row.lowered:  # mean: the sum, then a division by the count after it
+            count = _reduced_count(space, node.batched, problem)
+            node = lowered(row, (node, ir.const_node(float(count), line)), line, var)
+        return node
+
+    def nested_reduction(x: Expr, src: ir.Node, target: str) -> ir.Node:
+        """A reduction inside an expression (``D = accum * rsqrt(mean(accum * accum) +
+        eps)``): as if assigned to a name of its own and used (the same DAG), per row unless
+        torch's dims say otherwise; it holds no user's name (``Node.var`` None)."""
+        if id(src) in late:
+            raise error(f"{x.op}(...) in the value of '{target}' reduces a value computed from "
+                        "another reduction; a reduction's result can feed computation, but "
+                        "not a second reduction", x.line, target)
+        space, keep = ir.Space.ROW, True
+        if x.axes is not None:
+            reading = read_axes(x, target)
+            broadcast_check(x, reading, target)
+            space, keep = reading.space, reading.keep_batch
+        return reduction(x.op, src, space, keep, None, x.line)
+
+    def check_axes_output(x: Expr, reading: axes_.Reading, name: str, kind: OutputKind,
+                          batched: bool) -> None:
+        """A returned reduction with torch's dims: its output's shape must hold what they
+        reduce (the axes, and with L > 1 whether the batches stay apart)."""
+        batches_differ = problem[0] > 1 and not grouped and batched != reading.keep_batch
+        if kind.space is reading.space and not batches_differ:
+            return
+        shape = _fmt_shape(tuple(given[name].shape))
+        held = kind.value + (("" if batched else " over the batches too")
+                             if problem[0] > 1 and not grouped else "")
+        raise error(f"{x.axes.text} reduces "
+                    f"{axes_.describe(reading.space, reading.keep_batch, rank)}, but output "
+                    f"{name} has shape {shape}, which holds a {held}: give {name} the shape "
+                    f"{axes_.shape_for(reading.space, reading.keep_batch, rank)}",
+                    x.line, name)
+
     pending: dict[str, tuple[str, ir.Node, int]] = {}
     reduced: dict[str, ir.Node] = {}  # reductions by target (the output's node, when returned)
     for a in parsed.assignments:
         if a.expr.kind == "call" and OPS[a.expr.op].category is Category.REDUCE:
-            op, row = a.expr.op, OPS[a.expr.op]
-            src = build(a.expr.args[0], a.target)
+            x = a.expr
+            op = x.op
+            src = build(x.args[0], a.target)
             if id(src) in late:
                 raise error(f"'{a.target}' = {op}(...) reduces a value computed from another "
                             "reduction; a reduction's result can feed computation, but not a "
                             "second reduction", a.line, a.target)
+            reading = None if x.axes is None else read_axes(x, a.target)
             if a.target in parsed.outputs:  # the output's shape picks the axes
                 kind, _, keep = classify_output(a.target, given[a.target], problem, reduction=True)
                 if kind is OutputKind.FULL:
@@ -877,23 +1011,19 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
                     raise error(f"'{a.target}' = {op}(...) is a reduction; its output cannot be "
                                 "None", a.line, a.target)
                 space = kind.space
+                if reading is not None:
+                    check_axes_output(x, reading, a.target, kind, keep)
+            elif reading is not None:
+                space, keep = reading.space, reading.keep_batch
             else:  # used, not returned: per row (over N), batches apart
                 space, keep = ir.Space.ROW, True
-            red_op = row.lowered[0][0] if row.lowered else op
-            node = ir.reduce_node(red_op, src, space, keep,
-                                  var=None if row.lowered else a.target, line=a.line)
-            late[id(node)] = node
-            if row.lowered:  # mean: the sum, then a division by the count after it
-                count = _reduced_count(space, node.batched, problem)
-                node = lowered(row, (node, ir.const_node(float(count), a.line)), a.line,
-                               a.target)
+            if reading is not None and (a.target in used or a.target not in parsed.outputs):
+                broadcast_check(x, reading, a.target)
+            node = reduction(op, src, space, keep, a.target, a.line)
             pending[a.target] = (op, src, a.line)
             reduced[a.target] = node
             env[a.target] = node
             continue
-        if _contains(a.expr, Category.REDUCE):
-            raise error(f"a reduction must be the whole value of an assignment (as in "
-                        f"'{a.target} = sum(x)'), not part of an expression", a.line, a.target)
         if _contains(a.expr, Category.STORE, below_top=True):
             raise error(f"store_where(...) must be the whole value of an assignment (as in "
                         f"'{a.target} = store_where(x > 0.0, x)'), not part of an expression",
@@ -929,7 +1059,8 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
                             f"but '{name}' differs per batch (L = {problem[0]}); give it the "
                             f"shape (L, M, N)", line, name)
             if kind not in (OutputKind.FULL, OutputKind.NONE):
-                fits = node.space.join(kind.space) is kind.space and (batched or not node.batched)
+                fits = node.space.join(kind.space) is kind.space and (
+                    batched or not node.batched or problem[0] == 1)
                 if not fits:
                     shape = _fmt_shape(tuple(given[name].shape))
                     raise error(f"output {name} has shape {shape}, which holds a "
@@ -1032,6 +1163,34 @@ def _check_grouped_reductions(late, error) -> None:
         raise error("shifted_sumexp(...) in a grouped GEMM: grouped kernels do not compute it "
                     "yet; logsumexp(x) - max(x) gives the log of it", shifted[0].line,
                     shifted[0].var)
+
+
+def _output_rank(parsed: ParsedEpilogue, given: Mapping[str, Any],
+                 problem: tuple[int, int, int], grouped: bool) -> int | None:
+    """The rank torch gives A @ B here, as torch's dims count it: 3 with batches (L > 1), 2
+    for a grouped GEMM ((T, N) rows of every group), else that of the full output tensors
+    given (gemm allocates them so); None where no full output says."""
+    if grouped:
+        return 2
+    if problem[0] > 1:
+        return 3
+    ranks = {v.dim() for n in parsed.outputs
+             if isinstance(v := given.get(n), torch.Tensor) and v.dim() in (2, 3)
+             and tuple(v.shape[-2:]) == tuple(problem[1:])}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
+def _used_names(parsed: ParsedEpilogue) -> set[str]:
+    """The names the assignments' values read."""
+    names: set[str] = set()
+    for a in parsed.assignments:
+        stack = [a.expr]
+        while stack:
+            x = stack.pop()
+            if x.kind == "name":
+                names.add(x.name)
+            stack.extend(x.args)
+    return names
 
 
 def _reduced_count(space: ir.Space, batched: bool, problem: tuple[int, int, int]) -> int:

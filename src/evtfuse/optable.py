@@ -444,9 +444,30 @@ def _g_hardswish(d: Diff) -> tuple:
     return (d.where(d.x <= -3.0, 0.0, d.where(d.x < 3.0, d.g * (d.x / 3.0 + 0.5), d.g)),)
 
 
+SOFTPLUS_DEFAULTS = (("beta", 1.0), ("threshold", 20.0))  # torch's F.softplus defaults
+
+
+def _softplus_spelling(args: list, params: dict) -> str:
+    """torch's defaults: ``_ef_softplus`` (no multiply or divide by beta); else the helper
+    with beta and threshold, as fp32 literals."""
+    beta, threshold = params.get("beta", 1.0), params.get("threshold", 20.0)
+    if (beta, threshold) == (1.0, 20.0):
+        return f"_ef_softplus({args[0]})"
+    return f"_ef_softplus_beta({args[0]}, {_lit(beta)}, {_lit(threshold)})"
+
+
+def _t_softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    return torch.nn.functional.softplus(x, beta=beta, threshold=threshold)
+
+
 def _g_softplus(d: Diff) -> tuple:
-    z = d.exp(d.x)
-    return (d.where(d.x > 20.0, d.g, d.g * z / (z + 1.0)),)
+    # torch's softplus_backward: z = exp(beta * x); g where beta * x > threshold, else
+    # g * z / (z + 1) (the formula's side at beta * x == threshold, as the forward's)
+    params = {**dict(SOFTPLUS_DEFAULTS), **d.params}
+    beta, threshold = params["beta"], params["threshold"]
+    bx = d.x if beta == 1.0 else d.x * beta
+    z = d.exp(bx)
+    return (d.where(bx > threshold, d.g, d.g * z / (z + 1.0)),)
 
 
 def _g_abs(d: Diff) -> tuple:  # g * sign(x): sign(0) = sign(NaN) = 0, as torch.sgn
@@ -566,9 +587,13 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("hardswish", 1, _t_hardswish,
           "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
           doc="x * clamp(x + 3, 0, 6) / 6", grad=_g_hardswish),
-    OpDef("softplus", 1, torch.nn.functional.softplus, "_ef_softplus({0})",
-          doc="log(1 + exp(x)) (exp(x) itself far below 0), linear above 20 as torch does",
-          grad=_g_softplus),
+    OpDef("softplus", 1, _t_softplus, _softplus_spelling, params=SOFTPLUS_DEFAULTS,
+          doc="torch's F.softplus(x, beta, threshold): log(1 + exp(beta * x)) / beta "
+              "(exp(x) itself far below 0), x itself where beta * x > threshold (torch's "
+              "defaults: beta 1, threshold 20)",
+          grad=_g_softplus,
+          grad_doc="`g` where `beta * x > threshold`, else `g * z / (z + 1)` with "
+                   "`z = exp(beta * x)` (torch's softplus_backward)"),
     OpDef("exp", 1, torch.exp, "tl.exp({0})", doc="e ** x", grad=lambda d: (d.g * d.out,)),
     OpDef("log", 1, torch.log, "tl.log({0})", triton_cuda="_ef_log_cuda({0})",
           doc="natural logarithm (on a GPU: the hardware log2, a series near 1; relative "

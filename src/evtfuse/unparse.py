@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from .ir import PAIR_PARTS, Dag, Node, NodeKind
+from .ir import PAIR_PARTS, Dag, Node, NodeKind, Space
 from .optable import BINARY_OPERATORS, CALLABLE, COMPARE_OPERATORS, OPERATOR_SYMBOLS, OPS
 
 _INFIX = {op: OPERATOR_SYMBOLS[py] for table in (BINARY_OPERATORS, COMPARE_OPERATORS)
@@ -49,9 +49,11 @@ def _names(taken: set[str]) -> Iterator[str]:
             yield name
 
 
-def to_source(dag: Dag, name: str | None = None) -> str:
+def to_source(dag: Dag, name: str | None = None, rank: int | None = None) -> str:
     """``dag`` as the source of an epilogue function (its operands in order as parameters,
-    its outputs in order in the return). It must have an output named D, as every epilogue."""
+    its outputs in order in the return). It must have an output named D, as every epilogue.
+    ``rank``: that of the output (2 or 3) it is bound for, where known: a reduction that is
+    no output and reduces over the batches too is written with dim -3 where it is 3."""
     taken = {"accum"} | {o.name for o in dag.operands} | {o.name for o in dag.outputs}
     fresh = _names(taken)
     out_name: dict[int, str] = {}
@@ -86,15 +88,20 @@ def to_source(dag: Dag, name: str | None = None) -> str:
         elif n.kind is NodeKind.REDUCE:
             if id(n) in mean_sums:
                 continue  # written as the mean that divides it (below)
-            # a reduction of a lowered row (softmax's) has no output: a name of its own, read
-            # back as a reduction used (per row); its max, a shift (``ir.is_shift``), reads
+            # a reduction that is no output (softmax's, a user's inside an expression): a
+            # name of its own, read back as a reduction used (per row, or with the dims that
+            # say its axes: ``_axes``); a row function's max, a shift (``ir.is_shift``), reads
             # back as a plain max: the same value and code, only not differentiable
-            target = out_name.get(id(n)) or next(fresh)
+            target = out_name.get(id(n))
+            axes = "" if target else _axes(n, rank)  # an output's shape picks its axes
+            target = target or next(fresh)
             text[id(n)] = target
-            lines.append(f"{target} = {n.op}({ref(n.inputs[0])})")
+            lines.append(f"{target} = {n.op}({ref(n.inputs[0])}{axes})")
         elif id(n) in means:  # mean(x): the frontend's sum(x) / count, as the user wrote it
-            target = out_name.get(id(n)) or next(fresh)
-            lines.append(f"{target} = mean({ref(means[id(n)].inputs[0])})")
+            target = out_name.get(id(n))
+            axes = "" if target else _axes(means[id(n)], rank)
+            target = target or next(fresh)
+            lines.append(f"{target} = mean({ref(means[id(n)].inputs[0])}{axes})")
             text[id(n)] = target
         else:
             target = out_name.get(id(n)) or next(fresh)
@@ -110,6 +117,26 @@ def to_source(dag: Dag, name: str | None = None) -> str:
     body = "\n".join(f"    {line}" for line in lines)
     returns = ", ".join(o.name for o in dag.outputs)
     return f"def {name or dag.name}({params}):\n{body}\n    return {returns}\n"
+
+
+_DIMS = {Space.ROW: (-1,), Space.COL: (-2,), Space.SCALAR: (-2, -1)}
+
+
+def _axes(r: Node, rank: int | None) -> str:
+    """The ``dim=`` and ``keepdim=`` a reduction that is no output is written with, as torch
+    reads them (``axes.read``): none for evtfuse's own default, each row with the batches
+    apart; a column or everything per batch by negative dims; everything over the batches
+    too by every dim; a row or column over the batches too by dim -3 with them where the
+    output has rank 3 (``rank``), else as per batch: the same values with one batch."""
+    kept = r.batched == r.inputs[0].batched
+    if r.space is Space.SCALAR and not kept:
+        return ", dim=None, keepdim=True"
+    if not kept and rank != 3:
+        kept = True
+    if r.space is Space.ROW and kept:
+        return ""
+    dims = _DIMS[r.space] if kept else (-3, *_DIMS[r.space])
+    return f", dim={dims[0] if len(dims) == 1 else dims}, keepdim=True"
 
 
 def _is_mean(n: Node) -> bool:

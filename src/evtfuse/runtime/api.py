@@ -129,6 +129,9 @@ def _check_operands_given(A, B, epi: _Epilogue, named: dict, call: str = "gemm")
                 f"fails it keeps what its buffer holds, so {call} allocates no such output; "
                 f"pass {name}= a full output tensor", variable=name)
     params = epi.params
+    strangers = [k for k in named if k not in params and k not in epi.outputs]
+    if strangers:  # (torch.compile traces this function: difflib is off a valid call's way)
+        _check_call_keywords(strangers, epi, call)
     missing = [p for p in params if p not in named]
     if not missing:
         return
@@ -141,6 +144,22 @@ def _check_operands_given(A, B, epi: _Epilogue, named: dict, call: str = "gemm")
     raise EpilogueError(f"Argument {p} is not provided in the kwargs of {call}: pass every "
                         f"operand of {epi.name}({', '.join(['accum', *params])}) as a keyword "
                         f"argument{hint}", variable=p)
+
+
+def _check_call_keywords(strangers: list, epi: _Epilogue, call: str) -> None:
+    """A keyword neither the epilogue's nor the call's, close to one of the call's own (a
+    misspelt ``epilogue=``, ``tune=``): an error that names it and the keyword it is like
+    (others are left to the epilogue's own check, which lists its names)."""
+    import difflib
+
+    for k in strangers:
+        keyword = difflib.get_close_matches(k, sorted(_CALL_KEYWORDS), n=1, cutoff=0.75)
+        if keyword:
+            raise EpilogueError(f"{call} got {k}=, which is neither one of its keywords nor "
+                                f"an operand or output of the epilogue {epi.name}("
+                                f"{', '.join(['accum', *epi.params])}) -> "
+                                f"{', '.join(epi.outputs)}: did you mean {keyword[0]}=?",
+                                variable=k)
 
 
 def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,

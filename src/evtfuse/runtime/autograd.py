@@ -272,7 +272,7 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
         name, dt = item.split(":")
         alloc.append((name, getattr(torch, dt)))
         values[name] = meta(full, alloc[-1][1])
-    dag = bind(parsed, values, place, grouped)
+    dag = bind(parsed, values, place, grouped, rank=len(full))
     batches = 1 if grouped else place[0]
     wrt = {n for n in lay.grad if n not in ("A", "B")}
     if "A" in lay.grad or "B" in lay.grad:
@@ -286,7 +286,7 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
     hidden = tuple(s for s in plan.saved if s.hidden)
     names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
     if hidden:
-        source = to_source(plan.augmented, parsed.name)
+        source = to_source(plan.augmented, parsed.name, rank=len(full))
         where = f"{parsed.where} (with what its backward keeps)"
         run = Layout(lay.tensors, lay.nones, lay.scalars, names, 0, where, False, lay.tune,
                      lay.allow_tf32, lay.fp8_fast_accum, lay.cc)

@@ -152,6 +152,18 @@ def _ef_softplus(x):
     l1p = tl.where(e < 0.0625, _ef_log1p_series(e), tl.log(1.0 + e))
     return tl.where(x > 20.0, x, l1p)
 ''',
+    "_ef_softplus_beta": '''
+@triton.jit
+def _ef_softplus_beta(x, beta, threshold):
+    # torch's softplus(x, beta, threshold): x where beta * x > threshold, else
+    # log1p(exp(beta * x)) / beta, in that order of operations (torch's CPU and CUDA
+    # kernels); log1p as _ef_softplus's. exp's argument is 0 where the result is x, so
+    # that no inf is formed there (exp(beta * x) itself overflows above 88.7, as torch's)
+    bx = x * beta
+    e = tl.exp(tl.where(bx > threshold, 0.0, bx))
+    l1p = tl.where(e < 0.0625, _ef_log1p_series(e), tl.log(1.0 + e))
+    return tl.where(bx > threshold, x, l1p / beta)
+''',
     "_ef_maximum": '''
 @triton.jit
 def _ef_maximum(a, b):
