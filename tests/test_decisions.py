@@ -198,3 +198,26 @@ def test_ties_and_bounds_take_torchs_gradient(body, torch_fn):
     ec = C.clone().requires_grad_()
     ops.clamp(ec, torch.tensor(-2.0), torch.tensor(2.0)).sum().backward()
     torch.testing.assert_close(ec.grad, (C.abs() <= 2.0).float())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_and_gated_decisions_at_a_boundary(mode):
+    """The same boundary through a grouped GEMM over M (two groups) and a gated epilogue:
+    their backward reads the forward's masks too."""
+    A, B, bias = _boundary(rows=6)
+    A.requires_grad_()
+    Bg = B.unsqueeze(0).repeat(2, 1, 1).requires_grad_()
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    D = evtfuse.grouped_gemm(A, Bg, offs, "def epi(accum, bias):\n    D = relu(accum + bias)\n"
+                             "    return D", bias=bias, backward=mode)
+    D.float().sum().backward()
+    assert torch.all(A.grad == 4.0), A.grad  # every relu passed (4 columns of ones)
+    gated = "def epi(accum, bias):\n    gate, up = pairs(accum)\n    D = relu(gate + bias) * up\n" \
+            "    return D"
+    A2 = A.detach().clone().requires_grad_()
+    B2 = torch.ones(2, 8, dtype=torch.float16).requires_grad_()
+    evtfuse.gemm(A2, B2, gated, bias=bias, backward=mode).float().sum().backward()
+    a64, b64 = A2.detach().double().requires_grad_(), B2.detach().double().requires_grad_()
+    acc = (a64 @ b64).detach().float().double() + (a64 @ b64 - (a64 @ b64).detach())
+    (torch.relu(acc[:, 0::2] + bias.double()) * acc[:, 1::2]).sum().backward()
+    torch.testing.assert_close(A2.grad.double(), a64.grad, rtol=2e-3, atol=2e-3)
