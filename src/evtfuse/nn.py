@@ -50,20 +50,39 @@ class Linear(torch.nn.Linear):
     kernel and two matmuls (docs/pytorch.md, "Gradients"); ``backward`` ("auto", "save",
     "recompute") says whether that kernel reads the accumulator the forward saved or
     recomputes it (``evtfuse.gemm``'s option).
+
+    A gated epilogue (``gate, up = pairs(accum)``: ``evtfuse.library.gated``) makes it the
+    two projections of a gated MLP in one: ``out_features`` is the gated width (the output's,
+    as users read it), ``weight`` is ``(2 * out_features, in_features)``, the gate
+    projection's rows then the up projection's for ``layout="concatenated"`` (``[W_gate;
+    W_up]``), or interleaved row by row (``evtfuse.interleave_gate_up``), and ``bias`` (of
+    ``2 * out_features``, laid out as the rows) feeds the epilogue's ``bias_gate`` and
+    ``bias_up``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  epilogue: EpilogueSource | None = None, device=None, dtype=None,
                  backward: str = "auto", **operands: Any):
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        parsed = parse_epilogue(epilogue if epilogue is not None else
+                                (BIAS if bias else NO_BIAS))
+        self._gated = parsed.gated
+        rows = 2 * out_features if self._gated else out_features
+        super().__init__(in_features, rows, bias, device=device, dtype=dtype)
+        self.out_features = out_features  # the gated width for a gated epilogue
         check_backward(backward)
         self.backward_mode = backward
         self.epilogue = epilogue if epilogue is not None else (BIAS if bias else NO_BIAS)
-        parsed = parse_epilogue(self.epilogue)
-        if "bias" in parsed.params and self.bias is None:
-            raise ValueError(f"the epilogue {parsed.name} takes a bias, and this Linear has "
+        wanted = ("bias_gate", "bias_up") if self._gated else ("bias",)
+        takes = [p for p in wanted if p in parsed.params]
+        if takes and self.bias is None:
+            what = "a bias" if takes == ["bias"] else " and ".join(takes)
+            raise ValueError(f"the epilogue {parsed.name} takes {what}, and this Linear has "
                              "none (bias=False)")
-        self._takes_bias = "bias" in parsed.params
+        if self._gated and self.bias is not None and len(takes) != 2:
+            raise ValueError(f"the gated epilogue {parsed.name} takes no bias_gate and bias_up, "
+                             "and this Linear has a bias: pass bias=False, or an epilogue with "
+                             "bias (evtfuse.library.gated(..., bias=True))")
+        self._takes_bias = bool(takes)
         self._name = parsed.name
         self._epilogue_repr = describe_epilogue(self.epilogue, parsed)
         self.operands = operands
@@ -74,7 +93,12 @@ class Linear(torch.nn.Linear):
         # a reshape to the same shape would add a view node to the autograd graph, host time
         # in the forward and in the backward for nothing
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if self._takes_bias:
+        if self._takes_bias and self._gated:
+            n = self.out_features
+            halves = (self.bias[:n], self.bias[n:]) if self._gated == "concatenated" else \
+                (self.bias[0::2], self.bias[1::2])
+            operands["bias_gate"], operands["bias_up"] = halves
+        elif self._takes_bias:
             operands["bias"] = self.bias
         out = gemm(flat, self.weight.t(), self.epilogue, backward=self.backward_mode,
                    **self.operands, **operands)
@@ -85,6 +109,8 @@ class Linear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         parts = [super().extra_repr(), f"epilogue={self._epilogue_repr}"]
+        if self._gated:
+            parts.insert(1, f"weight_rows={self.weight.shape[0]}")
         parts += [f"{k}={_operand_repr(v)}" for k, v in self.operands.items()]
         if self.backward_mode != "auto":
             parts.append(f"backward={self.backward_mode!r}")

@@ -1,0 +1,56 @@
+"""``evtfuse.nn.Linear`` with a gated epilogue (issue 47): the two projections of a gated
+MLP in one module, ``out_features`` the gated width, against torch (fp32, the interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import evtfuse
+from evtfuse.library import gated
+
+H, I, T = 8, 6, 5
+
+
+def _halves(w: torch.Tensor, layout: str):
+    return (w[:I], w[I:]) if layout == "concatenated" else (w[0::2], w[1::2])
+
+
+@pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("kind,act", [("swiglu", F.silu),
+                                      ("geglu", F.gelu)])
+def test_gated_linear_matches_two_projections(layout, bias, kind, act):
+    torch.manual_seed(0)
+    lin = evtfuse.nn.Linear(H, I, bias=bias, epilogue=gated(kind, bias=bias, layout=layout))
+    assert lin.out_features == I and tuple(lin.weight.shape) == (2 * I, H)
+    assert set(lin.state_dict()) == ({"weight", "bias"} if bias else {"weight"})
+    x = torch.randn(2, T, H, requires_grad=True)
+    y = lin(x)
+    assert tuple(y.shape) == (2, T, I)
+    up = torch.randn(2, T, I)
+    (y * up).sum().backward()
+    w = lin.weight.detach().clone().requires_grad_()
+    b = lin.bias.detach().clone().requires_grad_() if bias else None
+    xr = x.detach().clone().requires_grad_()
+    wg, wu = _halves(w, layout)
+    g, u = xr @ wg.T, xr @ wu.T
+    if bias:
+        bg, bu = _halves(b, layout)
+        g, u = g + bg, u + bu
+    want = act(g) * u
+    torch.testing.assert_close(y, want, rtol=1e-3, atol=1e-3)
+    (want * up).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(lin.weight.grad, w.grad, rtol=1e-3, atol=1e-3)
+    if bias:
+        torch.testing.assert_close(lin.bias.grad, b.grad, rtol=1e-3, atol=1e-3)
+    assert "weight_rows=12" in repr(lin) and "out_features=6" in repr(lin)
+
+
+def test_gated_linear_refuses_a_bias_its_epilogue_does_not_take():
+    with pytest.raises(ValueError, match="bias_gate and bias_up"):
+        evtfuse.nn.Linear(H, I, bias=True, epilogue=gated("swiglu"))
+    with pytest.raises(ValueError, match="bias_gate and bias_up, and this Linear has none"):
+        evtfuse.nn.Linear(H, I, bias=False, epilogue=gated("swiglu", bias=True))
