@@ -54,3 +54,31 @@ def test_gated_linear_refuses_a_bias_its_epilogue_does_not_take():
         evtfuse.nn.Linear(H, I, bias=True, epilogue=gated("swiglu"))
     with pytest.raises(ValueError, match="bias_gate and bias_up, and this Linear has none"):
         evtfuse.nn.Linear(H, I, bias=False, epilogue=gated("swiglu", bias=True))
+
+
+class _MLP(torch.nn.Module):  # as transformers' MLPs are written: activation in forward
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(H, I), torch.nn.GELU(), \
+            torch.nn.Linear(I, H)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def test_fuse_activations_says_what_it_fused_and_what_it_left():
+    """Issue 47: it fused nothing in such models without a word."""
+    model = torch.nn.ModuleDict({"mlp": _MLP(), "seq": torch.nn.Sequential(
+        torch.nn.Linear(H, I), torch.nn.SiLU())})
+    with pytest.warns(UserWarning, match=r"fused 1 .*\(seq\.0\).*left mlp\.fc1: _MLP holds "
+                                         r"it beside the activation module 'act'"):
+        evtfuse.nn.fuse_activations(model)
+    fusion = model.evtfuse_fusion
+    assert fusion.fused == ["seq.0"]
+    assert [n for n, _ in fusion.left] == ["mlp.fc1", "mlp.fc2"]
+    with pytest.warns(UserWarning, match="fused 0 .*no torch.nn.Sequential holds"):
+        evtfuse.nn.fuse_activations(torch.nn.Linear(H, I))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # all fused, nothing left: silent
+        evtfuse.nn.fuse_activations(torch.nn.Sequential(torch.nn.Linear(H, I), torch.nn.ReLU()))

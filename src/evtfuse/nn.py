@@ -10,6 +10,8 @@ The default epilogue is ``accum + bias`` (``accum`` without a bias).
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -144,29 +146,65 @@ def _unflatten(out, flat: torch.Tensor, shape: tuple):
     return out.reshape(shape) if full and out.shape != shape else out
 
 
-def fuse_activations(module: torch.nn.Module) -> torch.nn.Module:
+def fuse_activations(module: torch.nn.Module, *, report: bool = True) -> torch.nn.Module:
     """Replace, in every ``torch.nn.Sequential`` of ``module`` (in place; also returned), each
     ``torch.nn.Linear`` followed by a ReLU, SiLU, Sigmoid, Tanh or GELU module with one
     ``evtfuse.nn.Linear`` computing both (the same parameters, shared), and the activation
-    with ``torch.nn.Identity``: the same outputs, one kernel instead of two."""
-    for child in module.modules():
-        if not isinstance(child, torch.nn.Sequential):
-            continue
+    with ``torch.nn.Identity``: the same outputs, one kernel instead of two.
+
+    It says what it did: ``module.evtfuse_fusion`` (a ``Fusion``: the names of the Linears
+    fused, and every Linear left with the reason), and, with ``report`` (the default), a
+    ``UserWarning`` when it fused nothing or left a Linear beside an activation module (a
+    module that applies its activation in ``forward``, as Hugging Face's MLPs do: evtfuse
+    cannot see the order of calls in a forward it does not run)."""
+    fusion = Fusion([], [])
+    for parent_name, child in module.named_modules():
+        prefix = f"{parent_name}." if parent_name else ""
         names = list(child._modules)
-        for first, second in zip(names, names[1:]):
-            lin, act = child._modules[first], child._modules[second]
-            op = _activation_op(act)
-            if op is None or type(lin) is not torch.nn.Linear:
-                continue
-            bias = lin.bias is not None
-            fused = Linear(lin.in_features, lin.out_features, bias,
-                           epilogue=with_activation(op) if bias else
-                           with_activation(op, bias=False),
-                           device=lin.weight.device, dtype=lin.weight.dtype)
-            fused.weight, fused.bias = lin.weight, lin.bias
-            child._modules[first] = fused
-            child._modules[second] = torch.nn.Identity()
+        if isinstance(child, torch.nn.Sequential):
+            for first, second in zip(names, names[1:]):
+                lin, act = child._modules[first], child._modules[second]
+                op = _activation_op(act)
+                if op is None or type(lin) is not torch.nn.Linear:
+                    continue
+                bias = lin.bias is not None
+                fused = Linear(lin.in_features, lin.out_features, bias,
+                               epilogue=with_activation(op) if bias else
+                               with_activation(op, bias=False),
+                               device=lin.weight.device, dtype=lin.weight.dtype)
+                fused.weight, fused.bias = lin.weight, lin.bias
+                child._modules[first] = fused
+                child._modules[second] = torch.nn.Identity()
+                fusion.fused.append(prefix + first)
+            continue
+        acts = [n for n in names if _activation_op(child._modules[n]) is not None]
+        for n in names:
+            if type(child._modules[n]) is torch.nn.Linear and acts:
+                fusion.left.append((prefix + n, f"{type(child).__name__} holds it beside the "
+                                    f"activation module {acts[0]!r} and applies them in its "
+                                    "forward, whose order evtfuse cannot see (only "
+                                    "torch.nn.Sequential's order is read)"))
+    module.evtfuse_fusion = fusion
+    if report and (fusion.left or not fusion.fused):
+        warnings.warn(f"evtfuse.nn.fuse_activations: {fusion}", UserWarning, stacklevel=2)
     return module
+
+
+@dataclass
+class Fusion:
+    """What ``fuse_activations`` did: ``fused``, the names of the Linears now fused with the
+    activation after them; ``left``, (name, why) for each Linear left beside one."""
+
+    fused: list[str]
+    left: list[tuple[str, str]]
+
+    def __str__(self) -> str:
+        head = f"fused {len(self.fused)} Linear + activation pair(s)" + \
+            (f" ({', '.join(self.fused)})" if self.fused else "")
+        if not self.fused and not self.left:
+            head += ": no torch.nn.Sequential holds a torch.nn.Linear followed by a ReLU, " \
+                "SiLU, Sigmoid, Tanh or GELU module"
+        return head + "".join(f"; left {n}: {why}" for n, why in self.left)
 
 
 def _activation_op(act: torch.nn.Module) -> str | None:
@@ -200,4 +238,4 @@ class LinearCrossEntropy(torch.nn.Module):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
 
 
-__all__ = ["Linear", "fuse_activations", "with_activation", "LinearCrossEntropy"]
+__all__ = ["Linear", "fuse_activations", "Fusion", "with_activation", "LinearCrossEntropy"]
