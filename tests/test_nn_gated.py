@@ -82,3 +82,15 @@ def test_fuse_activations_says_what_it_fused_and_what_it_left():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # all fused, nothing left: silent
         evtfuse.nn.fuse_activations(torch.nn.Sequential(torch.nn.Linear(H, I), torch.nn.ReLU()))
+
+
+def test_a_library_epilogue_shows_as_one_call_however_it_was_written():
+    """The repr showed the latest call's spelling: gated("swiglu") became
+    gated("swiglu", bias=False, layout="interleaved") once another test wrote it so."""
+    from evtfuse import library
+    for written in (gated("swiglu", bias=False, layout="interleaved"), gated(kind="swiglu"),
+                    gated("swiglu")):
+        assert library.call_of(written) == 'gated("swiglu")'
+    library.gated("reglu", layout="concatenated", bias=False)
+    assert library.call_of(library.gated("reglu", layout="concatenated")) == \
+        'gated("reglu", layout="concatenated")'

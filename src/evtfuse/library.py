@@ -77,10 +77,29 @@ def _argument(value: Any) -> str:
 
 
 def call_text(fn: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
-    """``fn(*args, **kwargs)`` as text, as it was called: ``gated("swiglu",
-    layout="concatenated")`` (positional arguments as given, keywords by name)."""
-    parts = [_argument(a) for a in args]
-    parts += [f"{k}={_argument(v)}" for k, v in kwargs.items()]
+    """``fn(*args, **kwargs)`` as text, one spelling per meaning: ``gated("swiglu",
+    layout="concatenated")`` for that call however it was written (the first argument always,
+    the others left out where equal to their defaults, positionally up to the first left out,
+    by name after)."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    parts, by_name = [], False
+    for k, (name, p) in enumerate(sig.parameters.items()):
+        value = bound.arguments[name]
+        if k and p.default is not inspect.Parameter.empty and value == p.default:
+            by_name = True
+            continue
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            parts += [f"{k}={_argument(v)}" for k, v in value.items()]
+        elif p.kind is inspect.Parameter.VAR_POSITIONAL:
+            parts += [_argument(v) for v in value]
+        elif by_name or p.kind is inspect.Parameter.KEYWORD_ONLY:
+            parts.append(f"{name}={_argument(value)}")
+        else:
+            parts.append(_argument(value))
     return f"{fn.__name__}({', '.join(parts)})"
 
 
