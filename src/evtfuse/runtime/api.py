@@ -398,7 +398,7 @@ def _sort(named: dict, epi: _Epilogue) -> tuple:
         elif v is None:
             nones.append(name)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            scalars.append(v)
+            scalars.append(torch_op.scalar_arg(name, v))
             snames.append(name)
         else:
             check_given(epi.name, epi.params, outputs, {**named, **dict.fromkeys(outputs)})

@@ -3,7 +3,7 @@
 Layer: runtime, beside ``runtime.torch_op`` (same ``torch.library`` namespace). Schema::
 
     evtfuse::gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
-                             Scalar[] scalars, Tensor[] outs) -> Tensor[]
+                             Scalar[]? scalars, Tensor[] outs) -> Tensor[]
 
 The functional form of ``evtfuse::gemm``: it writes nothing it is given and returns new
 outputs (one like each tensor of ``outs``, which only say an output's shape and dtype; then
@@ -46,10 +46,11 @@ from ..frontend import ParsedEpilogue, bind
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
 from . import eager_autograd, torch_op
-from .torch_op import Layout, _lib, parse_layout, parsed_of, unwire, values_of, wire
+from .torch_op import (Layout, _lib, parse_layout, parsed_of, scalars_arg, unwire, values_of,
+                       wire)
 
 SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
-          "Scalar[] scalars, Tensor[] outs) -> Tensor[]")
+          "Scalar[]? scalars, Tensor[] outs) -> Tensor[]")
 _lib.define(SCHEMA)
 
 _PLACE = (2, 3, 5)  # placeholder L, M, N (where the real one is neither 0 nor 1)
@@ -350,7 +351,7 @@ def remember(ctx, first: tuple, A, B, epilogue: str, layout: str, tensors, scala
     position = fwd.position
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
     ctx.save_for_backward(*first, *tensors, *(t for _, t in saved))
-    ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars)
+    ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars or ())
     ctx.saved_names = [name for name, _ in saved]
     ctx.n_outs = len(outs)
     ctx.set_materialize_grads(False)
@@ -366,9 +367,7 @@ def _backward(ctx, grads):
     saved = dict(zip(ctx.saved_names, rest[n:]))
     needs = ctx.needs_input_grad
     need_a, need_b, need_t = needs[0], needs[1], needs[4]
-    # the scalars' place: None for a list of numbers, [] for an empty one (torch.library's
-    # gradient structure counts an empty list as a list of tensors)
-    no_scalars = None if ctx.scalars else []
+    no_scalars = None  # the scalars' place (None when there are none: scalars_arg)
     none = (None, None, None, None, [None] * n, no_scalars, [None] * ctx.n_outs)
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
                               need_t, A, B)
@@ -650,10 +649,10 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
     torch.compile (``runtime.eager_autograd``: the same operator and formula, without
     torch.library's per-call flattening), as it is under torch.compile."""
     if not torch.compiler.is_compiling():
-        return eager_autograd.apply(_EAGER, (A, B), wire(source), layout, tensors, scalars,
-                                    outs)
-    return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors, scalars,
-                                                     outs)
+        return eager_autograd.apply(_EAGER, (A, B), wire(source), layout, tensors,
+                                    scalars_arg(scalars), outs)
+    return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors,
+                                                     scalars_arg(scalars), outs)
 
 
 __all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",
