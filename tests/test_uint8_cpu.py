@@ -148,7 +148,7 @@ def test_uint8_refusals_and_defaults():
     text = explain(args, cc=90)
     assert "hopper: refused: uint8 inputs run in the portable family only" in text
     assert [k.family.name for k in get_kernels(args, cc=90)] == ["portable", "portable"]
-    assert "the Triton kernels take fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8 and uint8" in \
+    assert "the Triton kernels take fp16, bf16, fp32, fp64, fp8 (e4m3fn, e5m2), int8 and uint8" in \
         explain(GemmArguments(A.short(), B.short(), D, torch.int32))
     out = evtfuse.gemm(A, B)  # allocated: int32, as for int8
     assert out.dtype == torch.int32 and torch.equal(out.long(), exact(A, B))

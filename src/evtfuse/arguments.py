@@ -175,11 +175,16 @@ class GemmArguments:
         return (self.L, self.M, self.N)
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """What the epilogue computes in: float64 for float64 accumulation, else float32."""
+        return torch.float64 if self.accumulator_type == torch.float64 else torch.float32
+
+    @property
     def optimized_dag(self) -> ir.Dag:
         """The epilogue DAG after the pass pipeline (computed once): what backends emit."""
         if self._optimized is None:
             from .passes import optimize
-            self._optimized = optimize(self.dag)
+            self._optimized = optimize(self.dag, dtype=self.compute_dtype)
         return self._optimized
 
     def _current_state(self) -> list:

@@ -325,6 +325,8 @@ def _check_acc16_grad(acc16: bool, grad: tuple) -> None:
 
 
 def _accumulator_of(dtype: torch.dtype) -> torch.dtype:
+    if dtype == torch.float64:
+        return torch.float64
     return torch.float32 if dtype.is_floating_point else torch.int32
 
 

@@ -70,8 +70,15 @@ _FLOP_PER_BYTE_16BIT = 256
 
 
 def saved_accum_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the forward stores the accumulator in, in "save" mode."""
-    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+    """The dtype the forward stores the accumulator in, in "save" mode (float64 inputs: their
+    float64 accumulator)."""
+    return dtype if dtype in (torch.float16, torch.bfloat16, torch.float64) else torch.float32
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the forward keeps for its backward and the backward computes in: float64 for
+    float64 inputs (their kernels compute in float64), else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def save_threshold(dtype: torch.dtype, allow_tf32: bool = False) -> int:
@@ -283,7 +290,8 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
                                 "(dA and dB are torch matmuls in their dtype)", variable="A")
         wrt.add(autodiff.ACCUM)
     keep = saved_accum_dtype(A.dtype) if mode == "save" else None
-    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=batches)
+    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=batches,
+                                 work=work_dtype(A.dtype))
     hidden = tuple(s for s in plan.saved if s.hidden)
     names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
     if hidden:
@@ -437,7 +445,7 @@ def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
                 raise NotImplementedError(
                     f"{bplan.dag.name}: the gradient {o.name} sums a value constant along "
                     "the rows; this kernel cannot compute it yet")
-            outs.append(Output(o.name, term, kind, torch.float32, term.batched and not grouped))
+            outs.append(Output(o.name, term, kind, bplan.work, term.batched and not grouped))
             sums.append((o.name, o.kind, o.batched))
         elif o.kind is OutputKind.FULL and grouped:
             outs.append(Output(o.name, o.node, OutputKind.FULL, o.dtype))
@@ -543,13 +551,13 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
             continue
         if how is _SCRATCH:  # written, read by the kernel's own computation, dropped
             outs.append(new(autodiff.output_shape(*arg, fwd.problem(A, B, groups)),
-                            dtype=torch.float32))
+                            dtype=fwd.plan.work))
             continue
         if how is _ACCUM:
             t = new(full, dtype=call.grad_dtype)
         elif how is _TERM:  # arg: (batched, per row)
             lead = full[:-2] if arg[0] else ()
-            t = new((*lead, full[-2], *((1,) if arg[1] else full[-1:])), dtype=torch.float32)
+            t = new((*lead, full[-2], *((1,) if arg[1] else full[-1:])), dtype=fwd.plan.work)
         elif how is _PER_BATCH:
             t = new(fwd.problem(A, B, groups), dtype=tensors[target].dtype)
         else:  # the operand's own shape and dtype
