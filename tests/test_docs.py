@@ -345,11 +345,15 @@ def test_errors_md_explains_explain_reasons(monkeypatch):
         "def e(accum): D = accum; return D", D=D)))
     assert "fp8 needs a GPU (Triton's CPU interpreter converts fp8 wrongly" in text
     assert "fp8 needs a GPU (Triton's CPU interpreter converts fp8 wrongly" in ERRORS_MD
-    D = torch.empty(M, N, dtype=torch.float64)
+    D = torch.empty(M, N, dtype=torch.float64)  # a float64 output: stored since round 3
     text = explain(GemmArguments(A, B, D, epilogue=EpilogueArguments(
         "def e(accum): D = accum; return D", D=D)))
-    assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in text
-    assert "the kernels store fp16, bf16, fp32, fp8 (e4m3fn, e5m2), int8, uint8 and int32" in ERRORS_MD
+    assert "portable: supported" in text
+    assert "the kernels store fp16, bf16, fp32, fp64, fp8 (e4m3fn, e5m2), int8, uint8 and int32" \
+        in ERRORS_MD
+    text = explain(GemmArguments(A.double(), B.double(), D))  # float64 asks for its accumulator
+    assert "A and B are torch.float64: pass accumulator_type=torch.float64" in text
+    assert "A and B are torch.float64: pass accumulator_type=torch.float64" in ERRORS_MD
 
 
 def test_errors_md_explains_the_cache_folder_error(tmp_path, monkeypatch):

@@ -149,7 +149,7 @@ def test_uint8_refusals_and_defaults():
     assert "hopper: refused: uint8 inputs run in the portable family only" in text
     assert [k.family.name for k in get_kernels(args, cc=90)] == ["portable", "portable"]
     with pytest.raises(evtfuse.EpilogueError, match="A and B are torch.int16; evtfuse "
-                       "multiplies float16, .*int8 and uint8 inputs") as e:
+                       "multiplies float16, .*float64, .*int8 and uint8 inputs") as e:
         GemmArguments(A.short(), B.short(), D, torch.int32)
     assert e.value.variable == "A"
     out = evtfuse.gemm(A, B)  # allocated: int32, as for int8

@@ -194,11 +194,16 @@ class GemmArguments:
         return (self.L, self.M, self.N)
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """What the epilogue computes in: float64 for float64 accumulation, else float32."""
+        return torch.float64 if self.accumulator_type == torch.float64 else torch.float32
+
+    @property
     def optimized_dag(self) -> ir.Dag:
         """The epilogue DAG after the pass pipeline (computed once): what backends emit."""
         if self._optimized is None:
             from .passes import optimize
-            self._optimized = optimize(self.dag)
+            self._optimized = optimize(self.dag, dtype=self.compute_dtype)
         return self._optimized
 
     def _current_state(self) -> list:
@@ -254,10 +259,10 @@ def gated_width(B: torch.Tensor) -> int:
 
 # the dtypes A and B may have (the kernel families' ``_common`` says which target runs which:
 # fp8 needs a GPU of compute capability 8.9 or later)
-INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, *FP8_DTYPES, torch.int8,
-                torch.uint8)
-INPUT_DTYPES_TEXT = ("float16, bfloat16, float32, float8_e4m3fn and float8_e5m2 (on GPUs of "
-                     "compute capability 8.9 and later), int8 and uint8")
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, *FP8_DTYPES,
+                torch.int8, torch.uint8)
+INPUT_DTYPES_TEXT = ("float16, bfloat16, float32, float64, float8_e4m3fn and float8_e5m2 (on "
+                     "GPUs of compute capability 8.9 and later), int8 and uint8")
 OFFS_KEY = "<offs>"  # a grouped GEMM's offsets among a launch's values (not an identifier)
 MAX_GROUPS = 1024
 

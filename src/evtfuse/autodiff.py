@@ -117,6 +117,9 @@ class ForwardPlan:
     # the decisions the backward takes as the forward took them (``decision_key`` of the
     # node -> the ``Saved`` of role "decision" holding it)
     decisions: tuple[tuple[tuple, str], ...] = ()
+    # the dtype the forward keeps its saved values in and the backward its own (dAccum,
+    # scratch, injected and saved operands): float64 where the kernels compute in it
+    work: torch.dtype = torch.float32
 
     @property
     def saved_accums(self) -> tuple[Saved, ...]:
@@ -171,6 +174,7 @@ class BackwardPlan:
     # decisions it evaluates that the forward plan did not save (``plan_forward`` saves
     # those of its trial backward; a final backward has none)
     unsaved_decisions: tuple[Node, ...] = ()
+    work: torch.dtype = torch.float32  # the forward plan's (``ForwardPlan.work``)
 
     @property
     def empty(self) -> bool:
@@ -366,16 +370,18 @@ def _first_named(n: Node) -> Node | None:
 
 
 def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
-                 save_accum: torch.dtype | None = None, batches: int = 1) -> ForwardPlan:
+                 save_accum: torch.dtype | None = None, batches: int = 1,
+                 work: torch.dtype = torch.float32) -> ForwardPlan:
     """What differentiating ``dag`` with respect to ``wrt`` needs (see the module's text);
     ``parsed``: the ``ParsedEpilogue`` it was bound from, for error messages.
     ``save_accum``: "save" mode, the dtype in which the forward stores the accumulator
     when its backward reads it (None: the backward recomputes it); ``batches``: the
-    problem's L (the saved accumulator is per batch when L > 1)."""
+    problem's L (the saved accumulator is per batch when L > 1); ``work``: the dtype of
+    the saved values ("in fp32" below: float64 where the kernels compute in float64)."""
     wrt = frozenset(wrt)
     active = _active(dag, wrt)
     names = _Namer([o.name for o in dag.operands] + [o.name for o in dag.outputs])
-    plan = ForwardPlan(dag, wrt, active, (), dag, frozenset())
+    plan = ForwardPlan(dag, wrt, active, (), dag, frozenset(), work=work)
     outputs = plan.differentiable_outputs()
     reach = _reaching(dag, outputs, active)
     late = ir.after_reduction(dag)
@@ -401,17 +407,18 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         if "ties" in used:  # max / min: keep the argument itself
             src = o.node.inputs[0]
             s = Saved(names(f"saved_{o.name}_arg"), o.name, "argument",
-                      _KIND_OF_SPACE[src.space], src.batched, True)
-            hidden.append(Output(s.name, src, s.kind, torch.float32, s.batched))
+                      _KIND_OF_SPACE[src.space], src.batched, True, work)
+            hidden.append(Output(s.name, src, s.kind, work, s.batched))
             saved.append(s)
         elif "out" in used:  # logsumexp: its result, in fp32
-            if o.dtype == torch.float32:
-                saved.append(Saved(o.name, o.name, "result", o.kind, o.batched, False))
+            if o.dtype == work:
+                saved.append(Saved(o.name, o.name, "result", o.kind, o.batched, False, work))
             else:
-                s = Saved(names(f"saved_{o.name}"), o.name, "result", o.kind, o.batched, True)
+                s = Saved(names(f"saved_{o.name}"), o.name, "result", o.kind, o.batched, True,
+                          work)
                 again = ir.reduce_node(o.node.op, o.node.inputs[0], o.kind.space, o.batched,
                                        var=s.name, line=o.node.line)
-                hidden.append(Output(s.name, again, s.kind, torch.float32, s.batched))
+                hidden.append(Output(s.name, again, s.kind, work, s.batched))
                 saved.append(s)
     values: list[tuple[int, str]] = []
     ties: list[tuple[int, str]] = []
@@ -427,19 +434,20 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             hidden.append(Output(t.name, tied, t.kind, torch.uint8, t.batched))
             saved.append(t)
             ties.append((k, t.name))
-        out = next((o for o in dag.outputs if o.node is n and o.dtype == torch.float32
+        out = next((o for o in dag.outputs if o.node is n and o.dtype == work
                     and o.kind is kind and o.batched == n.batched), None)
         if out is not None:  # the output itself holds it in fp32
-            s = Saved(out.name, out.name, "value", kind, n.batched, False)
+            s = Saved(out.name, out.name, "value", kind, n.batched, False, work)
         else:
-            s = Saved(names(f"saved_{n.var or n.op}"), label, "value", kind, n.batched, True)
-            hidden.append(Output(s.name, n, kind, torch.float32, n.batched))
+            s = Saved(names(f"saved_{n.var or n.op}"), label, "value", kind, n.batched, True,
+                      work)
+            hidden.append(Output(s.name, n, kind, work, n.batched))
         saved.append(s)
         values.append((k, s.name))
     decisions: list[tuple[tuple, str]] = []
     if outputs:  # a trial backward says what it reads and which decisions it takes
         trial = ForwardPlan(dag, wrt, active, tuple(saved), dag, frozenset(names.taken),
-                            tuple(values), tuple(ties))
+                            tuple(values), tuple(ties), work=work)
         tried = backward(trial, [o.name for o in outputs], wrt, batches=batches)
         if values:  # keep those it reads (mean's sum: none, the count is a constant)
             read = {name for name, _ in tried.saved}
@@ -458,17 +466,18 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                 f"{base} (line {named.line})"
             s = Saved(names(f"saved_{base}_{'mask' if mask else 'step'}"), label, "decision",
                       _KIND_OF_SPACE[n.space], n.batched, True,
-                      torch.uint8 if mask else torch.float32)
+                      torch.uint8 if mask else work)
             hidden.append(Output(s.name, n, s.kind, s.dtype, s.batched))
             saved.append(s)
             decisions.append((decision_key(n, forward_ids, memo), s.name))
     augmented = dag.replace_outputs(dag.outputs + tuple(hidden)) if hidden else dag
     plan = ForwardPlan(dag, wrt, active, tuple(saved), augmented, frozenset(names.taken),
-                       tuple(values), tuple(ties), tuple(decisions))
+                       tuple(values), tuple(ties), tuple(decisions), work)
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
     if values or any(s.role == "result" for s in saved):
-        save_accum = torch.float32  # read beside a reduction the forward took in fp32
+        # read beside a reduction the forward took in its working precision
+        save_accum = work if save_accum.itemsize < work.itemsize else save_accum
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
         s = Saved(names(f"saved_{acc.var}"), accum_target(acc.op), "accum", OutputKind.FULL,
                   batches > 1, True, save_accum)
@@ -476,7 +485,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
         saved.append(s)
     return ForwardPlan(dag, wrt, active, tuple(saved),
                        dag.replace_outputs(dag.outputs + tuple(hidden)), frozenset(names.taken),
-                       tuple(values), tuple(ties), tuple(decisions))
+                       tuple(values), tuple(ties), tuple(decisions), work)
 
 
 def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
@@ -551,7 +560,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         value it does not return over each row, batches apart)."""
         r = ir.reduce_node("sum", x, n.space, n.batched)
         if n.space is not Space.ROW or (not n.batched and batches > 1):
-            scratch.append(Output(names("scratch"), r, _KIND_OF_SPACE[n.space], torch.float32,
+            scratch.append(Output(names("scratch"), r, _KIND_OF_SPACE[n.space], plan.work,
                                   n.batched))
         return r
 
@@ -579,7 +588,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         arg = saved_of.get((o.name, "argument"))
         if arg is not None:  # max / min: the saved argument's gradient comes from torch
             iname = names(f"grad_{arg.name}")
-            ispec = OperandSpec(iname, _OPERAND_OF_OUTPUT[arg.kind], torch.float32, arg.batched)
+            ispec = OperandSpec(iname, _OPERAND_OF_OUTPUT[arg.kind], plan.work, arg.batched)
             operands.append(ispec)
             injected.append(Injected(iname, arg, o.name, o.node.op, o.kind, o.batched))
             add(src, spread(ir.load_node(ispec), src.space in (Space.COL, Space.SCALAR),
@@ -589,7 +598,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         out = None
         if res is not None:
             sname = names(f"saved_{o.name}") if not res.hidden else names(res.name)
-            sspec = _spec(sname, res.kind, torch.float32, res.batched)
+            sspec = _spec(sname, res.kind, plan.work, res.batched)
             operands.append(sspec)
             saved_ops.append((res.name, sname))
             out = ir.load_node(sspec)
@@ -636,7 +645,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
         if ACCUM in wanted and id(acc) in adj:
             out_name = "D" if acc.op is None else names(f"grad_{acc.op}")
-            outputs.append(Output(out_name, adj[id(acc)], OutputKind.FULL, torch.float32, True))
+            outputs.append(Output(out_name, adj[id(acc)], OutputKind.FULL, plan.work, True))
             results.append((accum_target(acc.op), out_name))
     loads = {n.operand.name: n for n in dag.nodes if n.kind is NodeKind.LOAD}
     for spec in dag.operands:
@@ -682,7 +691,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         loads = {}
         for k, sname in plan.values:
             s = by_name[sname]
-            vspec = _spec(names(s.name), s.kind, torch.float32, s.batched)
+            vspec = _spec(names(s.name), s.kind, plan.work, s.batched)
             loads[id(dag.nodes[k])] = vspec
             saved_ops.append((s.name, vspec.name))
         bwd = read_saved_values(bwd, loads)
@@ -691,7 +700,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
         saved_ops.append((kept.name, kspec.name))
         part = None if kept.of == ACCUM else kept.of.split(".")[1]
         bwd = read_saved_accumulator(bwd, kspec, part)
-    bwd = optimize(bwd)
+    bwd = optimize(bwd, dtype=plan.work)
     if not any(o.name == "D" for o in bwd.outputs):  # dead-code elimination dropped it
         bwd = bwd.replace_outputs((filler, *bwd.outputs))
     # gated while it still reads the accumulator's pairs (not when it reads saved copies)
@@ -703,7 +712,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
                         tuple(i for i in injected if i.name in used), tuple(results),
                         frozenset(batch_summed), first.name if first.name in used else None,
                         scratch=tuple(o.name for o in scratch),
-                        unsaved_decisions=tuple(unsaved))
+                        unsaved_decisions=tuple(unsaved), work=plan.work)
 
 
 def output_shape(kind: OutputKind, batched: bool, problem: tuple) -> tuple:

@@ -27,7 +27,8 @@ LIBRARY_END = "<!-- END GENERATED -->"
 _ARG_NAMES = ("x", "y", "z")
 _SECTIONS = (
     (Category.ELEMENTWISE, "Arithmetic, activations and math functions",
-     "Float in, float out. Computed in fp32 whatever the operands' dtypes."),
+     "Float in, float out. Computed in fp32 whatever the operands' dtypes (in fp64 for fp64 "
+     "inputs: docs/dtypes-and-layouts.md)."),
     (Category.COMPARE, "Comparisons", "Float in, bool out; use the result in `where` (or in "
                                       "arithmetic, where it counts as 1.0 / 0.0)."),
     (Category.SELECT, "Selection", ""),

@@ -188,9 +188,9 @@ def _pow_spelling(args: list, params: dict) -> str:
     if math.isnan(c):  # not written in a source (a literal exponent), but defined: C's pow
         return f"tl.where({x} == 1.0, 1.0, float('nan'))"
     if c == 0.5:
-        return f"tl.sqrt_rn({x})"
+        return f"_ef_sqrt({x})"
     if c == -0.5:
-        return f"(1.0 / tl.sqrt_rn({x}))"
+        return f"(1.0 / _ef_sqrt({x}))"
     if math.isfinite(c) and c == int(c) and abs(c) <= 16:
         n = int(abs(c))
         if c > 0:
@@ -599,9 +599,9 @@ _ROWS: tuple[OpDef, ...] = (
           doc="natural logarithm (on a GPU: the hardware log2, a series near 1; relative "
               "error ~1e-6)",
           grad=lambda d: (d.g / d.x,)),
-    OpDef("sqrt", 1, torch.sqrt, "tl.sqrt_rn({0})", doc="square root (IEEE rounded)",
+    OpDef("sqrt", 1, torch.sqrt, "_ef_sqrt({0})", doc="square root (IEEE rounded)",
           grad=lambda d: (d.g / (2.0 * d.out),)),
-    OpDef("rsqrt", 1, _t_rsqrt, "(1.0 / tl.sqrt_rn({0}))", doc="1 / sqrt(x)",
+    OpDef("rsqrt", 1, _t_rsqrt, "(1.0 / _ef_sqrt({0}))", doc="1 / sqrt(x)",
           grad=lambda d: (-0.5 * d.g * d.out ** 3.0,)),
     OpDef("abs", 1, torch.abs, "tl.abs({0})", doc="|x|", grad=_g_abs),
     OpDef("log1p", 1, torch.log1p, "_ef_log1p({0})",

@@ -12,6 +12,7 @@ own rounding, never away from the true value.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable
 
@@ -64,9 +65,10 @@ def _const_value(n: Node) -> float | None:
     return n.value if n.kind is NodeKind.CONST else None
 
 
-def fold_constants(dag: Dag) -> Dag:
-    """Evaluate compute nodes whose inputs are all literals, in fp32 as the kernel would;
-    pick the branch of a ``where`` whose condition is a literal."""
+def fold_constants(dag: Dag, dtype: torch.dtype = torch.float32) -> Dag:
+    """Evaluate compute nodes whose inputs are all literals, in fp32 as the kernel would
+    (``dtype``: float64 for a kernel that computes in float64); pick the branch of a
+    ``where`` whose condition is a literal."""
 
     def rewrite(n: Node, inputs: tuple[Node, ...]) -> Node:
         if n.kind is not NodeKind.COMPUTE:
@@ -76,7 +78,7 @@ def fold_constants(dag: Dag) -> Dag:
             return inputs[1] if inputs[0].value != 0 else inputs[2]
         if row.category is Category.ELEMENTWISE and inputs and \
                 all(i.kind is NodeKind.CONST for i in inputs):
-            vals = [torch.tensor(i.value, dtype=torch.float32) for i in inputs]
+            vals = [torch.tensor(i.value, dtype=dtype) for i in inputs]
             out = torch_apply(row, vals, n.param_dict)
             return ir.const_node(float(out.item()), n.line)
         return _same_or_new(n, inputs)
@@ -141,7 +143,7 @@ def simplify_algebra(dag: Dag) -> Dag:
 
 # ------------------------------------------------------------------ stable forms
 
-def stable_forms(dag: Dag) -> Dag:
+def stable_forms(dag: Dag, dtype: torch.dtype = torch.float32) -> Dag:
     """The cross-entropy pattern ``log(clamp(s, lo, hi))`` of ``s = sigmoid(x)`` or
     ``s = 1 - sigmoid(x)``, with literal bounds ``0 < lo <= hi < 1`` -> ``clamp(log_sigmoid(x),
     log(lo), log(hi))`` (or of ``log_sigmoid(-x)``): ``s`` is in [0, 1] and log is increasing,
@@ -170,7 +172,7 @@ def stable_forms(dag: Dag) -> Dag:
         inner = log_sigmoid_of(src, line)
         if inner is None:
             return None
-        bounds = [ir.const_node(float(torch.log(torch.tensor(v, dtype=torch.float32))), line)
+        bounds = [ir.const_node(float(torch.log(torch.tensor(v, dtype=dtype))), line)
                   for v in (vlo, vhi)]
         return ir.compute_node("clamp", (inner, *bounds), var=var, line=line)
 
@@ -320,13 +322,22 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
 )
 
 
+_IN_DTYPE = (fold_constants, stable_forms)  # the passes that compute values (``optimize``)
+
+
 def debug_enabled() -> bool:
     return os.environ.get("EVTFUSE_DEBUG", "").lower() in ("1", "true", "yes", "debug")
 
 
-def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE) -> Dag:
-    """Run the pass pipeline; with ``debug`` verify the DAG between passes."""
+def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE,
+             dtype: torch.dtype = torch.float32) -> Dag:
+    """Run the pass pipeline; with ``debug`` verify the DAG between passes. ``dtype``: what
+    the kernel computes in (float64 for float64 inputs): the passes that compute constants
+    compute them in it."""
     debug = debug_enabled() if debug is None else debug
+    if dtype != torch.float32:
+        passes = tuple((name, functools.partial(fn, dtype=dtype) if fn in _IN_DTYPE else fn)
+                       for name, fn in passes)
     if debug:
         ir.verify(dag)
     for name, fn in passes:

@@ -24,12 +24,18 @@ def accumulator(args, compute_dtype: torch.dtype = torch.float32) -> torch.Tenso
     product rounded once to fp16 (to nearest even; past 65504 infinity), in
     ``compute_dtype``. The kernel's rounding of every partial sum on the way moves it
     further, by a summation error growing with K (``runtime.verify.FP16_ACC_NOISE``)."""
-    if not args.A.dtype.is_floating_point:
+    if not args.A.dtype.is_floating_point or _f64(args):
         compute_dtype = torch.float64
     acc = torch.matmul(args.A.to(compute_dtype), args.B.to(compute_dtype))
     if getattr(args, "accumulator_type", None) == torch.float16:
         acc = acc.to(torch.float16).to(compute_dtype)
     return acc
+
+
+def _f64(args) -> bool:
+    """Whether ``args`` accumulate in float64 (float64 inputs): their kernel computes the
+    epilogue in float64 too, and so does the reference."""
+    return getattr(args, "accumulator_type", None) == torch.float64
 
 
 def _as3d(t: torch.Tensor) -> torch.Tensor:
@@ -53,8 +59,9 @@ def evaluate(dag_or_args: Any, accum: torch.Tensor | None = None,
     if isinstance(dag_or_args, GemmArguments):
         args = dag_or_args
         dag = args.dag
-        if not args.A.dtype.is_floating_point:
-            compute_dtype = torch.float64  # integer products: exact up to 2**53
+        if not args.A.dtype.is_floating_point or _f64(args):
+            # integer products: exact up to 2**53; float64 accumulates and computes in float64
+            compute_dtype = torch.float64
         if accum is None:
             accum = accumulator(args, compute_dtype)
         values = args.epilogue.values

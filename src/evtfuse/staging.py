@@ -88,8 +88,9 @@ def _fresh(taken: set[str], stem: str) -> Iterator[str]:
             yield name
 
 
-def split(dag: Dag) -> Split:
-    """The first and second pass of ``dag`` (``feeds_computation(dag)`` must hold)."""
+def split(dag: Dag, dtype: torch.dtype = torch.float32) -> Split:
+    """The first and second pass of ``dag`` (``feeds_computation(dag)`` must hold); the
+    workspaces between them hold ``dtype`` (float64 where the kernels compute in it)."""
     late = ir.after_reduction(dag)
     users = dag.users
     taken = {"accum", "D"} | {o.name for o in dag.operands} | {o.name for o in dag.outputs}
@@ -116,8 +117,8 @@ def split(dag: Dag) -> Split:
         ws = Workspace(next(fresh), space, batched)
         workspaces.append(ws)
         okind, lkind = _KIND_OF_SPACE[space]
-        first_outs.append(Output(ws.name, n, okind, torch.float32, batched))
-        loaded[id(n)] = ir.load_node(OperandSpec(ws.name, lkind, torch.float32, batched))
+        first_outs.append(Output(ws.name, n, okind, dtype, batched))
+        loaded[id(n)] = ir.load_node(OperandSpec(ws.name, lkind, dtype, batched))
 
     # the second pass: the late nodes over loads of the workspaces, leaves as they are
     ws_specs = tuple(loaded[id(n)].operand for n in dag.nodes if id(n) in loaded)

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped
-from ..errors import EpilogueError, UnsupportedError, not_an_operand, scalar_value
+from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind
 from ..memory import byte_span, tensor_state
@@ -380,6 +380,8 @@ def _check_acc16_grad(acc16: bool, grad: tuple) -> None:
 
 
 def _accumulator_of(dtype: torch.dtype) -> torch.dtype:
+    if dtype == torch.float64:
+        return torch.float64
     return torch.float32 if dtype.is_floating_point else torch.int32
 
 
@@ -437,9 +439,6 @@ def _gemm_with_grad(A, B, epi: _Epilogue, named, dtypes, options, grad, tensors,
     return tuple(got.get(n) for n in outputs)
 
 
-_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
-
-
 def _check_tensors(A, B, call: str) -> None:
     """A and B are torch tensors (a numpy array is named, with the conversion)."""
     for name, t in (("A", A), ("B", B)):
@@ -482,11 +481,7 @@ def _sort(named: dict, epi: _Epilogue) -> tuple:
         elif v is None:
             nones.append(name)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX:
-                # the operator's Scalar holds int64: a larger int goes as the float the
-                # kernel takes anyway (10**400, which no float holds, is an error naming it)
-                v = scalar_value(name, v)
-            scalars.append(v)
+            scalars.append(torch_op.scalar_arg(name, v))
             snames.append(name)
         else:
             check_given(epi.name, epi.params, outputs, {**named, **dict.fromkeys(outputs)})

@@ -3,7 +3,7 @@
 Layer: runtime, beside ``runtime.torch_op`` (same ``torch.library`` namespace). Schema::
 
     evtfuse::gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
-                             Scalar[] scalars, Tensor[] outs) -> Tensor[]
+                             Scalar[]? scalars, Tensor[] outs) -> Tensor[]
 
 The functional form of ``evtfuse::gemm``: it writes nothing it is given and returns new
 outputs (one like each tensor of ``outs``, which only say an output's shape and dtype; then
@@ -46,10 +46,11 @@ from ..frontend import ParsedEpilogue, bind
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
 from ..unparse import to_source
 from . import eager_autograd, torch_op
-from .torch_op import Layout, _lib, parse_layout, parsed_of, unwire, values_of, wire
+from .torch_op import (Layout, _lib, parse_layout, parsed_of, scalars_arg, unwire, values_of,
+                       wire)
 
 SCHEMA = ("gemm_functional(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
-          "Scalar[] scalars, Tensor[] outs) -> Tensor[]")
+          "Scalar[]? scalars, Tensor[] outs) -> Tensor[]")
 _lib.define(SCHEMA)
 
 _PLACE = (2, 3, 5)  # placeholder L, M, N (where the real one is neither 0 nor 1)
@@ -69,8 +70,15 @@ _FLOP_PER_BYTE_16BIT = 256
 
 
 def saved_accum_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the forward stores the accumulator in, in "save" mode."""
-    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+    """The dtype the forward stores the accumulator in, in "save" mode (float64 inputs: their
+    float64 accumulator)."""
+    return dtype if dtype in (torch.float16, torch.bfloat16, torch.float64) else torch.float32
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the forward keeps for its backward and the backward computes in: float64 for
+    float64 inputs (their kernels compute in float64), else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def save_threshold(dtype: torch.dtype, allow_tf32: bool = False) -> int:
@@ -282,7 +290,8 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
                                 "(dA and dB are torch matmuls in their dtype)", variable="A")
         wrt.add(autodiff.ACCUM)
     keep = saved_accum_dtype(A.dtype) if mode == "save" else None
-    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=batches)
+    plan = autodiff.plan_forward(dag, wrt, parsed, save_accum=keep, batches=batches,
+                                 work=work_dtype(A.dtype))
     hidden = tuple(s for s in plan.saved if s.hidden)
     names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
     if hidden:
@@ -350,7 +359,7 @@ def remember(ctx, first: tuple, A, B, epilogue: str, layout: str, tensors, scala
     position = fwd.position
     saved = [(s.name, output[position[s.name if s.hidden else s.of]]) for s in fwd.plan.saved]
     ctx.save_for_backward(*first, *tensors, *(t for _, t in saved))
-    ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars)
+    ctx.fwd, ctx.lay, ctx.scalars = fwd, lay, list(scalars or ())
     ctx.saved_names = [name for name, _ in saved]
     ctx.n_outs = len(outs)
     ctx.set_materialize_grads(False)
@@ -366,9 +375,7 @@ def _backward(ctx, grads):
     saved = dict(zip(ctx.saved_names, rest[n:]))
     needs = ctx.needs_input_grad
     need_a, need_b, need_t = needs[0], needs[1], needs[4]
-    # the scalars' place: None for a list of numbers, [] for an empty one (torch.library's
-    # gradient structure counts an empty list as a list of tensors)
-    no_scalars = None if ctx.scalars else []
+    no_scalars = None  # the scalars' place (None when there are none: scalars_arg)
     none = (None, None, None, None, [None] * n, no_scalars, [None] * ctx.n_outs)
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
                               need_t, A, B)
@@ -438,7 +445,7 @@ def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
                 raise NotImplementedError(
                     f"{bplan.dag.name}: the gradient {o.name} sums a value constant along "
                     "the rows; this kernel cannot compute it yet")
-            outs.append(Output(o.name, term, kind, torch.float32, term.batched and not grouped))
+            outs.append(Output(o.name, term, kind, bplan.work, term.batched and not grouped))
             sums.append((o.name, o.kind, o.batched))
         elif o.kind is OutputKind.FULL and grouped:
             outs.append(Output(o.name, o.node, OutputKind.FULL, o.dtype))
@@ -544,13 +551,13 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
             continue
         if how is _SCRATCH:  # written, read by the kernel's own computation, dropped
             outs.append(new(autodiff.output_shape(*arg, fwd.problem(A, B, groups)),
-                            dtype=torch.float32))
+                            dtype=fwd.plan.work))
             continue
         if how is _ACCUM:
             t = new(full, dtype=call.grad_dtype)
         elif how is _TERM:  # arg: (batched, per row)
             lead = full[:-2] if arg[0] else ()
-            t = new((*lead, full[-2], *((1,) if arg[1] else full[-1:])), dtype=torch.float32)
+            t = new((*lead, full[-2], *((1,) if arg[1] else full[-1:])), dtype=fwd.plan.work)
         elif how is _PER_BATCH:
             t = new(fwd.problem(A, B, groups), dtype=tensors[target].dtype)
         else:  # the operand's own shape and dtype
@@ -650,10 +657,10 @@ def call(A, B, source: str, layout: str, tensors: list, scalars: list, outs: lis
     torch.compile (``runtime.eager_autograd``: the same operator and formula, without
     torch.library's per-call flattening), as it is under torch.compile."""
     if not torch.compiler.is_compiling():
-        return eager_autograd.apply(_EAGER, (A, B), wire(source), layout, tensors, scalars,
-                                    outs)
-    return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors, scalars,
-                                                     outs)
+        return eager_autograd.apply(_EAGER, (A, B), wire(source), layout, tensors,
+                                    scalars_arg(scalars), outs)
+    return torch.ops.evtfuse.gemm_functional.default(A, B, wire(source), layout, tensors,
+                                                     scalars_arg(scalars), outs)
 
 
 __all__ = ["SCHEMA", "BACKWARD_MODES", "Forward", "forward_of", "dtype_name", "call",

@@ -15,9 +15,10 @@ Layer: runtime, beside ``runtime.autograd`` (same ``torch.library`` namespace). 
 ``hidden`` is (T, H), ``weight`` (V, H), ``target`` (T,); ``softcap`` 0.0 means none.
 Per row of the logits z (``hidden @ weight.T + bias``, then ``softcap * tanh(z / softcap)``)
 the kernels reduce ``lse = logsumexp(z)``, ``tgt = z[target]`` and, for label smoothing,
-``zs = sum(z)``; a row that is not ignored has the loss ``lse - (1 - ls) * tgt - ls / V * zs
-+ z_loss * lse ** 2`` (torch's ``cross_entropy`` with ``label_smoothing``, plus PaLM's
-z-loss), computed in torch from those (T,)-vectors.
+``zs = sum(z)``; a row that is not ignored has the loss ``(1 - ls) * (n - tgt) + ls * (n - zs
+/ V) + z_loss * lse ** 2`` (torch's ``cross_entropy`` with ``label_smoothing``, plus PaLM's
+z-loss), computed in torch from those (T,)-vectors, where ``n`` is log_softmax's normalizer
+(``normalizer``: lse, NaN where it is infinite, as torch's x - max there).
 
 Two epilogues, text built by ``logits_source`` and ``rows_source``: ``lce_logits`` over ``hidden @ weight.T`` reduces
 the rows and, when gradients are wanted, stores the logits of a chunk of rows;
@@ -41,6 +42,7 @@ no logits.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -227,6 +229,10 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
                            None if lse_w is None else lse_w[s:e], o)
         kw = dict(ops, X=x, D=None, **{grad_names[n]: coeff[n] for n in grad_names})
         kw.update({op: part[name] for name, op in saved.items()})
+        if row_w is not None and "lse" in saved:
+            # the loss's softmax: NaN over a row whose max is infinite, as torch's (``lse``
+            # alone, the gradient of the lse returned, is torch.logsumexp's)
+            kw[saved["lse"]] = normalizer(part["lse"])
         if "X" in outputs:
             kw[outputs["X"]] = x  # the gradient of the logits, over them
         if "bias" in outputs:
@@ -247,13 +253,16 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
 
 def _row_grads(lse, valid, row_w, lse_w, o: _Options) -> dict:
     """The upstream gradients of lse, tgt and zs of a chunk's rows, (rows, 1) fp32: a row's
-    loss lse - (1 - ls) tgt - ls / V zs + z_loss lse^2 weighted by ``row_w`` where the row
-    is not ignored, plus ``lse_w`` (the gradient of the lse returned)."""
+    loss (``row_losses``) weighted by ``row_w`` where the row
+    is not ignored, plus ``lse_w`` (the gradient of the lse returned). Without ``row_w``
+    (the loss unused) the loss's terms are left out, not weighted by 0: 0 * lse ** 2's
+    gradient would be NaN over a row whose lse is infinite."""
     if row_w is None:
         w = torch.zeros_like(lse)
+        g_lse = w
     else:
         w = torch.where(valid, row_w, 0.0)
-    g_lse = w * (1.0 + (2.0 * o.zl) * lse) if o.zl else w
+        g_lse = w * (1.0 + (2.0 * o.zl) * lse) if o.zl else w
     if lse_w is not None:
         g_lse = g_lse + lse_w
     out = {"lse": g_lse.contiguous(), "tgt": (w * -(1.0 - o.ls)).contiguous()}
@@ -262,12 +271,26 @@ def _row_grads(lse, valid, row_w, lse_w, o: _Options) -> dict:
     return out
 
 
+def normalizer(lse: torch.Tensor) -> torch.Tensor:
+    """log_softmax's normalizer of each row: its logsumexp where that is finite, NaN where
+    it is +-inf. ``lse`` follows torch.logsumexp (+inf for a row holding +inf, -inf for a
+    row of -inf), but torch's log_softmax, which cross_entropy reads, subtracts the row's
+    max before its exp, and x - max is NaN when the max is infinite: such a row's loss is
+    NaN, and so is its whole gradient (softmax NaN), weighted by zero or ignored included.
+    lse is infinite exactly then: its sum of exp(x - max) lies in [1, V]."""
+    return torch.where(lse.abs() == math.inf, math.nan, lse)
+
+
 def row_losses(stats: dict, valid: torch.Tensor, o: _Options) -> torch.Tensor:
-    """Each row's loss, (T,) fp32, 0 where ignored."""
+    """Each row's loss, (T,) fp32, 0 where ignored: as torch's cross_entropy forms it,
+    ``(1 - ls) * nll + ls * smooth`` of -log_softmax at the target (``nll``) and its mean
+    over the classes (``smooth``), so that special values give torch's (a 0 * inf where
+    ``ls`` is 1 and a target's logit -inf is NaN, as torch's)."""
     lse, tgt = stats["lse"][:, 0], stats["tgt"][:, 0]
-    loss = lse - (1.0 - o.ls) * tgt if o.ls != 1.0 else lse.clone()
+    norm = normalizer(lse)
+    loss = norm - tgt
     if o.smooth:
-        loss = loss - (o.ls / o.vocab) * stats["zs"][:, 0]
+        loss = (1.0 - o.ls) * loss + o.ls * (norm - stats["zs"][:, 0] / o.vocab)
     if o.zl:
         loss = loss + o.zl * lse * lse
     return torch.where(valid, loss, 0.0)
@@ -447,7 +470,10 @@ def _backward(ctx, g_loss, g_lse, *unused):
             bias is not None and ctx.needs_input_grad[3])
     got = [None, None, None]
     row_grad = None
-    if g_loss is not None and ctx.precomputed:  # the forward computed them: scale
+    # the forward computed them: scale. Not with a gradient at the lse too: the logits'
+    # gradients of both must be summed before the matmuls, as torch's autograd sums them (an
+    # inf in weight times a 0 of one and a finite value of the other is +-inf, not NaN)
+    if g_loss is not None and ctx.precomputed and g_lse is None:
         for k, t in enumerate((dh, dw, db)):
             if need[k]:
                 torch.ops.evtfuse.scale_.default(t, g_loss)  # in place: no copy of d_weight

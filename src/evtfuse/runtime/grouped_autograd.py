@@ -4,7 +4,7 @@ Layer: runtime, beside ``runtime.autograd``, whose forward plans, backward plans
 kernel call it shares (``forward_of(..., grouped=True)``). Schema::
 
     evtfuse::grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout,
-                                     Tensor?[] tensors, Scalar[] scalars, Tensor[] outs) -> Tensor[]
+                                     Tensor?[] tensors, Scalar[]? scalars, Tensor[] outs) -> Tensor[]
 
 The functional form of ``evtfuse::grouped_gemm`` (A (T, K), B (G, K, N), offs (G,)), as
 ``gemm_functional`` is of ``evtfuse::gemm``. Forward: the epilogue with the hidden outputs
@@ -41,10 +41,10 @@ from . import eager_autograd
 from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
                        check_first_order, forward_of, in_layout_of, operand_gradients,
                        remember, run_backward)
-from .torch_op import Layout, _lib, unwire, values_of, wire
+from .torch_op import Layout, _lib, scalars_arg, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
-          "Tensor?[] tensors, Scalar[] scalars, Tensor[] outs) -> Tensor[]")
+          "Tensor?[] tensors, Scalar[]? scalars, Tensor[] outs) -> Tensor[]")
 _lib.define(SCHEMA)
 
 
@@ -108,7 +108,7 @@ def _backward(ctx, grads):
     saved = dict(zip(ctx.saved_names, rest[n:]))
     needs = ctx.needs_input_grad
     need_a, need_b, need_t = needs[0], needs[1], needs[5]
-    no_scalars = None if ctx.scalars else []  # as runtime.autograd's
+    no_scalars = None  # as runtime.autograd's
     none = (None,) * 5 + ([None] * n, no_scalars, [None] * ctx.n_outs)
     groups = offs.shape[0] if fwd.over_k else None
     request = backward_inputs(fwd, lay, grads, tensors, saved, ctx.scalars, need_a or need_b,
@@ -176,9 +176,9 @@ def call(A, B, offs, source: str, layout: str, tensors: list, scalars: list, out
     """``evtfuse::grouped_gemm_functional``, as ``autograd.call`` calls its operator."""
     if not torch.compiler.is_compiling():
         return eager_autograd.apply(_EAGER, (A, B, offs), wire(source), layout, tensors,
-                                    scalars, outs)
+                                    scalars_arg(scalars), outs)
     return torch.ops.evtfuse.grouped_gemm_functional.default(A, B, offs, wire(source), layout,
-                                                             tensors, scalars, outs)
+                                                             tensors, scalars_arg(scalars), outs)
 
 
 __all__ = ["SCHEMA", "call"]

@@ -27,7 +27,7 @@ from . import background, cache
 from .device import device_guard
 from .torch_op import check_no_grad, check_outputs_writable
 from .two_pass import TwoPassPlan, judged, staged
-from .verify import FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
+from .verify import F64_ACC_NOISE, FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
 
 log = logging.getLogger("evtfuse")
 
@@ -182,10 +182,11 @@ class Kernel:
         # integer inputs accumulate exactly: no summation-order noise to allow for
         # fp16 accumulators round every partial sum: noise of fp16's unit roundoff
         acc16 = args.accumulator_type == torch.float16
+        noise = dict(noise=FP16_ACC_NOISE, own_scale=True) if acc16 else (
+            dict(noise=F64_ACC_NOISE) if args.accumulator_type == torch.float64 else {})
         slack = {} if not args.A.dtype.is_floating_point else accumulation_slack(
             lambda acc: evaluate(args, acc, before, cast=False), accum, ref, args.K,
-            [o.name for o in stored], **(dict(noise=FP16_ACC_NOISE, own_scale=True)
-                                         if acc16 else {}))
+            [o.name for o in stored], **noise)
         tf32 = args.allow_tf32 and args.A.dtype == torch.float32 and self.target.kind == "cuda"
         fast_k = 0 if fp8_promote(args, self.target) else args.K  # fp8 inputs only
         result = VerifyResult(self.name)

@@ -4,7 +4,7 @@ Layer: runtime, between the public calls (``api.gemm``, ``Fused``, ``evtfuse.nn`
 eager implementation (``api.run_values``). Schema::
 
     evtfuse::gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
-                  Scalar[] scalars, Tensor(a!)[] outs) -> ()
+                  Scalar[]? scalars, Tensor(a!)[] outs) -> ()
 
 ``epilogue`` is the epilogue's source text on one line (``wire``: line breaks, other control
 characters and non-ASCII escaped as Python's ``unicode_escape`` does) and ``layout`` says how to read the rest (which
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..errors import EpilogueError
+from ..errors import EpilogueError, scalar_value
 from ..frontend import EpilogueText, parse_epilogue
 
 def constant_result(fn):
@@ -48,7 +48,7 @@ def constant_result(fn):
 
 
 SCHEMA = ("gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors, "
-          "Scalar[] scalars, Tensor(a!)[] outs) -> ()")
+          "Scalar[]? scalars, Tensor(a!)[] outs) -> ()")
 _lib = torch.library.Library("evtfuse", "DEF")
 _lib.define(SCHEMA)
 
@@ -159,10 +159,29 @@ def _layout_text(tensors, nones, scalars, outs, line, where, from_function, opti
                   kernel, tuple(grad), tuple(alloc), backward, bool(acc16)).text()
 
 
+
+def scalar_arg(name: str, value) -> Any:
+    """A runtime scalar as the operators' ``scalars`` carry it: a number as the float a
+    kernel is given (``errors.scalar_value``: an int past the largest double is an error
+    naming it); a symbolic int (torch.compile with ``dynamic=True``) as it is, so that a new
+    value recompiles nothing (a float passed to an operator is specialized)."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return value
+    return scalar_value(name, value)
+
+
+def scalars_arg(scalars: list) -> list | None:
+    """The operators' ``Scalar[]? scalars`` argument: None for no scalar. torch.export's
+    serializer (``torch.export.save``) cannot write an empty ``Scalar[]`` (every call without
+    a Python-number operand: every ``evtfuse.nn.Linear``) nor a list mixing ints and floats
+    (``scalar_arg`` makes them floats)."""
+    return scalars if scalars else None
+
+
 def values_of(layout: Layout, tensors: list, scalars: list, outs: list) -> dict[str, Any]:
     """The epilogue's operands and outputs by name, as ``EpilogueArguments`` takes them."""
     values: dict[str, Any] = dict(zip(layout.tensors, tensors))
-    values.update(zip(layout.scalars, scalars))
+    values.update(zip(layout.scalars, scalars or ()))
     values.update(zip(layout.outs, outs))
     for name in layout.nones:
         values[name] = None
@@ -281,7 +300,7 @@ torch.library.register_fake("evtfuse::gemm", _fake, lib=_lib)
 
 
 GROUPED_SCHEMA = ("grouped_gemm(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
-                  "Tensor?[] tensors, Scalar[] scalars, Tensor(a!)[] outs) -> ()")
+                  "Tensor?[] tensors, Scalar[]? scalars, Tensor(a!)[] outs) -> ()")
 _lib.define(GROUPED_SCHEMA)
 
 
@@ -315,11 +334,12 @@ torch.library.register_fake("evtfuse::grouped_gemm", _grouped_fake, lib=_lib)
 def call_grouped(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor, source: str, layout: str,
                  tensors: list, scalars: list, outs: list) -> None:
     """``torch.ops.evtfuse.grouped_gemm``: ``call`` for a grouped GEMM (``offs``)."""
-    torch.ops.evtfuse.grouped_gemm.default(A, B, offs, wire(source), layout, tensors, scalars,
-                                           outs)
+    torch.ops.evtfuse.grouped_gemm.default(A, B, offs, wire(source), layout, tensors,
+                                           scalars_arg(scalars), outs)
 
 
 def call(A: torch.Tensor, B: torch.Tensor, source: str, layout: str, tensors: list,
          scalars: list, outs: list) -> None:
     """``torch.ops.evtfuse.gemm`` of an epilogue's source text (``wire``d here)."""
-    torch.ops.evtfuse.gemm.default(A, B, wire(source), layout, tensors, scalars, outs)
+    torch.ops.evtfuse.gemm.default(A, B, wire(source), layout, tensors, scalars_arg(scalars),
+                                   outs)

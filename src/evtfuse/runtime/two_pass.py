@@ -51,11 +51,13 @@ class Staged:
 
     def __init__(self, args: GemmArguments):
         self.dag = args.optimized_dag
-        sp: Split = split(self.dag)
+        # float64 inputs: the workspaces and the second pass in float64 too
+        self.wdt = wdt = args.compute_dtype
+        sp: Split = split(self.dag, wdt)
         self.split = sp
         self.problem = args.problem
         dev = args.A.device
-        self.ws = {w.name: torch.empty(w.shape(args.problem), dtype=torch.float32, device=dev)
+        self.ws = {w.name: torch.empty(w.shape(args.problem), dtype=wdt, device=dev)
                    for w in sp.workspaces}
         values = args.epilogue.values
         params = args.epilogue.parsed.params
@@ -72,14 +74,15 @@ class Staged:
                                    EpilogueArguments.unbound(self.parsed1, **v1),
                                    allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
         A, B = args.A, args.B
-        dt = A.dtype if A.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+        dt = A.dtype if A.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
+            else torch.float16
         self.A2 = torch.empty((*A.shape[:-1], 0), dtype=dt, device=dev)
         self.B2 = torch.empty((*B.shape[:-2], 0, args.N), dtype=dt, device=dev)
         v2 = {p: values[p] for p in params}
         v2.update(self.ws)
         v2.update({k: buf(b) for k, b in r2.items()})
         self.parsed2 = _parse(to_source(sp.second))
-        self.args2 = GemmArguments(self.A2, self.B2, None, torch.float32,
+        self.args2 = GemmArguments(self.A2, self.B2, None, wdt,
                                    EpilogueArguments.unbound(self.parsed2, **v2))
 
     def second_kernel(self, target):
@@ -124,7 +127,7 @@ class TwoPassPlan:
                                    "epilogue (evtfuse.explain says why)")
         self.second = k2.plan(st.args2)
         self.names = list(st.ws)
-        self.local = StreamLocal(args.A.device, [(tuple(t.shape), torch.float32, None)
+        self.local = StreamLocal(args.A.device, [(tuple(t.shape), t.dtype, None)
                                                  for t in st.ws.values()])
         self.params = st.params
         self.outputs = set(args.epilogue.parsed.outputs)

@@ -32,6 +32,7 @@ from ..optable import round_to
 
 # dtype -> (relative norm tolerance, elementwise rtol)
 TOLERANCES = {
+    torch.float64: (1e-10, 1e-8),  # fp64 math (fp64 inputs): ulps of 2^-53, many ops deep
     torch.float32: (1e-4, 1e-3),
     torch.float16: (2e-3, 4e-3),
     torch.bfloat16: (1.2e-2, 3.2e-2),
@@ -61,6 +62,7 @@ FP8_FAST_K0 = 256
 # K = 1000, |accum| RMS 1: the kernels' accumulators within 1.6e-6 of float64 (this gives
 # 3.8e-6), cuBLAS's fp32 product within 6e-7
 ACC_NOISE = 2.0 ** -23
+F64_ACC_NOISE = 2.0 ** -52  # the same for a float64 accumulator (fp64 inputs): one ulp
 SLACK_FACTOR = 2.0  # the slack allowed, in units of the outputs' measured movement
 # fp16 accumulation (``accumulator_type=torch.float16``): the reference's accumulator is
 # the exact product rounded once to fp16 (``reference.accumulator``); the kernel rounds
@@ -137,13 +139,13 @@ def accumulation_slack(evaluate, accum: torch.Tensor, ref: dict[str, torch.Tenso
     part of a kernel's difference from the reference that summation order alone explains.
     ``own_scale``: of the larger of the RMS and the element itself (fp16 accumulation,
     ``FP16_ACC_NOISE``: the rounding errors scale with the partial sums)."""
-    acc = accum.to(torch.float32)
+    acc = accum if accum.dtype == torch.float64 else accum.to(torch.float32)
     rms = float(acc.double().pow(2).mean().sqrt()) if acc.numel() else 0.0
     delta = noise * K ** 0.5 * rms
     if not (delta > 0 and math.isfinite(delta)):
         return {}
     g = torch.Generator(device="cpu").manual_seed(0)
-    signs = torch.randint(0, 2, acc.shape, generator=g).to(acc.device, torch.float32) * 2 - 1
+    signs = torch.randint(0, 2, acc.shape, generator=g).to(acc.device, acc.dtype) * 2 - 1
     if own_scale:
         delta = noise * K ** 0.5 * torch.maximum(acc.abs(), torch.full_like(acc, rms))
     moved = evaluate(acc + delta * signs)
@@ -173,6 +175,8 @@ def compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
     if not dtype.is_floating_point:
         return _compare_int(name, out, ref, dtype)
     tol_norm, rtol = tolerance_for(dtype, tf32)
+    if dtype == torch.float64 and input_dtype != torch.float64:
+        tol_norm, rtol = TOLERANCES[torch.float32]  # computed in fp32, stored in fp64
     if input_dtype is not None and input_dtype != torch.float32 and dtype == torch.float32:
         # fp16/bf16 inputs, fp32 output: only accumulation order differs from the reference
         tol_norm, rtol = max(tol_norm, 1e-4), max(rtol, 1e-3)

@@ -44,13 +44,15 @@ class _TritonTile:
     """What a Triton tile (portable or hopper) spells the same way: the emitter asks a
     tile for tile-shaped zeros, the program's barrier, a BLOCK_M-wide index vector and
     its per-row/per-column operands. ``u``: the operand's or output's identifiers
-    (``names.User``)."""
+    (``names.User``); ``ct``: the dtype the epilogue computes in (``KernelSpec.compute``)."""
+
+    ct = "tl.float32"
 
     def load_vector(self, u: User, kind: OperandKind, bofs: str) -> str:
-        return vector_load(u, kind, bofs, self.rm, self.rn)
+        return vector_load(u, kind, bofs, self.rm, self.rn, self.ct)
 
     def zeros(self) -> str:
-        return f"tl.zeros(({self.bm}, {self.bn}), tl.float32)"
+        return f"tl.zeros(({self.bm}, {self.bn}), {self.ct})"
 
     def barrier(self) -> str:
         return "tl.debug_barrier()"
@@ -64,13 +66,13 @@ class _TritonTile:
         """``v`` (a scalar or a per-row/per-column value) as the tile's 1-D vector of its
         rows (``kind`` ROW) or columns (COL), for a stored vector output."""
         if kind is OutputKind.ROW:
-            return f"tl.reshape({v} + tl.zeros(({self.bm}, 1), tl.float32), ({self.bm},))"
-        return f"tl.reshape({v} + tl.zeros((1, {self.bn}), tl.float32), ({self.bn},))"
+            return f"tl.reshape({v} + tl.zeros(({self.bm}, 1), {self.ct}), ({self.bm},))"
+        return f"tl.reshape({v} + tl.zeros((1, {self.bn}), {self.ct}), ({self.bn},))"
 
     def one(self, v: str) -> tuple[str, str, str]:
         """A scalar value ``v`` as a stored scalar output takes it: (value, pointer offset,
         mask condition, "" for none) of the one store."""
-        return f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), tl.float32), (1,)), axis=0)", "", ""
+        return f"tl.sum(tl.reshape({v} + tl.zeros((1, 1), {self.ct}), (1,)), axis=0)", "", ""
 
 
 class _PointerStores:
@@ -105,7 +107,7 @@ class _PortableTile(_PointerStores, _TritonTile):
     all_rn: tuple = ("rn",)
 
     def load_full(self, u: User, batched: bool) -> str:
-        return f"tl.load({self._offsets(u, batched)}, mask=mask, other=0.0).to(tl.float32)"
+        return f"tl.load({self._offsets(u, batched)}, mask=mask, other=0.0).to({self.ct})"
 
 
 @dataclass
@@ -172,7 +174,13 @@ def _dot_extra(spec: KernelSpec) -> str:
 
 
 def _acc_type(spec: KernelSpec) -> str:
-    return "tl.int32" if spec.int_acc else "tl.float16" if spec.acc16 else "tl.float32"
+    return "tl.int32" if spec.int_acc else "tl.float16" if spec.acc16 else spec.compute
+
+
+def _param(p: str, role: str | None, spec: KernelSpec) -> str:
+    """A kernel parameter as the signature declares it: a runtime scalar (role None) of a
+    float64 kernel annotated float64 (Triton passes a Python float as fp32 otherwise)."""
+    return f"{p}: tl.float64" if role is None and spec.f64 else p
 
 
 def _portable_source(spec: KernelSpec) -> str:
@@ -190,7 +198,7 @@ def _portable_source(spec: KernelSpec) -> str:
     b_cols = "rnb" if spec.dag.concatenated else f"({rnb} % {nb})"
     params = ", ".join(["A", "B", rows, "N", depth, "L", "sa_l", "sa_m", "sa_k", "sb_l", "sb_k", "sb_n"]
                        + (["offs"] if spec.grouped or spec.k_grouped else [])
-                       + [p for p, _ in roles])
+                       + [_param(p, role, spec) for p, role in roles])
     I1, I2 = "    ", "        "
     # K past the edge: zeros, which a uint8 input holds as 128 (zero once offset)
     pad = "128" if spec.u8_offset else "0.0"
@@ -251,6 +259,7 @@ def _portable_source(spec: KernelSpec) -> str:
     ]
     lines += epi.prologue(I1)
     tile = _GroupedTile() if spec.grouped else _PortableTile()
+    tile.ct = spec.compute
     if gated:
         tile.bn = "(BLOCK_N // 2)"
     lines += epi.body(tile, I1)
@@ -621,6 +630,9 @@ def generate(spec: KernelSpec) -> str:
     return header + helpers_for(kernel) + "\n\n" + kernel
 
 
+FLOAT_OUTPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_emittable(dag: Dag) -> str | None:
     """Why this emitter cannot produce the DAG, or None."""
     for o in reduce_outputs(dag):
@@ -633,8 +645,8 @@ def check_emittable(dag: Dag) -> str | None:
     for o in dag.outputs:
         if o.node.kind is NodeKind.REDUCE:
             continue  # written by the launch plan's combine step, any float dtype
-        if o.dtype is not None and o.dtype not in (torch.float16, torch.bfloat16, torch.float32) \
+        if o.dtype is not None and o.dtype not in FLOAT_OUTPUTS \
                 and o.dtype not in INT_OUTPUTS and o.dtype not in FP8_DTYPES:
             return (f"output {o.name} has dtype {o.dtype}; the kernels store fp16, bf16, fp32, "
-                    "fp8 (e4m3fn, e5m2), int8, uint8 and int32")
+                    "fp64, fp8 (e4m3fn, e5m2), int8, uint8 and int32")
     return None

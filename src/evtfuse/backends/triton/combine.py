@@ -3,6 +3,7 @@ families' per-row/per-column sums, every logsumexp and shifted_sumexp, batched w
 reductions): one Triton launch per output.
 
 Layer: backends/triton. The kernel writes one partial per tile into a float32 workspace
+(float64 for a float64 kernel: the combine computes in the workspace's dtype)
 (logsumexp, shifted_sumexp: the tile's max and its sum of exp(x - max) in a second one). Viewed as
 ``(B, T, EXT)`` (B: batches the output keeps, T: partials per result, EXT: results per
 batch), ``combine_partials`` reads ``PARTS`` partials of ``BLOCK`` results per step (loads in
@@ -91,8 +92,8 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
     if OP == "logsumexp" or OP == "shifted_sumexp":
         # one pass: the running max (NaN wins) and the tiles' sums of exp rescaled to it,
         # the running sum rescaled whenever the max grows
-        m = tl.full((BLOCK,), float("-inf"), tl.float32)
-        s = tl.zeros((BLOCK,), tl.float32)
+        m = tl.full((BLOCK,), float("-inf"), ws.dtype.element_ty)  # float32, or float64
+        s = tl.zeros((BLOCK,), ws.dtype.element_ty)
         for t0 in range(0, T, PARTS):  # ws and ws2 at the same offsets, computed once
             mask = ((t0 + parts)[:, None] < T) & lanes[None, :]
             offs = base + (t0 + parts)[:, None].to(tl.int64) * EXT + idx[None, :]
@@ -109,16 +110,16 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
         else:  # the sum alone (no max added back to round it away); NaN for an infinite max
             r = tl.where(tl.abs(m) == float("inf"), float("nan"), s)
     elif OP == "sum":
-        r = tl.full((BLOCK,), -0.0, tl.float32)  # x + -0.0 is x, signed zeros included
+        r = tl.full((BLOCK,), -0.0, ws.dtype.element_ty)  # x + -0.0 is x, signed zeros included
         for t0 in range(0, T, PARTS):
             r += tl.sum(_parts(ws, base, t0, T, EXT, idx, lanes, parts, -0.0), axis=0)
     elif OP == "max":
-        r = tl.full((BLOCK,), float("-inf"), tl.float32)
+        r = tl.full((BLOCK,), float("-inf"), ws.dtype.element_ty)
         for t0 in range(0, T, PARTS):
             x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("-inf"))
             r = _nan_max(r, tl.reduce(x, 0, _nan_max))
     else:
-        r = tl.full((BLOCK,), float("inf"), tl.float32)
+        r = tl.full((BLOCK,), float("inf"), ws.dtype.element_ty)
         for t0 in range(0, T, PARTS):
             x = _parts(ws, base, t0, T, EXT, idx, lanes, parts, float("inf"))
             r = _nan_min(r, tl.reduce(x, 0, _nan_min))

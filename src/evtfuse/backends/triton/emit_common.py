@@ -24,13 +24,15 @@ def all_of(*conds: str) -> str:
     return "(" + " & ".join(f"({c})" for c in conds) + ") != 0"
 
 
-def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str) -> str:
-    """A per-row or per-column operand read from global memory, broadcast over the tile."""
+def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str,
+                ct: str = "tl.float32") -> str:
+    """A per-row or per-column operand read from global memory, broadcast over the tile,
+    in the epilogue's compute dtype ``ct``."""
     if kind is OperandKind.PER_ROW:
         return (f"tl.load({u('ptr')} + {bofs} + {rm} * {u('sm')}, mask={rm} < M, other=0.0)"
-                ".to(tl.float32)[:, None]")
+                f".to({ct})[:, None]")
     return (f"tl.load({u('ptr')} + {bofs} + {rn} * {u('sn')}, mask={rn} < N, other=0.0)"
-            ".to(tl.float32)[None, :]")
+            f".to({ct})[None, :]")
 
 
 def split_pieces(split: int, indent: str, root: str = "acc", rows: str = "BLOCK_M",

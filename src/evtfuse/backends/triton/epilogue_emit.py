@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ...ir import Node, NodeKind, OperandKind, OutputKind, Space
-from ...optable import FP8_DTYPES, OPS, Category, _lit
+from ...optable import CAST_TARGETS, FP8_DTYPES, OPS, Category, _lit
 from .emit_common import all_of
 from .reduce_emit import ReductionEmitter
 from .spec import (INT_OUTPUTS, KernelSpec, _saturated, combined_in_kernel, full_outputs,
@@ -56,7 +56,7 @@ class EpilogueEmitter:
     def _arg(self, n: Node, env: dict[int, str], as_float: bool) -> str:
         v = env[id(n)]
         if as_float and n.dtype is torch.bool:
-            return f"({v}).to(tl.float32)"
+            return f"({v}).to({self.spec.compute})"
         return v
 
     @staticmethod
@@ -73,8 +73,8 @@ class EpilogueEmitter:
         if n.kind is NodeKind.CONST:
             return _lit(n.value)
         if n.kind is NodeKind.INDEX:
-            return f"{sub.rm}[:, None].to(tl.float32)" if n.op == "row" \
-                else f"{sub.rn}[None, :].to(tl.float32)"
+            return f"{sub.rm}[:, None].to({self.spec.compute})" if n.op == "row" \
+                else f"{sub.rn}[None, :].to({self.spec.compute})"
         if n.kind is NodeKind.LOAD:
             return self._load(n.operand, sub)
         if n.kind is NodeKind.COMPUTE:
@@ -85,16 +85,28 @@ class EpilogueEmitter:
                 args = [cond] + [self._arg(i, env, True) for i in n.inputs[1:]]
             else:
                 args = [self._arg(i, env, True) for i in n.inputs]
-            return row.spell(args, n.param_dict, cuda=self.spec.cuda)
+            if self.spec.f64 and n.op == "cast":
+                # to a float dtype through fp32, as torch converts a float64 (c10's Half,
+                # BFloat16 and float8 types are made from a float): fp32 itself rounds;
+                # the rounded value back in float64, as the reference's cast gives it
+                if CAST_TARGETS[n.param_dict["dtype"]].dtype.is_floating_point:
+                    args = [f"({args[0]}).to(tl.float32)"]
+                return f"({row.spell(args, n.param_dict)}).to(tl.float64)"
+            return row.spell(args, n.param_dict, cuda=self.spec.cuda_spellings)
         raise NotImplementedError(f"the Triton emitter has no code for {n.kind.value} nodes yet")
 
     def _load(self, spec, sub) -> str:
         u = self.names.user(spec.name)
         if spec.kind is OperandKind.RUNTIME_SCALAR:
+            if self.spec.f64:
+                # a float64 tensor (x + -0.0 is x, -0.0 included): the CPU interpreter
+                # passes the Python float itself and rounds it to fp32 where it is assigned
+                # to a name (the GPU's float64 parameter needs nothing)
+                return f"({u()} + tl.full((), -0.0, tl.float64))"
             return u()
         bofs = f"bid64 * {u('sl')}" if spec.batched else "0"
         if spec.kind is OperandKind.DEVICE_SCALAR:
-            return f"tl.load({u('ptr')} + {bofs}).to(tl.float32)"
+            return f"tl.load({u('ptr')} + {bofs}).to({self.spec.compute})"
         if spec.kind in (OperandKind.PER_ROW, OperandKind.PER_COL):
             return sub.load_vector(u, spec.kind, bofs)
         return sub.load_full(u, spec.batched)

@@ -42,6 +42,8 @@ FP16_ACC_GLUON = ("accumulator_type torch.float16: the gluon kernels' warpgroup 
                   "accumulate in fp32 (their register layouts are fp32's); the hopper and "
                   "portable families take fp16 accumulation")
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
+F64_REFUSAL = ("float64 inputs run in the portable family (no tensor-core or TMA form: "
+               "Triton's dot in float64 runs on the CUDA cores)")
 GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the portable family, and in the hopper "
                  "family for grouped GEMMs over M, in this release (docs/gated.md)")
 
@@ -166,9 +168,14 @@ class KernelFamily:
             if args.accumulator_type != torch.int32:
                 return Status.fail(f"A and B are {args.A.dtype}: pass accumulator_type="
                                    "torch.int32 (8-bit integers accumulate in int32)")
+        elif args.A.dtype == torch.float64:
+            if args.accumulator_type != torch.float64:
+                return Status.fail("A and B are torch.float64: pass accumulator_type="
+                                   "torch.float64 (float64 inputs accumulate, and their "
+                                   "epilogue computes, in float64)")
         elif args.A.dtype not in _FLOAT_DTYPES + FP8_DTYPES:
             return Status.fail(f"A and B are {args.A.dtype}; the Triton kernels take fp16, bf16, "
-                               "fp32, fp8 (e4m3fn, e5m2), int8 and uint8 inputs")
+                               "fp32, fp64, fp8 (e4m3fn, e5m2), int8 and uint8 inputs")
         elif args.accumulator_type == torch.float16:
             if args.A.dtype not in FP16_ACC_INPUTS:
                 return Status.fail(f"accumulator_type torch.float16 takes fp16 and fp8 inputs, "
@@ -181,7 +188,7 @@ class KernelFamily:
         elif args.accumulator_type != torch.float32:
             return Status.fail(f"accumulator_type {args.accumulator_type}: float inputs "
                                "accumulate in torch.float32 (or torch.float16 for fp16 and "
-                               "fp8 inputs)")
+                               "fp8 inputs, torch.float64 for float64 inputs)")
         if target.kind == INTERPRETER and args.A.device.type != "cpu":
             return Status.fail("the Triton interpreter needs CPU tensors")
         why = interpreter_refusal() if target.kind == INTERPRETER else None

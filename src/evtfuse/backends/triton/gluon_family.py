@@ -19,7 +19,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, OperandKind, OutputKind
-from .family_base import (FP16_ACC_GLUON, GATED_REFUSAL, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles, tile_count,
+from .family_base import (F64_REFUSAL, FP16_ACC_GLUON, GATED_REFUSAL, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles, tile_count,
                           tile_work)
 from .gluon_buffers import buffers, chunk_columns, slots_fit
 from .launch_items import (_batched, _epilogue_items, _gluon_descriptor, _gluon_full_getter,
@@ -103,6 +103,8 @@ class GluonFamily(KernelFamily):
             return st
         if args.A.dtype == torch.uint8:
             return Status.fail(UINT8_REFUSAL)
+        if args.A.dtype == torch.float64:
+            return Status.fail(F64_REFUSAL)
         if args.accumulator_type == torch.float16:
             return Status.fail(FP16_ACC_GLUON)
         if args.A.dtype not in (torch.float16, torch.bfloat16):

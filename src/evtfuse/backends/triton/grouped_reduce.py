@@ -120,7 +120,7 @@ class GroupedReductions:
                     f"{body}{pm} = {load('j0', u('ws'))}",
                     f"{body}{ps} = {load('j0', u('ws2'))}",
                     f"{body}{cm}, {cms} = _ef_lse_combine({cm}, {cms}, {pm}, {ps})"]
-        comb = OPS[o.node.op].combiner(self.spec.cuda)
+        comb = OPS[o.node.op].combiner(self.spec.cuda_spellings)
         return [f"{inner}for j0 in range({first}, {count}):",
                 f"{body}{cm} = {comb}({cm}, {load('j0', u('ws'))})"]
 
@@ -191,7 +191,7 @@ class GroupedReductions:
                       f"{body}{cm}, {cms} = _ef_lse_combine({cm}, {cms}, {pm}, {ps})"]
             lines.append(f"{inner}{cm}, {cms} = _ef_lse_reduce({cm}, {cms})")
         else:
-            comb = OPS[o.node.op].combiner(self.spec.cuda)
+            comb = OPS[o.node.op].combiner(self.spec.cuda_spellings)
             lines.append(f"{body}{cm} = {comb}({cm}, {load(u('ws'), f'j0 + {ln}', ident)})")
             total = f"tl.sum({cm}, axis=0)" if o.node.op == "sum" else f"tl.reduce({cm}, 0, {comb})"
             lines.append(f"{inner}{cm} = {total}")

@@ -25,7 +25,7 @@ from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
 from ...sizes import size_class
-from .family_base import (GATED_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+from .family_base import (F64_REFUSAL, GATED_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, gated_refusal, grouped_over_m,
                           grouped_tile_bound, tile_count)
 from .launch_items import (_batched, _epilogue_items, _gated_descriptor_getter, _get_offs,
@@ -60,6 +60,8 @@ class HopperFamily(KernelFamily):
             return st
         if args.A.dtype == torch.uint8:
             return Status.fail(UINT8_REFUSAL)
+        if args.A.dtype == torch.float64:
+            return Status.fail(F64_REFUSAL)
         if target.kind == "cuda" and target.cc < 90:
             return Status.fail(f"needs compute capability 9.0+ (TMA); this GPU is {target.cc}")
         if target.kind == INTERPRETER and target.cc < 90:

@@ -25,7 +25,7 @@ from ...optable import EXP_PARTIALS
 from .family_base import INTERPRETER, Target, TileConfig, triton_cdiv
 from .gluon_buffers import buffers, slot_columns
 from .versions import LAUNCH_OPTIONS
-from .spec import (FOLD_IDENTITY_BITS, TMA_FAMILIES, KernelSpec, atomic_folded, combined_in_kernel,
+from .spec import (FOLD_IDENTITY_BITS, FOLD_IDENTITY_BITS64, TMA_FAMILIES, KernelSpec, atomic_folded, combined_in_kernel,
                    full_outputs, reduce_outputs, staged_vector, vector_outputs)
 
 INT32_MAX = 2 ** 31 - 1
@@ -277,7 +277,9 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
     dev = args.A.device
     made: list[tuple] = []  # (shape, dtype, fill or None) of each workspace, in order
 
-    def new(shape, dtype=torch.float32, fill=None) -> int:
+    f64 = args.A.dtype == torch.float64  # partials in float64 (a float64 kernel's)
+
+    def new(shape, dtype=torch.float64 if f64 else torch.float32, fill=None) -> int:
         made.append((tuple(shape), dtype, fill))
         return len(made) - 1
 
@@ -285,8 +287,9 @@ def _reduction_items(args: GemmArguments, dag: Dag, config: TileConfig, family: 
     for o in reduce_outputs(dag):
         if atomic_folded(o):  # a float32 value per row/column (per batch), kept as int32 bits
             extent = args.M if o.kind is OutputKind.ROW else args.N
-            ws = new(((args.L if o.batched else 1) * extent,), torch.int32,
-                     FOLD_IDENTITY_BITS[o.node.op])
+            ws = new(((args.L if o.batched else 1) * extent,),
+                     torch.int64 if f64 else torch.int32,  # float64: int64 bits
+                     (FOLD_IDENTITY_BITS64 if f64 else FOLD_IDENTITY_BITS)[o.node.op])
             steps.append(("items", [ws, new((1,), torch.int32, 0)], o))
             continue
         shape = {OutputKind.ROW: (args.L, nt, args.M), OutputKind.COL: (args.L, mt, args.N),
@@ -325,13 +328,14 @@ def _grouped_reduction_items(args: GemmArguments, dag: Dag, config: TileConfig) 
     nt = triton_cdiv(N, config.block_n)
     made: list[tuple] = []
     steps = []
+    wdt = torch.float64 if args.A.dtype == torch.float64 else torch.float32
     for o in reduce_outputs(dag):
         size = {OutputKind.ROW: nt * T, OutputKind.COL: mt * N, OutputKind.SCALAR: mt * nt}[o.kind]
         spaces = [len(made)]
-        made.append(((max(size, 1),), torch.float32, None))
+        made.append(((max(size, 1),), wdt, None))
         if o.node.op in EXP_PARTIALS:
             spaces.append(len(made))
-            made.append(((max(size, 1),), torch.float32, None))
+            made.append(((max(size, 1),), wdt, None))
         groups = {OutputKind.ROW: mt, OutputKind.COL: nt, OutputKind.SCALAR: 1}[o.kind]
         if o.batched and o.kind is not OutputKind.ROW:
             groups *= G

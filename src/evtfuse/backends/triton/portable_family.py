@@ -67,7 +67,7 @@ class PortableFamily(KernelFamily):
             bn = max(16, triton_next_pow2(args.N))
             if target.kind == INTERPRETER:
                 return [TileConfig(16, bn, 16, group_m=2, num_warps=1, num_stages=1)]
-            bk = {4: 32, 2: 64, 1: 128}[args.A.element_size()]
+            bk = {8: 16, 4: 32, 2: 64, 1: 128}[args.A.element_size()]
             return [TileConfig(64, bn, bk, 8, 4 if bn <= 128 else 8, 3),
                     TileConfig(32, bn, bk, 8, 4, 4)]
         if target.kind == INTERPRETER:
@@ -75,7 +75,7 @@ class PortableFamily(KernelFamily):
             mid = TileConfig(32, 32, 32, group_m=4, num_warps=1, num_stages=1)
             return [mid, small]
         elt = args.A.element_size()
-        bk = {4: 32, 2: 64, 1: 128}[elt]
+        bk = {8: 16, 4: 32, 2: 64, 1: 128}[elt]
         cands = [
             TileConfig(128, 128, bk, 8, 8, 3),
             TileConfig(128, 64, bk, 8, 4, 4),
@@ -96,7 +96,8 @@ class PortableFamily(KernelFamily):
                           fp8_promote=fp8_promote(args, target),
                           int64=needs_int64(args, self.name, config),
                           grouped=self.grouped(args), k_grouped=self.k_grouped(args),
-                          runtime_m=args.A.stride(-1) == 1)
+                          runtime_m=args.A.stride(-1) == 1,
+                          f64=args.A.dtype == torch.float64)
 
     def plan(self, args, dag, config, target):
         grouped, k_grouped = self.grouped(args), self.k_grouped(args)

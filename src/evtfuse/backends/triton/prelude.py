@@ -31,8 +31,27 @@ def _ef_launch_dependents():
     "_ef_log1p_series": '''
 @triton.jit
 def _ef_log1p_series(t):
-    # log(1 + t) by its series up to t^6: relative error < 1e-8 for |t| < 1/16
-    return t * (1.0 - t * (0.5 - t * (0.3333333333333333 - t * (0.25 - t * (0.2 - t * 0.16666666666666666)))))
+    # log(1 + t) by its series up to t^6: relative error < 1e-8 for |t| < 1/16; in float64
+    # up to t^13 (< 2e-17: the first term left out, |t|^13 / 14, relative)
+    if t.dtype == tl.float64:
+        r = t * (1.0 - t * (0.5 - t * (0.3333333333333333 - t * (0.25 - t * (0.2 - t * (
+            0.16666666666666666 - t * (0.14285714285714285 - t * (0.125 - t * (
+                0.1111111111111111 - t * (0.1 - t * (0.09090909090909091 - t * (
+                    0.08333333333333333 - t * 0.07692307692307693))))))))))))
+    else:
+        r = t * (1.0 - t * (0.5 - t * (0.3333333333333333 - t * (0.25 - t * (0.2 - t * 0.16666666666666666)))))
+    return r
+''',
+    "_ef_sqrt": '''
+@triton.jit
+def _ef_sqrt(x):
+    # the IEEE-rounded square root: sqrt_rn in fp32 (tl.sqrt is approximate there), tl.sqrt
+    # in float64 (IEEE-rounded already; sqrt_rn takes fp32 only)
+    if x.dtype == tl.float64:
+        r = tl.sqrt(x)
+    else:
+        r = tl.sqrt_rn(x)
+    return r
 ''',
     "_ef_sigmoid": '''
 @triton.jit
@@ -76,10 +95,16 @@ def _ef_tanh(x):
     # |x| = 0.125, where 1 - e would lose x's low bits (tanh(1e-20) is 1e-20, not 0), the
     # series x (1 - x^2/3 + 2x^4/15 - 17x^6/315) (relative error < 4e-9), a product by x
     # that keeps -0.0 and denormals as torch does
+    # (in float64 up to x^15: relative error < 3e-18)
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
     x2 = x * x
-    s = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
+    if x.dtype == tl.float64:
+        s = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+            -0.05396825396825397 + x2 * (0.021869488536155203 + x2 * (-0.008863235529902197 + x2 * (
+                0.003592128036572481 + x2 * -0.0014558343870513183)))))))
+    else:
+        s = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
     return tl.where(tl.abs(x) < 0.125, s, tl.where(x < 0.0, t * -1.0, t))
 ''',
     "_ef_tanh_cuda": '''
@@ -207,6 +232,22 @@ def _ef_fold(ws, x, mask, MAX: tl.constexpr):
         tl.atomic_max(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
                       mask=mask & (b < 0), sem="relaxed", scope="gpu")
 ''',
+    "_ef_fold64": '''
+@triton.jit
+def _ef_fold64(ws, x, mask, MAX: tl.constexpr):
+    # _ef_fold of float64 values: ws (int64) holds their bits, ordered the same way (sign
+    # clear: as int64; set: in reverse, as uint64); NaN is 0x7FFF...F for max, -1 for min
+    if MAX:
+        b = tl.where(x != x, 0x7FFFFFFFFFFFFFFF, x.to(tl.int64, bitcast=True))
+        tl.atomic_max(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
+        tl.atomic_min(ws.to(tl.pointer_type(tl.uint64)), b.to(tl.uint64, bitcast=True),
+                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
+    else:
+        b = tl.where(x != x, -1, x.to(tl.int64, bitcast=True))
+        tl.atomic_min(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
+        tl.atomic_max(ws.to(tl.pointer_type(tl.uint64)), b.to(tl.uint64, bitcast=True),
+                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
+''',
     "_ef_add": '''
 @triton.jit
 def _ef_add(a, b):
@@ -293,9 +334,15 @@ def _ef_log1p(x):
 @triton.jit
 def _ef_expm1(x):
     # exp(x) - 1: its series up to x^7 where |x| < 1/16 (relative error < 1e-13; exp(x) - 1
-    # would lose x there), else exp(x) - 1; -inf gives -1, inf inf, NaN NaN
-    s = x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664 + x * (
-        0.008333333333333333 + x * (0.001388888888888889 + x * 0.0001984126984126984))))))
+    # would lose x there), else exp(x) - 1; -inf gives -1, inf inf, NaN NaN. In float64 up
+    # to x^10 (relative error < 5e-18)
+    if x.dtype == tl.float64:
+        s = x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664 + x * (
+            0.008333333333333333 + x * (0.001388888888888889 + x * (0.0001984126984126984 + x * (
+                2.48015873015873e-05 + x * (2.7557319223985893e-06 + x * 2.755731922398589e-07)))))))))
+    else:
+        s = x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664 + x * (
+            0.008333333333333333 + x * (0.001388888888888889 + x * 0.0001984126984126984))))))
     return tl.where(tl.abs(x) < 0.0625, s, tl.exp(x) - 1.0)
 ''',
     "_ef_sat": '''
@@ -349,7 +396,10 @@ def _ef_powf(x, c, ODD: tl.constexpr, INTEGER: tl.constexpr, INF: tl.constexpr):
     # x is -inf; for c = +-inf (INF) 1 where |x| is 1 (c log|x| is inf * 0 there)
     r = tl.exp(c * tl.log(tl.abs(x)))
     if ODD:
-        r = tl.where(x.to(tl.uint32, bitcast=True) >= 0x80000000, r * -1.0, r)
+        if x.dtype == tl.float64:
+            r = tl.where(x.to(tl.int64, bitcast=True) < 0, r * -1.0, r)
+        else:
+            r = tl.where(x.to(tl.uint32, bitcast=True) >= 0x80000000, r * -1.0, r)
     if not INTEGER:
         r = tl.where((x < 0.0) & (x != float('-inf')), float('nan'), r)
     if INF:

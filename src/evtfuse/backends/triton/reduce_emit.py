@@ -15,7 +15,8 @@ from ...ir import OutputKind
 from ...optable import EXP_PARTIALS, OPS, _lit, finish_exp_partials
 from .emit_common import all_of
 from .grouped_reduce import GroupedReductions
-from .spec import (_COMBINE_LOADS, _FOLD_FINISH, _LD_L2, FOLD_IDENTITY_BITS, TMA_FAMILIES,
+from .spec import (_COMBINE_LOADS, _FOLD_FINISH, _LD_L2, FOLD_IDENTITY_BITS,
+                   FOLD_IDENTITY_BITS64, TMA_FAMILIES,
                    KernelSpec, atomic_folded, combined_in_kernel, reduce_outputs, written_roles)
 
 
@@ -34,7 +35,7 @@ class ReductionEmitter:
         """logsumexp's (``EXP_PARTIALS``') per-tile (max, sum of exp) helper: on a GPU its exp is MUFU.EX2
         without subnormal handling (the terms are exp(x - max) <= 1; one below 2^-126 adds
         nothing to a sum >= 1)."""
-        return "_ef_lse_part_cuda" if self.spec.cuda else "_ef_lse_part"
+        return "_ef_lse_part_cuda" if self.spec.cuda_spellings else "_ef_lse_part"
 
     def program_reduced(self, o) -> bool:
         """A whole-output reduction kept in registers across all tiles of a persistent
@@ -84,7 +85,7 @@ class ReductionEmitter:
                     f"{indent}tl.store({u('ws2')} + {slot}, {u('ps')})"]
         if o.node.op == "sum":
             return [f"{indent}tl.store({ws} + {slot}, tl.sum({pacc}, axis=0))"]
-        comb = OPS[o.node.op].combiner(self.spec.cuda)
+        comb = OPS[o.node.op].combiner(self.spec.cuda_spellings)
         return [f"{indent}tl.store({ws} + {slot}, tl.reduce({pacc}, 0, {comb}))"]
 
     # ---- atomically folded outputs
@@ -117,13 +118,23 @@ class ReductionEmitter:
             f"{body}{fm} = {fo} < {total}",
             f"{body}{fb} = tl.load({ws} + {fo}, mask={fm}, {_LD_L2})",
             f"{body}tl.store({out} + ({fo} // {ext}) * {u('osl')} + ({fo} % {ext}) * {u('os')}, "
-            f"{fb}.to(tl.float32, bitcast=True).to({out}.dtype.element_ty), mask={fm})",
+            f"{fb}.to({self.spec.compute}, bitcast=True).to({out}.dtype.element_ty), mask={fm})",
             # Triton may give the reset another layout than the load (it did for 16-bit
             # outputs on sm_90: a thread reset elements before the thread that loads
             # them had read them), so every thread's loads come before any reset
             f"{body}{barrier}",
-            f"{body}tl.store({ws} + {fo}, {FOLD_IDENTITY_BITS[o.node.op]}, mask={fm})",
+            f"{body}tl.store({ws} + {fo}, {self._identity_bits(o)}, mask={fm})",
         ]
+
+    def _identity_bits(self, o) -> int:
+        """The bits of ``o``'s identity a fold workspace rests at (int32, or int64 in a
+        float64 kernel)."""
+        return (FOLD_IDENTITY_BITS64 if self.spec.f64 else FOLD_IDENTITY_BITS)[o.node.op]
+
+    @property
+    def _fold(self) -> str:
+        """The atomic fold helper: of float32 bits, or float64 bits in a float64 kernel."""
+        return "_ef_fold64" if self.spec.f64 else "_ef_fold"
 
     def fold_params(self) -> list[tuple[str, str]]:
         """The kernel parameters ``fold_finish`` reads, with their roles (see
@@ -176,7 +187,7 @@ class ReductionEmitter:
         """The combine of a per-row/per-column output's partials at indices ``i``."""
         u = self.names.user(o.name)
         ws, cm, out = u("ws"), u("cm"), u("out")
-        comb = OPS[o.node.op].combiner(self.spec.cuda)
+        comb = OPS[o.node.op].combiner(self.spec.cuda_spellings)
         # a partial past the end reads as the value that changes nothing (-0.0 for sums:
         # x + -0.0 is x for every x, signed zeros included)
         ident = "-0.0" if o.node.op == "sum" else _lit(OPS[o.node.op].reduce_identity)
@@ -204,7 +215,7 @@ class ReductionEmitter:
         row = OPS[o.node.op]
         ident = _lit(row.reduce_identity)
         inner = indent + "    "
-        comb = row.combiner(self.spec.cuda)
+        comb = row.combiner(self.spec.cuda_spellings)
         total = f"tl.sum({cm}, axis=0)" if o.node.op == "sum" else f"tl.reduce({cm}, 0, {comb})"
         lines = self._ticket(o, group, count, barrier, indent)
         lines += [f"{inner}{ln} = {lane}",
@@ -233,7 +244,7 @@ class ReductionEmitter:
         if n.op == "sum":
             red = f"(tl.sum({rv}, axis=1) + 0.0)"  # + 0.0: as ``_part``
         else:
-            red = f"tl.reduce({rv}, 1, {row.combiner(self.spec.cuda)})"
+            red = f"tl.reduce({rv}, 1, {row.combiner(self.spec.cuda_spellings)})"
         return [f"{indent}{name} = {red}[:, None]"], name
 
     # ---- a sub-tile's part of a reduction
@@ -280,11 +291,11 @@ class ReductionEmitter:
             # + 0.0: a partial of -0.0 terms is 0.0, as torch's sums (which start from
             # 0.0) give; a GPU's tree of -0.0 + -0.0 would keep -0.0
             return f"(tl.sum({x}, axis={axis}) + 0.0)"
-        return f"tl.reduce({x}, {axis}, {OPS[o.node.op].combiner(self.spec.cuda)})"
+        return f"tl.reduce({x}, {axis}, {OPS[o.node.op].combiner(self.spec.cuda_spellings)})"
 
     def _combined(self, o, a: str, b: str) -> str:
         """Two partials ``a`` and ``b`` of ``o`` combined."""
-        return f"{OPS[o.node.op].combiner(self.spec.cuda)}({a}, {b})"
+        return f"{OPS[o.node.op].combiner(self.spec.cuda_spellings)}({a}, {b})"
 
     def _column_partial(self, o, rv: str, sub, indent: str) -> list[str]:
         """A per-column output's partial of the sub-tile's columns, stored (or folded) now."""
@@ -298,7 +309,7 @@ class ReductionEmitter:
                     f"{indent}tl.store({u('ws2')} + {ws_col}, {ps}, mask={sub.rn} < N)"]
         if atomic_folded(o):
             b = "bid64 * N + " if o.batched else ""
-            return [f"{indent}_ef_fold({ws} + {b}{sub.rn}, {self._part(o, 0, rv)}, "
+            return [f"{indent}{self._fold}({ws} + {b}{sub.rn}, {self._part(o, 0, rv)}, "
                     f"{sub.rn} < N, {o.node.op == 'max'})"]
         return [f"{indent}tl.store({ws} + {ws_col}, {self._part(o, 0, rv)}, "
                 f"mask={sub.rn} < N)"]
@@ -342,7 +353,7 @@ class ReductionEmitter:
         lse = o.node.op in EXP_PARTIALS
         if atomic_folded(o):
             b = "bid64 * M + " if o.batched else ""
-            return [f"{indent}_ef_fold({ws} + {b}{sub.rm}, {acc_name}, "
+            return [f"{indent}{self._fold}({ws} + {b}{sub.rm}, {acc_name}, "
                     f"{sub.rm} < M, {o.node.op == 'max'})"]
         if o.kind is OutputKind.ROW:
             ws_row = f"(bid64 * num_pid_n + {sub.pid_n}) * M + {sub.rm}"

@@ -78,6 +78,20 @@ class KernelSpec:
     #                          class runs the same compiled kernel (``jit_line``). Where A
     #                          is read through TMA or along K; a portable kernel's loads of
     #                          an M-contiguous A vectorise on 16 | M, so there it stays
+    f64: bool = False  # portable: float64 inputs, accumulated in float64; the epilogue
+    #                    computes in float64 (``compute``), with the op table's portable
+    #                    spellings (``cuda_spellings``: the GPU's are fp32 instructions)
+
+    @property
+    def compute(self) -> str:
+        """The dtype the epilogue computes in: float64 for float64 inputs, else float32."""
+        return "tl.float64" if self.f64 else "tl.float32"
+
+    @property
+    def cuda_spellings(self) -> bool:
+        """Whether the op table's GPU spellings (``triton_cuda``: fp32 inline assembly,
+        MUFU approximations) are used: on a GPU, not in float64."""
+        return self.cuda and not self.f64
 
     def jit_line(self, module: str = "triton") -> str:
         """The kernel's decorator: ``@triton.jit`` or ``@gluon.jit``, with M's parameter
@@ -109,7 +123,8 @@ class KernelSpec:
                         # fields added since: in the key only when set, so that the keys
                         # of kernels without them stay as they were
                         + (["u8_offset"] if self.u8_offset else [])
-                        + (["acc16"] if self.acc16 else []))
+                        + (["acc16"] if self.acc16 else [])
+                        + (["f64"] if self.f64 else []))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -126,6 +141,8 @@ _LD_L2 = 'cache_modifier=".cg"'  # loads of partials other SMs wrote: from L2, n
 _FOLD_FINISH = 4096  # workspace elements copied per step by the last program (atomic folds)
 # a fold workspace's resting value: the float32 bits of the reduction's identity, as int32
 FOLD_IDENTITY_BITS = {"max": -8388608, "min": 0x7F800000}  # -inf (0xFF800000), +inf
+# a float64 kernel's: the float64 bits as int64 (-inf 0xFFF0000000000000, +inf)
+FOLD_IDENTITY_BITS64 = {"max": -4503599627370496, "min": 0x7FF0000000000000}
 _COMBINE_LOADS = 8  # partials loaded per step of an in-kernel per-row/per-column combine
 
 
