@@ -346,7 +346,7 @@ def _epilogue(ops: list[str], on_operand: bool) -> tuple[str, list]:
 
 
 def _gradcheck(src: str, shaped: list, eps: float = 1e-6, mode: str = "auto",
-               batched: bool = False, device: str = "cpu") -> None:
+               batched: bool = False, device: str = "cpu", tune: str = "fast") -> None:
     """``batched``: A and C of two batches (B shared by them). The forward of an epilogue whose
     reductions feed computation keeps them for its backward as outputs, of (M, 1) at L = 1,
     which the kernels then run in two passes: under the interpreter a max costs as much as
@@ -364,7 +364,7 @@ def _gradcheck(src: str, shaped: list, eps: float = 1e-6, mode: str = "auto",
 
     def f(A, B, C, bias, s):
         outs = {n: torch.empty(shape, dtype=F64, device=device) for n, shape in shaped}
-        return evtfuse.gemm(A, B, src, C=C, bias=bias, s=s, backward=mode, **outs)
+        return evtfuse.gemm(A, B, src, C=C, bias=bias, s=s, backward=mode, tune=tune, **outs)
 
     assert torch.autograd.gradcheck(f, tuple(leaves), eps=eps, fast_mode=True), src
 
