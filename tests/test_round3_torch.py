@@ -351,9 +351,8 @@ def _gradcheck(src: str, shaped: list, eps: float = 1e-6, mode: str = "auto",
     reductions feed computation keeps them for its backward as outputs, of (M, 1) at L = 1,
     which the kernels then run in two passes: under the interpreter a max costs as much as
     its elements (a combine call each), and the second pass's tiles are larger. C has
-    batches of its own: a reduction of an operand the batches share, feeding computation
-    at L > 1, gets a wrong gradient (and in two passes a wrong value), in fp32 too: reported
-    with issue 46, round 3, not fixed here."""
+    batches of its own: a gradient through a reduction of an operand the batches share,
+    feeding computation at L > 1, is refused (tests/test_shared_reductions.py)."""
     g = torch.Generator().manual_seed(7)
     lead = (2,) if batched else ()
     A = torch.randn(*lead, GM, GK, dtype=F64, generator=g)

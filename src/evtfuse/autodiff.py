@@ -390,6 +390,12 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             why = _late_refusal(dag, n, late)
             if why:
                 raise _no_derivative(n, why, parsed, wrt)
+            if (n.kind is NodeKind.REDUCE and batches > 1 and not n.inputs[0].batched
+                    and id(n.inputs[0]) in active):
+                raise _no_derivative(n, "it reduces values the batches share (an operand "
+                                     "without L) and feeds computation: its gradient per batch "
+                                     "is not computed yet; give the operand its own batches "
+                                     "(expand it to (L, M, N))", parsed, wrt)
         if id(n) in reach and n.kind is NodeKind.COMPUTE:
             try:
                 _probe_rule(n)
@@ -427,21 +433,25 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             continue
         kind = _KIND_OF_SPACE[n.space]
         label = n.var or f"the {n.op} of line {n.line}"
+        # a reduction of values the batches share is kept per batch (the same value in each,
+        # as the forward computes it in one pass or two: staging.split); kept without L it
+        # would hold the sum of the L batches' copies
+        per_batch = n.batched or (batches > 1 and not n.inputs[0].batched)
         if not ir.is_shift(n) and "ties" in _probe_reduction(dag, n).used:
             tied = ir.compute_node("eq", (n.inputs[0], n))  # a max or min: its ties
             t = Saved(names(f"saved_{n.var or n.op}_ties"), label, "ties",
-                      _KIND_OF_SPACE[tied.space], tied.batched, True, torch.uint8)
+                      _KIND_OF_SPACE[tied.space], tied.batched or per_batch, True, torch.uint8)
             hidden.append(Output(t.name, tied, t.kind, torch.uint8, t.batched))
             saved.append(t)
             ties.append((k, t.name))
         out = next((o for o in dag.outputs if o.node is n and o.dtype == work
-                    and o.kind is kind and o.batched == n.batched), None)
+                    and o.kind is kind and o.batched == per_batch), None)
         if out is not None:  # the output itself holds it in fp32
-            s = Saved(out.name, out.name, "value", kind, n.batched, False, work)
+            s = Saved(out.name, out.name, "value", kind, per_batch, False, work)
         else:
-            s = Saved(names(f"saved_{n.var or n.op}"), label, "value", kind, n.batched, True,
+            s = Saved(names(f"saved_{n.var or n.op}"), label, "value", kind, per_batch, True,
                       work)
-            hidden.append(Output(s.name, n, kind, work, n.batched))
+            hidden.append(Output(s.name, n, kind, work, per_batch))
         saved.append(s)
         values.append((k, s.name))
     decisions: list[tuple[tuple, str]] = []

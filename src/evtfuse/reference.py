@@ -148,20 +148,26 @@ class _Evaluator:
                 ins = [self._float(i) for i in ins]
             return torch_apply(row, ins, n.param_dict)
         if n.kind is NodeKind.REDUCE:
-            # materialised: torch sums a broadcast (stride-0) tensor in another order than a
-            # stored one, and the result must not depend on how the value was broadcast
-            src = self._float(self.value(n.inputs[0])).expand(L, M, N).contiguous()
-            dims = []
-            if not self.keep_batch.get(id(n), n.batched):
-                dims.append(0)
-            if n.space in (Space.COL, Space.SCALAR):
-                dims.append(1)
-            if n.space in (Space.ROW, Space.SCALAR):
-                dims.append(2)
-            if not dims:
-                return src
-            return OPS[n.op].torch_fn(src, dims)
+            # a reduction of values the batches share (an operand without L) has the same
+            # value in every batch where computation reads it, as the kernels compute it
+            # (each batch its own copy, in one pass or two); an output of it lacking L sums
+            # the batches' copies (``run``)
+            shared = not n.inputs[0].batched
+            return self._reduce(n, shared or self.keep_batch.get(id(n), n.batched))
         raise NotImplementedError(n.kind)
+
+    def _reduce(self, n: Node, keep_l: bool) -> torch.Tensor:
+        """Reduction ``n`` over the dims its space lacks, and over L unless ``keep_l``;
+        materialised first: torch sums a broadcast (stride-0) tensor in another order than a
+        stored one, and the result must not depend on how the value was broadcast."""
+        L, M, N = self.shape
+        src = self._float(self.value(n.inputs[0])).expand(L, M, N).contiguous()
+        dims = [] if keep_l else [0]
+        if n.space in (Space.COL, Space.SCALAR):
+            dims.append(1)
+        if n.space in (Space.ROW, Space.SCALAR):
+            dims.append(2)
+        return OPS[n.op].torch_fn(src, dims) if dims else src
 
     def _stored(self, o) -> torch.Tensor:
         """What output ``o`` holds after the kernel: its node's value, or for a conditional
@@ -179,7 +185,11 @@ class _Evaluator:
         L, M, N = self.shape
         result: dict[str, torch.Tensor] = {}
         for o in self.dag.outputs:
-            v = _as3d(self._float(self._stored(o)))
+            n = o.node
+            if n.kind is NodeKind.REDUCE and not n.inputs[0].batched and not o.batched:
+                v = _as3d(self._reduce(n, False))  # over the L batches' copies too
+            else:
+                v = _as3d(self._float(self._stored(o)))
             # keep the axes the output has; the value is constant along the others (a
             # reduction already collapsed them, anything else was checked by the frontend),
             # so one slice of them is the value, also where the problem has none (M = 0:
