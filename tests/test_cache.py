@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import sys
-import threading
 from importlib._bootstrap_external import _code_to_timestamp_pyc
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from evtfuse import EpilogueArguments, GemmArguments
 from evtfuse.cli import app
 from evtfuse.runtime import cache, tuner
 
+from blocking import finishes
+
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="CPU-interpreter tier (the cache itself is the same on a GPU)"),
               pytest.mark.usefixtures("own_cache")]  # conftest.py
@@ -37,34 +38,6 @@ def _record(**changes):
            "dtype": "torch.float32", "epilogue": "epi", "tune": "fast", "device": "cpu"}
     rec.update(changes)
     return rec
-
-
-def _finishes(fn, fifos=(), timeout=60.0):
-    """``fn()``'s result, failing the test when it blocks for ``timeout`` s (then the
-    FIFOs are opened for writing once, which releases a reader blocked on them)."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # handed to the test's thread
-            out["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    hung = t.is_alive()
-    if hung:
-        for p in fifos:
-            try:
-                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        t.join(10)
-    assert not hung, f"{fn} blocked for {timeout} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # ------------------------------------------------------------------ kernel modules
@@ -102,7 +75,7 @@ def test_module_file_changed_on_disk_runs_the_generated_source():
     assert cache.load_module("edited", "VALUE = 3\n").VALUE == 3
     assert (kernels / "kedited.py").read_text() == "VALUE = 3\n"
     os.mkfifo(kernels / "kfifo.py")
-    mod = _finishes(lambda: cache.load_module("fifo", "VALUE = 4\n"), [kernels / "kfifo.py"])
+    mod = finishes(lambda: cache.load_module("fifo", "VALUE = 4\n"), [kernels / "kfifo.py"])
     assert mod.VALUE == 4 and (kernels / "kfifo.py").read_text() == "VALUE = 4\n"
 
 
@@ -204,7 +177,7 @@ def test_gemm_does_not_hang_on_a_record_that_is_not_a_file(kind):
         os.mkfifo(path)
     else:
         path.mkdir()
-    out = _finishes(call, [path], timeout=120)
+    out = finishes(call, [path], timeout=120)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -220,7 +193,7 @@ def test_cache_list_skips_malformed_records_and_fifos():
         _write_raw(folder / f"bad{i}.json", text)
     os.mkfifo(folder / "fifo.json")
     (folder / "dir.json").mkdir()
-    res = _finishes(lambda: runner.invoke(app, ["cache", "list"], catch_exceptions=False),
+    res = finishes(lambda: runner.invoke(app, ["cache", "list"], catch_exceptions=False),
                     [folder / "fifo.json"])
     assert res.exit_code == 0, res.output
     assert "portable_32x32x32" in res.output and "1 entry" in res.output

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,8 @@ from typer.testing import CliRunner
 from evtfuse import EpilogueArguments, EpilogueError
 from evtfuse.cli import app
 from evtfuse.cli import problem as cli_problem
+
+from blocking import finishes
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 
@@ -51,34 +52,6 @@ def _refused(res, *phrases: str) -> str:
     for phrase in phrases:
         assert phrase in out, (phrase, out)
     return out
-
-
-def _finishes(fn, fifos=(), timeout=60.0):
-    """``fn()``'s result, failing the test when it blocks for ``timeout`` s (then the
-    FIFOs are opened for writing once, which releases a reader blocked on them)."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # handed to the test's thread
-            out["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    hung = t.is_alive()
-    if hung:
-        for p in fifos:
-            try:
-                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        t.join(10)
-    assert not hung, f"{fn} blocked for {timeout} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 RUN = ("--iterations", "0", "--no-eager")
@@ -212,9 +185,9 @@ def test_f_on_a_directory_says_so(tmp_path):
 def test_f_on_a_fifo_says_so_and_never_blocks(tmp_path):
     fifo = tmp_path / "epi.py"
     os.mkfifo(fifo)
-    res = _finishes(lambda: invoke("run", "-f", str(fifo), *RUN), [fifo])
+    res = finishes(lambda: invoke("run", "-f", str(fifo), *RUN), [fifo])
     _refused(res, f"'{fifo}' is not a regular file")
-    res = _finishes(lambda: invoke("run", "-f", f"{fifo}:epi", *RUN), [fifo])
+    res = finishes(lambda: invoke("run", "-f", f"{fifo}:epi", *RUN), [fifo])
     _refused(res, "is not a regular file")
 
 
@@ -315,7 +288,7 @@ def test_cache_list_skips_a_kernel_module_that_is_not_a_file_and_names_other_ver
     old = cache.cache_dir().parent / "v0.0.1-triton3.0.0-torch2.4.0" / "tuning"
     old.mkdir(parents=True)
     (old / "a.json").write_text("{}")
-    res = _finishes(lambda: invoke("cache", "list"), [kernels / "kfifo.py"])
+    res = finishes(lambda: invoke("cache", "list"), [kernels / "kfifo.py"])
     assert res.exit_code == 0, res.output
     assert "kplain.py  ?  epilogue ?  6 bytes" in res.output
     assert "kfifo" not in res.output and "kdir" not in res.output
