@@ -23,6 +23,8 @@ import torch
 
 import evtfuse
 
+from lce_reference import torch_lce
+
 F = torch.nn.functional
 INF, NAN = math.inf, math.nan
 # the interpreter's numpy warns of the inf - inf and 0 * inf that torch's kernels meet too
@@ -89,23 +91,6 @@ SPECIAL_CASES = ["inf_hidden_target_logit_neg_inf", "inf_hidden_target_logit_pos
                  "neg_inf_bias", "overflowing_logits", "every_row_ignored"]
 LCE_OPTIONS = [{}, dict(label_smoothing=0.2, z_loss=1e-2), dict(label_smoothing=1.0),
                dict(softcap=2.0)]
-
-
-def torch_lce(h, w, y, bias=None, reduction="mean", label_smoothing=0.0, softcap=None, z_loss=0.0):
-    """torch's cross_entropy of the logits (plus the z-loss), and their logsumexp."""
-    z = h @ w.T
-    if bias is not None:
-        z = z + bias
-    if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
-    loss = F.cross_entropy(z, y, reduction=reduction, label_smoothing=label_smoothing)
-    lse = torch.logsumexp(z, -1)
-    if z_loss:
-        valid = y != -100
-        zl = torch.where(valid, z_loss * lse * lse, 0.0)
-        loss = loss + (zl if reduction == "none" else
-                       zl.sum() / valid.sum() if reduction == "mean" else zl.sum())
-    return loss, lse
 
 
 def _lce_both(inputs, with_bias=True, weigh=lambda loss, lse: loss.sum(), device="cpu",

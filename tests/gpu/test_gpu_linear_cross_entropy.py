@@ -17,6 +17,8 @@ import torch
 import evtfuse
 from evtfuse.runtime import cross_entropy
 
+from lce_reference import torch_lce
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -49,22 +51,6 @@ def _rel(got, want) -> float:
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-def _torch_loss(hidden, weight, bias, target, reduction, label_smoothing=0.0, softcap=None,
-                z_loss=0.0):
-    logits = hidden @ weight.T + (bias if bias is not None else 0.0)
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    loss = torch.nn.functional.cross_entropy(logits, target, reduction=reduction,
-                                             label_smoothing=label_smoothing)
-    lse = torch.logsumexp(logits, dim=-1)
-    if z_loss:
-        valid = target != -100
-        z = torch.where(valid, z_loss * lse * lse, 0.0)
-        loss = loss + (z if reduction == "none" else
-                       z.sum() / valid.sum() if reduction == "mean" else z.sum())
-    return loss, lse
-
-
 CASES = {
     "mean": dict(reduction="mean"),
     "sum_all_options": dict(reduction="sum", label_smoothing=0.1, softcap=15.0, z_loss=1e-4),
@@ -85,7 +71,7 @@ def test_matches_torch(quick_tuning, dtype, case, with_bias):
            for t in (hidden, weight, bias)]
     loss, lse = evtfuse.linear_cross_entropy(leaves[0], leaves[1], target, bias=leaves[2],
                                              return_lse=True, **opts)
-    want, want_lse = _torch_loss(ref[0], ref[1], ref[2], target, **opts)
+    want, want_lse = torch_lce(ref[0], ref[1], target, bias=ref[2], **opts)
     assert _rel(loss.detach(), want.detach()) < REL[dtype] / 3
     assert _rel(lse.detach(), want_lse.detach()) < REL[dtype] / 3
     g = torch.rand(loss.shape, device=DEV) if loss.dim() else torch.tensor(0.5, device=DEV)
@@ -186,5 +172,5 @@ def test_a_bad_target_raises_after_the_chunks_are_queued(quick_tuning, reduction
     assert "target[1000] = 8003 is out of bounds" in str(exc.value), str(exc.value)
     assert hidden.grad is None and weight.grad is None
     loss = evtfuse.linear_cross_entropy(hidden, weight, target, reduction=reduction)
-    want = _torch_loss(hidden.float(), weight.float(), None, target, reduction)[0]
+    want = torch_lce(hidden.float(), weight.float(), target, reduction=reduction)[0]
     assert _rel(loss.detach(), want.detach()) < REL[torch.bfloat16]
