@@ -14,6 +14,7 @@ import textwrap
 import tokenize
 from pathlib import Path
 
+from ..runtime.cache import read_regular_bytes
 from .base import CliError
 
 
@@ -97,27 +98,13 @@ def read_source_file(path: Path) -> str:
         raise CliError(f"epilogue file '{name}' is not a regular file (a FIFO, socket or "
                        "device); give a .py file")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the stat above
-                raise CliError(f"epilogue file '{name}' is not a regular file; give a .py file")
-            chunks, size = [], 0
-            while size <= FILE_LIMIT:
-                chunk = os.read(fd, FILE_LIMIT + 1 - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-        finally:
-            os.close(fd)
-    except OSError as exc:
+        _, raw = read_regular_bytes(path, FILE_LIMIT)
+    except ValueError:
+        raise CliError(f"epilogue file '{name}' holds more than {FILE_LIMIT >> 20} MiB; an "
+                       "epilogue file is Python source") from None
+    except OSError as exc:  # replaced since the stat above, or unreadable
         raise CliError(f"epilogue file '{name}' cannot be read: "
                        f"{exc.strerror or exc}") from None
-    if size > FILE_LIMIT:
-        raise CliError(f"epilogue file '{name}' holds more than {FILE_LIMIT >> 20} MiB; an "
-                       "epilogue file is Python source")
-    raw = b"".join(chunks)
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as exc:  # bad UTF-8 in the first two lines, or an unknown coding

@@ -78,16 +78,18 @@ def _write(path: Path, text: str) -> None:
         raise _unusable(f"cannot write {path} ({exc.strerror or exc})") from None
 
 
-def read_regular(path: Path, limit: int) -> str:
-    """The UTF-8 text of ``path`` if it is a regular file of at most ``limit`` bytes. Opened
-    without blocking (a FIFO in its place would block ``open`` until a writer came) and
-    checked before reading; OSError when missing or not a regular file, ValueError when
-    too long or not UTF-8."""
+def read_regular_bytes(path: Path, limit: int, prefix: bool = False) -> tuple[int, bytes]:
+    """The size of ``path`` and its bytes, if it is a regular file. Opened without blocking
+    (a FIFO in its place would block ``open`` until a writer came) and checked before
+    reading; OSError when missing or not a regular file. With ``prefix`` its first
+    ``limit`` bytes; else all of them, ValueError when there are more than ``limit``."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path} is not a regular file")
+        if prefix:
+            return info.st_size, os.read(fd, limit)
         if info.st_size > limit:
             raise ValueError(f"{path} holds {info.st_size} bytes, more than {limit}")
         chunks, size = [], 0
@@ -99,9 +101,15 @@ def read_regular(path: Path, limit: int) -> str:
             size += len(chunk)
         if size > limit:
             raise ValueError(f"{path} holds more than {limit} bytes")
-        return b"".join(chunks).decode("utf-8")
+        return size, b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_regular(path: Path, limit: int) -> str:
+    """The UTF-8 text of ``path`` if it is a regular file of at most ``limit`` bytes
+    (``read_regular_bytes``); ValueError too when it is not UTF-8."""
+    return read_regular_bytes(path, limit)[1].decode("utf-8")
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -261,19 +269,10 @@ def _head(path: Path, limit: int) -> tuple[int, str] | None:
     """The size of ``path`` and the text of its first ``limit`` bytes, if it is a regular
     file (opened without blocking: a FIFO in its place never holds up a listing)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
+        size, head = read_regular_bytes(path, limit, prefix=True)
     except OSError:
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        return info.st_size, os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return size, head.decode("utf-8", "replace")
 
 
 def _describe_kernel(text: str) -> tuple[str, str]:
