@@ -328,17 +328,12 @@ def _decisions(bwd: Dag, forward: frozenset[int]) -> list[Node]:
     built: dict[int, bool] = {}  # of forward values alone
     from_accum: dict[int, bool] = {}
     for n in bwd.nodes:
-        if n.kind is NodeKind.ACCUM:
-            built[id(n)], from_accum[id(n)] = id(n) in forward, True
-        elif n.kind in (NodeKind.CONST, NodeKind.INDEX):
-            built[id(n)], from_accum[id(n)] = True, False
-        elif n.kind is NodeKind.REDUCE:
-            built[id(n)], from_accum[id(n)] = id(n) in forward, False
-        elif n.kind is NodeKind.LOAD:
-            built[id(n)], from_accum[id(n)] = id(n) in forward, False
-        else:
+        if n.kind is NodeKind.COMPUTE:
             built[id(n)] = id(n) in forward or all(built[id(i)] for i in n.inputs)
             from_accum[id(n)] = any(from_accum[id(i)] for i in n.inputs)
+        else:  # a reduction's result is read as the forward stored it
+            built[id(n)] = n.kind in (NodeKind.CONST, NodeKind.INDEX) or id(n) in forward
+            from_accum[id(n)] = n.kind is NodeKind.ACCUM
     found: list[Node] = []
     seen: set[int] = set()
     stack = [o.node for o in reversed(bwd.outputs)]
@@ -390,8 +385,7 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             why = _late_refusal(dag, n, late)
             if why:
                 raise _no_derivative(n, why, parsed, wrt)
-            if (n.kind is NodeKind.REDUCE and batches > 1 and not n.inputs[0].batched
-                    and id(n.inputs[0]) in active):
+            if batches > 1 and ir.reduces_shared(n) and id(n.inputs[0]) in active:
                 raise _no_derivative(n, "it reduces values the batches share (an operand "
                                      "without L) and feeds computation: its gradient per batch "
                                      "is not computed yet; give the operand its own batches "
@@ -433,10 +427,9 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
             continue
         kind = _KIND_OF_SPACE[n.space]
         label = n.var or f"the {n.op} of line {n.line}"
-        # a reduction of values the batches share is kept per batch (the same value in each,
-        # as the forward computes it in one pass or two: staging.split); kept without L it
-        # would hold the sum of the L batches' copies
-        per_batch = n.batched or (batches > 1 and not n.inputs[0].batched)
+        # kept per batch where it reduces values the batches share (ir.reduces_shared):
+        # kept without L it would hold the sum of the L batches' copies
+        per_batch = n.batched or (batches > 1 and ir.reduces_shared(n))
         if not ir.is_shift(n) and "ties" in _probe_reduction(dag, n).used:
             tied = ir.compute_node("eq", (n.inputs[0], n))  # a max or min: its ties
             t = Saved(names(f"saved_{n.var or n.op}_ties"), label, "ties",

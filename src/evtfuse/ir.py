@@ -282,6 +282,15 @@ def reduce_node(op: str, source: Node, result_space: Space, keep_batch: bool,
                 batched=keep_batch and source.batched, var=var, line=line)
 
 
+def reduces_shared(n: Node) -> bool:
+    """Whether ``n`` reduces values the batches share (a reduction of an operand without L):
+    the same in every batch. Computation reads it per batch, as each batch's kernel
+    programs compute it (``reference``, ``staging.split``'s workspace, ``autodiff``'s saved
+    value and ties keep it per batch); an output of it lacking L sums the L batches' copies,
+    as any output reduces the dims its shape lacks."""
+    return n.kind is NodeKind.REDUCE and not n.inputs[0].batched
+
+
 def is_shift(n: Node) -> bool:
     """Whether ``n`` is a row function's *shift*: the max the frontend builds beside a
     shifted reduction (``OpDef.shifted``: softmax's shifted_sumexp) for softmax and
@@ -523,6 +532,7 @@ def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
 
 
 __all__ = [
+    "reduces_shared",
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
     "PAIR_PARTS", "PAIR_LAYOUTS", "INTERLEAVED", "CONCATENATED", "accum_node", "load_node",
     "const_node", "index_node", "compute_node", "reduce_node", "with_inputs", "verify",

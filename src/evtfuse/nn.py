@@ -65,15 +65,15 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  epilogue: EpilogueSource | None = None, device=None, dtype=None,
                  backward: str = "auto", **operands: Any):
-        parsed = parse_epilogue(epilogue if epilogue is not None else
-                                (BIAS if bias else NO_BIAS))
+        epilogue = epilogue if epilogue is not None else (BIAS if bias else NO_BIAS)
+        parsed = parse_epilogue(epilogue)
         self._gated = parsed.gated
         rows = 2 * out_features if self._gated else out_features
         super().__init__(in_features, rows, bias, device=device, dtype=dtype)
         self.out_features = out_features  # the gated width for a gated epilogue
         check_backward(backward)
         self.backward_mode = backward
-        self.epilogue = epilogue if epilogue is not None else (BIAS if bias else NO_BIAS)
+        self.epilogue = epilogue
         wanted = ("bias_gate", "bias_up") if self._gated else ("bias",)
         takes = [p for p in wanted if p in parsed.params]
         if takes and self.bias is None:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import torch
 
 from .errors import scalar_value
-from .ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
+from .ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space, reduces_shared
 from .optable import OPS, Category, round_to, torch_apply
 
 
@@ -148,12 +148,10 @@ class _Evaluator:
                 ins = [self._float(i) for i in ins]
             return torch_apply(row, ins, n.param_dict)
         if n.kind is NodeKind.REDUCE:
-            # a reduction of values the batches share (an operand without L) has the same
-            # value in every batch where computation reads it, as the kernels compute it
-            # (each batch its own copy, in one pass or two); an output of it lacking L sums
-            # the batches' copies (``run``)
-            shared = not n.inputs[0].batched
-            return self._reduce(n, shared or self.keep_batch.get(id(n), n.batched))
+            # per batch where it reduces values the batches share (ir.reduces_shared; an
+            # output of it lacking L sums their copies: ``run``)
+            return self._reduce(n, reduces_shared(n)
+                                or self.keep_batch.get(id(n), n.batched))
         raise NotImplementedError(n.kind)
 
     def _reduce(self, n: Node, keep_l: bool) -> torch.Tensor:
@@ -186,7 +184,7 @@ class _Evaluator:
         result: dict[str, torch.Tensor] = {}
         for o in self.dag.outputs:
             n = o.node
-            if n.kind is NodeKind.REDUCE and not n.inputs[0].batched and not o.batched:
+            if reduces_shared(n) and not o.batched:
                 v = _as3d(self._reduce(n, False))  # over the L batches' copies too
             else:
                 v = _as3d(self._float(self._stored(o)))

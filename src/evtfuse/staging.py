@@ -108,11 +108,9 @@ def split(dag: Dag, dtype: torch.dtype = torch.float32) -> Split:
         if not feeds:
             continue
         if n.kind is NodeKind.REDUCE:
-            # a reduction of values the batches share (an operand without L) is the same
-            # in every batch: each batch writes its own copy, since an unbatched workspace
-            # would sum the L batches' copies (as an unbatched output of it does: its shape
-            # lacks L)
-            batched = out_batched.get(id(n), n.batched) or not n.inputs[0].batched
+            # per batch where it reduces values the batches share (ir.reduces_shared): an
+            # unbatched workspace would sum the L batches' copies
+            batched = out_batched.get(id(n), n.batched) or ir.reduces_shared(n)
             space = n.space
         elif n.space is Space.FULL and n.kind in (NodeKind.ACCUM, NodeKind.COMPUTE):
             batched, space = n.batched, Space.FULL
