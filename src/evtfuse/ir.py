@@ -413,6 +413,27 @@ def signature(dag: Dag) -> str:
 
 # ---------------------------------------------------------------- printers
 
+# names of the dtypes evtfuse takes, short and as torch spells them (the CLI's --ab-dtype,
+# gemm's <name>_dtype): name -> torch's attribute
+DTYPE_NAMES = {
+    "f32": "float32", "fp32": "float32", "float32": "float32", "float": "float32",
+    "f16": "float16", "fp16": "float16", "float16": "float16", "half": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "f64": "float64", "fp64": "float64", "float64": "float64",
+    "e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "fp8e4m3": "float8_e4m3fn",
+    "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "fp8e5m2": "float8_e5m2",
+    "float8_e5m2": "float8_e5m2",
+    "i8": "int8", "int8": "int8", "u8": "uint8", "uint8": "uint8", "i32": "int32",
+    "int32": "int32",
+}
+
+
+def dtype_named(name: str) -> torch.dtype | None:
+    """The dtype ``DTYPE_NAMES`` gives ``name`` (any case), or None."""
+    key = DTYPE_NAMES.get(name.strip().lower())
+    return getattr(torch, key) if key else None
+
+
 def dtype_name(dtype: torch.dtype | None) -> str:
     if dtype is None:
         return "-"
@@ -532,6 +553,7 @@ def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
 
 
 __all__ = [
+    "DTYPE_NAMES", "dtype_named",
     "reduces_shared",
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
     "PAIR_PARTS", "PAIR_LAYOUTS", "INTERLEAVED", "CONCATENATED", "accum_node", "load_node",

@@ -26,6 +26,7 @@ from typing import Annotated
 
 import typer
 
+from ..ir import DTYPE_NAMES
 from ..logs import setup_logging  # shared with library users: evtfuse.logs
 from .base import (EXIT_INPUT, EXIT_MISSING, EXIT_OK, EXIT_UNSUPPORTED, EXIT_VERIFY, CliError,
                    _fail, _user_errors, log)
@@ -36,7 +37,7 @@ from .commands import (AbOpt, AccOpt, AlphaOpt, AMajorOpt, BetaOpt, BMajorOpt, C
 from .demos import DEMO_EPILOGUES, _demo_case, demo
 from .device import Device, _synchronize, pick_device, time_ms
 from .ncu import NCU_METRICS, parse_ncu_csv, profile
-from .problem import (DTYPE_NAMES, OPERAND_KINDS, OUTPUT_KINDS, BuiltProblem, ProblemSpec,
+from .problem import (OPERAND_KINDS, OUTPUT_KINDS, BuiltProblem, ProblemSpec,
                       _shape_for, build_problem, parse_assignments, parse_dtype, parse_mnkl,
                       problem_spec_from_flags, short_dtype)
 from .report import (TUNE_MODES, RunReport, _api, choose_kernel, eager_of, format_report,

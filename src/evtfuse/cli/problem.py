@@ -11,28 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir import dtype_named
 from .base import CliError, log
 from .device import Device
 
 
-DTYPE_NAMES = {
-    "f32": "float32", "fp32": "float32", "float32": "float32", "float": "float32",
-    "f16": "float16", "fp16": "float16", "float16": "float16", "half": "float16",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "f64": "float64", "fp64": "float64", "float64": "float64",
-    "e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "fp8e4m3": "float8_e4m3fn",
-    "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "fp8e5m2": "float8_e5m2",
-    "float8_e5m2": "float8_e5m2",
-    "i8": "int8", "int8": "int8", "u8": "uint8", "uint8": "uint8", "i32": "int32",
-    "int32": "int32",
-}
-
-
 def parse_dtype(name: str):
-    import torch
-
-    key = DTYPE_NAMES.get(name.strip().lower())
-    dtype = getattr(torch, key, None) if key else None
+    dtype = dtype_named(name)
     if dtype is None:
         raise CliError(f"unknown dtype '{name}'; use one of: "
                        "f32, f16, bf16, f64, e4m3, e5m2, i8, u8, i32")

@@ -19,7 +19,7 @@ import torch
 from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogue
-from ..ir import OutputKind
+from ..ir import OutputKind, dtype_named
 from ..memory import byte_span, tensor_state
 from .device import device_guard
 from .discovery import explain, get_kernels, kernels_for, order_by_fill  # noqa: F401 (re-exported)
@@ -303,13 +303,6 @@ def _split_dtypes(named: dict, outputs: tuple) -> tuple[dict, dict]:
     return named, dtypes
 
 
-# short names of dtypes (besides torch's own attribute names: "float16", "half", "bfloat16")
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32",
-                  "f32": "float32", "fp64": "float64", "f64": "float64",
-                  "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2",
-                  "i8": "int8", "u8": "uint8", "i32": "int32"}
-
-
 def dtype_argument(key: str, value: Any) -> torch.dtype:
     """``value`` of the keyword ``key`` (``D_dtype``) as a ``torch.dtype``: a dtype, or its
     name as torch spells it ("float16", "torch.bfloat16") or a short one ("bf16", "fp32");
@@ -319,7 +312,7 @@ def dtype_argument(key: str, value: Any) -> torch.dtype:
     if isinstance(value, str):
         name = value.strip().lower()
         name = name[len("torch."):] if name.startswith("torch.") else name
-        got = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+        got = dtype_named(name) or getattr(torch, name, None)
         if isinstance(got, torch.dtype):
             return got
     raise EpilogueError(f"{key} must be a torch.dtype (torch.float16) or a dtype's name "
