@@ -267,6 +267,17 @@ OFFS_KEY = "<offs>"  # a grouped GEMM's offsets among a launch's values (not an 
 MAX_GROUPS = 1024
 
 
+def check_tensors(A: Any, B: Any, call: str = "") -> None:
+    """A and B are torch tensors, else an ``EpilogueError`` naming the first that is not
+    (a numpy array with the conversion; ``call``: the function to name first)."""
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor):
+            hint = (f" (torch.from_numpy({name}) makes one of a numpy array)"
+                    if type(t).__module__.split(".")[0] == "numpy" else "")
+            raise EpilogueError(f"{call + ': ' if call else ''}{name} must be a torch.Tensor, "
+                                f"not {type(t).__name__}{hint}", variable=name)
+
+
 def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> str:
     """A grouped GEMM's A, B and offs make one problem: groups over M, A (T, K), B
     (G, K, N); or groups over K, A (M, T), B (T, N); offs (G,) int32 on A's device. Returns
@@ -275,10 +286,7 @@ def check_grouped(A: torch.Tensor, B: torch.Tensor, offs: Any) -> str:
     if not isinstance(offs, torch.Tensor):
         raise EpilogueError(f"offs must be a torch.Tensor of int32 cumulative group ends, "
                             f"not {type(offs).__name__}", variable="offs")
-    for name, t in (("A", A), ("B", B)):
-        if not isinstance(t, torch.Tensor):
-            raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
-                                variable=name)
+    check_tensors(A, B)
     dim = "K" if B.dim() == 2 else "M"
     layouts = {"M": (("A", A, "(T, K)"), ("B", B, "(G, K, N)")),
                "K": (("A", A, "(M, T)"), ("B", B, "(T, N)"))}
@@ -323,10 +331,8 @@ def _problem_of(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor | None = No
                 ) -> tuple[int, int, int, int]:
     """(L, M, K, N) of A @ B; ``EpilogueError`` naming A or B when they do not make one.
     A grouped GEMM over K (2-D A and B with ``offs``): L is the group count."""
+    check_tensors(A, B)
     for name, t in (("A", A), ("B", B)):
-        if not isinstance(t, torch.Tensor):
-            raise EpilogueError(f"{name} must be a torch.Tensor, not {type(t).__name__}",
-                                variable=name)
         if t.dim() not in (2, 3):
             raise EpilogueError(f"{name} must have 2 or 3 dimensions ((M, K) / (L, M, K) for "
                                 f"A, (K, N) / (L, K, N) for B), got shape {tuple(t.shape)}",

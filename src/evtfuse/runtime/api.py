@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped
+from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped, check_tensors
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
 from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind, dtype_named
@@ -25,8 +25,8 @@ from .device import device_guard
 from .discovery import explain, get_kernels, kernels_for, order_by_fill  # noqa: F401 (re-exported)
 from .kernel import Kernel
 from . import autograd, grouped_autograd, torch_op
-from .torch_op import (Layout, check_no_grad, check_outputs_writable, constant_result,
-                       layout_text, parsed_cache, parsed_of)
+from .torch_op import (Layout, check_devices, check_no_grad, check_outputs_writable,
+                       constant_result, layout_text, parsed_cache, parsed_of)
 from .tuner import choose_kernel
 
 log = logging.getLogger("evtfuse")
@@ -202,7 +202,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     if not deterministic:
         raise ValueError("deterministic=False is not implemented: evtfuse's reductions are "
                          "always deterministic")
-    _check_tensors(A, B, "gemm")
+    check_tensors(A, B, "gemm")
     autograd.check_backward(backward)
     acc16 = _acc16(A, accumulator_type)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
@@ -210,7 +210,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     named, dtypes = _split_dtypes(operands_and_outputs, outputs)
     _check_operands_given(A, B, epi, named)
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
-    _check_devices(A, B, tensors, tnames, outs, onames, "gemm")
+    check_devices(A, B, tnames, tensors, onames, outs, call="gemm")
     grad = _requiring_grad(A, B, tensors, tnames)
     _check_acc16_grad(acc16, grad)
     check_outputs_writable(outs, onames, "gemm", recorded=bool(grad))
@@ -258,7 +258,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     ``torch.ops.evtfuse.grouped_gemm``. Over M and over K it is differentiable with respect
     to A, B and every tensor operand (``runtime.grouped_autograd``; ``backward`` as
     ``gemm``'s, "auto" choosing over K by the mean group size T / G)."""
-    _check_tensors(A, B, "grouped_gemm")
+    check_tensors(A, B, "grouped_gemm")
     autograd.check_backward(backward)
     acc16 = _acc16(A, accumulator_type)
     epi = _epilogue_of(_IDENTITY if epilogue is None else epilogue)
@@ -271,7 +271,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     check_grouped(A, B, offs)  # shapes, dtype and device only: offs stays on the device
     _check_operands_given(A, B, epi, named, "grouped_gemm")
     tensors, tnames, nones, scalars, snames, outs, onames = _sort(named, epi)
-    _check_devices(A, B, tensors, tnames, outs, onames, "grouped_gemm")
+    check_devices(A, B, tnames, tensors, onames, outs, call="grouped_gemm")
     grad = _requiring_grad(A, B, tensors, tnames)
     _check_acc16_grad(acc16, grad)
     check_outputs_writable(outs, onames, "grouped_gemm", recorded=bool(grad))
@@ -430,32 +430,6 @@ def _gemm_with_grad(A, B, epi: _Epilogue, named, dtypes, options, grad, tensors,
     if len(outputs) == 1:
         return got.get(outputs[0])
     return tuple(got.get(n) for n in outputs)
-
-
-def _check_tensors(A, B, call: str) -> None:
-    """A and B are torch tensors (a numpy array is named, with the conversion)."""
-    for name, t in (("A", A), ("B", B)):
-        if not isinstance(t, torch.Tensor):
-            hint = (f" (torch.from_numpy({name}) makes one of a numpy array)"
-                    if type(t).__module__.split(".")[0] == "numpy" else "")
-            raise EpilogueError(f"{call}: {name} must be a torch.Tensor, not "
-                                f"{type(t).__name__}{hint}", variable=name)
-
-
-def _check_devices(A, B, tensors: list, tnames: list, outs: list, onames: list,
-                   call: str) -> None:
-    """B, every tensor operand and every given output on A's device (a ``meta`` tensor
-    among real ones too: the dispatcher would send the call to the operator's fake
-    implementation, which computes nothing), before anything is allocated or written.
-    All on one device (``meta`` included, as torch.compile traces) passes."""
-    dev = A.device
-    for what, names, ts in (("", ("B",), (B,)), ("operand ", tnames, tensors),
-                            ("output ", onames, outs)):
-        for name, t in zip(names, ts):
-            if t.device != dev:
-                raise EpilogueError(f"{call}: {what}{name} is on {t.device} but A is on {dev}; "
-                                    "B, every tensor operand and output (and offs) must be "
-                                    "on A's device", variable=name)
 
 
 def _sort(named: dict, epi: _Epilogue) -> tuple:

@@ -267,20 +267,28 @@ def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> None:
     run_values(A, B, unwire(epilogue), lay, values_of(lay, tensors, scalars, outs))
 
 
-def _check_one_device(A, B, layout, tensors, outs, offs=None) -> None:
-    """Every tensor of an operator call on A's device, else an ``EpilogueError`` naming it.
-    In the fake implementations too: a real call with one ``meta`` tensor among CPU or CUDA
-    ones is dispatched to them (the Meta key wins), which compute nothing. A call whose
-    tensors are all on one device (all ``meta`` included) passes."""
-    lay = parse_layout(layout)
-    named = [("B", B), *zip(lay.tensors, tensors), *zip(lay.outs, outs)]
+def check_devices(A, B, tnames, tensors, onames, outs, offs=None, call: str = "") -> None:
+    """B, every tensor operand and output (and ``offs``) on A's device, else an
+    ``EpilogueError`` naming it (``call``: the function to name first), before anything is
+    allocated or written. In the fake implementations too: a real call with one ``meta``
+    tensor among CPU or CUDA ones is dispatched to them (the Meta key wins), which compute
+    nothing. A call whose tensors are all on one device (all ``meta`` included, as
+    torch.compile traces) passes."""
+    named = [("", "B", B), *(("operand ", n, t) for n, t in zip(tnames, tensors)),
+             *(("output ", n, t) for n, t in zip(onames, outs))]
     if offs is not None:
-        named.append(("offs", offs))
-    for name, t in named:
+        named.append(("", "offs", offs))
+    for what, name, t in named:
         if t is not None and t.device != A.device:
-            raise EpilogueError(f"{name} is on {t.device} but A is on {A.device}; B, every "
-                                "tensor operand and output (and offs) must be on A's device",
-                                variable=name)
+            raise EpilogueError(f"{call + ': ' if call else ''}{what}{name} is on {t.device} "
+                                f"but A is on {A.device}; B, every tensor operand and output "
+                                "(and offs) must be on A's device", variable=name)
+
+
+def _check_one_device(A, B, layout, tensors, outs, offs=None) -> None:
+    """``check_devices`` of an operator call, its names read from its layout."""
+    lay = parse_layout(layout)
+    check_devices(A, B, lay.tensors, tensors, lay.outs, outs, offs)
 
 
 def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> None:
