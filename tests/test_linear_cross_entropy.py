@@ -8,6 +8,8 @@ break; ``evtfuse.nn.LinearCrossEntropy``; the errors of bad arguments."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -282,8 +284,9 @@ def _eager_grads(ts, target):
 
 
 def test_compiled_training_step_has_no_graph_break(monkeypatch):
-    """Under torch.compile the forward computes no gradient (the backward's in-place scaling
-    would become a copy): the backward recomputes."""
+    """Under torch.compile the operators run as in eager: the forward computes the
+    gradients of "mean" and "sum" and the backward recomputes only what eager's does (the
+    lse's gradient, "none")."""
     hidden, weight, bias, target = _inputs()
     torch._dynamo.reset()
     leaves = _leaves((hidden, weight, bias))
@@ -291,13 +294,49 @@ def test_compiled_training_step_has_no_graph_break(monkeypatch):
     calls = []
     real = cross_entropy.chunked
     monkeypatch.setattr(cross_entropy, "chunked", lambda *a: calls.append(1) or real(*a))
-    leaves = _leaves((hidden, weight, bias))
-    loss = torch.compile(_step, fullgraph=True, backend="aot_eager")(*leaves, target)
-    assert not calls
-    loss.backward()
-    assert calls
+    counts = []
+    for step in (_step, torch.compile(_step, fullgraph=True, backend="aot_eager")):
+        calls.clear()
+        leaves = _leaves((hidden, weight, bias))
+        loss = step(*leaves, target)
+        forward = len(calls)
+        loss.backward()
+        counts.append((forward, len(calls)))
+    assert counts[0] == counts[1] == (1, 3), counts
     for got, want in zip(leaves, _eager_grads((hidden, weight, bias), target)):
         torch.testing.assert_close(got.grad, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="Inductor's CPU code needs a C++ compiler (the GPU tier's "
+                    "test_peak_memory_stays_under_the_bound[compiled] checks the same on CUDA)")
+def test_compiled_backward_scales_in_place():
+    """Inductor reinplaces the functionalized evtfuse::scale_ into the gradients the
+    forward saved: the compiled backward's code scales them where they lie (no clone, no
+    copy of d_weight), as eager's does, and the gradients are right."""
+    from torch._inductor.utils import run_and_get_code
+
+    hidden, weight, bias, target = _inputs()
+    torch._dynamo.reset()
+    leaves = _leaves((hidden, weight, bias))
+
+    def mean_loss(hidden, weight, bias, target):
+        return evtfuse.linear_cross_entropy(hidden, weight, target, bias=bias, softcap=4.0)
+
+    def train():
+        torch.compile(mean_loss, fullgraph=True)(*leaves, target).backward()
+
+    _, codes = run_and_get_code(train)
+    backward = [c for c in codes if "evtfuse.scale_" in c]
+    assert len(backward) == 1, codes
+    code = backward[0]
+    assert code.count("torch.ops.evtfuse.scale_.default(") == 3  # dh, dw, db
+    for copying in ("clone", "copy_", "empty_strided"):
+        assert copying not in code.split("def call(", 1)[1], code
+    want = _leaves((hidden, weight, bias))
+    mean_loss(*want, target).backward()
+    for got, ref in zip(leaves, want):
+        torch.testing.assert_close(got.grad, ref.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_compiled_forward_and_backward_traced_together():

@@ -1,5 +1,5 @@
-"""Modules a PyTorch model can hold: ``evtfuse.nn.Linear``, ``fuse_activations`` and
-``LinearCrossEntropy``.
+"""Modules a PyTorch model can hold: ``evtfuse.nn.Linear``, ``fuse_activations``,
+``LinearCrossEntropy`` and the MLP blocks ``GatedMLP`` and ``MLP``.
 
 Layer: library, above the runtime (``evtfuse.gemm``, one ``torch.ops.evtfuse.gemm`` call a
 forward). ``Linear`` is a ``torch.nn.Linear`` (same parameters, same state dict, same
@@ -238,4 +238,111 @@ class LinearCrossEntropy(torch.nn.Module):
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
 
 
-__all__ = ["Linear", "fuse_activations", "Fusion", "with_activation", "LinearCrossEntropy"]
+# the activations the MLP blocks take (op-table names)
+MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
+
+
+def _check_activation(activation: str) -> str:
+    if activation not in MLP_ACTIVATIONS:
+        raise EpilogueError(f"activation must be one of {', '.join(MLP_ACTIVATIONS)}, not "
+                            f"{activation!r}", variable="activation")
+    return activation
+
+
+class GatedMLP(torch.nn.Module):
+    """The gated MLP of Llama-family models, ``down_proj(act(gate_proj(x)) * up_proj(x))``,
+    fused forward and backward (``evtfuse.runtime.mlp``).
+
+    ``GatedMLP(hidden_size, intermediate_size, activation="silu", bias=False, device=None,
+    dtype=None)``: ``gate_proj`` and ``up_proj`` (``torch.nn.Linear(hidden_size,
+    intermediate_size)``) and ``down_proj`` (``torch.nn.Linear(intermediate_size,
+    hidden_size)``), so its parameters and state dict are a Hugging Face ``LlamaMLP``'s.
+    ``activation``: "silu" (SwiGLU), "gelu_tanh" (GeGLU as Gemma's), "gelu" or "relu".
+    ``GatedMLP.adopt(gate_proj, up_proj, down_proj, activation)`` builds one around existing
+    Linears (their parameters, shared)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
+                 bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.activation = _check_activation(activation)
+        self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, bias, device, dtype)
+        self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, bias, device, dtype)
+        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, bias, device, dtype)
+
+    @classmethod
+    def adopt(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear,
+              down_proj: torch.nn.Linear, activation: str = "silu") -> "GatedMLP":
+        """A ``GatedMLP`` holding these three Linears (their parameters, not copies)."""
+        for name, lin in (("gate_proj", gate_proj), ("up_proj", up_proj),
+                          ("down_proj", down_proj)):
+            if not isinstance(lin, torch.nn.Linear):
+                raise EpilogueError(f"{name} must be a torch.nn.Linear, not "
+                                    f"{type(lin).__name__}", variable=name)
+        if gate_proj.weight.shape != up_proj.weight.shape \
+                or down_proj.weight.shape != gate_proj.weight.shape[::-1] \
+                or (gate_proj.bias is None) != (up_proj.bias is None):
+            raise EpilogueError(
+                f"gate_proj {tuple(gate_proj.weight.shape)}, up_proj "
+                f"{tuple(up_proj.weight.shape)} and down_proj {tuple(down_proj.weight.shape)}"
+                " do not make a gated MLP: gate_proj and up_proj (intermediate, hidden), "
+                "down_proj (hidden, intermediate)", variable="down_proj")
+        block = cls.__new__(cls)
+        torch.nn.Module.__init__(block)
+        block.activation = _check_activation(activation)
+        block.gate_proj, block.up_proj, block.down_proj = gate_proj, up_proj, down_proj
+        return block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .runtime.mlp import gated_mlp
+
+        return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                         self.activation, self.gate_proj.bias, self.up_proj.bias,
+                         self.down_proj.bias)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+class MLP(torch.nn.Module):
+    """``fc2(act(fc1(x)))``, the MLP of GPT-2/BERT-style models, fused forward and backward
+    (``evtfuse.runtime.mlp``): ``MLP(in_features, hidden_features, out_features=None,
+    activation="gelu", bias=True, device=None, dtype=None)``, parameters ``fc1`` and ``fc2``
+    (``torch.nn.Linear``); ``MLP.adopt(fc1, fc2, activation)`` builds one around existing
+    Linears."""
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
+                 activation: str = "gelu", bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.activation = _check_activation(activation)
+        out_features = in_features if out_features is None else out_features
+        self.fc1 = torch.nn.Linear(in_features, hidden_features, bias, device, dtype)
+        self.fc2 = torch.nn.Linear(hidden_features, out_features, bias, device, dtype)
+
+    @classmethod
+    def adopt(cls, fc1: torch.nn.Linear, fc2: torch.nn.Linear, activation: str = "gelu") -> "MLP":
+        """An ``MLP`` holding these two Linears (their parameters, not copies)."""
+        for name, lin in (("fc1", fc1), ("fc2", fc2)):
+            if not isinstance(lin, torch.nn.Linear):
+                raise EpilogueError(f"{name} must be a torch.nn.Linear, not "
+                                    f"{type(lin).__name__}", variable=name)
+        if fc2.in_features != fc1.out_features:
+            raise EpilogueError(f"fc2 takes {fc2.in_features} features and fc1 gives "
+                                f"{fc1.out_features}", variable="fc2")
+        block = cls.__new__(cls)
+        torch.nn.Module.__init__(block)
+        block.activation = _check_activation(activation)
+        block.fc1, block.fc2 = fc1, fc2
+        return block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .runtime.mlp import mlp
+
+        return mlp(x, self.fc1.weight, self.fc2.weight, self.activation, self.fc1.bias,
+                   self.fc2.bias)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+__all__ = ["Linear", "fuse_activations", "Fusion", "with_activation", "LinearCrossEntropy",
+           "GatedMLP", "MLP", "MLP_ACTIVATIONS"]

@@ -33,8 +33,7 @@ gradient never exist at once.
 With gradients wanted and reduction "mean" or "sum", the forward computes them (the
 loss's upstream gradient is one number, multiplied in by the backward, in place): three
 GEMMs in all (logits, dX, dW). With "none" (a gradient per row), a gradient arriving at
-lse, fp16 (``precomputes``), or a call under torch.compile (``evtfuse.losses``), the
-backward recomputes the chunks with that gradient (``linear_cross_entropy_backward``):
+lse or fp16 (``precomputes``), the backward recomputes the chunks with that gradient (``linear_cross_entropy_backward``):
 one GEMM more, the forward's. Without gradients one ``lce_logits`` call per chunk stores
 no logits.
 """
