@@ -363,3 +363,31 @@ def test_internal_overlap_matches_brute_force(dims):
     shape = [d[0] for d in dims]
     strides = [d[1] for d in dims]
     assert has_internal_overlap(shape, strides) == _brute_force_overlap(shape, strides)
+
+
+def test_column_halves_of_one_tensor_are_separate_outputs():
+    """p[:, :n] and p[:, n:] interleave in memory without meeting: two outputs may be
+    them (an MLP block's gate and up halves), while halves that do meet are refused; the
+    exact answer matches a brute-force one over small views."""
+    from evtfuse.memory import overlap
+
+    p = torch.empty(6, 8)
+    assert not overlap(p[:, :4], p[:, 4:])
+    assert overlap(p[:, :5], p[:, 3:]) and overlap(p[:, :4], p[:, 1:5])
+    base = torch.arange(48.0)
+    for off in range(0, 10):
+        for width in (2, 3, 4):
+            a = base.as_strided((4, width), (8, 1), 0)
+            b = base.as_strided((4, width), (8, 1), off)
+            brute = bool(set(a.flatten().tolist()) & set(b.flatten().tolist()))
+            assert overlap(a, b) == brute, (off, width)
+    A, B = torch.randn(5, 3), torch.randn(3, 8)
+    out = torch.empty(5, 8)
+    src = ("def e(accum):\n    gate, up = pairs(accum, layout=\"concatenated\")\n"
+           "    D = gate\n    F = up\n    return D, F")
+    evtfuse.gemm(A, B, src, D=out[:, :4], F=out[:, 4:])
+    acc = A @ B
+    torch.testing.assert_close(out[:, :4], acc[:, :4], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[:, 4:], acc[:, 4:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(EpilogueError, match="share memory"):
+        evtfuse.gemm(A, B, src, D=out[:, :4], F=out[:, 3:7])

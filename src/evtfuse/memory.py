@@ -44,8 +44,25 @@ def ranges_meet(a0: int, a_span: int, b0: int, b_span: int) -> bool:
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory spans of ``a`` and ``b`` intersect."""
-    return ranges_meet(a.data_ptr(), byte_span(a), b.data_ptr(), byte_span(b))
+    """Whether ``a`` and ``b`` may share a memory location: their spans intersect, except
+    where two views of one layout (shape, strides and element size) with at most two
+    dimensions of more than one element provably interleave without meeting (the two
+    column halves ``p[:, :n]`` and ``p[:, n:]`` of one (M, 2n) tensor: an element of one
+    meets one of the other when sum(d_k * stride_k) is their distance for some |d_k| <
+    size_k)."""
+    if not ranges_meet(a.data_ptr(), byte_span(a), b.data_ptr(), byte_span(b)):
+        return False
+    size = a.element_size()
+    dist = b.data_ptr() - a.data_ptr()
+    if a.shape != b.shape or a.stride() != b.stride() or size != b.element_size() \
+            or dist % size:
+        return True
+    dims = [(n, st) for n, st in zip(a.shape, a.stride()) if n > 1]
+    if len(dims) > 2 or any(st <= 0 for _, st in dims):
+        return True
+    dims += [(1, 1)] * (2 - len(dims))
+    (n1, s1), (n2, s2) = dims
+    return _two_terms(s1, n1, s2, n2, dist // size, nonzero=False)
 
 
 def has_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> bool:

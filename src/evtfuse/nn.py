@@ -22,6 +22,7 @@ from .library import call_of, remembered
 from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 from .runtime.autograd import check_backward
+from .runtime.mlp import gated_mlp, mlp, pack_gate_up
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
 NO_BIAS = "def linear(accum):\n    D = accum\n    return D"
@@ -259,7 +260,18 @@ class GatedMLP(torch.nn.Module):
     hidden_size)``), so its parameters and state dict are a Hugging Face ``LlamaMLP``'s.
     ``activation``: "silu" (SwiGLU), "gelu_tanh" (GeGLU as Gemma's), "gelu" or "relu".
     ``GatedMLP.adopt(gate_proj, up_proj, down_proj, activation)`` builds one around existing
-    Linears (their parameters, shared)."""
+    Linears (their parameters, shared). It keeps ``gate_proj.weight`` and ``up_proj.weight``
+    one after the other in one buffer (the same Parameter objects), so that the fused
+    kernel reads them as ``[W_gate; W_up]`` with no copy; where something gives them
+    separate storage again (FSDP, ``load_state_dict(assign=True)``), a step concatenates
+    them, a copy of both, and gives the same results.
+
+    Forward: one GEMM whose epilogue computes ``act(gate) * up`` (and keeps gate and up for
+    the backward), then the down projection. Backward: the down projection's ``dy @ W``
+    computes the activation's derivative in its epilogue (derived from the activation's
+    expression by ``evtfuse.autodiff``) and writes d[gate|up] and the activation's output
+    again, then three torch matmuls; no elementwise pass in either direction.
+    """
 
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
                  bias: bool = False, device=None, dtype=None):
@@ -268,6 +280,7 @@ class GatedMLP(torch.nn.Module):
         self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, bias, device, dtype)
         self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, bias, device, dtype)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, bias, device, dtype)
+        pack_gate_up(self.gate_proj, self.up_proj)
 
     @classmethod
     def adopt(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear,
@@ -290,11 +303,16 @@ class GatedMLP(torch.nn.Module):
         torch.nn.Module.__init__(block)
         block.activation = _check_activation(activation)
         block.gate_proj, block.up_proj, block.down_proj = gate_proj, up_proj, down_proj
+        pack_gate_up(gate_proj, up_proj)
         return block
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .runtime.mlp import gated_mlp
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .half() give the parameters new storage: one buffer again
+        out = super()._apply(fn, recurse)
+        pack_gate_up(self.gate_proj, self.up_proj)
+        return out
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                          self.activation, self.gate_proj.bias, self.up_proj.bias,
                          self.down_proj.bias)
@@ -335,8 +353,6 @@ class MLP(torch.nn.Module):
         return block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .runtime.mlp import mlp
-
         return mlp(x, self.fc1.weight, self.fc2.weight, self.activation, self.fc1.bias,
                    self.fc2.bias)
 

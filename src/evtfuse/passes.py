@@ -246,6 +246,21 @@ def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec, part: str | None = N
     return Dag(rebuilt.outputs, operands, dag.name, dag.gated)
 
 
+def accumulate_operand(dag: Dag, name: str) -> Dag:
+    """Every load of the full operand ``name`` becomes the accumulator, and ``name`` leaves
+    the operands: an epilogue that took a value as an operand runs as the epilogue of the
+    GEMM producing it. A backward epilogue whose upstream gradient is ``dY @ W`` (an MLP's
+    down projection's) runs over that product, with no pass of its own (``runtime.mlp``).
+    Not in ``PIPELINE``."""
+    spec = next(o for o in dag.operands if o.name == name)
+    assert spec.kind is ir.OperandKind.FULL, spec
+    accum = ir.accum_node()
+    rebuilt = _as_loads(dag, lambda n: accum if n.kind is NodeKind.LOAD
+                        and n.operand.name == name else None)
+    return Dag(rebuilt.outputs, tuple(o for o in dag.operands if o.name != name), dag.name,
+               dag.gated)
+
+
 def _as_loads(dag: Dag, load_of: Callable[[Node], Node | None]) -> Dag:
     """``dag`` with every node for which ``load_of`` gives a load replaced by that load (a
     value read as a forward stored it); the operands are the caller's to add."""
@@ -350,6 +365,6 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE,
     return dag
 
 
-__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_saved_values",
-           "broadcast_stores", "eliminate_dead_code", "fold_constants", "simplify_algebra",
+__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "accumulate_operand",
+           "read_saved_values", "broadcast_stores", "eliminate_dead_code", "fold_constants", "simplify_algebra",
            "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

@@ -1,19 +1,287 @@
-"""MLP blocks fused forward and backward (work in progress: a torch placeholder while the
-fused operators land)."""
+"""MLP blocks fused forward and backward: the operators behind ``evtfuse.nn.GatedMLP`` and
+``evtfuse.nn.MLP``.
+
+Layer: runtime, beside ``runtime.cross_entropy`` (same ``torch.library`` namespace). A block
+is ``y = act_part(x @ W1.T + b1) @ W2.T + b2``, where ``act_part`` is ``act(G) * U`` of the
+two halves ``G | U`` of a gated MLP's up projection (W1 = ``[W_gate; W_up]``, SwiGLU,
+GeGLU) or ``act(P)`` of a plain one. Schemas::
+
+    evtfuse::mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation,
+        Tensor? b1a, Tensor? b1b, Tensor? b2) -> (Tensor y, Tensor p)
+    evtfuse::mlp_backward(Tensor dy, Tensor x, Tensor w1a, Tensor? w1b, Tensor w2,
+        Tensor p, str activation, bool[] grads)
+        -> (Tensor dx, Tensor dw1, Tensor dw2, Tensor db1, Tensor db2)
+
+(``w1b``/``b1b``: a gated block's up projection; None for a plain one.)
+
+Forward, two GEMMs: the up projection's epilogue (``up_source``) stores ``p``, the
+pre-activations (``G | U``, (tokens, 2I), or ``P``), rounded to the input dtype as torch's
+Linear output is, and the activation's output ``A`` computed from those rounded values
+(what the backward differentiates: a decision such as relu's sign is the same in both);
+then ``y = A @ W2.T`` (torch, cuBLAS). ``A`` is not kept.
+
+Backward, four GEMMs and no elementwise pass: the down projection's ``dA = dy @ W2`` runs
+``down_grad``'s epilogue, derived by ``autodiff`` from the activation's expression over
+stored pre-activations (``act_source``), whose upstream gradient is the accumulator
+(``passes.accumulate_operand``): it reads ``p`` and writes ``dp`` (``dG | dU``) and ``A``
+again (for dW2), in the GEMM that produces ``dA``, which never exists. Then ``dx = dp @
+W1``, ``dW1 = dp.T @ x`` and ``dW2 = dy.T @ A`` are torch matmuls (one each: ``dp`` is one
+(tokens, 2I) tensor, and W1 one (2I, H) view where gate and up weights lie one after the
+other in memory, as ``evtfuse.nn.GatedMLP`` keeps them; two matmuls otherwise).
+"""
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import functools
+from typing import Optional
 
-_ACT = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-        "relu": F.relu}
+import torch
+
+from .. import autodiff, passes
+from ..frontend import bind, parse_epilogue
+from ..ir import Output, OutputKind
+from ..unparse import to_source
+from .torch_op import _lib
+
+TUNE = "fast"  # the evtfuse.gemm calls' tuning
+_ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # p rounded as torch's Linear's
+
+_lib.define("mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation, Tensor? b1a, "
+            "Tensor? b1b, Tensor? b2) -> (Tensor, Tensor)")
+_lib.define("mlp_backward(Tensor dy, Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, Tensor p, "
+            "str activation, bool[] grads) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+# ------------------------------------------------------------------ epilogues
+
+
+def _stored(gated: bool) -> tuple[str, ...]:
+    return ("G", "U") if gated else ("P",)
+
+
+def _act_expr(activation: str, gated: bool, g: str, u: str = "") -> str:
+    return f"{activation}({g}) * {u}" if gated else f"{activation}({g})"
+
+
+@functools.lru_cache(maxsize=64)
+def up_source(activation: str, gated: bool, bias: bool, dtype: torch.dtype) -> str:
+    """The up projection's epilogue: the pre-activations (outputs G and U, or P, each
+    ``accum`` plus its bias) and D, the activation's output, of them rounded to ``dtype``."""
+    rounding = _ROUNDING.get(dtype)
+
+    def rounded(v: str) -> str:
+        return f'cast({v}, "{rounding}")' if rounding else v
+
+    if gated:
+        params = "accum, bias_gate, bias_up" if bias else "accum"
+        body = ['    gate, up = pairs(accum, layout="concatenated")',
+                "    G = gate + bias_gate" if bias else "    G = gate",
+                "    U = up + bias_up" if bias else "    U = up",
+                f"    D = {_act_expr(activation, True, rounded('G'), rounded('U'))}",
+                "    return D, G, U"]
+    else:
+        params = "accum, bias" if bias else "accum"
+        body = ["    P = accum + bias" if bias else "    P = accum",
+                f"    D = {_act_expr(activation, False, rounded('P'))}", "    return D, P"]
+    return "\n".join([f"def mlp_up({params}):", *body]) + "\n"
+
+
+def act_source(activation: str, gated: bool) -> str:
+    """The activation as a function of stored pre-activations: what ``down_grad`` is
+    derived from."""
+    names = _stored(gated)
+    return (f"def mlp_act(accum, {', '.join(names)}):\n"
+            f"    D = {_act_expr(activation, gated, *names)}\n    return D\n")
+
+
+@functools.lru_cache(maxsize=64)
+def down_grad(activation: str, gated: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The epilogue of ``dA = dy @ W2``: the backward of ``act_source`` (``autodiff``) with
+    its upstream gradient read from the accumulator, and its forward value ``D`` (A, for
+    dW2) among its outputs. Returns the source and, per stored pre-activation, the output
+    holding its gradient."""
+    parsed = parse_epilogue(act_source(activation, gated))
+    names = _stored(gated)
+
+    def meta():
+        return torch.empty((3, 5), dtype=torch.float32, device="meta")
+
+    values = {n: meta() for n in names}
+    values["D"] = meta()
+    dag = bind(parsed, values, (1, 3, 5))
+    plan = autodiff.plan_forward(dag, set(names), parsed)
+    bwd = autodiff.backward(plan, {"D"}, set(names), name="mlp_down_grad")
+    assert not (bwd.saved or bwd.injected or bwd.scratch), bwd  # a pointwise activation
+    fused = passes.accumulate_operand(bwd.dag, dict(bwd.grads)["D"])
+    a = plan.dag.output("D")
+    outs = [Output("D", a.node, OutputKind.FULL, a.dtype, a.batched) if o.name == "D" else o
+            for o in fused.outputs]
+    fused = passes.optimize(fused.replace_outputs(outs))
+    return to_source(fused, "mlp_down_grad"), bwd.outputs
+
+
+# ------------------------------------------------------------------ the operators
+
+
+def _weight1(w1a: torch.Tensor, w1b: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """W1 as one (rows, H) tensor without a copy: w1a itself, or a gated block's [W_gate;
+    W_up] where W_up lies right after W_gate in memory; None where it does not."""
+    if w1b is None:
+        return w1a
+    n = w1a.numel()
+    if (w1a.is_contiguous() and w1b.is_contiguous() and w1a.dtype == w1b.dtype
+            and w1a.shape == w1b.shape and w1a.untyped_storage().data_ptr()
+            == w1b.untyped_storage().data_ptr()
+            and w1b.data_ptr() == w1a.data_ptr() + n * w1a.element_size()):
+        return w1a.as_strided((2 * w1a.shape[0], w1a.shape[1]), (w1a.shape[1], 1))
+    return None
+
+
+def _parts(t: torch.Tensor, gated: bool, width: int) -> dict:
+    return {"G": t[:, :width], "U": t[:, width:]} if gated else {"P": t}
+
+
+def _forward(x, w1a, w1b, w2, activation, b1a, b1b, b2):
+    from .api import gemm
+
+    gated = w1b is not None
+    width = w1a.shape[0]
+    w1 = _weight1(w1a, w1b)
+    if w1 is None:
+        w1 = torch.cat((w1a, w1b))
+    bias = b1a is not None
+    ops = ({"bias_gate": b1a, "bias_up": b1b} if gated else {"bias": b1a}) if bias else {}
+    with torch.no_grad():
+        p = x.new_empty((x.shape[0], w1.shape[0]))
+        a = x.new_empty((x.shape[0], width))
+        gemm(x, w1.t(), up_source(activation, gated, bias, x.dtype), D=a, tune=TUNE,
+             **_parts(p, gated, width), **ops)
+        y = torch.nn.functional.linear(a, w2, b2)
+    return y, p
+
+
+def _forward_fake(x, w1a, w1b, w2, activation, b1a, b1b, b2):
+    rows = w1a.shape[0] * (2 if w1b is not None else 1)
+    return x.new_empty((x.shape[0], w2.shape[0])), x.new_empty((x.shape[0], rows))
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,))
+
+
+def _backward_op(dy, x, w1a, w1b, w2, p, activation, grads):
+    from .api import gemm
+
+    gated = w1b is not None
+    width = w1a.shape[0]
+    need_x, need_w1, need_w2, need_b1, need_b2 = (bool(g) for g in grads)
+    source, outputs = down_grad(activation, gated)
+    grad_out = dict(outputs)
+    with torch.no_grad():
+        dy = dy.contiguous()
+        dp = torch.empty_like(p)
+        a = x.new_empty((x.shape[0], width)) if need_w2 else None
+        kw = {grad_out[n]: t for n, t in _parts(dp, gated, width).items()}
+        gemm(dy, w2, source, D=a, tune=TUNE, **_parts(p, gated, width), **kw)
+        dx = dw1 = dw2 = db1 = db2 = None
+        if need_x:
+            w1 = _weight1(w1a, w1b)
+            if w1 is not None:
+                dx = dp @ w1
+            else:
+                dx = torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a)
+        if need_w1:
+            dw1 = dp.t() @ x
+        if need_w2:
+            dw2 = dy.t() @ a
+        if need_b1:
+            db1 = dp.sum(0)
+        if need_b2:
+            db2 = dy.sum(0)
+    return tuple(_empty(x) if t is None else t for t in (dx, dw1, dw2, db1, db2))
+
+
+def _backward_op_fake(dy, x, w1a, w1b, w2, p, activation, grads):
+    rows = p.shape[1]
+    shapes = (x.shape, (rows, x.shape[1]), w2.shape, (rows,), (w2.shape[0],))
+    return tuple(x.new_empty(s) if g else _empty(x) for s, g in zip(shapes, grads))
+
+
+_lib.impl("mlp", _forward, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::mlp", _forward_fake, lib=_lib)
+_lib.impl("mlp_backward", _backward_op, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::mlp_backward", _backward_op_fake, lib=_lib)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, w1a, w1b, w2, activation, b1a, b1b, b2 = inputs
+    ctx.save_for_backward(x, w1a, w1b, w2, output[1])
+    ctx.activation = activation
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dy, unused_dp):
+    if dy is None:
+        return (None,) * 8
+    if torch.is_grad_enabled():
+        raise NotImplementedError("evtfuse's MLP blocks compute first-order gradients only "
+                                  "(no create_graph=True)")
+    x, w1a, w1b, w2, p = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    gated = w1b is not None
+    grads = [need[0], need[1] or (gated and need[2]), need[3], need[5] or need[6], need[7]]
+    dx, dw1, dw2, db1, db2 = torch.ops.evtfuse.mlp_backward.default(
+        dy, x, w1a, w1b, w2, p, ctx.activation, grads)
+    width = w1a.shape[0]
+
+    def split(t, k):
+        if not grads[k]:
+            return None, None
+        return (t[:width], t[width:]) if gated else (t, None)
+
+    dw1a, dw1b = split(dw1, 1)
+    db1a, db1b = split(db1, 3)
+    keep = [need[0], need[1], need[2], need[3], False, need[5], need[6], need[7]]
+    got = [dx if grads[0] else None, dw1a, dw1b, dw2 if grads[2] else None, None, db1a, db1b,
+           db2 if grads[4] else None]
+    return tuple(g if k else None for g, k in zip(got, keep))
+
+
+torch.library.register_autograd("evtfuse::mlp", _backward, setup_context=_setup_context,
+                                lib=_lib)
+
+
+# ------------------------------------------------------------------ the calls
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
 def gated_mlp(x, w_gate, w_up, w_down, activation, b_gate=None, b_up=None, b_down=None):
-    a = _ACT[activation](F.linear(x, w_gate, b_gate)) * F.linear(x, w_up, b_up)
-    return F.linear(a, w_down, b_down)
+    """``down(act(gate(x)) * up(x))`` of Linear weights (out, in) and biases, x (..., H)."""
+    y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w_gate, w_up, w_down, activation, b_gate,
+                                         b_up, b_down)
+    return y.reshape(*x.shape[:-1], w_down.shape[0])
 
 
 def mlp(x, w1, w2, activation, b1=None, b2=None):
-    return F.linear(_ACT[activation](F.linear(x, w1, b1)), w2, b2)
+    """``fc2(act(fc1(x)))`` of Linear weights (out, in) and biases, x (..., H)."""
+    y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w1, None, w2, activation, b1, None, b2)
+    return y.reshape(*x.shape[:-1], w2.shape[0])
+
+
+def pack_gate_up(gate: torch.nn.Linear, up: torch.nn.Linear) -> None:
+    """Put ``gate.weight`` and ``up.weight`` one after the other in one new buffer, keeping
+    the Parameter objects (an optimizer holding them still does): the block then reads
+    ``[W_gate; W_up]`` as one tensor, no copy a step, and computes dx in one matmul."""
+    a, b = gate.weight, up.weight
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
+            or _weight1(a, b) is not None:
+        return
+    with torch.no_grad():
+        both = torch.cat((a.detach(), b.detach()))
+        a.data, b.data = both[:a.shape[0]], both[a.shape[0]:]
+
+
+__all__ = ["up_source", "act_source", "down_grad", "gated_mlp", "mlp", "pack_gate_up"]
