@@ -196,7 +196,12 @@ class Bench:
         """evtfuse under torch.compile (Inductor): the eager kernels (docs/pytorch.md)."""
         fn = torch.compile(lambda h, W, y: evtfuse.linear_cross_entropy(h, W, y), fullgraph=True)
         step = _backward_step(lambda: fn(self.h, self.W, self.y))
-        return self.step_result("evtfuse_compile", step)
+        out = self.step_result("evtfuse_compile", step)
+        try:  # the compiled step's kernels beside eager's (evtfuse's "profile")
+            out["profile"] = kernel_profile(step, [self.h, self.W], steps=3)
+        except Exception as exc:  # noqa: BLE001  (the profile is extra; the times stand)
+            out["profile"] = {"error": _error(exc)}
+        return out
 
     def liger(self) -> dict:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss

@@ -59,6 +59,7 @@ declare -A shards=(
   [linear_ce]="tests/gpu/test_gpu_linear_cross_entropy.py|"
   [grouped]="tests/gpu/test_gpu_grouped.py|"
   [gated]="tests/gpu/test_gpu_gated.py|"
+  [mlp]="tests/gpu/test_gpu_mlp.py|"
   [softmax]="tests/gpu/test_gpu_softmax.py|"
 )
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run

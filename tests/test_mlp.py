@@ -174,3 +174,13 @@ def test_bad_arguments():
         GatedMLP.adopt(torch.nn.Linear(H, I), torch.nn.Identity(), torch.nn.Linear(I, H))
     with pytest.raises(EpilogueError, match="fc2 takes"):
         MLP.adopt(torch.nn.Linear(H, I), torch.nn.Linear(I + 1, H))
+
+
+def test_second_backward_fails_clearly():
+    """The backward writes d[gate|up] over the saved gate|up: a second backward through
+    the same graph fails with a message saying so, instead of differentiating garbage."""
+    block = GatedMLP(H, I, "silu")
+    y = block(torch.randn(3, H, requires_grad=True)).sum()
+    y.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        y.backward()

@@ -8,9 +8,8 @@ GeGLU) or ``act(P)`` of a plain one. Schemas::
 
     evtfuse::mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation,
         Tensor? b1a, Tensor? b1b, Tensor? b2) -> (Tensor y, Tensor p)
-    evtfuse::mlp_backward(Tensor dy, Tensor x, Tensor w1a, Tensor? w1b, Tensor w2,
-        Tensor p, str activation, bool[] grads)
-        -> (Tensor dx, Tensor dw1, Tensor dw2, Tensor db1, Tensor db2)
+    evtfuse::mlp_down_grad(Tensor dy, Tensor w2, Tensor(a!) p, str activation,
+        bool gated, bool keep_a) -> Tensor a
 
 (``w1b``/``b1b``: a gated block's up projection; None for a plain one.)
 
@@ -23,11 +22,16 @@ then ``y = A @ W2.T`` (torch, cuBLAS). ``A`` is not kept.
 Backward, four GEMMs and no elementwise pass: the down projection's ``dA = dy @ W2`` runs
 ``down_grad``'s epilogue, derived by ``autodiff`` from the activation's expression over
 stored pre-activations (``act_source``), whose upstream gradient is the accumulator
-(``passes.accumulate_operand``): it reads ``p`` and writes ``dp`` (``dG | dU``) and ``A``
-again (for dW2), in the GEMM that produces ``dA``, which never exists. Then ``dx = dp @
-W1``, ``dW1 = dp.T @ x`` and ``dW2 = dy.T @ A`` are torch matmuls (one each: ``dp`` is one
-(tokens, 2I) tensor, and W1 one (2I, H) view where gate and up weights lie one after the
-other in memory, as ``evtfuse.nn.GatedMLP`` keeps them; two matmuls otherwise).
+(``passes.accumulate_operand``): it reads ``p`` and writes ``dp`` (``dG | dU``) over it, in
+place, and ``A`` again (for dW2), in the GEMM that produces ``dA``, which never exists. (In
+place: the backward runs once, as after any in-place change of what it saved, and a second
+one fails clearly; under torch.compile Inductor reinplaces the functionalized op into the
+saved ``p``, as eager does.) Then ``dx = dp @
+W1``, ``dW1 = dp.T @ x`` and ``dW2 = dy.T @ A`` are torch matmuls in the autograd formula
+(``dp`` is one (tokens, 2I) tensor; dx its two halves times W_gate and W_up, summed by
+the second matmul). The forward reads W1 as one (2I, H) view where gate and up weights lie
+one after the other in memory, as ``evtfuse.nn.GatedMLP`` keeps them (concatenated per
+call otherwise).
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ _ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # p rounded as torc
 
 _lib.define("mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation, Tensor? b1a, "
             "Tensor? b1b, Tensor? b2) -> (Tensor, Tensor)")
-_lib.define("mlp_backward(Tensor dy, Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, Tensor p, "
-            "str activation, bool[] grads) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+_lib.define("mlp_down_grad(Tensor dy, Tensor w2, Tensor(a!) p, str activation, bool gated, "
+            "bool keep_a) -> Tensor")
 
 
 # ------------------------------------------------------------------ epilogues
@@ -169,48 +173,30 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
 
 
-def _backward_op(dy, x, w1a, w1b, w2, p, activation, grads):
+def _down_grad_op(dy, w2, p, activation, gated, keep_a):
     from .api import gemm
 
-    gated = w1b is not None
-    width = w1a.shape[0]
-    need_x, need_w1, need_w2, need_b1, need_b2 = (bool(g) for g in grads)
+    width = p.shape[1] // 2 if gated else p.shape[1]
     source, outputs = down_grad(activation, gated)
     grad_out = dict(outputs)
     with torch.no_grad():
-        dy = dy.contiguous()
-        dp = torch.empty_like(p)
-        a = x.new_empty((x.shape[0], width)) if need_w2 else None
-        kw = {grad_out[n]: t for n, t in _parts(dp, gated, width).items()}
-        gemm(dy, w2, source, D=a, tune=TUNE, **_parts(p, gated, width), **kw)
-        dx = dw1 = dw2 = db1 = db2 = None
-        if need_x:
-            w1 = _weight1(w1a, w1b)
-            if w1 is not None:
-                dx = dp @ w1
-            else:
-                dx = torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a)
-        if need_w1:
-            dw1 = dp.t() @ x
-        if need_w2:
-            dw2 = dy.t() @ a
-        if need_b1:
-            db1 = dp.sum(0)
-        if need_b2:
-            db2 = dy.sum(0)
-    return tuple(_empty(x) if t is None else t for t in (dx, dw1, dw2, db1, db2))
+        a = p.new_empty((p.shape[0], width)) if keep_a else None
+        # written over p: each element's gradient where the element was
+        kw = {grad_out[n]: t for n, t in _parts(p, gated, width).items()}
+        gemm(dy.contiguous(), w2, source, D=a, tune=TUNE, **_parts(p, gated, width), **kw)
+        torch.autograd.graph.increment_version(p)  # as an in-place torch op does
+    return _empty(p) if a is None else a
 
 
-def _backward_op_fake(dy, x, w1a, w1b, w2, p, activation, grads):
-    rows = p.shape[1]
-    shapes = (x.shape, (rows, x.shape[1]), w2.shape, (rows,), (w2.shape[0],))
-    return tuple(x.new_empty(s) if g else _empty(x) for s, g in zip(shapes, grads))
+def _down_grad_fake(dy, w2, p, activation, gated, keep_a):
+    width = p.shape[1] // 2 if gated else p.shape[1]
+    return p.new_empty((p.shape[0], width)) if keep_a else _empty(p)
 
 
 _lib.impl("mlp", _forward, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::mlp", _forward_fake, lib=_lib)
-_lib.impl("mlp_backward", _backward_op, "CompositeExplicitAutograd")
-torch.library.register_fake("evtfuse::mlp_backward", _backward_op_fake, lib=_lib)
+_lib.impl("mlp_down_grad", _down_grad_op, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::mlp_down_grad", _down_grad_fake, lib=_lib)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -226,25 +212,41 @@ def _backward(ctx, dy, unused_dp):
     if torch.is_grad_enabled():
         raise NotImplementedError("evtfuse's MLP blocks compute first-order gradients only "
                                   "(no create_graph=True)")
-    x, w1a, w1b, w2, p = ctx.saved_tensors
+    try:
+        x, w1a, w1b, w2, p = ctx.saved_tensors
+    except RuntimeError as exc:
+        if "inplace operation" not in str(exc):
+            raise
+        raise RuntimeError(
+            "an evtfuse MLP block's backward writes the gradient of its pre-activations over "
+            "them (no second copy), so it runs once: a second backward through the same graph "
+            "(retain_graph=True) is not supported") from exc
     need = ctx.needs_input_grad
     gated = w1b is not None
-    grads = [need[0], need[1] or (gated and need[2]), need[3], need[5] or need[6], need[7]]
-    dx, dw1, dw2, db1, db2 = torch.ops.evtfuse.mlp_backward.default(
-        dy, x, w1a, w1b, w2, p, ctx.activation, grads)
     width = w1a.shape[0]
+    want_x, want_w1 = need[0], need[1] or (gated and need[2])
+    want_b1 = need[5] or (gated and need[6])
+    a = torch.ops.evtfuse.mlp_down_grad.default(dy, w2, p, ctx.activation, gated, need[3])
+    dp = p  # d[gate|up] (dP), written over the saved pre-activations
+    dx = dw1 = db1 = None
+    if want_x:  # dp @ [W_gate; W_up], as two matmuls of K = I (no concatenated weight)
+        dx = torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a) if gated else dp @ w1a
+    if want_w1:
+        dw1 = dp.t() @ x
+    if want_b1:
+        db1 = dp.sum(0)
 
-    def split(t, k):
-        if not grads[k]:
+    def halves(t):
+        if t is None:
             return None, None
         return (t[:width], t[width:]) if gated else (t, None)
 
-    dw1a, dw1b = split(dw1, 1)
-    db1a, db1b = split(db1, 3)
-    keep = [need[0], need[1], need[2], need[3], False, need[5], need[6], need[7]]
-    got = [dx if grads[0] else None, dw1a, dw1b, dw2 if grads[2] else None, None, db1a, db1b,
-           db2 if grads[4] else None]
-    return tuple(g if k else None for g, k in zip(got, keep))
+    dw1a, dw1b = halves(dw1)
+    db1a, db1b = halves(db1)
+    dw2 = dy.t() @ a if need[3] else None
+    db2 = dy.sum(0) if need[7] else None
+    got = (dx, dw1a, dw1b, dw2, None, db1a, db1b, db2)
+    return tuple(g if k else None for g, k in zip(got, need))
 
 
 torch.library.register_autograd("evtfuse::mlp", _backward, setup_context=_setup_context,
