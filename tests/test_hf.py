@@ -338,3 +338,26 @@ def test_models_md_runs(tmp_path):
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "MODELS_MD OK" in res.stdout
+
+
+def test_models_benchmark_runs_tiny(tmp_path):
+    """benchmarks/models.py --tiny (the CPU smoke run): every variant asked for gets a time,
+    a loss and the gradients' error against the original's, in the JSON and the table."""
+    import json
+
+    out = tmp_path / "models.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "models.py"), "--tiny", "--models", "llama",
+           "--variants", "patched,original,patched_compile", "--rounds", "1", "--steps", "1",
+           "--warmup", "1", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1",
+               CUDA_VISIBLE_DEVICES="", EVTFUSE_CACHE_DIR=str(tmp_path / "cache"))
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    results = json.loads(out.read_text())["models"]["llama"]["results"]
+    assert list(results) == ["original", "patched", "patched_compile"]  # the reference first
+    for variant in ("patched", "patched_compile"):
+        r = results[variant]
+        assert "error" not in r and r["ms"] > 0 and len(r["ms_rounds"]) == 1
+        assert r["loss_rel"] < 1e-5 and r["grad_rel_worst"] < 1e-4
+        assert "MLP(s) now evtfuse GatedMLP" in r["patch"]
+    assert "| llama | patched_compile |" in res.stdout
