@@ -210,6 +210,19 @@ def test_report_and_unpatch():
         unpatch(unpatch(model))
 
 
+def test_a_deep_copy_of_a_patched_model_is_patched_on_its_own():
+    model = patch(_model("llama"))
+    twin = copy.deepcopy(model)
+    assert twin.forward.__self__ is twin and twin.evtfuse_patch is not model.evtfuse_patch
+    ids, labels = _batch()
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(2.0)  # the twin's own weights, not the model's
+    a, b = model(ids, labels=labels), twin(ids, labels=labels)
+    assert a.logits is None and b.logits is None and not torch.equal(a.loss, b.loss)
+    unpatch(twin)
+    assert model(ids, labels=labels).logits is None  # the model is still patched
+
+
 def test_only_what_was_asked():
     model = patch(_model("llama"), loss=False)
     assert model.evtfuse_patch.loss is None and "forward" not in model.__dict__
@@ -238,6 +251,9 @@ def test_patched_twice_is_an_error():
     assert exc.value.variable == "model"
     with pytest.raises(EpilogueError, match="patched by evtfuse.hf.patch already"):
         patch(torch.nn.Sequential(model))
+    errors_md = (ROOT / "docs" / "errors.md").read_text()
+    assert "is patched already (model.evtfuse_patch)" in str(exc.value) and \
+        "is patched already (model.evtfuse_patch)" in errors_md
 
 
 def test_an_unknown_model_lists_what_it_can_patch():
@@ -251,6 +267,8 @@ def test_an_unknown_model_lists_what_it_can_patch():
     assert "'gpt2'" in text and "llama, mistral, qwen2, qwen3, gemma" in text
     assert "GPT2LMHeadModel.forward is neither LlamaForCausalLM's" in text
     assert not hasattr(model, "evtfuse_patch")
+    assert "found nothing to patch in GPT2LMHeadModel (model_type 'gpt2'" in \
+        (ROOT / "docs" / "errors.md").read_text()
     with pytest.raises(EpilogueError, match="must be a transformers model"):
         patch("llama")
 
