@@ -136,10 +136,15 @@ def _patch_mlps(model: torch.nn.Module, report: Patch) -> None:
         if not _looks_gated(module):
             continue
         why, activation = _mlp_refusal(module, reference)
+        if why is None:
+            try:  # GatedMLP's own check of the shapes, its own message
+                block = GatedMLP.adopt(module.gate_proj, module.up_proj, module.down_proj,
+                                       activation)
+            except EpilogueError as exc:
+                why = str(exc)
         if why is not None:
             report.left.append((name, why))
             continue
-        block = GatedMLP.adopt(module.gate_proj, module.up_proj, module.down_proj, activation)
         block.train(module.training)
         parent, _, child = name.rpartition(".")
         model.get_submodule(parent)._modules[child] = block
@@ -171,14 +176,7 @@ def _mlp_refusal(module: torch.nn.Module, reference) -> tuple[str | None, str | 
         return f"{cls.__name__} holds more than gate_proj, up_proj, down_proj and act_fn: " \
             f"{', '.join(extra)}", None
     activation, why = _activation_of(getattr(module, "act_fn", None))
-    if activation is None:
-        return why, None
-    try:  # the shapes GatedMLP takes (its own check, its own message)
-        from .nn import GatedMLP
-        GatedMLP.adopt(module.gate_proj, module.up_proj, module.down_proj, activation)
-    except EpilogueError as exc:
-        return str(exc), None
-    return None, activation
+    return (why, None) if activation is None else (None, activation)
 
 
 def _activation_of(act: Any) -> tuple[str | None, str]:
