@@ -8,6 +8,7 @@ parameter names; torch.compile with no graph break; the errors of bad arguments.
 from __future__ import annotations
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -184,3 +185,25 @@ def test_second_backward_fails_clearly():
     y.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="runs once"):
         y.backward()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="Inductor's CPU code needs a C++ compiler (the GPU tier's "
+                    "test_compiled_block_matches_eager compiles the block with Inductor)")
+def test_compiled_backward_runs_no_pass_of_its_own():
+    """Under Inductor the backward is the fused op and torch matmuls: no kernel of
+    Inductor's own (its d[gate|up] is a new tensor: a mutation of the saved gate|up would
+    make Inductor copy it onto itself first)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(6)
+    block = GatedMLP(H, I, "silu")
+    x = torch.randn(5, H, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    with torch._inductor.config.patch(force_disable_caches=True):  # code, not a cache's
+        _, codes = run_and_get_code(lambda: compiled(x).sum().backward())
+    backward = [c for c in codes if "mlp_down_grad" in c]
+    assert len(backward) == 1, codes
+    body = backward[0].split("def call(", 1)[1]
+    assert "cpp_fused" not in body.split("def benchmark_compiled_module", 1)[0], body

@@ -51,8 +51,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                     softcap, z_loss, return_lse)
     flat = hidden.reshape(-1, hidden.shape[-1])
     # the gradients the forward computes ("mean", "sum"; runtime.cross_entropy.precomputes),
-    # under torch.compile too: Inductor reinplaces the backward's scaling (evtfuse::scale_,
-    # functionalized) into the saved gradients, as eager scales them (no copy; the test
+    # under torch.compile too: there the backward's scaling (evtfuse::scale_,
+    # functionalized) runs in the saved gradients' memory after Inductor copies each onto
+    # itself (it does not reinplace a mutation of a saved tensor; test
     # test_compiled_backward_scales_in_place reads the code it generates)
     grad = torch.is_grad_enabled()
     grads = [grad and hidden.requires_grad, grad and weight.requires_grad,

@@ -8,7 +8,7 @@ GeGLU) or ``act(P)`` of a plain one. Schemas::
 
     evtfuse::mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation,
         Tensor? b1a, Tensor? b1b, Tensor? b2) -> (Tensor y, Tensor p)
-    evtfuse::mlp_down_grad(Tensor dy, Tensor w2, Tensor(a!) p, str activation,
+    evtfuse::mlp_down_grad(Tensor dy, Tensor w2, Tensor p, Tensor(a!) dp, str activation,
         bool gated, bool keep_a) -> Tensor a
 
 (``w1b``/``b1b``: a gated block's up projection; None for a plain one.)
@@ -22,11 +22,12 @@ then ``y = A @ W2.T`` (torch, cuBLAS). ``A`` is not kept.
 Backward, four GEMMs and no elementwise pass: the down projection's ``dA = dy @ W2`` runs
 ``down_grad``'s epilogue, derived by ``autodiff`` from the activation's expression over
 stored pre-activations (``act_source``), whose upstream gradient is the accumulator
-(``passes.accumulate_operand``): it reads ``p`` and writes ``dp`` (``dG | dU``) over it, in
-place, and ``A`` again (for dW2), in the GEMM that produces ``dA``, which never exists. (In
-place: the backward runs once, as after any in-place change of what it saved, and a second
-one fails clearly; under torch.compile Inductor reinplaces the functionalized op into the
-saved ``p``, as eager does.) Then ``dx = dp @
+(``passes.accumulate_operand``): it reads ``p`` and writes ``dp`` (``dG | dU``) and ``A``
+again (for dW2), in the GEMM that produces ``dA``, which never exists. In eager ``dp`` is
+``p`` itself (written in place: no second (tokens, 2I) tensor; the backward then runs once,
+and a second one fails clearly). Under torch.compile it is a new tensor: Inductor does not
+reinplace a mutation of a tensor the forward saved (a graph input of the backward), and
+would copy ``p`` onto itself first, a pass over it; a new ``dp`` costs its memory instead. Then ``dx = dp @
 W1``, ``dW1 = dp.T @ x`` and ``dW2 = dy.T @ A`` are torch matmuls in the autograd formula
 (``dp`` is one (tokens, 2I) tensor; dx its two halves times W_gate and W_up, summed by
 the second matmul). The forward reads W1 as one (2I, H) view where gate and up weights lie
@@ -52,8 +53,8 @@ _ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # p rounded as torc
 
 _lib.define("mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation, Tensor? b1a, "
             "Tensor? b1b, Tensor? b2) -> (Tensor, Tensor)")
-_lib.define("mlp_down_grad(Tensor dy, Tensor w2, Tensor(a!) p, str activation, bool gated, "
-            "bool keep_a) -> Tensor")
+_lib.define("mlp_down_grad(Tensor dy, Tensor w2, Tensor p, Tensor(a!) dp, str activation, "
+            "bool gated, bool keep_a) -> Tensor")
 
 
 # ------------------------------------------------------------------ epilogues
@@ -173,7 +174,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
 
 
-def _down_grad_op(dy, w2, p, activation, gated, keep_a):
+def _down_grad_op(dy, w2, p, dp, activation, gated, keep_a):
     from .api import gemm
 
     width = p.shape[1] // 2 if gated else p.shape[1]
@@ -181,14 +182,14 @@ def _down_grad_op(dy, w2, p, activation, gated, keep_a):
     grad_out = dict(outputs)
     with torch.no_grad():
         a = p.new_empty((p.shape[0], width)) if keep_a else None
-        # written over p: each element's gradient where the element was
-        kw = {grad_out[n]: t for n, t in _parts(p, gated, width).items()}
+        # dp may be p: each element's gradient where the element was
+        kw = {grad_out[n]: t for n, t in _parts(dp, gated, width).items()}
         gemm(dy.contiguous(), w2, source, D=a, tune=TUNE, **_parts(p, gated, width), **kw)
-        torch.autograd.graph.increment_version(p)  # as an in-place torch op does
+        torch.autograd.graph.increment_version(dp)  # as an in-place torch op does
     return _empty(p) if a is None else a
 
 
-def _down_grad_fake(dy, w2, p, activation, gated, keep_a):
+def _down_grad_fake(dy, w2, p, dp, activation, gated, keep_a):
     width = p.shape[1] // 2 if gated else p.shape[1]
     return p.new_empty((p.shape[0], width)) if keep_a else _empty(p)
 
@@ -226,8 +227,9 @@ def _backward(ctx, dy, unused_dp):
     width = w1a.shape[0]
     want_x, want_w1 = need[0], need[1] or (gated and need[2])
     want_b1 = need[5] or (gated and need[6])
-    a = torch.ops.evtfuse.mlp_down_grad.default(dy, w2, p, ctx.activation, gated, need[3])
-    dp = p  # d[gate|up] (dP), written over the saved pre-activations
+    # d[gate|up] (dP): over the saved pre-activations in eager, a new tensor under compile
+    dp = torch.empty_like(p) if torch.compiler.is_compiling() else p
+    a = torch.ops.evtfuse.mlp_down_grad.default(dy, w2, p, dp, ctx.activation, gated, need[3])
     dx = dw1 = db1 = None
     if want_x:  # dp @ [W_gate; W_up], as two matmuls of K = I (no concatenated weight)
         dx = torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a) if gated else dp @ w1a
