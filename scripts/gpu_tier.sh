@@ -15,7 +15,7 @@ out=${1:?log folder}
 limit=${2:-540}
 shift $(( $# < 2 ? $# : 2 ))
 declare -A splits=([kernels_b]=3 [cast_fp8]=3 [special_g2]=3 [special_g1]=2 [grouped]=2 [softmax]=2
-                   [autograd_r]=2 [autograd_s]=2 [fuzz_inputs]=2 [fuzz_other]=2)
+                   [autograd_r]=2 [autograd_s]=2 [fuzz_inputs]=2 [fuzz_other]=2 [round3]=8)
 only=" "  # shard names to run (none: every shard)
 for arg in "$@"; do
   name=${arg%%/*}
