@@ -16,6 +16,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, docgen, library
+from doc_blocks import run_page
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -66,21 +67,10 @@ def test_library_md_example_output_is_real():
     assert library.lin_comb_bias_elt_act("relu", aux=True).rstrip() in text
 
 
-def _python_blocks(path: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
-
-
 def test_quickstart_runs(tmp_path):
-    code = "\n".join(_python_blocks(DOCS / "quickstart.md"))
-    assert "evtfuse.gemm" in code and "get_kernels" in code
-    script = tmp_path / "quickstart.py"
-    script.write_text(code + "\nprint('QUICKSTART OK', D3.shape)\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1",
-               CUDA_VISIBLE_DEVICES="", EVTFUSE_CACHE_DIR=str(tmp_path / "cache"))
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "QUICKSTART OK" in res.stdout
+    out = run_page("quickstart.md", tmp_path, ("evtfuse.gemm", "get_kernels"),
+                   tail="print('QUICKSTART', D3.shape)")
+    assert "QUICKSTART" in out
 
 
 def test_links_between_docs_resolve():

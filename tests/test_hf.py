@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ transformers = pytest.importorskip("transformers")  # CI installs evtfuse[hf]
 from evtfuse import EpilogueError  # noqa: E402
 from evtfuse.hf import patch, unpatch  # noqa: E402
 from evtfuse.nn import GatedMLP  # noqa: E402
+from doc_blocks import run_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 96
@@ -346,18 +346,8 @@ def test_patch_without_transformers_says_how_to_install():
 
 def test_models_md_runs(tmp_path):
     """Every python block of docs/models.md, in one script, on the CPU interpreter."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "models.md").read_text(),
-                        flags=re.S)
-    code = "\n".join(blocks)
-    assert "evtfuse.hf.patch" in code and "GatedMLP" in code and "linear_cross_entropy" in code
-    script = tmp_path / "models_md.py"
-    script.write_text(code + "\nprint('MODELS_MD OK')\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1",
-               CUDA_VISIBLE_DEVICES="", EVTFUSE_CACHE_DIR=str(tmp_path / "cache"))
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "MODELS_MD OK" in res.stdout
+    run_page("models.md", tmp_path, ("evtfuse.hf.patch", "GatedMLP", "linear_cross_entropy"),
+             timeout=300)
 
 
 def test_models_benchmark_runs_tiny(tmp_path):

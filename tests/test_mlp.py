@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import evtfuse
 from evtfuse.errors import EpilogueError
 from evtfuse.nn import GatedMLP, MLP
 from evtfuse.runtime import mlp as mlp_ops

@@ -59,7 +59,7 @@ def _check(block, reference, T, H, seed=0):
         # no further from float64 than torch's bf16 block, within bf16's rounding
         assert _rel(got, want) <= max(1.5 * _rel(tb, want), 4e-3), (name, _rel(got, want),
                                                                     _rel(tb, want))
-    return ours
+    return ours, x, dy
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
@@ -77,16 +77,10 @@ def test_plain_mlp_bf16(activation):
 
 def test_compiled_block_matches_eager():
     block = GatedMLP(1024, 2816, "silu", device="cuda", dtype=torch.bfloat16)
-    eager = _check(block, _gated, 2048, 1024, seed=2)
+    eager, x, dy = _check(block, _gated, 2048, 1024, seed=2)
     twin = copy.deepcopy(block)
     torch._dynamo.reset()
     compiled = torch.compile(twin, fullgraph=True)
-    x = torch.empty(0)  # the same inputs as _check drew
-    g = torch.Generator(device="cuda").manual_seed(2)
-    for p in twin.parameters():
-        torch.randn(p.shape, device="cuda", generator=g)
-    x = torch.randn(2048, 1024, device="cuda", generator=g).bfloat16()
-    dy = torch.randn(2048, 1024, device="cuda", generator=g).bfloat16()
     got = _run(twin, x, dy, lambda m, t: compiled(t))
     names = ["y", "dx", *(n for n, _ in block.named_parameters())]
     for name, a, b in zip(names, got, eager):
@@ -94,15 +88,12 @@ def test_compiled_block_matches_eager():
 
 
 def test_weights_apart_match_packed():
+    """Gate and up weights in two buffers: the forward concatenates them per call; the
+    same results as packed."""
     block = GatedMLP(512, 1408, "gelu_tanh", device="cuda", dtype=torch.bfloat16)
-    packed = _check(block, _gated, 600, 512, seed=3)
+    packed, x, dy = _check(block, _gated, 600, 512, seed=3)
     apart = copy.deepcopy(block)
     apart.up_proj.weight = torch.nn.Parameter(apart.up_proj.weight.detach().clone())
-    g = torch.Generator(device="cuda").manual_seed(3)
-    for p in block.parameters():
-        torch.randn(p.shape, device="cuda", generator=g)
-    x = torch.randn(600, 512, device="cuda", generator=g).bfloat16()
-    dy = torch.randn(600, 512, device="cuda", generator=g).bfloat16()
     got = _run(apart, x, dy, lambda m, t: m(t))
     for a, b in zip(got, packed):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

@@ -277,8 +277,8 @@ def mlp(x, w1, w2, activation, b1=None, b2=None):
 
 def pack_gate_up(gate: torch.nn.Linear, up: torch.nn.Linear) -> None:
     """Put ``gate.weight`` and ``up.weight`` one after the other in one new buffer, keeping
-    the Parameter objects (an optimizer holding them still does): the block then reads
-    ``[W_gate; W_up]`` as one tensor, no copy a step, and computes dx in one matmul."""
+    the Parameter objects (an optimizer holding them still does): the forward then reads
+    ``[W_gate; W_up]`` as one tensor, no copy a step."""
     a, b = gate.weight, up.weight
     if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
             or _weight1(a, b) is not None:
