@@ -26,7 +26,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          bias: torch.Tensor | None = None, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
                          softcap: float | None = None, z_loss: float = 0.0,
-                         return_lse: bool = False):
+                         return_lse: bool = False, process_group=None):
     """``torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=,
     reduction=, label_smoothing=)`` of ``logits = hidden @ weight.T + bias`` (then
     ``softcap * tanh(logits / softcap)`` when ``softcap`` is given), plus ``z_loss *
@@ -41,6 +41,15 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     loss, fp32; with ``return_lse``, ``(loss, lse)``, the logsumexp of each row's
     (soft-capped) logits, fp32, shaped as ``target`` (differentiable too).
 
+    ``process_group`` (a ``torch.distributed`` group): the vocabulary is sharded over its
+    ranks (vocab parallel): ``weight`` (and ``bias``) hold this rank's rows, the ranks'
+    shards one after the other in rank order, and ``hidden`` and ``target`` are the same on
+    every rank; each rank computes its shard's logits, the row statistics are combined by
+    two all-reduces of (tokens, 3) floats per chunk of rows, the logits are never gathered,
+    and the loss, the lse and the gradient of hidden (all-reduced) are the whole
+    vocabulary's on every rank, the weight's and bias's gradients this rank's shard's
+    (docs/distributed.md).
+
     Differentiable with respect to hidden, weight and bias (docs/pytorch.md, "Linear
     cross-entropy"): for "mean" and "sum" the forward already computes the gradients,
     chunk by chunk of rows (the backward scales them by the upstream gradient, in place);
@@ -49,6 +58,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     """
     check_arguments(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                     softcap, z_loss, return_lse)
+    group = None if process_group is None else _group_name(process_group)
     flat = hidden.reshape(-1, hidden.shape[-1])
     # the gradients the forward computes ("mean", "sum"; runtime.cross_entropy.precomputes),
     # under torch.compile too: there the backward's scaling (evtfuse::scale_,
@@ -61,10 +71,27 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     loss, lse, *_ = torch.ops.evtfuse.linear_cross_entropy.default(
         flat, weight, target.reshape(-1), bias, int(ignore_index), reduction,
         float(label_smoothing), 0.0 if softcap is None else float(softcap), float(z_loss),
-        grads)
+        grads, group)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss
+
+
+def _group_name(group) -> str:
+    """The registered name of a ``torch.distributed`` process group (what the operator
+    takes: a group object cannot cross a ``torch.library`` schema)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise EpilogueError("linear_cross_entropy: process_group is given but "
+                            "torch.distributed is not initialized "
+                            "(torch.distributed.init_process_group first)",
+                            variable="process_group")
+    name = getattr(group, "group_name", None)
+    if not isinstance(name, str):
+        raise EpilogueError(f"linear_cross_entropy: process_group must be a "
+                            f"torch.distributed ProcessGroup, not {type(group).__name__}",
+                            variable="process_group")
+    return name
 
 
 def _number(name: str, value, low: float, high: float = math.inf, low_open: bool = False):

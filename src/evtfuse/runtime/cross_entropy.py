@@ -61,11 +61,12 @@ TUNE = "fast"  # the evtfuse.gemm calls' tuning ("none": the heuristic's first k
 
 _lib.define("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
             "int ignore_index, str reduction, float label_smoothing, float softcap, "
-            "float z_loss, bool[] grads) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+            "float z_loss, bool[] grads, str? group=None) "
+            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 _lib.define("linear_cross_entropy_backward(Tensor hidden, Tensor weight, Tensor target, "
             "Tensor? bias, Tensor? row_grad, Tensor? lse_grad, int ignore_index, "
-            "float label_smoothing, float softcap, float z_loss, bool[] grads) "
-            "-> (Tensor, Tensor, Tensor)")
+            "float label_smoothing, float softcap, float z_loss, bool[] grads, "
+            "str? group=None) -> (Tensor, Tensor, Tensor)")
 
 _ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # logits rounded as torch's
 
@@ -145,11 +146,18 @@ def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
 
 
 class _Options:
-    """One call's options, read once."""
+    """One call's options, read once. ``group``: the process group whose ranks hold the
+    vocabulary's shards (``weight`` is this rank's rows, ``start`` the first of them, in
+    rank order), or None: ``vocab`` is then the whole vocabulary's size, ``local`` this
+    rank's."""
 
-    def __init__(self, hidden, weight, bias, ignore_index, label_smoothing, softcap, z_loss):
+    def __init__(self, hidden, weight, bias, ignore_index, label_smoothing, softcap, z_loss,
+                 group: Optional[str] = None):
         self.dtype = hidden.dtype
-        self.vocab = weight.shape[0]
+        self.local = weight.shape[0]
+        self.group = None if group is None else _resolve_group(group)
+        self.start, self.vocab = (0, self.local) if self.group is None else \
+            vocab_shards(self.group, self.local)
         self.bias = bias is not None
         self.ignore = ignore_index
         self.ls = float(label_smoothing)
@@ -158,7 +166,7 @@ class _Options:
         self.smooth = self.ls != 0.0
 
     def operands(self, y, bias) -> dict:
-        ops = {"y": y}
+        ops = {"y": y if self.start == 0 else y - self.start}  # this shard's column of y
         if self.bias:
             ops["bias"] = bias
         if self.cap:
@@ -183,11 +191,12 @@ def row_stats(hidden, weight, target, bias, o: _Options) -> dict:
     T = hidden.shape[0]
     stats = _stats_out(T, o, hidden)
     src = logits_source(o.dtype, o.bias, bool(o.cap), o.smooth)
-    rows = chunk_rows(T, o.vocab, hidden.element_size())
+    rows = chunk_rows(T, o.local, hidden.element_size())
     for s in range(0, T, rows):
         e = min(T, s + rows)
         gemm(hidden[s:e], weight.t(), src, D=None, tune=TUNE,
              **o.operands(target[s:e].view(-1, 1), bias), **{n: t[s:e] for n, t in stats.items()})
+    combine_shards(stats, o)
     return stats
 
 
@@ -198,7 +207,7 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
     (``row_w``, ``lse_w``: (T, 1) fp32 or None), one chunk of rows at a time."""
     from .api import gemm
 
-    T, V = hidden.shape[0], o.vocab
+    T, V = hidden.shape[0], o.local
     need_h, need_w, need_b = grads
     plan = grad_epilogue(o.dtype, o.bias, bool(o.cap), o.smooth, need_h or need_w,
                          need_b and o.bias)
@@ -222,6 +231,7 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
         part = {n: t[s:e] for n, t in stats.items()}
         ops = o.operands(y, bias)
         gemm(h, weight.t(), src, D=x, tune=TUNE, **ops, **part)
+        combine_shards(part, o)  # the whole vocabulary's lse, tgt and zs of these rows
         if plan.empty:
             continue
         coeff = _row_grads(part["lse"], y != o.ignore, None if row_w is None else row_w[s:e],
@@ -247,7 +257,60 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
                 dw.addmm_(x.t(), h)
         if db is not None:
             db += db_part
+    if dh is not None and o.group is not None:  # each shard's part of the rows' gradient
+        torch.distributed.all_reduce(dh, group=o.group)
     return stats, dh, dw, None if db is None else db.to(bias.dtype)
+
+
+def _resolve_group(name: str):
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d._resolve_process_group(name)
+
+
+_SHARDS: dict = {}
+
+
+def vocab_shards(group, local: int) -> tuple[int, int]:
+    """(this rank's first row of the vocabulary, the whole vocabulary's size) for a weight
+    whose ``local`` rows are this rank's shard, the ranks' shards in rank order: one
+    all-gather of the shard sizes the first time a group sees a size (kept after), so a
+    training step makes no collective of its own for it."""
+    key = (id(group), local)
+    hit = _SHARDS.get(key)
+    if hit is None:
+        n = torch.distributed.get_world_size(group)
+        device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
+        sizes = torch.zeros(n, dtype=torch.int64, device=device)
+        torch.distributed.all_gather_into_tensor(
+            sizes, torch.tensor([local], dtype=torch.int64, device=device), group=group)
+        sizes = sizes.tolist()
+        rank = torch.distributed.get_rank(group)
+        hit = _SHARDS[key] = (sum(sizes[:rank]), sum(sizes))
+    return hit
+
+
+def combine_shards(stats: dict, o: _Options) -> None:
+    """The whole vocabulary's row statistics from each rank's, in place: lse by
+    logsumexp over the ranks (the max, one all-reduce, then the sum of exp(lse - max),
+    another), tgt (the target's logit lies in one shard, 0 in the others) and zs by sums.
+    A row whose largest lse is infinite keeps it (torch.logsumexp's: +inf for a row holding
+    +inf, -inf for a row of -inf; NaN stays NaN)."""
+    if o.group is None:
+        return
+    dist = torch.distributed
+    lse = stats["lse"]
+    top = lse.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=o.group)
+    finite = torch.where(top.abs() == math.inf, 0.0, top)
+    extra = [n for n in ("tgt", "zs") if n in stats]
+    sums = torch.cat([torch.exp(lse - finite), torch.isnan(lse).to(lse.dtype)]
+                     + [stats[n] for n in extra], dim=1)
+    dist.all_reduce(sums, group=o.group)
+    whole = torch.where(top.abs() == math.inf, top, finite + torch.log(sums[:, :1]))
+    lse.copy_(torch.where(sums[:, 1:2] > 0, math.nan, whole))  # a NaN in any shard
+    for k, n in enumerate(extra):
+        stats[n].copy_(sums[:, k + 2:k + 3])
 
 
 def _row_grads(lse, valid, row_w, lse_w, o: _Options) -> dict:
@@ -352,8 +415,8 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 
 def _forward(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap,
-             z_loss, grads):
-    o = _Options(hidden, weight, bias, ignore_index, label_smoothing, softcap, z_loss)
+             z_loss, grads, group=None):
+    o = _Options(hidden, weight, bias, ignore_index, label_smoothing, softcap, z_loss, group)
     hidden, weight = hidden.contiguous(), weight.contiguous()
     target = target.contiguous()
     with torch.no_grad():
@@ -378,8 +441,8 @@ def _forward(hidden, weight, target, bias, ignore_index, reduction, label_smooth
 
 
 def _forward_fake(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
-                  softcap, z_loss, grads):
-    T, V = hidden.shape[0], weight.shape[0]
+                  softcap, z_loss, grads, group=None):
+    T = hidden.shape[0]
     need = precomputes(hidden.dtype, reduction, grads)
     f32 = torch.float32
     loss = hidden.new_empty((T,) if reduction == "none" else (), dtype=f32)
@@ -390,8 +453,8 @@ def _forward_fake(hidden, weight, target, bias, ignore_index, reduction, label_s
 
 
 def _backward_op(hidden, weight, target, bias, row_grad, lse_grad, ignore_index,
-                 label_smoothing, softcap, z_loss, grads):
-    o = _Options(hidden, weight, bias, ignore_index, label_smoothing, softcap, z_loss)
+                 label_smoothing, softcap, z_loss, grads, group=None):
+    o = _Options(hidden, weight, bias, ignore_index, label_smoothing, softcap, z_loss, group)
     hidden, weight, target = hidden.contiguous(), weight.contiguous(), target.contiguous()
     grads = tuple(bool(g) for g in grads)
 
@@ -406,7 +469,7 @@ def _backward_op(hidden, weight, target, bias, row_grad, lse_grad, ignore_index,
 
 
 def _backward_op_fake(hidden, weight, target, bias, row_grad, lse_grad, ignore_index,
-                      label_smoothing, softcap, z_loss, grads):
+                      label_smoothing, softcap, z_loss, grads, group=None):
     return (hidden.new_empty(hidden.shape) if grads[0] else _empty(hidden),
             weight.new_empty(weight.shape) if grads[1] else _empty(weight),
             bias.new_empty(bias.shape) if bias is not None and grads[2] else _empty(weight))
@@ -439,10 +502,12 @@ torch.library.register_fake("evtfuse::scale_", lambda x, g: None, lib=_lib)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    hidden, weight, target, bias, ignore_index, reduction, ls, softcap, z_loss, grads = inputs
+    (hidden, weight, target, bias, ignore_index, reduction, ls, softcap, z_loss, grads,
+     *group) = inputs
     _, _, dh, dw, db = output
     ctx.save_for_backward(hidden, weight, target, bias, dh, dw, db)
     ctx.options = (ignore_index, reduction, ls, softcap, z_loss)
+    ctx.group = group[0] if group else None
     ctx.precomputed = precomputes(hidden.dtype, reduction, grads)
     ctx.set_materialize_grads(False)
 
@@ -485,10 +550,10 @@ def _backward(ctx, g_loss, g_lse, *unused):
     if (row_grad is not None or g_lse is not None) and any(need):
         more = torch.ops.evtfuse.linear_cross_entropy_backward.default(
             hidden, weight, target, bias, row_grad, g_lse, ignore_index, ls, softcap, z_loss,
-            list(need))
+            list(need), ctx.group)
         got = [m if g is None else g + m for g, m in zip(got, more)]
         got = [g if n else None for g, n in zip(got, need)]
-    return got[0], got[1], None, got[2], None, None, None, None, None, None
+    return got[0], got[1], None, got[2], None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("evtfuse::linear_cross_entropy", _backward,

@@ -1,0 +1,140 @@
+"""Vocab-parallel ``evtfuse.linear_cross_entropy`` (``process_group=``) on the CPU: two
+processes (gloo, Triton's interpreter), the vocabulary split unevenly between them; the
+loss, the lse and the gradient of hidden as the single-process call's on every rank, and
+each rank's weight and bias gradients its rows of the single-process ones: every reduction,
+label smoothing, softcap, z-loss, ignored rows, a gradient through the lse (the recomputing
+backward), special values (a row holding +inf, a NaN), and the errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import evtfuse
+from evtfuse.errors import EpilogueError
+from evtfuse.runtime import cross_entropy
+
+T, H, V = 10, 8, 37  # 37 rows of weight: 19 on rank 0, 18 on rank 1
+SPLIT = 19
+CASES = [dict(reduction="mean"), dict(reduction="sum", label_smoothing=0.1),
+         dict(reduction="none", softcap=3.0), dict(reduction="mean", z_loss=1e-2, bias=True),
+         dict(reduction="mean", lse=True), dict(reduction="mean", special=True)]
+
+
+def _inputs(case):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(T, H, generator=g)
+    w = torch.randn(V, H, generator=g) * 0.5
+    b = torch.randn(V, generator=g) if case.get("bias") else None
+    y = torch.randint(0, V, (T,), generator=g)
+    y[3] = -100
+    y[5] = SPLIT  # the first row of rank 1's shard
+    y[6] = SPLIT - 1  # the last of rank 0's
+    if case.get("special"):
+        h[2, 0] = float("inf")
+        h[7, 1] = float("nan")
+    return h, w, b, y
+
+
+def _run(h, w, b, y, case, group=None):
+    leaves = [t.clone().requires_grad_(True) if t is not None else None for t in (h, w, b)]
+    opts = {k: v for k, v in case.items() if k in ("reduction", "label_smoothing", "softcap",
+                                                   "z_loss")}
+    loss, lse = evtfuse.linear_cross_entropy(leaves[0], leaves[1], y, bias=leaves[2],
+                                             return_lse=True, process_group=group, **opts)
+    weights = torch.linspace(0.5, 1.5, T)
+    total = (loss * weights).sum() if case["reduction"] == "none" else loss * 1.3
+    if case.get("lse"):
+        total = total + 0.1 * lse.sum()
+    total.backward()
+    return loss.detach(), lse.detach(), *(t.grad if t is not None else None for t in leaves)
+
+
+def _worker(rank: int, world: int, init: str, failures: str) -> None:
+    from evtfuse.runtime.device import use_interpreter
+
+    use_interpreter()
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        rows = slice(0, SPLIT) if rank == 0 else slice(SPLIT, V)
+        for case in CASES:
+            h, w, b, y = _inputs(case)
+            want = _run(h, w, b, y, case)
+            got = _run(h, w[rows], None if b is None else b[rows], y, case,
+                       group=dist.group.WORLD)
+            close = dict(rtol=1e-5, atol=1e-6, equal_nan=True)
+            for what, a, e in zip(("loss", "lse", "d_hidden"), got[:3], want[:3]):
+                torch.testing.assert_close(a, e, **close, msg=lambda m: f"{case} {what}: {m}")
+            torch.testing.assert_close(got[3], want[3][rows], **close,
+                                       msg=lambda m: f"{case} d_weight: {m}")
+            if b is not None:
+                torch.testing.assert_close(got[4], want[4][rows], **close,
+                                           msg=lambda m: f"{case} d_bias: {m}")
+        with pytest.raises(EpilogueError, match="process_group must be"):
+            evtfuse.linear_cross_entropy(h, w[rows], y, process_group="world")
+    except BaseException as exc:  # reported to the parent through a file per rank
+        with open(os.path.join(failures, f"rank{rank}.txt"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vocab_parallel_matches_one_process():
+    with tempfile.TemporaryDirectory() as failures:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        try:
+            mp.spawn(_worker, args=(2, init, failures), nprocs=2, join=True)
+        except Exception:
+            texts = [open(os.path.join(failures, f)).read() for f in sorted(os.listdir(failures))]
+            pytest.fail("\n".join(texts) or "a worker failed")
+
+
+def test_process_group_needs_torch_distributed():
+    h, w, _, y = _inputs({})
+    if dist.is_initialized():
+        pytest.skip("this process has a default group")
+    with pytest.raises(EpilogueError, match="torch.distributed is not initialized"):
+        evtfuse.linear_cross_entropy(h, w, y, process_group=object())
+
+
+def test_shard_offsets_are_asked_once(monkeypatch):
+    """The shards' first rows come from one all-gather per group and shard size, kept."""
+    calls = []
+
+    class FakeGroup:
+        pass
+
+    group = FakeGroup()
+    monkeypatch.setattr(dist, "get_world_size", lambda g=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda g=None: 1)
+    monkeypatch.setattr(dist, "get_backend", lambda g=None: "gloo")
+
+    def gather(out, inp, group=None):
+        calls.append(1)
+        out.copy_(torch.tensor([19, 18]))
+    monkeypatch.setattr(dist, "all_gather_into_tensor", gather)
+    monkeypatch.setattr(cross_entropy, "_SHARDS", {})
+    assert cross_entropy.vocab_shards(group, 18) == (19, 37)
+    assert cross_entropy.vocab_shards(group, 18) == (19, 37)
+    assert calls == [1]
+
+
+def test_distributed_md_runs(tmp_path):
+    """docs/distributed.md's example: two processes, gloo, the interpreter."""
+    from doc_blocks import run_page
+
+    run_page("distributed.md", tmp_path, ("process_group=dist.group.WORLD", "mp.spawn"),
+             timeout=300)
