@@ -262,17 +262,23 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
+def _shaped(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # a 2-D x: y as the operator returned it, not a view of it (FSDP2 warns of a module
+    # returning a view: an in-place op on it would drop its pre-backward hook)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 def gated_mlp(x, w_gate, w_up, w_down, activation, b_gate=None, b_up=None, b_down=None):
     """``down(act(gate(x)) * up(x))`` of Linear weights (out, in) and biases, x (..., H)."""
     y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w_gate, w_up, w_down, activation, b_gate,
                                          b_up, b_down)
-    return y.reshape(*x.shape[:-1], w_down.shape[0])
+    return _shaped(y, x)
 
 
 def mlp(x, w1, w2, activation, b1=None, b2=None):
     """``fc2(act(fc1(x)))`` of Linear weights (out, in) and biases, x (..., H)."""
     y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w1, None, w2, activation, b1, None, b2)
-    return y.reshape(*x.shape[:-1], w2.shape[0])
+    return _shaped(y, x)
 
 
 def pack_gate_up(gate: torch.nn.Linear, up: torch.nn.Linear) -> None:
