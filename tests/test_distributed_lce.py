@@ -138,3 +138,51 @@ def test_distributed_md_runs(tmp_path):
 
     run_page("distributed.md", tmp_path, ("process_group=dist.group.WORLD", "mp.spawn"),
              timeout=300)
+
+
+def _dtensor_worker(rank: int, world: int, init: str, failures: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from evtfuse.runtime.device import use_interpreter
+
+    use_interpreter()
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        case = dict(reduction="mean", label_smoothing=0.1)
+        h, w, _, y = _inputs(case)
+        w = w[:36]  # even shards: distribute_tensor splits as torch.chunk does
+        y = torch.where(y >= 36, 0, y)
+        want = _run(h, w, None, y, case)
+        wd = distribute_tensor(w, mesh, [Shard(0)]).requires_grad_(True)
+        hd = distribute_tensor(h, mesh, [Replicate()]).requires_grad_(True)
+        loss = evtfuse.linear_cross_entropy(hd, wd, y, reduction="mean", label_smoothing=0.1)
+        (loss * 1.3).backward()
+        torch.testing.assert_close(loss, want[0])
+        torch.testing.assert_close(hd.grad.full_tensor(), want[2])
+        torch.testing.assert_close(wd.grad.full_tensor(), want[3])
+        with pytest.raises(EpilogueError, match="leave process_group out"):
+            evtfuse.linear_cross_entropy(hd, wd, y, process_group=dist.group.WORLD)
+        with pytest.raises(EpilogueError, match="hidden is a DTensor placed"):
+            evtfuse.linear_cross_entropy(distribute_tensor(h, mesh, [Shard(0)]), wd, y)
+        with pytest.raises(EpilogueError, match="hidden is a DTensor and weight is not"):
+            evtfuse.linear_cross_entropy(hd, w, y)
+    except BaseException as exc:
+        with open(os.path.join(failures, f"rank{rank}.txt"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensor_weight_sharded_over_the_vocabulary():
+    """A DTensor LM-head weight placed Shard(0) (as ColwiseParallel places it) and replicated
+    hidden states: the same loss and gradients (DTensors) as one process."""
+    with tempfile.TemporaryDirectory() as failures:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        try:
+            mp.spawn(_dtensor_worker, args=(2, init, failures), nprocs=2, join=True)
+        except Exception:
+            texts = [open(os.path.join(failures, f)).read() for f in sorted(os.listdir(failures))]
+            pytest.fail("\n".join(texts) or "a worker failed")

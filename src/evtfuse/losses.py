@@ -48,7 +48,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     two all-reduces of (tokens, 3) floats per chunk of rows, the logits are never gathered,
     and the loss, the lse and the gradient of hidden (all-reduced) are the whole
     vocabulary's on every rank, the weight's and bias's gradients this rank's shard's
-    (docs/distributed.md).
+    (docs/distributed.md). A ``DTensor`` weight sharded over the vocabulary (``Shard(0)``
+    on a 1-D mesh) is the same, its mesh's group the process group.
 
     Differentiable with respect to hidden, weight and bias (docs/pytorch.md, "Linear
     cross-entropy"): for "mean" and "sum" the forward already computes the gradients,
@@ -56,6 +57,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     for "none" and fp16 the backward recomputes the chunks. Under torch.compile the same
     operator runs: the same kernels, the same memory.
     """
+    hidden, weight, target, bias, process_group = _local(hidden, weight, target, bias,
+                                                         process_group)
     check_arguments(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                     softcap, z_loss, return_lse)
     group = None if process_group is None else _group_name(process_group)
@@ -75,6 +78,49 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss
+
+
+def _local(hidden, weight, target, bias, process_group):
+    """A ``DTensor`` weight sharded over the vocabulary (``Shard(0)`` on a 1-D mesh, as
+    ``ColwiseParallel`` shards an LM head) and replicated hidden, target and bias-or-shard:
+    their local tensors (``to_local``, through which the gradients flow back as DTensors)
+    and the mesh's group as ``process_group``; plain tensors as they are."""
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+    except ImportError:  # torch without distributed
+        return hidden, weight, target, bias, process_group
+    if not isinstance(weight, DTensor):
+        for name, t in (("hidden", hidden), ("target", target), ("bias", bias)):
+            if isinstance(t, DTensor):
+                raise EpilogueError(f"linear_cross_entropy: {name} is a DTensor and weight is "
+                                    "not: pass weight as a DTensor sharded over the vocabulary "
+                                    "(Shard(0)), or local tensors and process_group=",
+                                    variable=name)
+        return hidden, weight, target, bias, process_group
+    mesh, placements = weight.device_mesh, tuple(weight.placements)
+    if mesh.ndim != 1 or placements not in ((Shard(0),), (Replicate(),)):
+        raise EpilogueError(f"linear_cross_entropy: weight is a DTensor placed {placements} on "
+                            f"a {mesh.ndim}-D mesh; evtfuse takes one sharded over the "
+                            "vocabulary, Shard(0), or replicated, on a 1-D mesh",
+                            variable="weight")
+    sharded = placements == (Shard(0),)
+    if sharded and process_group is not None:
+        raise EpilogueError("linear_cross_entropy: weight is a DTensor sharded over the "
+                            "vocabulary, which names its group: leave process_group out",
+                            variable="process_group")
+
+    def local(name, t, want):
+        if not isinstance(t, DTensor):
+            return t
+        if tuple(t.placements) != want:
+            raise EpilogueError(f"linear_cross_entropy: {name} is a DTensor placed "
+                                f"{tuple(t.placements)}; it must be {want} beside a weight "
+                                f"placed {placements}", variable=name)
+        return t.to_local()
+
+    return (local("hidden", hidden, (Replicate(),)), weight.to_local(),
+            local("target", target, (Replicate(),)), local("bias", bias, placements),
+            mesh.get_group() if sharded else process_group)
 
 
 def _group_name(group) -> str:
