@@ -400,6 +400,31 @@ def test_moe_experts_left_run_their_eager_forward():
     model.set_experts_implementation("evtfuse")  # the user's way, without patch
 
 
+def test_moe_block_compiles_without_a_graph_break():
+    """A Qwen3-MoE sparse block (router and experts) with experts_implementation "evtfuse"
+    traces with no graph break (the check of what the experts module computes runs once,
+    outside the graph) and gives the eager results."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    from evtfuse.hf import register_experts
+
+    register_experts()
+    config = Qwen3MoeConfig(hidden_size=16, moe_intermediate_size=24, num_experts=4,
+                            num_experts_per_tok=2)
+    config._experts_implementation = "evtfuse"
+    torch.manual_seed(0)
+    block = Qwen3MoeSparseMoeBlock(config)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(1, 6, 16)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(copy.deepcopy(block))(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(copy.deepcopy(block), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), block(x), rtol=1e-6, atol=1e-6)
+
+
 def test_import_evtfuse_does_not_import_transformers():
     code = ("import sys, evtfuse, evtfuse.hf; "
             "print('transformers' in sys.modules)")

@@ -256,12 +256,31 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor,
     per class, says why)."""
     from .runtime.moe import moe_experts
 
-    why, activation = _experts_refusal(self)
+    why, activation = _experts_decision(self)
     if why is not None:
         _warn_once(type(self), why)
         return _eager_experts(type(self))(self, hidden_states, top_k_index, top_k_weights)
     return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
                        self.down_proj, activation)
+
+
+_DECISION = "_evtfuse_experts"  # an experts module's _experts_refusal, kept on the instance
+
+
+def _experts_decision(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    """``_experts_refusal`` of the module, found once (at ``patch``, or at its first call)
+    and kept on the instance: torch.compile reads it, never traces the inspection."""
+    decision = module.__dict__.get(_DECISION)
+    if decision is None:
+        decision = _decide_experts(module)
+    return decision
+
+
+@torch.compiler.assume_constant_result
+def _decide_experts(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    decision = _experts_refusal(module)
+    module.__dict__[_DECISION] = decision
+    return decision
 
 
 def _eager_experts(cls: type):
@@ -317,7 +336,7 @@ def _patch_experts(model: torch.nn.Module, report: Patch) -> None:
         return
     names = []
     for name, m in found:
-        why, activation = _experts_refusal(m)
+        why, activation = _decide_experts(m)
         if why is None:
             names.append((name, activation))
         else:
