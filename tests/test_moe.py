@@ -228,6 +228,8 @@ def test_bad_arguments():
     fails("picks k = 5 experts per token but there are 4", "top_k_index", x, wide,
           torch.rand(T, E + 1))
     fails("must be floating point", "top_k_weights", x, index, index)
+    fails("top_k_weights is on meta but hidden_states is on cpu", "top_k_weights", x, index,
+          weights.to("meta"))
     with pytest.raises(EpilogueError, match="down_proj is torch.float16") as info:
         moe_ops.moe_experts(x, index, weights, block.gate_up_proj, block.down_proj.half())
     assert info.value.variable == "down_proj"

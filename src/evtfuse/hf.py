@@ -1,9 +1,10 @@
 """Hugging Face models through evtfuse: ``evtfuse.hf.patch(model)`` and ``unpatch(model)``.
 
 Layer: library, above the runtime (it calls ``evtfuse.nn.GatedMLP``,
-``evtfuse.linear_cross_entropy`` and ``evtfuse.runtime.moe``; nothing below imports it). transformers is an optional
-extra (``pip install evtfuse[hf]``): this module imports it inside the functions that need
-it, so ``import evtfuse`` and ``import evtfuse.hf`` work without it.
+``evtfuse.linear_cross_entropy`` and ``evtfuse.runtime.moe``; nothing below imports it).
+transformers is an optional extra (``pip install evtfuse[hf]``): this module imports it
+inside the functions that need it, so ``import evtfuse`` and ``import evtfuse.hf`` work
+without it.
 
 Invariants: the model's source is never edited and its state dict keeps Hugging Face's keys
 (the MLPs become ``GatedMLP`` blocks holding the very same ``Linear`` modules; the causal-LM
@@ -69,7 +70,8 @@ class Patch:
             if self.loss is not None else "the loss: left as it was"
         experts = [f"{len(self.experts)} experts module(s) now evtfuse's fused experts: " +
                    ", ".join(f"{n} ({act})" for n, act in self.experts)] if self.experts else []
-        return "; ".join([head, loss] + experts + [f"left {n or '(model)'}: {why}" for n, why in self.left])
+        return "; ".join([head, loss] + experts +
+                         [f"left {n or '(model)'}: {why}" for n, why in self.left])
 
 
 def patch(model: torch.nn.Module, *, mlp: bool = True, loss: bool = True,
@@ -84,8 +86,9 @@ def patch(model: torch.nn.Module, *, mlp: bool = True, loss: bool = True,
     dict keys. ``experts``: a mixture-of-experts model's experts modules (Qwen3-MoE's,
     Mixtral's, ...: gated, ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I)) run
     evtfuse's fused experts, the model's experts implementation set to ``"evtfuse"``
-    (``register_experts``; the modules and parameters are the model's own). ``loss``: ``model(input_ids, labels=...)`` computes transformers' causal-LM
-    loss (labels shifted left, ``ignore_index`` -100, the mean over tokens not ignored, or
+    (``register_experts``; the modules and parameters are the model's own). ``loss``:
+    ``model(input_ids, labels=...)`` computes transformers' causal-LM loss (labels shifted
+    left, ``ignore_index`` -100, the mean over tokens not ignored, or
     the sum over ``num_items_in_batch`` as the Trainer passes it; ``shift_labels``) with
     ``evtfuse.linear_cross_entropy`` on the final hidden states and ``lm_head``'s weight,
     never holding the logits: the output's ``logits`` is None, unless the call passes

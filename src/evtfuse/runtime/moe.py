@@ -18,9 +18,10 @@ Schemas::
         -> (Tensor dx, Tensor dweights, Tensor dgate_up, Tensor ddown)
 
 Forward. The T*k (token, expert) pairs are sorted by expert with a stable sort on the
-device (``perm``); ``offs = cumsum(bincount(expert))`` (int32), on the device too: no host
-synchronisation anywhere. ``x_perm = x[perm // k]`` is a permuted copy of the tokens (a
-gather inside the GEMM's A loads is a later kernel feature). Then two grouped GEMMs over M
+device (``perm``); ``offs``, each expert's cumulative end row (int32), on the device too:
+no host synchronisation anywhere (a searchsorted of the sorted ids, not ``bincount``).
+``x_perm = x[perm // k]`` is a permuted copy of the tokens (a gather inside the GEMM's A
+loads is a later kernel feature). Then two grouped GEMMs over M
 (``evtfuse.grouped_gemm``): the up projection, whose epilogue (``up_source``, gate and up
 read from ``gate_up`` as it is stored: ``pairs(accum, layout="concatenated")``) stores
 ``p = G | U`` (rows, 2I), the pre-activations rounded to the input dtype as torch's Linear
@@ -121,11 +122,13 @@ def down_grad(activation: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def _route(index: torch.Tensor, experts: int):
-    """perm (the pairs sorted by expert, stable) and offs (int32 cumulative ends), on the
-    device, no host read."""
+    """perm (the pairs sorted by expert, stable) and offs (int32 cumulative ends: the
+    number of sorted ids <= e, a ``searchsorted`` of the sorted ids), on the device, no host
+    read (``torch.bincount`` on a GPU reads the ids' max on the host)."""
     ids = index.reshape(-1).long()
-    perm = torch.sort(ids, stable=True)[1]
-    offs = torch.cumsum(torch.bincount(ids, minlength=experts)[:experts], 0).to(torch.int32)
+    ordered, perm = torch.sort(ids, stable=True)
+    bounds = torch.arange(experts, device=ids.device, dtype=ids.dtype)
+    offs = torch.searchsorted(ordered, bounds, right=True, out_int32=True)
     return perm, offs
 
 
@@ -247,8 +250,8 @@ def check_arguments(x, index, weights, gate_up, down, activation) -> None:
     """Raise ``EpilogueError`` naming the variable for arguments ``moe_experts`` cannot
     take (before anything runs). Indices out of range: a plain check on the CPU; on a GPU
     an asynchronous device assert (``torch._assert_async``: no host synchronisation), and
-    the kernels never index memory with an expert id (``bincount`` over the ids, clamped
-    offsets), so a bad one reads or writes nothing out of bounds before it fires."""
+    the kernels never index memory with an expert id (offsets searched in the sorted ids,
+    clamped by the kernels), so a bad one reads or writes nothing out of bounds before it fires."""
     if activation not in ACTIVATIONS:
         raise EpilogueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not "
                             f"{activation!r}", variable="activation")
