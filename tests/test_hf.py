@@ -324,6 +324,107 @@ def test_compiled_training_step_gives_the_same_loss():
     assert _worst_grad_error(model, patched) < 1e-4
 
 
+def _moe_model(kind: str, **extra):
+    """A tiny Qwen3-MoE or Mixtral causal LM (float32, random weights, experts_implementation
+    "eager"): 4 experts, 2 per token; the Qwen3-MoE one's second layer a dense MLP."""
+    from transformers import (MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
+
+    if kind == "qwen3_moe":
+        config = Qwen3MoeConfig(**{**SMALL, "num_hidden_layers": 2, "moe_intermediate_size": 24,
+                                   "num_experts": 4, "num_experts_per_tok": 2,
+                                   "mlp_only_layers": [1], "norm_topk_prob": True},
+                                experts_implementation="eager", **extra)
+        cls = Qwen3MoeForCausalLM
+    else:
+        config = MixtralConfig(**{**SMALL, "num_hidden_layers": 2, "intermediate_size": 24,
+                                  "num_local_experts": 4,
+                                  "num_experts_per_tok": 2}, experts_implementation="eager",
+                               **extra)
+        cls = MixtralForCausalLM
+    torch.manual_seed(0)
+    model = cls(config).float()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_moe_experts_match_the_original(kind, monkeypatch):
+    """The experts of a mixture-of-experts model run evtfuse's fused experts (the experts
+    implementation "evtfuse", registered in transformers' ExpertsInterface): the loss and
+    every gradient are the original's ("eager"); unpatch restores "eager"."""
+    from evtfuse.runtime import moe
+
+    calls = []
+    real = moe.moe_experts
+    monkeypatch.setattr(moe, "moe_experts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = _moe_model(kind)
+    patched = patch(copy.deepcopy(model))
+    report = patched.evtfuse_patch
+    assert report.experts == [("model.layers.0.mlp.experts", "silu")] + \
+        ([("model.layers.1.mlp.experts", "silu")] if kind == "mixtral" else [])
+    assert report.mlps == ([("model.layers.1.mlp", "silu")] if kind == "qwen3_moe" else [])
+    assert report.loss is None  # the aux-loss forward is not LlamaForCausalLM's
+    assert "experts module(s) now evtfuse's fused experts" in str(report)
+    assert patched.config._experts_implementation == "evtfuse"
+    assert model.config._experts_implementation == "eager"
+    ids, labels = _batch()
+    want, got = model(ids, labels=labels), patched(ids, labels=labels)
+    assert len(calls) == len(report.experts)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    got.loss.backward()
+    assert _worst_grad_error(model, patched) < 1e-4
+    assert patched.state_dict().keys() == model.state_dict().keys()
+    unpatch(patched)
+    assert patched.config._experts_implementation == "eager"
+
+
+def test_moe_experts_left_run_their_eager_forward():
+    """An experts module whose activation evtfuse does not compute is left (the report
+    says why) and runs its eager forward under "evtfuse" (a warning says why)."""
+    from evtfuse.hf import register_experts
+
+    model = _moe_model("mixtral")
+    model.model.layers[0].mlp.experts.act_fn = torch.nn.Tanh()
+    patched = patch(copy.deepcopy(model), mlp=False, loss=False)
+    report = patched.evtfuse_patch
+    assert report.experts == [("model.layers.1.mlp.experts", "silu")]
+    assert report.left[0][0] == "model.layers.0.mlp.experts" and "Tanh" in report.left[0][1]
+    ids, _ = _batch()
+    with pytest.warns(UserWarning, match="MixtralExperts runs its eager forward"):
+        got = patched(ids).logits
+    torch.testing.assert_close(got, model(ids).logits, rtol=1e-5, atol=1e-5)
+    assert register_experts() == "evtfuse"
+    model.set_experts_implementation("evtfuse")  # the user's way, without patch
+
+
+def test_moe_block_compiles_without_a_graph_break():
+    """A Qwen3-MoE sparse block (router and experts) with experts_implementation "evtfuse"
+    traces with no graph break (the check of what the experts module computes runs once,
+    outside the graph) and gives the eager results."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    from evtfuse.hf import register_experts
+
+    register_experts()
+    config = Qwen3MoeConfig(hidden_size=16, moe_intermediate_size=24, num_experts=4,
+                            num_experts_per_tok=2)
+    config._experts_implementation = "evtfuse"
+    torch.manual_seed(0)
+    block = Qwen3MoeSparseMoeBlock(config)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(1, 6, 16)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(copy.deepcopy(block))(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(copy.deepcopy(block), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), block(x), rtol=1e-6, atol=1e-6)
+
+
 def test_import_evtfuse_does_not_import_transformers():
     code = ("import sys, evtfuse, evtfuse.hf; "
             "print('transformers' in sys.modules)")

@@ -1,9 +1,10 @@
 """Hugging Face models through evtfuse: ``evtfuse.hf.patch(model)`` and ``unpatch(model)``.
 
-Layer: library, above the runtime (it calls ``evtfuse.nn.GatedMLP`` and
-``evtfuse.linear_cross_entropy``; nothing below imports it). transformers is an optional
-extra (``pip install evtfuse[hf]``): this module imports it inside the functions that need
-it, so ``import evtfuse`` and ``import evtfuse.hf`` work without it.
+Layer: library, above the runtime (it calls ``evtfuse.nn.GatedMLP``,
+``evtfuse.linear_cross_entropy`` and ``evtfuse.runtime.moe``; nothing below imports it).
+transformers is an optional extra (``pip install evtfuse[hf]``): this module imports it
+inside the functions that need it, so ``import evtfuse`` and ``import evtfuse.hf`` work
+without it.
 
 Invariants: the model's source is never edited and its state dict keeps Hugging Face's keys
 (the MLPs become ``GatedMLP`` blocks holding the very same ``Linear`` modules; the causal-LM
@@ -11,6 +12,10 @@ forward is wrapped on the instance, not on the class); a module is patched only 
 class's ``forward`` is, statement for statement, the one evtfuse reproduces (``LlamaMLP``'s,
 ``LlamaForCausalLM``'s or, with ``final_logit_softcapping``, ``Gemma2ForCausalLM``'s, read
 from the installed transformers), everything else is left, with the reason in the report.
+A mixture-of-experts model's experts (transformers 5.x's ``*Experts`` modules, dispatched
+through transformers' ``ExpertsInterface``) run evtfuse's fused experts
+(``evtfuse.runtime.moe``) as the experts implementation ``"evtfuse"``
+(``register_experts``); an experts module it cannot compute exactly runs its eager forward.
 """
 
 from __future__ import annotations
@@ -48,10 +53,12 @@ class Patch:
 
     mlps: list[tuple[str, str]] = field(default_factory=list)
     loss: str | None = None
+    experts: list[tuple[str, str]] = field(default_factory=list)
     left: list[tuple[str, str]] = field(default_factory=list)
     return_logits: bool = False
     _original_mlps: dict[str, torch.nn.Module] = field(default_factory=dict, repr=False)
     _softcap: float | None = None
+    _experts_before: Any = None
 
     def __str__(self) -> str:
         mlps = ", ".join(f"{n} ({act})" for n, act in self.mlps)
@@ -61,10 +68,14 @@ class Patch:
             (f" (softcap {self._softcap})" if self._softcap is not None else "") + \
             (", no logits" if not self.return_logits else ", logits too") \
             if self.loss is not None else "the loss: left as it was"
-        return "; ".join([head, loss] + [f"left {n or '(model)'}: {why}" for n, why in self.left])
+        experts = [f"{len(self.experts)} experts module(s) now evtfuse's fused experts: " +
+                   ", ".join(f"{n} ({act})" for n, act in self.experts)] if self.experts else []
+        return "; ".join([head, loss] + experts +
+                         [f"left {n or '(model)'}: {why}" for n, why in self.left])
 
 
-def patch(model: torch.nn.Module, *, mlp: bool = True, loss: bool = True) -> torch.nn.Module:
+def patch(model: torch.nn.Module, *, mlp: bool = True, loss: bool = True,
+          experts: bool = True) -> torch.nn.Module:
     """Fuse a Hugging Face causal LM's MLPs and its loss with evtfuse, in place (the model is
     also returned); ``model.evtfuse_patch`` (a ``Patch``, printable) says what was patched
     and what was left, and why.
@@ -72,8 +83,12 @@ def patch(model: torch.nn.Module, *, mlp: bool = True, loss: bool = True) -> tor
     ``mlp``: each ``LlamaMLP``-shaped block (``down_proj(act_fn(gate_proj(x)) *
     up_proj(x))``, SiLU, GELU, tanh-GELU or ReLU: Llama, Mistral, Qwen2/3, Gemma, ...)
     becomes ``evtfuse.nn.GatedMLP.adopt`` of its own Linears: same parameters, same state
-    dict keys. ``loss``: ``model(input_ids, labels=...)`` computes transformers' causal-LM
-    loss (labels shifted left, ``ignore_index`` -100, the mean over tokens not ignored, or
+    dict keys. ``experts``: a mixture-of-experts model's experts modules (Qwen3-MoE's,
+    Mixtral's, ...: gated, ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I)) run
+    evtfuse's fused experts, the model's experts implementation set to ``"evtfuse"``
+    (``register_experts``; the modules and parameters are the model's own). ``loss``:
+    ``model(input_ids, labels=...)`` computes transformers' causal-LM loss (labels shifted
+    left, ``ignore_index`` -100, the mean over tokens not ignored, or
     the sum over ``num_items_in_batch`` as the Trainer passes it; ``shift_labels``) with
     ``evtfuse.linear_cross_entropy`` on the final hidden states and ``lm_head``'s weight,
     never holding the logits: the output's ``logits`` is None, unless the call passes
@@ -102,7 +117,9 @@ def patch(model: torch.nn.Module, *, mlp: bool = True, loss: bool = True) -> tor
         _patch_mlps(model, report)
     if loss:
         _patch_loss(model, report)
-    if not report.mlps and report.loss is None:
+    if experts:
+        _patch_experts(model, report)
+    if not report.mlps and report.loss is None and not report.experts:
         raise EpilogueError(_nothing_to_patch(model, report, mlp, loss), variable="model")
     model.evtfuse_patch = report
     return model
@@ -118,6 +135,8 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     for name, original in report._original_mlps.items():
         parent, _, child = name.rpartition(".")
         model.get_submodule(parent)._modules[child] = original
+    if report.experts:
+        model.set_experts_implementation(report._experts_before)
     if report.loss is not None:
         model.__dict__.pop("forward", None)
         head = model.get_submodule(report.loss)
@@ -213,6 +232,124 @@ def _activation_of(act: Any) -> tuple[str | None, str]:
             return "gelu", ""
     return None, (f"its activation {kind.__name__} is none of the ones GatedMLP computes "
                   "(silu, gelu, gelu_tanh, relu)")
+
+
+# ------------------------------------------------------------------------------ experts
+
+EXPERTS = "evtfuse"  # the experts implementation's name in transformers' ExpertsInterface
+
+
+def register_experts() -> str:
+    """Register evtfuse's fused experts (``evtfuse.runtime.moe``) in transformers'
+    ``ExpertsInterface`` as ``"evtfuse"`` (idempotent) and return that name: then
+    ``from_pretrained(..., experts_implementation="evtfuse")`` or
+    ``model.set_experts_implementation("evtfuse")`` runs them (``patch`` does the latter)."""
+    _transformers()
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(EXPERTS, experts_forward)
+    return EXPERTS
+
+
+def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor,
+                    top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The ``"evtfuse"`` experts implementation: ``evtfuse.runtime.moe.moe_experts`` of the
+    module's ``gate_up_proj`` and ``down_proj``, for an experts module whose eager forward
+    it reproduces (``_experts_refusal``); any other runs its eager forward (a warning, once
+    per class, says why)."""
+    from .runtime.moe import moe_experts
+
+    why, activation = _experts_decision(self)
+    if why is not None:
+        _warn_once(type(self), why)
+        return _eager_experts(type(self))(self, hidden_states, top_k_index, top_k_weights)
+    return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+                       self.down_proj, activation)
+
+
+_DECISION = "_evtfuse_experts"  # an experts module's _experts_refusal, kept on the instance
+
+
+def _experts_decision(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    """``_experts_refusal`` of the module, found once (at ``patch``, or at its first call)
+    and kept on the instance: torch.compile reads it, never traces the inspection."""
+    decision = module.__dict__.get(_DECISION)
+    if decision is None:
+        decision = _decide_experts(module)
+    return decision
+
+
+@torch.compiler.assume_constant_result
+def _decide_experts(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    decision = _experts_refusal(module)
+    module.__dict__[_DECISION] = decision
+    return decision
+
+
+def _eager_experts(cls: type):
+    """The class's own forward, under ``use_experts_implementation``'s dispatching one."""
+    return getattr(cls.forward, "__wrapped__", cls.forward)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(cls: type, why: str) -> None:
+    import warnings
+
+    warnings.warn(f"evtfuse experts: {cls.__name__} runs its eager forward: {why}",
+                  stacklevel=3)
+
+
+def _experts_refusal(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    """(None, activation) for an experts module whose forward evtfuse computes exactly
+    (Qwen3MoeExperts' statements, gated, concatenated [gate; up] weights not transposed, no
+    bias, no post-expert norm, not expert-parallel, a plain activation); else (why, None)."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    cls = type(module)
+    reference = _eager_experts(_transformers_module("qwen3_moe").Qwen3MoeExperts)
+    if _statements(_eager_experts(cls)) != _statements(reference):
+        return (f"{cls.__name__}'s forward is not Qwen3MoeExperts' (a per-expert "
+                "act(gate) * up, down, routing weight), so evtfuse cannot tell what it "
+                "computes"), None
+    flags = {"has_gate": True, "is_concatenated": True, "has_bias": False,
+             "is_transposed": False, "has_post_expert_norm": False,
+             "_is_expert_parallel": False}
+    off = [f"{k}={getattr(module, k, None)!r}" for k, v in flags.items()
+           if getattr(module, k, v) != v]
+    if off:
+        return f"{cls.__name__} has {', '.join(off)}", None
+    if getattr(cls, "_apply_gate", _default_apply_gate) is not _default_apply_gate:
+        return f"{cls.__name__} has a gate of its own (_apply_gate)", None
+    gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(gu, torch.Tensor) or not isinstance(down, torch.Tensor) \
+            or gu.dim() != 3 or down.dim() != 3:
+        return f"{cls.__name__} has no 3-D gate_up_proj and down_proj", None
+    activation, why = _activation_of(getattr(module, "act_fn", None))
+    return (why, None) if activation is None else (None, activation)
+
+
+def _patch_experts(model: torch.nn.Module, report: Patch) -> None:
+    found = [(n, m) for n, m in model.named_modules()
+             if hasattr(m, "gate_up_proj") and hasattr(m, "has_gate")
+             and hasattr(type(m).forward, "__wrapped__")]
+    if not found:
+        return
+    if not hasattr(model, "set_experts_implementation"):
+        report.left.append(("", "the experts: the model has no set_experts_implementation"))
+        return
+    names = []
+    for name, m in found:
+        why, activation = _decide_experts(m)
+        if why is None:
+            names.append((name, activation))
+        else:
+            report.left.append((name, f"{why} (it runs its eager forward)"))
+    if not names:
+        return
+    register_experts()
+    before = model.config._experts_implementation
+    model.set_experts_implementation(EXPERTS)
+    report.experts, report._experts_before = names, before
 
 
 # ------------------------------------------------------------------------------ loss

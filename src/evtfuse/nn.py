@@ -1,5 +1,6 @@
 """Modules a PyTorch model can hold: ``evtfuse.nn.Linear``, ``fuse_activations``,
-``LinearCrossEntropy`` and the MLP blocks ``GatedMLP`` and ``MLP``.
+``LinearCrossEntropy``, the MLP blocks ``GatedMLP`` and ``MLP`` and the
+mixture-of-experts experts ``MoEExperts``.
 
 Layer: library, above the runtime (``evtfuse.gemm``, one ``torch.ops.evtfuse.gemm`` call a
 forward). ``Linear`` is a ``torch.nn.Linear`` (same parameters, same state dict, same
@@ -23,6 +24,7 @@ from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 from .runtime.autograd import check_backward
 from .runtime.mlp import gated_mlp, mlp, pack_gate_up
+from .runtime.moe import moe_experts
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
 NO_BIAS = "def linear(accum):\n    D = accum\n    return D"
@@ -360,5 +362,62 @@ class MLP(torch.nn.Module):
         return f"activation={self.activation!r}"
 
 
+class MoEExperts(torch.nn.Module):
+    """The experts of a sparse mixture-of-experts block (Qwen3-MoE's, Mixtral's, ...: gated,
+    transformers 5.x's ``*Experts`` modules), fused forward and backward
+    (``evtfuse.runtime.moe``).
+
+    ``MoEExperts(num_experts, hidden_size, intermediate_size, activation="silu",
+    device=None, dtype=None)``: parameters ``gate_up_proj`` (num_experts, 2 *
+    intermediate_size, hidden_size), each expert's gate rows then its up rows, and
+    ``down_proj`` (num_experts, hidden_size, intermediate_size), named and shaped as
+    transformers stores them, so an HF experts module's state dict loads as it is
+    (initialised as a ``torch.nn.Linear``'s weights, uniform in +-1/sqrt(fan_in)).
+    ``forward(hidden_states, top_k_index, top_k_weights)``: hidden_states (tokens,
+    hidden_size), the router's top-k expert ids (tokens, k) (int64 or int32) and weights
+    (tokens, k); returns (tokens, hidden_size), ``sum_j w[t, j] * down[e](act(gate[e](x)) *
+    up[e](x))`` with e = top_k_index[t, j]. Differentiable with respect to hidden_states,
+    top_k_weights and both parameters. Bad arguments raise ``EpilogueError`` naming the
+    variable, before anything runs.
+
+    Forward: two grouped GEMMs (``evtfuse.grouped_gemm``) over the token-expert pairs sorted
+    by expert on the device (no host synchronisation), the first's epilogue computing
+    ``w * act(gate) * up``; backward: four grouped GEMMs, the first's epilogue derived from
+    the activation by ``evtfuse.autodiff`` (no elementwise pass of its own).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 activation: str = "silu", device=None, dtype=None):
+        super().__init__()
+        self.activation = _check_activation(activation)
+        for name, v in (("num_experts", num_experts), ("hidden_size", hidden_size),
+                        ("intermediate_size", intermediate_size)):
+            if not isinstance(v, int) or v < 1:
+                raise EpilogueError(f"{name} must be a positive int, not {v!r}", variable=name)
+        self.num_experts = num_experts
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        kw = {"device": device, "dtype": dtype}
+        self.gate_up_proj = torch.nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
+        self.down_proj = torch.nn.Parameter(
+            torch.empty(num_experts, hidden_size, intermediate_size, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for w in (self.gate_up_proj, self.down_proj):
+                bound = 1.0 / w.shape[-1] ** 0.5
+                w.uniform_(-bound, bound)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+                           self.down_proj, self.activation)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, activation={self.activation!r}")
+
+
 __all__ = ["Linear", "fuse_activations", "Fusion", "with_activation", "LinearCrossEntropy",
-           "GatedMLP", "MLP", "MLP_ACTIVATIONS"]
+           "GatedMLP", "MLP", "MLP_ACTIVATIONS", "MoEExperts"]
