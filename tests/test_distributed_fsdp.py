@@ -8,15 +8,11 @@ Llama patched by ``evtfuse.hf.patch`` (with transformers installed)."""
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import evtfuse
+from distributed_helpers import run_ranks
 
 
 class _Model(torch.nn.Module):
@@ -61,38 +57,27 @@ def _check(model, ref, parts, full_loss, world, rank, what):
                                    msg=lambda m: f"{what} {name}: {m}")
 
 
-def _worker(rank: int, world: int, init: str, failures: str, with_hf: bool) -> None:
-    from evtfuse.runtime.device import use_interpreter
+def _worker(rank: int, world: int, with_hf: bool) -> None:
+    torch.manual_seed(0)
+    model = _Model()
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 29, (8,), generator=g)
 
-    use_interpreter()
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = _Model()
-        ref = copy.deepcopy(model)
-        g = torch.Generator().manual_seed(1)
-        x, y = torch.randn(8, 16, generator=g), torch.randint(0, 29, (8,), generator=g)
+    def loss(m, r):
+        return m(x, y) if r is None else m(x.chunk(world)[r], y.chunk(world)[r])
 
-        def loss(m, r):
-            return m(x, y) if r is None else m(x.chunk(world)[r], y.chunk(world)[r])
+    _check(model, ref, lambda m: [m.inp, m.gated, m.plain], loss, world, rank, "modules")
+    if with_hf:
+        model, ref = _llama()
+        ids = torch.randint(0, 64, (4, 8), generator=g)
 
-        _check(model, ref, lambda m: [m.inp, m.gated, m.plain], loss, world, rank, "modules")
-        if with_hf:
-            model, ref = _llama()
-            ids = torch.randint(0, 64, (4, 8), generator=g)
-
-            def lm_loss(m, r):
-                batch = ids if r is None else ids.chunk(world)[r]
-                # sum over the tokens, as the FSDP2 average times world is the whole batch's
-                out = m(batch, labels=batch, num_items_in_batch=1)
-                return out.loss
-            _check(model, ref, lambda m: list(m.model.layers), lm_loss, world, rank, "llama")
-    except BaseException as exc:
-        with open(os.path.join(failures, f"rank{rank}.txt"), "w") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        dist.destroy_process_group()
+        def lm_loss(m, r):
+            batch = ids if r is None else ids.chunk(world)[r]
+            # sum over the tokens, as the FSDP2 average times world is the whole batch's
+            out = m(batch, labels=batch, num_items_in_batch=1)
+            return out.loss
+        _check(model, ref, lambda m: list(m.model.layers), lm_loss, world, rank, "llama")
 
 
 def test_fully_shard_matches_unsharded():
@@ -101,11 +86,4 @@ def test_fully_shard_matches_unsharded():
         with_hf = True
     except ImportError:  # the [hf] extra: CI installs it; the modules' part runs anyway
         with_hf = False
-    with tempfile.TemporaryDirectory() as failures:
-        init = f"file://{os.path.join(failures, 'store')}"
-        try:
-            mp.spawn(_worker, args=(2, init, failures, with_hf), nprocs=2, join=True)
-        except Exception:
-            texts = [open(os.path.join(failures, f)).read() for f in sorted(os.listdir(failures))
-                     if f.startswith("rank")]
-            pytest.fail("\n".join(texts) or "a worker failed")
+    run_ranks(_worker, with_hf)

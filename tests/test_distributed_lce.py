@@ -7,18 +7,14 @@ backward), special values (a row holding +inf, a NaN), and the errors."""
 
 from __future__ import annotations
 
-import os
-import socket
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import evtfuse
 from evtfuse.errors import EpilogueError
 from evtfuse.runtime import cross_entropy
+from distributed_helpers import run_ranks
 
 T, H, V = 10, 8, 37  # 37 rows of weight: 19 on rank 0, 18 on rank 1
 SPLIT = 19
@@ -56,50 +52,27 @@ def _run(h, w, b, y, case, group=None):
     return loss.detach(), lse.detach(), *(t.grad if t is not None else None for t in leaves)
 
 
-def _worker(rank: int, world: int, init: str, failures: str) -> None:
-    from evtfuse.runtime.device import use_interpreter
-
-    use_interpreter()
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        rows = slice(0, SPLIT) if rank == 0 else slice(SPLIT, V)
-        for case in CASES:
-            h, w, b, y = _inputs(case)
-            want = _run(h, w, b, y, case)
-            got = _run(h, w[rows], None if b is None else b[rows], y, case,
-                       group=dist.group.WORLD)
-            close = dict(rtol=1e-5, atol=1e-6, equal_nan=True)
-            for what, a, e in zip(("loss", "lse", "d_hidden"), got[:3], want[:3]):
-                torch.testing.assert_close(a, e, **close, msg=lambda m: f"{case} {what}: {m}")
-            torch.testing.assert_close(got[3], want[3][rows], **close,
-                                       msg=lambda m: f"{case} d_weight: {m}")
-            if b is not None:
-                torch.testing.assert_close(got[4], want[4][rows], **close,
-                                           msg=lambda m: f"{case} d_bias: {m}")
-        with pytest.raises(EpilogueError, match="process_group must be"):
-            evtfuse.linear_cross_entropy(h, w[rows], y, process_group="world")
-    except BaseException as exc:  # reported to the parent through a file per rank
-        with open(os.path.join(failures, f"rank{rank}.txt"), "w") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, world: int) -> None:
+    rows = slice(0, SPLIT) if rank == 0 else slice(SPLIT, V)
+    for case in CASES:
+        h, w, b, y = _inputs(case)
+        want = _run(h, w, b, y, case)
+        got = _run(h, w[rows], None if b is None else b[rows], y, case,
+                   group=dist.group.WORLD)
+        close = dict(rtol=1e-5, atol=1e-6, equal_nan=True)
+        for what, a, e in zip(("loss", "lse", "d_hidden"), got[:3], want[:3]):
+            torch.testing.assert_close(a, e, **close, msg=lambda m: f"{case} {what}: {m}")
+        torch.testing.assert_close(got[3], want[3][rows], **close,
+                                   msg=lambda m: f"{case} d_weight: {m}")
+        if b is not None:
+            torch.testing.assert_close(got[4], want[4][rows], **close,
+                                       msg=lambda m: f"{case} d_bias: {m}")
+    with pytest.raises(EpilogueError, match="process_group must be"):
+        evtfuse.linear_cross_entropy(h, w[rows], y, process_group="world")
 
 
 def test_vocab_parallel_matches_one_process():
-    with tempfile.TemporaryDirectory() as failures:
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        try:
-            mp.spawn(_worker, args=(2, init, failures), nprocs=2, join=True)
-        except Exception:
-            texts = [open(os.path.join(failures, f)).read() for f in sorted(os.listdir(failures))]
-            pytest.fail("\n".join(texts) or "a worker failed")
+    run_ranks(_worker)
 
 
 def test_process_group_needs_torch_distributed():
@@ -140,49 +113,32 @@ def test_distributed_md_runs(tmp_path):
              timeout=300)
 
 
-def _dtensor_worker(rank: int, world: int, init: str, failures: str) -> None:
+def _dtensor_worker(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from evtfuse.runtime.device import use_interpreter
-
-    use_interpreter()
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        case = dict(reduction="mean", label_smoothing=0.1)
-        h, w, _, y = _inputs(case)
-        w = w[:36]  # even shards: distribute_tensor splits as torch.chunk does
-        y = torch.where(y >= 36, 0, y)
-        want = _run(h, w, None, y, case)
-        wd = distribute_tensor(w, mesh, [Shard(0)]).requires_grad_(True)
-        hd = distribute_tensor(h, mesh, [Replicate()]).requires_grad_(True)
-        loss = evtfuse.linear_cross_entropy(hd, wd, y, reduction="mean", label_smoothing=0.1)
-        (loss * 1.3).backward()
-        torch.testing.assert_close(loss, want[0])
-        torch.testing.assert_close(hd.grad.full_tensor(), want[2])
-        torch.testing.assert_close(wd.grad.full_tensor(), want[3])
-        with pytest.raises(EpilogueError, match="leave process_group out"):
-            evtfuse.linear_cross_entropy(hd, wd, y, process_group=dist.group.WORLD)
-        with pytest.raises(EpilogueError, match="hidden is a DTensor placed"):
-            evtfuse.linear_cross_entropy(distribute_tensor(h, mesh, [Shard(0)]), wd, y)
-        with pytest.raises(EpilogueError, match="hidden is a DTensor and weight is not"):
-            evtfuse.linear_cross_entropy(hd, w, y)
-    except BaseException as exc:
-        with open(os.path.join(failures, f"rank{rank}.txt"), "w") as f:
-            f.write(f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,))
+    case = dict(reduction="mean", label_smoothing=0.1)
+    h, w, _, y = _inputs(case)
+    w = w[:36]  # even shards: distribute_tensor splits as torch.chunk does
+    y = torch.where(y >= 36, 0, y)
+    want = _run(h, w, None, y, case)
+    wd = distribute_tensor(w, mesh, [Shard(0)]).requires_grad_(True)
+    hd = distribute_tensor(h, mesh, [Replicate()]).requires_grad_(True)
+    loss = evtfuse.linear_cross_entropy(hd, wd, y, reduction="mean", label_smoothing=0.1)
+    (loss * 1.3).backward()
+    torch.testing.assert_close(loss, want[0])
+    torch.testing.assert_close(hd.grad.full_tensor(), want[2])
+    torch.testing.assert_close(wd.grad.full_tensor(), want[3])
+    with pytest.raises(EpilogueError, match="leave process_group out"):
+        evtfuse.linear_cross_entropy(hd, wd, y, process_group=dist.group.WORLD)
+    with pytest.raises(EpilogueError, match="hidden is a DTensor placed"):
+        evtfuse.linear_cross_entropy(distribute_tensor(h, mesh, [Shard(0)]), wd, y)
+    with pytest.raises(EpilogueError, match="hidden is a DTensor and weight is not"):
+        evtfuse.linear_cross_entropy(hd, w, y)
 
 
 def test_dtensor_weight_sharded_over_the_vocabulary():
     """A DTensor LM-head weight placed Shard(0) (as ColwiseParallel places it) and replicated
     hidden states: the same loss and gradients (DTensors) as one process."""
-    with tempfile.TemporaryDirectory() as failures:
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        try:
-            mp.spawn(_dtensor_worker, args=(2, init, failures), nprocs=2, join=True)
-        except Exception:
-            texts = [open(os.path.join(failures, f)).read() for f in sorted(os.listdir(failures))]
-            pytest.fail("\n".join(texts) or "a worker failed")
+    run_ranks(_dtensor_worker)

@@ -434,6 +434,12 @@ def dtype_named(name: str) -> torch.dtype | None:
     return getattr(torch, key) if key else None
 
 
+def rounding_of(dtype: torch.dtype) -> str | None:
+    """``cast``'s name of a 16-bit float dtype (``cast(x, "bf16")``: x rounded as a store in
+    that dtype rounds it), or None for a dtype a value keeps as it is computed."""
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+
+
 def dtype_name(dtype: torch.dtype | None) -> str:
     if dtype is None:
         return "-"
@@ -553,7 +559,7 @@ def _evt_tree(root: Node, indent: str, lines: list[str], shared: dict[int, int],
 
 
 __all__ = [
-    "DTYPE_NAMES", "dtype_named",
+    "DTYPE_NAMES", "dtype_named", "rounding_of",
     "reduces_shared",
     "NodeKind", "Space", "OperandKind", "OperandSpec", "OutputKind", "Node", "Output", "Dag",
     "PAIR_PARTS", "PAIR_LAYOUTS", "INTERLEAVED", "CONCATENATED", "accum_node", "load_node",

@@ -49,6 +49,7 @@ import torch
 from .. import autodiff
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
+from ..ir import rounding_of
 from .device import interpreter_enabled
 from .torch_op import _lib
 
@@ -68,7 +69,6 @@ _lib.define("linear_cross_entropy_backward(Tensor hidden, Tensor weight, Tensor 
             "float label_smoothing, float softcap, float z_loss, bool[] grads, "
             "str? group=None) -> (Tensor, Tensor, Tensor)")
 
-_ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # logits rounded as torch's
 
 
 # ------------------------------------------------------------------ epilogues
@@ -95,7 +95,7 @@ def logits_source(dtype: torch.dtype, bias: bool, cap: bool, smooth: bool) -> st
     """The epilogue over ``hidden @ weight.T``: the row reductions, and ``D``, the logits
     before bias and softcap in ``dtype`` (stored for a chunk that needs its gradient; the
     reductions see them rounded to ``dtype``, as torch's logits are)."""
-    rounding = _ROUNDING.get(dtype)
+    rounding = rounding_of(dtype)
     a = f'cast(accum, "{rounding}")' if rounding else "accum"
     return "\n".join([f"def lce_logits({_params('accum, y', bias, cap)}):", f"    a = {a}",
                       *_body("a", bias, cap, smooth), "    D = a", _returns(smooth)]) + "\n"

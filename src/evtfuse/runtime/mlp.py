@@ -44,12 +44,11 @@ import torch
 
 from .. import autodiff, passes
 from ..frontend import bind, parse_epilogue
-from ..ir import Output, OutputKind
+from ..ir import Output, OutputKind, rounding_of
 from ..unparse import to_source
 from .torch_op import _lib
 
 TUNE = "fast"  # the evtfuse.gemm calls' tuning
-_ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # p rounded as torch's Linear's
 
 _lib.define("mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation, Tensor? b1a, "
             "Tensor? b1b, Tensor? b2) -> (Tensor, Tensor)")
@@ -72,7 +71,7 @@ def _act_expr(activation: str, gated: bool, g: str, u: str = "") -> str:
 def up_source(activation: str, gated: bool, bias: bool, dtype: torch.dtype) -> str:
     """The up projection's epilogue: the pre-activations (outputs G and U, or P, each
     ``accum`` plus its bias) and D, the activation's output, of them rounded to ``dtype``."""
-    rounding = _ROUNDING.get(dtype)
+    rounding = rounding_of(dtype)
 
     def rounded(v: str) -> str:
         return f'cast({v}, "{rounding}")' if rounding else v
@@ -99,30 +98,39 @@ def act_source(activation: str, gated: bool) -> str:
             f"    D = {_act_expr(activation, gated, *names)}\n    return D\n")
 
 
-@functools.lru_cache(maxsize=64)
-def down_grad(activation: str, gated: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The epilogue of ``dA = dy @ W2``: the backward of ``act_source`` (``autodiff``) with
-    its upstream gradient read from the accumulator, and its forward value ``D`` (A, for
-    dW2) among its outputs. Returns the source and, per stored pre-activation, the output
-    holding its gradient."""
-    parsed = parse_epilogue(act_source(activation, gated))
-    names = _stored(gated)
-
-    def meta():
-        return torch.empty((3, 5), dtype=torch.float32, device="meta")
-
-    values = {n: meta() for n in names}
-    values["D"] = meta()
+def backward_over_accumulator(source: str, shapes: dict, wrt: set, name: str):
+    """The backward of the epilogue ``source`` (a function of stored values, no
+    accumulator) from the gradient of its output D to those of ``wrt``, derived by
+    ``autodiff``, as an epilogue that reads that gradient from its accumulator
+    (``passes.accumulate_operand``: it runs over the GEMM that produces the gradient) and
+    returns D itself again as its output D. ``shapes``: each operand's placeholder shape.
+    Returns the source and, per name of ``wrt``, the output holding its gradient (one of a
+    per-row operand: a per-row sum)."""
+    parsed = parse_epilogue(source)
+    values = {n: torch.empty(s, dtype=torch.float32, device="meta") for n, s in shapes.items()}
+    values["D"] = torch.empty((3, 5), dtype=torch.float32, device="meta")
     dag = bind(parsed, values, (1, 3, 5))
-    plan = autodiff.plan_forward(dag, set(names), parsed)
-    bwd = autodiff.backward(plan, {"D"}, set(names), name="mlp_down_grad")
-    assert not (bwd.saved or bwd.injected or bwd.scratch), bwd  # a pointwise activation
+    plan = autodiff.plan_forward(dag, wrt, parsed)
+    bwd = autodiff.backward(plan, {"D"}, wrt, name=name)
+    # a pointwise function of its operands: nothing saved, injected or left to the caller
+    assert not (bwd.saved or bwd.injected or bwd.scratch or bwd.caller_sums), bwd
     fused = passes.accumulate_operand(bwd.dag, dict(bwd.grads)["D"])
     a = plan.dag.output("D")
     outs = [Output("D", a.node, OutputKind.FULL, a.dtype, a.batched) if o.name == "D" else o
             for o in fused.outputs]
     fused = passes.optimize(fused.replace_outputs(outs))
-    return to_source(fused, "mlp_down_grad"), bwd.outputs
+    return to_source(fused, name), bwd.outputs
+
+
+@functools.lru_cache(maxsize=64)
+def down_grad(activation: str, gated: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The epilogue of ``dA = dy @ W2``: the backward of ``act_source`` with its upstream
+    gradient read from the accumulator, and its forward value ``D`` (A, for dW2) among its
+    outputs (``backward_over_accumulator``). Returns the source and, per stored
+    pre-activation, the output holding its gradient."""
+    names = _stored(gated)
+    return backward_over_accumulator(act_source(activation, gated),
+                                     {n: (3, 5) for n in names}, set(names), "mlp_down_grad")
 
 
 # ------------------------------------------------------------------ the operators

@@ -49,15 +49,12 @@ import functools
 
 import torch
 
-from .. import autodiff, passes
 from ..errors import EpilogueError
-from ..frontend import bind, parse_epilogue
-from ..ir import Output, OutputKind
-from ..unparse import to_source
+from ..ir import rounding_of
+from .mlp import backward_over_accumulator
 from .torch_op import _lib
 
 TUNE = "fast"  # the evtfuse.grouped_gemm calls' tuning
-_ROUNDING = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # p rounded as torch's Linear's
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 
 _lib.define("moe_experts(Tensor x, Tensor index, Tensor weights, Tensor gate_up, Tensor down, "
@@ -74,7 +71,7 @@ _lib.define("moe_experts_backward(Tensor dy, Tensor x, Tensor weights, Tensor ga
 def up_source(activation: str, dtype: torch.dtype) -> str:
     """The up projection's epilogue: G and U (the pre-activations) and
     ``D = s * act(G) * U`` of them rounded to ``dtype``."""
-    rounding = _ROUNDING.get(dtype)
+    rounding = rounding_of(dtype)
 
     def rounded(v: str) -> str:
         return f'cast({v}, "{rounding}")' if rounding else v
@@ -99,23 +96,9 @@ def down_grad(activation: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     accumulator, and its forward value ``D`` (s * A, for dW_down) among its outputs.
     Returns the source and, per input (G, U, s), the output holding its gradient (s's: a
     per-row sum)."""
-    parsed = parse_epilogue(act_source(activation))
-
-    def meta(*shape):
-        return torch.empty(shape, dtype=torch.float32, device="meta")
-
-    values = {"G": meta(3, 5), "U": meta(3, 5), "s": meta(3, 1), "D": meta(3, 5)}
-    dag = bind(parsed, values, (1, 3, 5))
-    wrt = {"G", "U", "s"}
-    plan = autodiff.plan_forward(dag, wrt, parsed)
-    bwd = autodiff.backward(plan, {"D"}, wrt, name="moe_down_grad")
-    assert not (bwd.saved or bwd.injected or bwd.scratch or bwd.caller_sums), bwd
-    fused = passes.accumulate_operand(bwd.dag, dict(bwd.grads)["D"])
-    a = plan.dag.output("D")
-    outs = [Output("D", a.node, OutputKind.FULL, a.dtype, a.batched) if o.name == "D" else o
-            for o in fused.outputs]
-    fused = passes.optimize(fused.replace_outputs(outs))
-    return to_source(fused, "moe_down_grad"), bwd.outputs
+    return backward_over_accumulator(act_source(activation),
+                                     {"G": (3, 5), "U": (3, 5), "s": (3, 1)}, {"G", "U", "s"},
+                                     "moe_down_grad")
 
 
 # ------------------------------------------------------------------ the operators
