@@ -43,6 +43,7 @@ from typing import Optional
 import torch
 
 from .. import autodiff, passes
+from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import Output, OutputKind, rounding_of
 from ..unparse import to_source
@@ -277,16 +278,78 @@ def _shaped(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def gated_mlp(x, w_gate, w_up, w_down, activation, b_gate=None, b_up=None, b_down=None):
-    """``down(act(gate(x)) * up(x))`` of Linear weights (out, in) and biases, x (..., H)."""
+    """``down(act(gate(x)) * up(x))`` of Linear weights (out, in) and biases, x (..., H);
+    DTensor weights sharded for tensor parallelism: ``tensor_parallel``."""
+    if _is_dtensor(w_down):
+        return tensor_parallel(x, w_gate, w_up, w_down, activation, b_gate, b_up, b_down)
     y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w_gate, w_up, w_down, activation, b_gate,
                                          b_up, b_down)
     return _shaped(y, x)
 
 
 def mlp(x, w1, w2, activation, b1=None, b2=None):
-    """``fc2(act(fc1(x)))`` of Linear weights (out, in) and biases, x (..., H)."""
+    """``fc2(act(fc1(x)))`` of Linear weights (out, in) and biases, x (..., H); DTensor
+    weights sharded for tensor parallelism: ``tensor_parallel``."""
+    if _is_dtensor(w2):
+        return tensor_parallel(x, w1, None, w2, activation, b1, None, b2)
     y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w1, None, w2, activation, b1, None, b2)
     return _shaped(y, x)
+
+
+def _is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def tensor_parallel(x, w1a, w1b, w2, activation, b1a=None, b1b=None, b2=None):
+    """A block whose weights are DTensors placed as Megatron's tensor parallelism places an
+    MLP (``parallelize_module`` with ``ColwiseParallel`` on the up projections and
+    ``RowwiseParallel`` on the down one): W1's rows (and b1) ``Shard(0)``, W2's columns
+    ``Shard(1)``, b2 replicated, on one 1-D mesh. Each rank runs the fused block on its
+    shards (its slice of the intermediate width: no collective inside), and one all-reduce
+    sums the ranks' partial outputs (``Partial`` -> ``Replicate``); the gradient of x is
+    all-reduced in the backward (declared ``Partial``), the weights' gradients stay
+    sharded. x: a plain tensor (the same on every rank) or a replicated DTensor; the
+    result is of the same kind. Other placements are an error naming the weight."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    mesh = w2.device_mesh
+    want = [("w1", w1a, (Shard(0),)), ("w1 (up)", w1b, (Shard(0),)), ("w2", w2, (Shard(1),)),
+            ("b1", b1a, (Shard(0),)), ("b1 (up)", b1b, (Shard(0),)), ("b2", b2, (Replicate(),))]
+    for name, t, placements in want:
+        if t is None:
+            continue
+        if not isinstance(t, DTensor) or t.device_mesh != mesh or mesh.ndim != 1 \
+                or tuple(t.placements) != placements:
+            got = tuple(t.placements) if isinstance(t, DTensor) else "a plain tensor"
+            raise EpilogueError(
+                f"an evtfuse MLP block with DTensor weights takes them as tensor parallelism "
+                f"places them (ColwiseParallel up projections, RowwiseParallel down "
+                f"projection) on one 1-D mesh: {name} must be {placements}, not {got}",
+                variable=name)
+    dtensor_in = isinstance(x, DTensor)
+    if dtensor_in and tuple(x.placements) != (Replicate(),):
+        raise EpilogueError(f"x is a DTensor placed {tuple(x.placements)}; the block takes it "
+                            "replicated (Replicate())", variable="x")
+    xd = x if dtensor_in else DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    local = xd.to_local(grad_placements=[Partial()])  # each rank's part of dx, summed
+
+    def loc(t):
+        return None if t is None else t.to_local()
+
+    if w1b is None:
+        part = mlp(local, w1a.to_local(), w2.to_local(), activation, loc(b1a))
+    else:
+        part = gated_mlp(local, w1a.to_local(), w1b.to_local(), w2.to_local(), activation,
+                         loc(b1a), loc(b1b))
+    y = DTensor.from_local(part, mesh, [Partial()], run_check=False).redistribute(
+        mesh, [Replicate()])
+    if b2 is not None:
+        y = y + b2
+    return y if dtensor_in else y.to_local()
 
 
 def pack_gate_up(gate: torch.nn.Linear, up: torch.nn.Linear) -> None:
