@@ -64,3 +64,47 @@ def _worker(rank: int, world: int) -> None:
 
 def test_colwise_rowwise_parallel_blocks_match_unsharded():
     run_ranks(_worker)
+
+
+def _linear_worker(rank: int, world: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    import evtfuse
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 4, 16, generator=g)
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(
+        evtfuse.nn.Linear(16, 32, epilogue=evtfuse.nn.with_activation("gelu_tanh")),
+        evtfuse.nn.Linear(32, 16))
+    ref = copy.deepcopy(model)
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y = model(x1)
+    want = ref(x2)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    y.pow(2).sum().backward()
+    want.pow(2).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
+    softmax = evtfuse.nn.Linear(16, 32, epilogue="def e(accum, bias):\n"
+                                "    D = softmax(accum + bias)\n    return D")
+    parallelize_module(softmax, mesh, ColwiseParallel())
+    with pytest.raises(EpilogueError, match="mixes columns"):
+        softmax(x)
+    relu = evtfuse.nn.Linear(16, 32, epilogue=evtfuse.nn.with_activation("relu"))
+    parallelize_module(relu, mesh, RowwiseParallel())
+    with pytest.raises(EpilogueError, match="partial sum"):
+        relu(x.chunk(world, -1)[rank])
+
+
+def test_colwise_rowwise_parallel_linears_match_unsharded():
+    """evtfuse.nn.Linear under ColwiseParallel (a fused GELU on each rank's columns) then
+    RowwiseParallel (accum + bias after the all-reduce): output and gradients as unsharded;
+    an epilogue that cannot be sharded is an error saying why."""
+    run_ranks(_linear_worker)

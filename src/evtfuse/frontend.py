@@ -92,6 +92,16 @@ class ParsedEpilogue:
         return False
 
     @functools.cached_property
+    def columnwise(self) -> bool:
+        """Whether each output column is a function of its own column alone: no reduction,
+        no function of a whole row (softmax), no element index, not gated: a GEMM sharded
+        over its columns (tensor parallelism's column-parallel Linear) can run it on each
+        shard as it is."""
+        cross = (Category.REDUCE, Category.ROWWISE, Category.INDEX)
+        return not self.gated and not any(
+            _calls(a.expr, lambda row: row.category in cross) for a in self.assignments)
+
+    @functools.cached_property
     def sized(self) -> bool:
         """Whether it calls an op whose lowering reads the problem's sizes (``mean``: the
         count of reduced elements), so that its DAG holds them as constants."""

@@ -23,7 +23,7 @@ from .library import call_of, remembered
 from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 from .runtime.autograd import check_backward
-from .runtime.mlp import gated_mlp, mlp, pack_gate_up
+from .runtime.mlp import gated_mlp, is_dtensor, mlp, pack_gate_up
 from .runtime.moe import moe_experts
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
@@ -93,6 +93,8 @@ class Linear(torch.nn.Linear):
         self.operands = operands
 
     def forward(self, x: torch.Tensor, **operands: Any):
+        if is_dtensor(self.weight):
+            return self._tensor_parallel(x, operands)
         lead = x.shape[:-1]
         # a 2-D x (tokens, in_features) is used as it is and its output returned as it is:
         # a reshape to the same shape would add a view node to the autograd graph, host time
@@ -111,6 +113,66 @@ class Linear(torch.nn.Linear):
         if isinstance(out, tuple):
             return tuple(_unflatten(o, flat, shape) for o in out)
         return _unflatten(out, flat, shape)
+
+    def _tensor_parallel(self, x: torch.Tensor, operands: dict):
+        """The forward of a Linear whose weight ``parallelize_module`` made a DTensor:
+        ``ColwiseParallel`` (weight and bias ``Shard(0)``: each rank computes its columns of
+        the output, the epilogue on them as it is, when each output column depends on its
+        own column alone: ``ParsedEpilogue.columnwise``) or ``RowwiseParallel`` (weight
+        ``Shard(1)``: each rank's product is a partial sum, so only ``accum`` (+ bias) can
+        run before the all-reduce that sums them). Operands other than the bias must be
+        numbers. The result is a DTensor, placed ``Shard(-1)`` or ``Replicate()``, as the
+        parallel styles' output hooks expect."""
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        parsed = parse_epilogue(self.epilogue)
+        given = {**self.operands, **operands}
+        w, mesh = self.weight, self.weight.device_mesh
+        placement = tuple(w.placements)
+        tensors = [n for n, v in given.items() if isinstance(v, torch.Tensor)]
+        if mesh.ndim != 1 or placement not in ((Shard(0),), (Shard(1),)) or tensors \
+                or len(parsed.outputs) != 1:
+            why = ("operands other than the bias must be numbers, not tensors "
+                   f"({', '.join(tensors)})" if tensors else
+                   "its epilogue must return D alone" if len(parsed.outputs) != 1 else
+                   f"its weight must be placed Shard(0) (ColwiseParallel) or Shard(1) "
+                   f"(RowwiseParallel) on a 1-D mesh, not {placement}")
+            raise EpilogueError(f"evtfuse.nn.Linear with a DTensor weight (tensor "
+                                f"parallelism): {why}", variable="weight")
+        bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
+        if placement == (Shard(0),):
+            if not parsed.columnwise:
+                raise EpilogueError(
+                    f"evtfuse.nn.Linear under ColwiseParallel: the epilogue {parsed.name} "
+                    "mixes columns (a reduction over the row, softmax, an element index, a "
+                    "gated pair), so its columns cannot be computed shard by shard; "
+                    "parallelize this Linear with RowwiseParallel or not at all",
+                    variable="epilogue")
+            xd = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()],
+                                                                    run_check=False)
+            local = xd.to_local(grad_placements=[Partial()])  # each rank's part of dx
+            flat = local if local.dim() == 2 else local.reshape(-1, self.in_features)
+            if self._takes_bias:
+                given["bias"] = bias
+            out = gemm(flat, w.to_local().t(), self.epilogue, backward=self.backward_mode,
+                       **given)
+            out = out.reshape(*local.shape[:-1], out.shape[-1])
+            return DTensor.from_local(out, mesh, [Shard(out.dim() - 1)], run_check=False)
+        if self.epilogue not in (BIAS, NO_BIAS):
+            raise EpilogueError(
+                f"evtfuse.nn.Linear under RowwiseParallel: each rank's product is a partial "
+                f"sum, so the epilogue {parsed.name} (anything but accum + bias) cannot run "
+                "before their all-reduce; parallelize this Linear with ColwiseParallel, or "
+                "apply the epilogue after the layer", variable="epilogue")
+        xd = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(x.dim() - 1)],
+                                                                run_check=False)
+        local = xd.to_local()
+        flat = local if local.dim() == 2 else local.reshape(-1, local.shape[-1])
+        part = gemm(flat, w.to_local().t(), NO_BIAS, backward=self.backward_mode)
+        part = part.reshape(*local.shape[:-1], part.shape[-1])
+        y = DTensor.from_local(part, mesh, [Partial()], run_check=False).redistribute(
+            mesh, [Replicate()])
+        return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:
         parts = [super().extra_repr(), f"epilogue={self._epilogue_repr}"]

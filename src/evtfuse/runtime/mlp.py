@@ -280,7 +280,7 @@ def _shaped(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def gated_mlp(x, w_gate, w_up, w_down, activation, b_gate=None, b_up=None, b_down=None):
     """``down(act(gate(x)) * up(x))`` of Linear weights (out, in) and biases, x (..., H);
     DTensor weights sharded for tensor parallelism: ``tensor_parallel``."""
-    if _is_dtensor(w_down):
+    if is_dtensor(w_down):
         return tensor_parallel(x, w_gate, w_up, w_down, activation, b_gate, b_up, b_down)
     y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w_gate, w_up, w_down, activation, b_gate,
                                          b_up, b_down)
@@ -290,13 +290,14 @@ def gated_mlp(x, w_gate, w_up, w_down, activation, b_gate=None, b_up=None, b_dow
 def mlp(x, w1, w2, activation, b1=None, b2=None):
     """``fc2(act(fc1(x)))`` of Linear weights (out, in) and biases, x (..., H); DTensor
     weights sharded for tensor parallelism: ``tensor_parallel``."""
-    if _is_dtensor(w2):
+    if is_dtensor(w2):
         return tensor_parallel(x, w1, None, w2, activation, b1, None, b2)
     y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w1, None, w2, activation, b1, None, b2)
     return _shaped(y, x)
 
 
-def _is_dtensor(t) -> bool:
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a ``torch.distributed`` DTensor."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch without distributed
