@@ -296,13 +296,20 @@ def mlp(x, w1, w2, activation, b1=None, b2=None):
     return _shaped(y, x)
 
 
-def is_dtensor(t) -> bool:
-    """Whether ``t`` is a ``torch.distributed`` DTensor."""
+@functools.lru_cache(maxsize=None)
+def _dtensor_type():
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch without distributed
-        return False
-    return isinstance(t, DTensor)
+        return None
+    return DTensor
+
+
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a ``torch.distributed`` DTensor (the class looked up once: this is
+    asked on every forward of the modules)."""
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
 
 
 def tensor_parallel(x, w1a, w1b, w2, activation, b1a=None, b1b=None, b2=None):
