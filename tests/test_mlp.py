@@ -206,3 +206,22 @@ def test_compiled_backward_runs_no_pass_of_its_own():
     assert len(backward) == 1, codes
     body = backward[0].split("def call(", 1)[1]
     assert "cpp_fused" not in body.split("def benchmark_compiled_module", 1)[0], body
+
+
+def test_inference_stores_no_pre_activations(monkeypatch):
+    """Under no_grad (or with nothing requiring a gradient) the up projection stores only
+    the activation's output: the same result, no (tokens, 2I) gate|up tensor."""
+    from evtfuse.runtime import api
+
+    stored = []
+    real = api.gemm
+    monkeypatch.setattr(api, "gemm", lambda A, B, src, **kw: stored.append(
+        {k: v is not None for k, v in kw.items() if k in ("G", "U")}) or real(A, B, src, **kw))
+    block = GatedMLP(H, I, "gelu_tanh")
+    x = torch.randn(4, H)
+    with torch.no_grad():
+        y = block(x)
+    assert stored == [{"G": False, "U": False}]
+    torch.testing.assert_close(y, _torch_gated(block, x), rtol=1e-5, atol=1e-5)
+    block(x.requires_grad_(True))
+    assert stored[-1] == {"G": True, "U": True}

@@ -7,7 +7,7 @@ two halves ``G | U`` of a gated MLP's up projection (W1 = ``[W_gate; W_up]``, Sw
 GeGLU) or ``act(P)`` of a plain one. Schemas::
 
     evtfuse::mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation,
-        Tensor? b1a, Tensor? b1b, Tensor? b2) -> (Tensor y, Tensor p)
+        Tensor? b1a, Tensor? b1b, Tensor? b2, bool keep=True) -> (Tensor y, Tensor p)
     evtfuse::mlp_down_grad(Tensor dy, Tensor w2, Tensor p, Tensor(a!) dp, str activation,
         bool gated, bool keep_a) -> Tensor a
 
@@ -52,7 +52,7 @@ from .torch_op import _lib
 TUNE = "fast"  # the evtfuse.gemm calls' tuning
 
 _lib.define("mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation, Tensor? b1a, "
-            "Tensor? b1b, Tensor? b2) -> (Tensor, Tensor)")
+            "Tensor? b1b, Tensor? b2, bool keep=True) -> (Tensor, Tensor)")
 _lib.define("mlp_down_grad(Tensor dy, Tensor w2, Tensor p, Tensor(a!) dp, str activation, "
             "bool gated, bool keep_a) -> Tensor")
 
@@ -155,7 +155,7 @@ def _parts(t: torch.Tensor, gated: bool, width: int) -> dict:
     return {"G": t[:, :width], "U": t[:, width:]} if gated else {"P": t}
 
 
-def _forward(x, w1a, w1b, w2, activation, b1a, b1b, b2):
+def _forward(x, w1a, w1b, w2, activation, b1a, b1b, b2, keep=True):
     from .api import gemm
 
     gated = w1b is not None
@@ -166,17 +166,20 @@ def _forward(x, w1a, w1b, w2, activation, b1a, b1b, b2):
     bias = b1a is not None
     ops = ({"bias_gate": b1a, "bias_up": b1b} if gated else {"bias": b1a}) if bias else {}
     with torch.no_grad():
-        p = x.new_empty((x.shape[0], w1.shape[0]))
+        # keep: a backward will read the pre-activations; else they are not stored
+        p = x.new_empty((x.shape[0], w1.shape[0]) if keep else (0,))
+        stored = _parts(p, gated, width) if keep else dict.fromkeys(_stored(gated))
         a = x.new_empty((x.shape[0], width))
         gemm(x, w1.t(), up_source(activation, gated, bias, x.dtype), D=a, tune=TUNE,
-             **_parts(p, gated, width), **ops)
+             **stored, **ops)
         y = torch.nn.functional.linear(a, w2, b2)
     return y, p
 
 
-def _forward_fake(x, w1a, w1b, w2, activation, b1a, b1b, b2):
+def _forward_fake(x, w1a, w1b, w2, activation, b1a, b1b, b2, keep=True):
     rows = w1a.shape[0] * (2 if w1b is not None else 1)
-    return x.new_empty((x.shape[0], w2.shape[0])), x.new_empty((x.shape[0], rows))
+    return (x.new_empty((x.shape[0], w2.shape[0])),
+            x.new_empty((x.shape[0], rows) if keep else (0,)))
 
 
 def _empty(like: torch.Tensor) -> torch.Tensor:
@@ -210,7 +213,7 @@ torch.library.register_fake("evtfuse::mlp_down_grad", _down_grad_fake, lib=_lib)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, w1a, w1b, w2, activation, b1a, b1b, b2 = inputs
+    x, w1a, w1b, w2, activation, b1a, b1b, b2, *_ = inputs
     ctx.save_for_backward(x, w1a, w1b, w2, output[1])
     ctx.activation = activation
     ctx.set_materialize_grads(False)
@@ -218,7 +221,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, dy, unused_dp):
     if dy is None:
-        return (None,) * 8
+        return (None,) * 9
     if torch.is_grad_enabled():
         raise NotImplementedError("evtfuse's MLP blocks compute first-order gradients only "
                                   "(no create_graph=True)")
@@ -257,7 +260,7 @@ def _backward(ctx, dy, unused_dp):
     dw2 = dy.t() @ a if need[3] else None
     db2 = dy.sum(0) if need[7] else None
     got = (dx, dw1a, dw1b, dw2, None, db1a, db1b, db2)
-    return tuple(g if k else None for g, k in zip(got, need))
+    return (*(g if k else None for g, k in zip(got, need)), None)
 
 
 torch.library.register_autograd("evtfuse::mlp", _backward, setup_context=_setup_context,
@@ -282,8 +285,9 @@ def gated_mlp(x, w_gate, w_up, w_down, activation, b_gate=None, b_up=None, b_dow
     DTensor weights sharded for tensor parallelism: ``tensor_parallel``."""
     if is_dtensor(w_down):
         return tensor_parallel(x, w_gate, w_up, w_down, activation, b_gate, b_up, b_down)
-    y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w_gate, w_up, w_down, activation, b_gate,
-                                         b_up, b_down)
+    y, _ = torch.ops.evtfuse.mlp.default(
+        _flat(x), w_gate, w_up, w_down, activation, b_gate, b_up, b_down,
+        _backward_ahead(x, w_gate, w_up, w_down, b_gate, b_up, b_down))
     return _shaped(y, x)
 
 
@@ -292,8 +296,15 @@ def mlp(x, w1, w2, activation, b1=None, b2=None):
     weights sharded for tensor parallelism: ``tensor_parallel``."""
     if is_dtensor(w2):
         return tensor_parallel(x, w1, None, w2, activation, b1, None, b2)
-    y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w1, None, w2, activation, b1, None, b2)
+    y, _ = torch.ops.evtfuse.mlp.default(_flat(x), w1, None, w2, activation, b1, None, b2,
+                                         _backward_ahead(x, w1, w2, b1, b2))
     return _shaped(y, x)
+
+
+def _backward_ahead(*tensors) -> bool:
+    """Whether a backward may follow (grad mode on, a tensor that requires a gradient):
+    else the forward stores no pre-activations (inference: two (tokens, I) tensors less)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 @functools.lru_cache(maxsize=None)
