@@ -60,6 +60,7 @@ declare -A shards=(
   [grouped]="tests/gpu/test_gpu_grouped.py|"
   [gated]="tests/gpu/test_gpu_gated.py|"
   [mlp]="tests/gpu/test_gpu_mlp.py|"
+  [moe]="tests/gpu/test_gpu_moe.py|"
   [softmax]="tests/gpu/test_gpu_softmax.py|"
 )
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
