@@ -77,13 +77,18 @@ def test_moe_experts_bf16(activation, routing, k):
         assert _rel(a, w) <= max(1.5 * _rel(b, w), 4e-3), (name, _rel(a, w), _rel(b, w))
 
 
-def test_no_host_sync_and_deterministic():
-    x, gate_up, down, dy = _inputs(2)
-    index, weights = _routing("skewed", 2)
+def _loaded(gate_up, down):
     block = MoEExperts(E, H, I, "silu", device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         block.gate_up_proj.copy_(gate_up)
         block.down_proj.copy_(down)
+    return block
+
+
+def test_no_host_sync_and_deterministic():
+    x, gate_up, down, dy = _inputs(2)
+    index, weights = _routing("skewed", 2)
+    block = _loaded(gate_up, down)
 
     def step():
         xx = x.clone().requires_grad_(True)
@@ -107,10 +112,7 @@ def test_no_host_sync_and_deterministic():
 def test_compiled_matches_eager():
     x, gate_up, down, dy = _inputs(3)
     index, weights = _routing("uniform", 2)
-    block = MoEExperts(E, H, I, "silu", device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        block.gate_up_proj.copy_(gate_up)
-        block.down_proj.copy_(down)
+    block = _loaded(gate_up, down)
     eager = block(x, index, weights)
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True)(x, index, weights)
