@@ -10,6 +10,27 @@ from __future__ import annotations
 
 import re
 
+def _fold(bits: int, comment: str) -> str:
+    """``_ef_fold`` (float32 bits in an int32 workspace) or ``_ef_fold64`` (float64 in
+    int64): one text, the integer width and NaN's bit pattern filled in."""
+    name = "_ef_fold" if bits == 32 else f"_ef_fold{bits}"
+    nan = "0x7FFFFFFF" if bits == 32 else "0x7FFFFFFFFFFFFFFF"
+    return f'''
+@triton.jit
+def {name}(ws, x, mask, MAX: tl.constexpr):{comment}
+    if MAX:
+        b = tl.where(x != x, {nan}, x.to(tl.int{bits}, bitcast=True))
+        tl.atomic_max(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
+        tl.atomic_min(ws.to(tl.pointer_type(tl.uint{bits})), b.to(tl.uint{bits}, bitcast=True),
+                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
+    else:
+        b = tl.where(x != x, -1, x.to(tl.int{bits}, bitcast=True))
+        tl.atomic_min(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
+        tl.atomic_max(ws.to(tl.pointer_type(tl.uint{bits})), b.to(tl.uint{bits}, bitcast=True),
+                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
+'''
+
+
 HELPERS: dict[str, str] = {
     "_ef_ex2_ftz": '''
 @triton.jit
@@ -213,41 +234,15 @@ def _ef_maximum_nan(a, b):
 def _ef_minimum_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 ''',
-    "_ef_fold": '''
-@triton.jit
-def _ef_fold(ws, x, mask, MAX: tl.constexpr):
+    "_ef_fold": _fold(32, """
     # ws (int32) holds float32 bits: ws = max(ws, x) (MAX) or min(ws, x) by integer
     # atomics, exact and in any order the same result: bit patterns with the sign clear
     # order as int32, those with it set in reverse as uint32. NaN wins, as in torch.amax:
     # spelled 0x7FFFFFFF for max (above +inf as int32), 0xFFFFFFFF for min (below every
-    # float as int32, above -inf as uint32)
-    if MAX:
-        b = tl.where(x != x, 0x7FFFFFFF, x.to(tl.int32, bitcast=True))
-        tl.atomic_max(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
-        tl.atomic_min(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
-                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
-    else:
-        b = tl.where(x != x, -1, x.to(tl.int32, bitcast=True))
-        tl.atomic_min(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
-        tl.atomic_max(ws.to(tl.pointer_type(tl.uint32)), b.to(tl.uint32, bitcast=True),
-                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
-''',
-    "_ef_fold64": '''
-@triton.jit
-def _ef_fold64(ws, x, mask, MAX: tl.constexpr):
+    # float as int32, above -inf as uint32)"""),
+    "_ef_fold64": _fold(64, """
     # _ef_fold of float64 values: ws (int64) holds their bits, ordered the same way (sign
-    # clear: as int64; set: in reverse, as uint64); NaN is 0x7FFF...F for max, -1 for min
-    if MAX:
-        b = tl.where(x != x, 0x7FFFFFFFFFFFFFFF, x.to(tl.int64, bitcast=True))
-        tl.atomic_max(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
-        tl.atomic_min(ws.to(tl.pointer_type(tl.uint64)), b.to(tl.uint64, bitcast=True),
-                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
-    else:
-        b = tl.where(x != x, -1, x.to(tl.int64, bitcast=True))
-        tl.atomic_min(ws, b, mask=mask & (b >= 0), sem="relaxed", scope="gpu")
-        tl.atomic_max(ws.to(tl.pointer_type(tl.uint64)), b.to(tl.uint64, bitcast=True),
-                      mask=mask & (b < 0), sem="relaxed", scope="gpu")
-''',
+    # clear: as int64; set: in reverse, as uint64); NaN is 0x7FFF...F for max, -1 for min"""),
     "_ef_add": '''
 @triton.jit
 def _ef_add(a, b):
