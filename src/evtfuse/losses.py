@@ -16,6 +16,7 @@ import torch
 
 from .errors import EpilogueError
 from .runtime import cross_entropy as _ops  # noqa: F401  (defines the operators)
+from .runtime.device import is_dtensor
 
 REDUCTIONS = ("mean", "sum", "none")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -85,10 +86,10 @@ def _local(hidden, weight, target, bias, process_group):
     ``ColwiseParallel`` shards an LM head) and replicated hidden, target and bias-or-shard:
     their local tensors (``to_local``, through which the gradients flow back as DTensors)
     and the mesh's group as ``process_group``; plain tensors as they are."""
-    try:
-        from torch.distributed.tensor import DTensor, Replicate, Shard
-    except ImportError:  # torch without distributed
+    if not any(is_dtensor(t) for t in (weight, hidden, target, bias)):
         return hidden, weight, target, bias, process_group
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
     if not isinstance(weight, DTensor):
         for name, t in (("hidden", hidden), ("target", target), ("bias", bias)):
             if isinstance(t, DTensor):

@@ -23,7 +23,8 @@ from .library import call_of, remembered
 from .losses import check_arguments, linear_cross_entropy
 from .runtime.api import gemm
 from .runtime.autograd import check_backward
-from .runtime.mlp import gated_mlp, is_dtensor, mlp, pack_gate_up
+from .runtime.device import is_dtensor
+from .runtime.mlp import gated_mlp, mlp, pack_gate_up
 from .runtime.moe import moe_experts
 
 BIAS = "def linear(accum, bias):\n    D = accum + bias\n    return D"
@@ -89,6 +90,8 @@ class Linear(torch.nn.Linear):
                              "bias (evtfuse.library.gated(..., bias=True))")
         self._takes_bias = bool(takes)
         self._name = parsed.name
+        # what tensor parallelism asks of the epilogue (_tensor_parallel), read once
+        self._columnwise, self._outputs = parsed.columnwise, len(parsed.outputs)
         self._epilogue_repr = describe_epilogue(self.epilogue, parsed)
         self.operands = operands
 
@@ -125,25 +128,24 @@ class Linear(torch.nn.Linear):
         parallel styles' output hooks expect."""
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-        parsed = parse_epilogue(self.epilogue)
         given = {**self.operands, **operands}
         w, mesh = self.weight, self.weight.device_mesh
         placement = tuple(w.placements)
         tensors = [n for n, v in given.items() if isinstance(v, torch.Tensor)]
         if mesh.ndim != 1 or placement not in ((Shard(0),), (Shard(1),)) or tensors \
-                or len(parsed.outputs) != 1:
+                or self._outputs != 1:
             why = ("operands other than the bias must be numbers, not tensors "
                    f"({', '.join(tensors)})" if tensors else
-                   "its epilogue must return D alone" if len(parsed.outputs) != 1 else
+                   "its epilogue must return D alone" if self._outputs != 1 else
                    f"its weight must be placed Shard(0) (ColwiseParallel) or Shard(1) "
                    f"(RowwiseParallel) on a 1-D mesh, not {placement}")
             raise EpilogueError(f"evtfuse.nn.Linear with a DTensor weight (tensor "
                                 f"parallelism): {why}", variable="weight")
         bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
         if placement == (Shard(0),):
-            if not parsed.columnwise:
+            if not self._columnwise:
                 raise EpilogueError(
-                    f"evtfuse.nn.Linear under ColwiseParallel: the epilogue {parsed.name} "
+                    f"evtfuse.nn.Linear under ColwiseParallel: the epilogue {self._name} "
                     "mixes columns (a reduction over the row, softmax, an element index, a "
                     "gated pair), so its columns cannot be computed shard by shard; "
                     "parallelize this Linear with RowwiseParallel or not at all",
@@ -161,7 +163,7 @@ class Linear(torch.nn.Linear):
         if self.epilogue not in (BIAS, NO_BIAS):
             raise EpilogueError(
                 f"evtfuse.nn.Linear under RowwiseParallel: each rank's product is a partial "
-                f"sum, so the epilogue {parsed.name} (anything but accum + bias) cannot run "
+                f"sum, so the epilogue {self._name} (anything but accum + bias) cannot run "
                 "before their all-reduce; parallelize this Linear with ColwiseParallel, or "
                 "apply the epilogue after the layer", variable="epilogue")
         xd = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(x.dim() - 1)],

@@ -276,7 +276,9 @@ def vocab_shards(group, local: int) -> tuple[int, int]:
     whose ``local`` rows are this rank's shard, the ranks' shards in rank order: one
     all-gather of the shard sizes the first time a group sees a size (kept after), so a
     training step makes no collective of its own for it."""
-    key = (id(group), local)
+    # keyed on the group object itself, kept alive here: a later group (after
+    # destroy_process_group) is another key, never one whose id a dead group had
+    key = (group, local)
     hit = _SHARDS.get(key)
     if hit is None:
         n = torch.distributed.get_world_size(group)

@@ -24,6 +24,22 @@ import torch
 INTERPRETER = "interpreter"
 
 
+@functools.lru_cache(maxsize=None)
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed
+        return None
+    return DTensor
+
+
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a ``torch.distributed`` DTensor (the class looked up once: this is
+    asked on every forward of the modules and every cross-entropy call)."""
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 

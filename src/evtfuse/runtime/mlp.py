@@ -47,6 +47,7 @@ from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import Output, OutputKind, rounding_of
 from ..unparse import to_source
+from .device import is_dtensor
 from .torch_op import _lib
 
 TUNE = "fast"  # the evtfuse.gemm calls' tuning
@@ -305,22 +306,6 @@ def _backward_ahead(*tensors) -> bool:
     """Whether a backward may follow (grad mode on, a tensor that requires a gradient):
     else the forward stores no pre-activations (inference: two (tokens, I) tensors less)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-@functools.lru_cache(maxsize=None)
-def _dtensor_type():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without distributed
-        return None
-    return DTensor
-
-
-def is_dtensor(t) -> bool:
-    """Whether ``t`` is a ``torch.distributed`` DTensor (the class looked up once: this is
-    asked on every forward of the modules)."""
-    cls = _dtensor_type()
-    return cls is not None and isinstance(t, cls)
 
 
 def tensor_parallel(x, w1a, w1b, w2, activation, b1a=None, b1b=None, b2=None):
