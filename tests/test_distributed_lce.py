@@ -7,6 +7,9 @@ backward), special values (a row holding +inf, a NaN), and the errors."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -99,10 +102,16 @@ def test_shard_offsets_are_asked_once(monkeypatch):
         calls.append(1)
         out.copy_(torch.tensor([19, 18]))
     monkeypatch.setattr(dist, "all_gather_into_tensor", gather)
-    monkeypatch.setattr(cross_entropy, "_SHARDS", {})
+    monkeypatch.setattr(cross_entropy, "_SHARDS", weakref.WeakKeyDictionary())
     assert cross_entropy.vocab_shards(group, 18) == (19, 37)
     assert cross_entropy.vocab_shards(group, 18) == (19, 37)
     assert calls == [1]
+    # the cache does not keep a group alive: a gloo group that outlives
+    # destroy_process_group into interpreter shutdown aborts the process there
+    alive = weakref.ref(group)
+    del group
+    gc.collect()
+    assert alive() is None and len(cross_entropy._SHARDS) == 0
 
 
 def test_distributed_md_runs(tmp_path):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -268,7 +269,10 @@ def _resolve_group(name: str):
     return c10d._resolve_process_group(name)
 
 
-_SHARDS: dict = {}
+# group -> {local rows: (first row, vocabulary)}: weakly keyed, so a destroyed group is
+# neither kept alive (a gloo group living on into interpreter shutdown aborts the process
+# there) nor mistaken for a later group that reuses its address
+_SHARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def vocab_shards(group, local: int) -> tuple[int, int]:
@@ -276,10 +280,8 @@ def vocab_shards(group, local: int) -> tuple[int, int]:
     whose ``local`` rows are this rank's shard, the ranks' shards in rank order: one
     all-gather of the shard sizes the first time a group sees a size (kept after), so a
     training step makes no collective of its own for it."""
-    # keyed on the group object itself, kept alive here: a later group (after
-    # destroy_process_group) is another key, never one whose id a dead group had
-    key = (group, local)
-    hit = _SHARDS.get(key)
+    known = _SHARDS.setdefault(group, {})
+    hit = known.get(local)
     if hit is None:
         n = torch.distributed.get_world_size(group)
         device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
@@ -288,7 +290,7 @@ def vocab_shards(group, local: int) -> tuple[int, int]:
             sizes, torch.tensor([local], dtype=torch.int64, device=device), group=group)
         sizes = sizes.tolist()
         rank = torch.distributed.get_rank(group)
-        hit = _SHARDS[key] = (sum(sizes[:rank]), sum(sizes))
+        hit = known[local] = (sum(sizes[:rank]), sum(sizes))
     return hit
 
 
