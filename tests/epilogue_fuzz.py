@@ -37,6 +37,7 @@ import os
 import re
 from dataclasses import dataclass
 
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
@@ -54,10 +55,30 @@ SEED = int(os.environ.get("EVTFUSE_FUZZ_SEED", "0"))
 SHRINK = os.environ.get("EVTFUSE_FUZZ_SHRINK", "1") != "0"
 
 
-def drawn(default_examples: int, base_seed: int):
+@dataclass(frozen=True)
+class Examples:
+    """How many examples one run of a fuzz test draws (``tiers``), from which seed shift."""
+    count: int
+    shift: int = 0
+
+
+def tiers(quick: int, full: int):
+    """The two runs of a CPU fuzz test, as its ``examples`` parameter: ``[quick]`` with
+    ``quick`` examples in the quick tier, ``[full]`` with ``full`` other ones (another seed)
+    marked ``slow`` (conftest.py); the test draws them with ``drawn(examples, seed)``.
+    hypothesis's first example is always the simplest one (``D = accum``), so ``quick``
+    counts it: 2 is one drawn epilogue."""
+    return pytest.mark.parametrize("examples", [
+        pytest.param(Examples(quick, shift=1), id="quick"),
+        pytest.param(Examples(full), id="full", marks=pytest.mark.slow)])
+
+
+def drawn(default_examples: int | Examples, base_seed: int):
     """hypothesis settings of the fuzz tests: ``default_examples`` (``EVTFUSE_FUZZ_EXAMPLES``
     instead when set) from the fixed seed ``base_seed`` shifted by ``EVTFUSE_FUZZ_SEED``, so
     CI runs the same examples every time; no example database."""
+    if isinstance(default_examples, Examples):
+        default_examples, base_seed = default_examples.count, base_seed + default_examples.shift
     phases = [p for p in Phase if SHRINK or p.name not in ("shrink", "explain")]
     conf = settings(max_examples=EXAMPLES or default_examples, deadline=None, database=None,
                     print_blob=True, phases=phases,

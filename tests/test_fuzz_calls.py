@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import evtfuse
-from epilogue_fuzz import cases, drawn, laid_out_for
+from epilogue_fuzz import cases, drawn, laid_out_for, tiers
 from evtfuse.reference import evaluate
 from evtfuse.runtime.verify import compare
 
@@ -108,10 +108,14 @@ SEQUENCES = dict(case=cases(max_steps=2, reductions=True, named=False),  # value
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier")
-@drawn(25, base_seed=1123)
-@given(**SEQUENCES)
-def test_call_sequences_match_the_reference(case, changes, data_seed):
-    _sequence(case, changes, data_seed, "cpu")
+@tiers(quick=5, full=25)
+def test_call_sequences_match_the_reference(examples):
+    @drawn(examples, base_seed=1123)
+    @given(**SEQUENCES)
+    def run(case, changes, data_seed):
+        _sequence(case, changes, data_seed, "cpu")
+
+    run()
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import evtfuse
-from epilogue_fuzz import cases, drawn, pick
+from epilogue_fuzz import cases, drawn, pick, tiers
 from evtfuse import EpilogueError
 from evtfuse.errors import UnsupportedError
 
@@ -80,10 +80,18 @@ def mutated(draw):
     return case, "\n".join(lines), operand
 
 
-@drawn(80, base_seed=20261123)
-@given(mutated(), st.integers(0, 2 ** 16))
-def test_bad_input_gets_an_epilogue_error_and_leaves_outputs_alone(drawn, data_seed):
-    case, source, operand = drawn
+@tiers(quick=20, full=80)
+def test_bad_input_gets_an_epilogue_error_and_leaves_outputs_alone(examples):
+    @drawn(examples, base_seed=20261123)
+    @given(mutated(), st.integers(0, 2 ** 16))
+    def run(mutation, data_seed):
+        _bad_input(mutation, data_seed)
+
+    run()
+
+
+def _bad_input(mutation, data_seed):
+    case, source, operand = mutation
     values = dict(case.arguments(M, N, K, torch.float32, seed=data_seed).epilogue.values)
     if operand is not None:
         values[operand[0]] = VALUES[operand[1]]()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import evtfuse
 from evtfuse.frontend import parse_epilogue
 
-from epilogue_fuzz import CPU_SHAPES, cases, drawn, tensor_operands
+from epilogue_fuzz import CPU_SHAPES, cases, drawn, tensor_operands, tiers
 from grad_oracle import GA, GB, assert_grads_close, autodiff_grads, reference_grads
 
 
@@ -44,10 +44,7 @@ def _subset(grads: dict, keep: int) -> dict:
     return chosen or {names[0]: grads[names[0]]}
 
 
-@drawn(60, 11)
-@given(case=cases(differentiable=True), shape=st.sampled_from(CPU_SHAPES), data_seed=st.integers(0, 2 ** 16),
-       keep=st.integers(1, 15), save=st.booleans())
-def test_random_backward_dags_match_torch_autograd(case, shape, data_seed, keep, save):
+def _backward_dag(case, shape, data_seed, keep, save):
     # float64 against the oracle, but literals are fp32 (as in every kernel) and the
     # passes fold constants in fp32: sigmoid(0.5) folded is 1.5e-8 off float64's, 6e-8 in
     # a gradient summed over a row (gradients here are O(1) to O(10)): 1e-6, far below
@@ -62,38 +59,58 @@ def test_random_backward_dags_match_torch_autograd(case, shape, data_seed, keep,
                        what=f"{case.source}\n({'save' if save else 'recompute'})")
 
 
-@drawn(40, 13)
-@given(case=cases(differentiable=True, feeding=True), shape=st.sampled_from(CPU_SHAPES),
-       data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15), save=st.booleans())
-def test_random_backward_dags_through_reductions_feeding_computation(case, shape, data_seed,
-                                                                     keep, save):
+@tiers(quick=15, full=60)
+def test_random_backward_dags_match_torch_autograd(examples):
+    @drawn(examples, 11)
+    @given(case=cases(differentiable=True), shape=st.sampled_from(CPU_SHAPES),
+           data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15), save=st.booleans())
+    def run(case, shape, data_seed, keep, save):
+        _backward_dag(case, shape, data_seed, keep, save)
+
+    run()
+
+
+@tiers(quick=10, full=40)
+def test_random_backward_dags_through_reductions_feeding_computation(examples):
     """The same, with a per-row sum, mean or logsumexp feeding computation (an RMS norm, a
     softmax written with a logsumexp) drawn in: the backward reads the forward's result and
     sums over each row itself."""
-    test_random_backward_dags_match_torch_autograd.hypothesis.inner_test(
-        case, shape, data_seed, keep, save)
+    @drawn(examples, 13)
+    @given(case=cases(differentiable=True, feeding=True), shape=st.sampled_from(CPU_SHAPES),
+           data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15), save=st.booleans())
+    def run(case, shape, data_seed, keep, save):
+        _backward_dag(case, shape, data_seed, keep, save)
+
+    run()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
-@drawn(6, 14)
-@given(case=cases(max_steps=2, differentiable=True, feeding=True),
-       shape=st.sampled_from(CPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
-       keep=st.integers(1, 15), mode=st.sampled_from(["recompute", "save"]))
-def test_random_epilogues_with_reductions_feeding_computation_train(case, shape, data_seed,
-                                                                    keep, mode):
+@tiers(quick=2, full=6)
+def test_random_epilogues_with_reductions_feeding_computation_train(examples):
     """evtfuse.gemm's gradients through reductions feeding computation (both kernels, fp32,
     one pass or two) against the oracle."""
-    check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
+    @drawn(examples, 14)
+    @given(case=cases(max_steps=2, differentiable=True, feeding=True),
+           shape=st.sampled_from(CPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
+           keep=st.integers(1, 15), mode=st.sampled_from(["recompute", "save"]))
+    def run(case, shape, data_seed, keep, mode):
+        check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
+
+    run()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
-@drawn(14, 12)
-@given(case=cases(max_steps=2, differentiable=True), shape=st.sampled_from(CPU_SHAPES[:3]),
-       data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15),
-       mode=st.sampled_from(["recompute", "save"]))
-def test_random_epilogues_train_through_the_kernels(case, shape, data_seed, keep, mode):
+@tiers(quick=3, full=14)
+def test_random_epilogues_train_through_the_kernels(examples):
     """evtfuse.gemm's gradients (forward and backward kernels, fp32) against the oracle."""
-    check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
+    @drawn(examples, 12)
+    @given(case=cases(max_steps=2, differentiable=True), shape=st.sampled_from(CPU_SHAPES[:3]),
+           data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15),
+           mode=st.sampled_from(["recompute", "save"]))
+    def run(case, shape, data_seed, keep, mode):
+        check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
+
+    run()
 
 
 def check_kernels(case, shape, dtype, data_seed, keep, device, rtol, mode="auto"):

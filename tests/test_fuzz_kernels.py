@@ -12,7 +12,9 @@ fp16, sizes of several tiles with ragged edges (up to several tiles per persiste
 program); on Hopper the gluon family's ping-pong, cooperative and two-warpgroup configs
 each get their own examples; the hopper and portable families also with fp32 (IEEE, TF32),
 fp8 (fast and promoted accumulation) and int8 inputs. Examples are drawn from a fixed seed
-per test variant (the same ones every run, so CI is repeatable); ``EVTFUSE_FUZZ_EXAMPLES`` and
+per test variant (the same ones every run, so CI is repeatable); each CPU test runs as
+``[quick]`` (a few examples, the quick tier) and ``[full]`` (its whole count, marked slow:
+``epilogue_fuzz.tiers``); ``EVTFUSE_FUZZ_EXAMPLES`` and
 ``EVTFUSE_FUZZ_SEED`` draw more or other ones; ``scripts/fuzz_hunt.py`` reports every
 failure of many fresh cases instead of shrinking the first.
 """
@@ -28,7 +30,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from epilogue_fuzz import (CPU_SHAPES, GPU_SHAPES, INPUTS, SPECIAL_FRACTIONS, cases, drawn,
-                           k16, k_major, laid_out_for, pick, with_special_values)
+                           k16, k_major, laid_out_for, pick, tiers, with_special_values)
 from evtfuse import explain
 
 
@@ -44,11 +46,7 @@ def _verify(kernel, args, case) -> None:
 
 # ------------------------------------------------------------------ CPU tier
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
-@_drawn(40, salt="interpreted")
-@given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
-       dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16))
-def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
+def _interpreted(case, shape, dtype, data_seed):
     args = case.arguments(*shape, dtype, seed=data_seed)
     portable = pick(args, "portable", "first")
     assert portable is not None, explain(args)  # the portable family takes every case
@@ -59,33 +57,55 @@ def test_random_epilogues_interpreted(case, shape, dtype, data_seed):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
-@_drawn(12, salt="interpreted-feeding")
-@given(case=cases(feeding=True), shape=st.sampled_from(CPU_SHAPES),
-       dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16))
-def test_random_epilogues_with_reductions_feeding_computation_interpreted(case, shape, dtype,
-                                                                          data_seed):
-    """A per-row reduction feeding computation drawn in (an RMS norm, a softmax, a shift by
-    a max): one pass where a tile spans the row, else two, in both families."""
-    test_random_epilogues_interpreted.hypothesis.inner_test(case, shape, dtype, data_seed)
+@tiers(quick=4, full=40)
+def test_random_epilogues_interpreted(examples):
+    @_drawn(examples, salt="interpreted")
+    @given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
+           dtype=st.sampled_from([torch.float16, torch.float32]),
+           data_seed=st.integers(0, 2 ** 16))
+    def run(case, shape, dtype, data_seed):
+        _interpreted(case, shape, dtype, data_seed)
+
+    run()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
-@_drawn(12, salt="interpreted-int8")
-@given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
-       dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16))
-def test_random_epilogues_interpreted_int8_inputs(case, shape, dtype, data_seed):
+@tiers(quick=3, full=12)
+def test_random_epilogues_with_reductions_feeding_computation_interpreted(examples):
+    """A per-row reduction feeding computation drawn in (an RMS norm, a softmax, a shift by
+    a max): one pass where a tile spans the row, else two, in both families."""
+    @_drawn(examples, salt="interpreted-feeding")
+    @given(case=cases(feeding=True), shape=st.sampled_from(CPU_SHAPES),
+           dtype=st.sampled_from([torch.float16, torch.float32]),
+           data_seed=st.integers(0, 2 ** 16))
+    def run(case, shape, dtype, data_seed):
+        _interpreted(case, shape, dtype, data_seed)
+
+    run()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
+@tiers(quick=3, full=12)
+def test_random_epilogues_interpreted_int8_inputs(examples):
     """int8 A and B accumulated in int32, float epilogues and outputs: the portable
     family with the case's layouts, the hopper family with K-contiguous ones."""
-    shape = k16(shape)
-    args = case.arguments(*shape, dtype, seed=data_seed, inputs=torch.int8)
-    portable = pick(args, "portable", "first")
-    assert portable is not None, explain(args)
-    _verify(portable, args, case)
-    hopper_case = k_major(case)
-    args = hopper_case.arguments(*shape, dtype, seed=data_seed, inputs=torch.int8)
-    hopper = pick(args, "hopper", "first", cc=90)
-    if hopper is not None:
-        _verify(hopper, args, hopper_case)
+    @_drawn(examples, salt="interpreted-int8")
+    @given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
+           dtype=st.sampled_from([torch.float16, torch.float32]),
+           data_seed=st.integers(0, 2 ** 16))
+    def run(case, shape, dtype, data_seed):
+        shape = k16(shape)
+        args = case.arguments(*shape, dtype, seed=data_seed, inputs=torch.int8)
+        portable = pick(args, "portable", "first")
+        assert portable is not None, explain(args)
+        _verify(portable, args, case)
+        hopper_case = k_major(case)
+        args = hopper_case.arguments(*shape, dtype, seed=data_seed, inputs=torch.int8)
+        hopper = pick(args, "hopper", "first", cc=90)
+        if hopper is not None:
+            _verify(hopper, args, hopper_case)
+
+    run()
 
 
 def _verify_special(kernel, args, case) -> None:
@@ -106,22 +126,26 @@ def _verify_special(kernel, args, case) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf - inf, 0 * inf, ...
-@_drawn(16, salt="interpreted-special-values")
-@given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
-       dtype=st.sampled_from([torch.float16, torch.float32]), data_seed=st.integers(0, 2 ** 16),
-       fraction=st.sampled_from(SPECIAL_FRACTIONS))
-def test_random_epilogues_interpreted_special_values(case, shape, dtype, data_seed, fraction):
+@tiers(quick=2, full=16)
+def test_random_epilogues_interpreted_special_values(examples):
     """Random epilogues on inputs holding special floats (``with_special_values``): +-0,
     +-inf, NaN, denormals, large finite values in the operands, and an inf or NaN row or
     column of the accumulator."""
-    args = with_special_values(case.arguments(*shape, dtype, seed=data_seed), data_seed,
-                               fraction)
-    portable = pick(args, "portable", "first")
-    assert portable is not None, explain(args)
-    _verify_special(portable, args, case)
-    hopper = pick(args, "hopper", "first", cc=90)
-    if hopper is not None:
-        _verify_special(hopper, args, case)
+    @_drawn(examples, salt="interpreted-special-values")
+    @given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
+           dtype=st.sampled_from([torch.float16, torch.float32]),
+           data_seed=st.integers(0, 2 ** 16), fraction=st.sampled_from(SPECIAL_FRACTIONS))
+    def run(case, shape, dtype, data_seed, fraction):
+        args = with_special_values(case.arguments(*shape, dtype, seed=data_seed), data_seed,
+                                   fraction)
+        portable = pick(args, "portable", "first")
+        assert portable is not None, explain(args)
+        _verify_special(portable, args, case)
+        hopper = pick(args, "hopper", "first", cc=90)
+        if hopper is not None:
+            _verify_special(hopper, args, case)
+
+    run()
 
 
 # ------------------------------------------------------------------ CPU tier: sm_90 compiles
@@ -154,6 +178,7 @@ print("RESULT" + json.dumps(found))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier (the GPU tier launches them)")
 def test_random_epilogues_kernels_fit_shared_memory_when_compiled():
     """What an sm_90 GPU would be offered for random epilogues (``runtime.offline.offered``:
