@@ -113,6 +113,7 @@ def epi(accum, C, Cs, bias, cb, rowv, rs, s0, s1, sb, alpha):
 @pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
 @pytest.mark.parametrize("axis", ["row", "col", "all"])
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.cover
 def test_every_reduction_output(op, axis, mode):
     shape = {"row": (M, 1), "col": (N,), "all": (1,)}[axis]
     src = f"""

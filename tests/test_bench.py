@@ -388,6 +388,7 @@ def _runner(**kw):
     return r
 
 
+@pytest.mark.slow
 def test_runner_cell_cpu(cpu_bench):
     r = _runner()
     for name in ("identity", "alpha_beta", "relu_aux", "bce_loss", "fp8_scale_amax",
@@ -433,6 +434,7 @@ def test_timing_rounds_interleave_and_take_the_median(monkeypatch):
     assert c["status"] != "ok" and "out of memory" in c["ms_error"] and c.get("ms") is None
 
 
+@pytest.mark.slow
 def test_runner_failures_are_recorded(cpu_bench):
     def unsupported(A, B, epilogue, **kw):
         raise evtfuse.UnsupportedError("triton: reductions are not supported yet")
@@ -510,6 +512,7 @@ def test_classify_error():
     assert st == "error" and msg == "RuntimeError: z"
 
 
+@pytest.mark.slow
 def test_main_end_to_end_cpu(cpu_bench, tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["--device", "cpu", "--dtype", "fp32", "--workloads", "identity,alpha_beta,bce_loss",

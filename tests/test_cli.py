@@ -381,6 +381,7 @@ def test_profile_reports_input_errors_before_ncu(monkeypatch, tmp_path):
     assert not (tmp_path / "ncu_args").exists()
 
 
+@pytest.mark.slow
 def test_profile_reports_an_ncu_failure(monkeypatch, tmp_path):
     _fake_ncu(tmp_path, "==ERROR== no kernels were profiled\n")
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])

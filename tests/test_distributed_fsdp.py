@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import evtfuse
@@ -80,6 +81,7 @@ def _worker(rank: int, world: int, with_hf: bool) -> None:
         _check(model, ref, lambda m: list(m.model.layers), lm_loss, world, rank, "llama")
 
 
+@pytest.mark.slow
 def test_fully_shard_matches_unsharded():
     try:
         import transformers  # noqa: F401

@@ -74,6 +74,7 @@ def _worker(rank: int, world: int) -> None:
         evtfuse.linear_cross_entropy(h, w[rows], y, process_group="world")
 
 
+@pytest.mark.slow
 def test_vocab_parallel_matches_one_process():
     run_ranks(_worker)
 
@@ -114,6 +115,7 @@ def test_shard_offsets_are_asked_once(monkeypatch):
     assert alive() is None and len(cross_entropy._SHARDS) == 0
 
 
+@pytest.mark.slow
 def test_distributed_md_runs(tmp_path):
     """docs/distributed.md's example: two processes, gloo, the interpreter."""
     from doc_blocks import run_page
@@ -147,6 +149,7 @@ def _dtensor_worker(rank: int, world: int) -> None:
         evtfuse.linear_cross_entropy(hd, w, y)
 
 
+@pytest.mark.slow
 def test_dtensor_weight_sharded_over_the_vocabulary():
     """A DTensor LM-head weight placed Shard(0) (as ColwiseParallel places it) and replicated
     hidden states: the same loss and gradients (DTensors) as one process."""

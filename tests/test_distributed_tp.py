@@ -62,6 +62,7 @@ def _worker(rank: int, world: int) -> None:
         wrong(x)
 
 
+@pytest.mark.slow
 def test_colwise_rowwise_parallel_blocks_match_unsharded():
     run_ranks(_worker)
 

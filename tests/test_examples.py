@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiers import quick
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -50,12 +52,15 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+def results(request, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """The examples this run tests (the quick tier: two of them), run at once."""
     env = _env(tmp_path_factory.mktemp("cache"))
+    names = [t.callspec.params["name"] for t in request.session.items
+             if t.module is request.module and t.originalname == "test_example_runs_and_verifies"]
     procs = {name: subprocess.Popen([sys.executable, str(EXAMPLES / f"{name}.py")], env=env,
                                     cwd=str(ROOT), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
-             for name in EXPECTED}
+             for name in names}
     out = {}
     for name, p in procs.items():
         text, _ = p.communicate(timeout=600)
@@ -68,7 +73,7 @@ def test_every_example_is_listed():
     assert scripts == set(EXPECTED)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", quick(sorted(EXPECTED), ["alpha_beta_xy", "failure_examples"]))
 def test_example_runs_and_verifies(results, name):
     res = results[name]
     assert res.returncode == 0, res.stdout
@@ -85,6 +90,7 @@ def test_example_runs_and_verifies(results, name):
         assert "refused: " in after, res.stdout
 
 
+@pytest.mark.slow
 def test_debug_example_prints_other_values_when_asked(tmp_path):
     res = subprocess.run([sys.executable, str(EXAMPLES / "debug_print.py"), "--print", "accum,D",
                           "--at", "3,5"], env=_env(tmp_path), cwd=str(ROOT),

@@ -183,6 +183,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_fp16_accumulation_kernels_compile_for_sm90():
     """fp16 accumulation compiles offline to sm_90 in the portable and hopper families,
     for fp16 and both fp8 inputs, as wgmma with an fp16 accumulator."""

@@ -395,6 +395,7 @@ print("RESULT" + json.dumps(out))
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+@pytest.mark.slow
 def test_gated_kernel_compiles_for_sm90(layout):
     """The gated portable kernel (bf16 SwiGLU with biases, W.t(); B's columns interleaved,
     or a [W_gate; W_up] weight's) compiles offline to an sm_90 cubin at BLOCK_N 128 and

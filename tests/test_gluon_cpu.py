@@ -506,6 +506,7 @@ COLUMN_CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_column_reductions_fit_shared_memory_at_every_warp_count():
     """Every config the family offers for per-column reductions, and each ping-pong one
     at 8 warps with the stages ``fit_stages`` gives it, within the limit once compiled."""
@@ -540,6 +541,7 @@ def compiled():
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("kind", ["pingpong", "wide", "coop"])
+@pytest.mark.slow
 def test_offline_compile_for_sm90(compiled, name, kind):
     """The first ping-pong config of 4-warp consumers, the same at 8 warps (two
     warpgroups per consumer, whether or not the family offers it for the case) and the
@@ -637,6 +639,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_batched_kernels_compile_for_sm90():
     """The first config of each structure the family offers for the batched case,
     compiled for sm_90: valid Gluon (3-D blocks viewed in 2-D by the consumers and wgmma),

@@ -107,6 +107,7 @@ def test_identity_and_allocated_dtype():
     assert D16.dtype == torch.float16 and D16.shape == (T, N)
 
 
+@pytest.mark.slow
 def test_many_groups():
     """More groups than one step of the kernel's scan over offs (``group_emit.GROUP_SCAN``)."""
     G, K, N = 300, 16, 16
@@ -323,6 +324,7 @@ print("RESULT" + json.dumps({"shared": c.shared_bytes, "spills": c.spills,
 """
 
 
+@pytest.mark.slow
 def test_grouped_kernel_compiles_for_sm90():
     """The grouped portable kernel (bf16, an expert weight as W.mT, bias and routing
     weights) compiles offline to an sm_90 cubin."""

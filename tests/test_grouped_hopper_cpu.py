@@ -211,6 +211,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_grouped_hopper_kernels_compile_for_sm90():
     """The grouped hopper kernel (bf16, expert weights as W.mT: a routing-weighted bias +
     silu, SwiGLU interleaved with biases, SwiGLU concatenated) compiles offline to an sm_90

@@ -143,9 +143,12 @@ def test_gated_epilogue(mode):
 
 
 @pytest.mark.filterwarnings("ignore:Input #:UserWarning")  # gradcheck prefers float64
-def test_gradcheck_in_fp32():
+@pytest.mark.parametrize("fast_mode", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["fast_mode", "whole_jacobian"])
+def test_gradcheck_in_fp32(fast_mode):
     """Finite differences (fp32: the kernels take no float64 A and B), loose tolerances;
-    a group past T's end and an empty one."""
+    a group past T's end and an empty one. gradcheck's fast mode (a random projection of
+    the Jacobian) in the quick tier, the whole Jacobian in the full one."""
     offs = offs_of([2, 0, 3])
     A, B = rand(3, 6).requires_grad_(True), rand(6, 2).requires_grad_(True)
     c = rand(3, 1, 2).requires_grad_(True)
@@ -154,7 +157,8 @@ def test_gradcheck_in_fp32():
         return evtfuse.grouped_gemm(A, B, offs, "def e(accum, c): D = tanh(accum) * c; return D",
                                     c=c, backward="recompute")
 
-    assert torch.autograd.gradcheck(f, (A, B, c), eps=1e-3, atol=1e-2, rtol=1e-2)
+    assert torch.autograd.gradcheck(f, (A, B, c), eps=1e-3, atol=1e-2, rtol=1e-2,
+                                    fast_mode=fast_mode)
 
 
 def test_compiled_training_step_matches_eager():

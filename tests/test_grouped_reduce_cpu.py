@@ -91,6 +91,7 @@ def check(op, A, B, C, offs, outs, tol):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.cover
 def test_every_reduction_kind(case, op):
     """Per row, per group per column, per group, per column and in all, in one kernel,
     each against torch per group: ragged groups, empty ones (their identity per group),
@@ -113,6 +114,7 @@ def test_half_inputs_and_outputs():
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.cover
 def test_special_values_stay_in_their_group(op):
     """NaN in a row of group 1 and +inf in a row of group 2 (through C): per group, only
     that group's results see them; per row, only that row; over every group, both. A NaN in
@@ -215,6 +217,7 @@ print("RESULT" + json.dumps(got))
 """
 
 
+@pytest.mark.slow
 def test_grouped_reduction_kernel_compiles_for_sm90():
     """The grouped portable kernel with every reduction kind (bf16, W.mT) compiles offline
     to an sm_90 cubin; its only atomics are the integer tickets (no float atomics)."""

@@ -19,6 +19,7 @@ from evtfuse import EpilogueError  # noqa: E402
 from evtfuse.hf import patch, unpatch  # noqa: E402
 from evtfuse.nn import GatedMLP  # noqa: E402
 from doc_blocks import run_page  # noqa: E402
+from tiers import quick  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 96
@@ -74,7 +75,8 @@ CASES = [("llama", {}, "silu"), ("qwen3", {}, "silu"), ("mistral", {}, "silu"),
          ("gemma", {}, "gelu_tanh"), ("gemma2", {"final_logit_softcapping": 3.0}, "gelu_tanh")]
 
 
-@pytest.mark.parametrize("kind, extra, act", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("kind, extra, act", quick(CASES, ["llama", "gemma2"],
+                                                   ids=[c[0] for c in CASES], args=3))
 def test_loss_and_gradients_match_the_original(kind, extra, act):
     model = _model(kind, **extra)
     patched = patch(copy.deepcopy(model))
@@ -311,6 +313,7 @@ def test_trainer_loss_path(tmp_path):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_training_step_gives_the_same_loss():
     model = _model("qwen3")
     patched = patch(copy.deepcopy(model))
@@ -349,7 +352,7 @@ def _moe_model(kind: str, **extra):
     return model
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("kind", quick(["qwen3_moe", "mixtral"], ["qwen3_moe"]))
 def test_moe_experts_match_the_original(kind, monkeypatch):
     """The experts of a mixture-of-experts model run evtfuse's fused experts (the experts
     implementation "evtfuse", registered in transformers' ExpertsInterface): the loss and
@@ -400,6 +403,7 @@ def test_moe_experts_left_run_their_eager_forward():
     model.set_experts_implementation("evtfuse")  # the user's way, without patch
 
 
+@pytest.mark.slow
 def test_moe_block_compiles_without_a_graph_break():
     """A Qwen3-MoE sparse block (router and experts) with experts_implementation "evtfuse"
     traces with no graph break (the check of what the experts module computes runs once,
@@ -425,6 +429,7 @@ def test_moe_block_compiles_without_a_graph_break():
     torch.testing.assert_close(compiled(x), block(x), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_import_evtfuse_does_not_import_transformers():
     code = ("import sys, evtfuse, evtfuse.hf; "
             "print('transformers' in sys.modules)")
@@ -434,6 +439,7 @@ def test_import_evtfuse_does_not_import_transformers():
     assert res.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_patch_without_transformers_says_how_to_install():
     code = ("import sys; sys.modules['transformers'] = None\n"
             "import torch, evtfuse.hf\n"
@@ -445,12 +451,14 @@ def test_patch_without_transformers_says_how_to_install():
     assert "pip install evtfuse[hf]" in res.stdout
 
 
+@pytest.mark.slow
 def test_models_md_runs(tmp_path):
     """Every python block of docs/models.md, in one script, on the CPU interpreter."""
     run_page("models.md", tmp_path, ("evtfuse.hf.patch", "GatedMLP", "linear_cross_entropy"),
              timeout=300)
 
 
+@pytest.mark.slow
 def test_models_benchmark_runs_tiny(tmp_path):
     """benchmarks/models.py --tiny (the CPU smoke run): every variant asked for gets a time,
     a loss and the gradients' error against the original's, in the JSON and the table."""

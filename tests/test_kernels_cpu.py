@@ -687,6 +687,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_one_wave_kernel_asks_its_aux_tiles_into_l2_during_the_mainloop():
     """sm_90 SASS (offline compile, no GPU) of the one-wave hopper config at 2048^3 with
     ``l2_spread``: one L2 prefetch (``CCTL.E.PF2``) per 128-byte line of a tile row in the
@@ -729,6 +730,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_hopper_configs_with_aux_loads_and_several_stores_fit_shared_memory():
     """sm_90 compiles (no GPU) of the hopper family's first configs where the epilogue
     loads full aux tiles as wide as its outputs or wider: within the 232,448 bytes. The
@@ -741,6 +743,7 @@ def test_hopper_configs_with_aux_loads_and_several_stores_fit_shared_memory():
     assert not over, over
 
 
+@pytest.mark.slow
 def test_one_row_kernels_compile_without_the_tile_orders_divisions():
     """sm_90 PTX (offline compile, no GPU) of bias+relu at 64x8192x8192 with 64-row tiles:
     the hopper kernel has no integer division or remainder at all (the grouped tile order

@@ -113,6 +113,7 @@ OPTIONS = {
 }
 
 
+@pytest.mark.cover  # the quick tier: each reduction, option and bias once (conftest.py)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
@@ -122,7 +123,8 @@ def test_loss_and_gradients_match_torch(reduction, option, with_bias):
             **OPTIONS[option])
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("reduction", ["mean", pytest.param("sum", marks=pytest.mark.slow),
+                                       pytest.param("none", marks=pytest.mark.slow)])
 def test_every_row_ignored(reduction):
     """mean: nan, as torch (0 / 0); sum: 0; none: zeros; gradients zero (torch's too)."""
     hidden, weight, bias, target = _inputs(ignored=range(T))
@@ -138,6 +140,7 @@ def test_another_ignore_index_and_label_smoothing_of_one():
     compare(hidden, weight, bias, target, ignore_index=0, label_smoothing=1.0)
 
 
+@pytest.mark.slow
 def test_gradient_through_the_lse_alone_and_with_the_loss():
     hidden, weight, bias, target = _inputs()
     for reduction in ("mean", "none"):
@@ -160,7 +163,8 @@ def test_leading_batch_dims_and_a_flat_target():
     compare(hidden, weight, bias, target.reshape(-1), reduction="sum")
 
 
-@pytest.mark.parametrize("vocab", [1, 5, 130])
+@pytest.mark.parametrize("vocab", [pytest.param(1, marks=pytest.mark.slow), 5,
+                                   pytest.param(130, marks=pytest.mark.slow)])
 def test_vocabulary_sizes_and_one_chunk_or_many(vocab, monkeypatch):
     hidden, weight, bias, target = _inputs(v=vocab, ignored=(1,))
     compare(hidden, weight, bias, target, label_smoothing=0.1)
@@ -186,6 +190,7 @@ def test_fp16():
     compare(hidden, weight, bias, target, tol=dict(rtol=2e-2, atol=2e-2))  # nan, zero grads
 
 
+@pytest.mark.slow
 def test_fp16_computes_gradients_in_the_backward(monkeypatch):
     """fp16's gradient of the logits before the upstream (a loss scaler's) factor would
     flush to zero: its forward computes no gradient, the backward recomputes with it."""
@@ -236,20 +241,28 @@ def test_without_grad_the_same_loss_and_only_the_frozen_part():
 
 
 @pytest.mark.filterwarnings("ignore:Input #:UserWarning")  # gradcheck prefers float64
-def test_gradcheck_in_fp32():
+@pytest.mark.parametrize("wrt", [pytest.param(None, id="fast_mode"), *(
+    pytest.param(i, id=name, marks=pytest.mark.slow)
+    for i, name in enumerate(("hidden", "weight", "bias")))])
+def test_gradcheck_in_fp32(wrt):
     """Finite differences; fp32 (the kernels take no float64 hidden and weight), so with
     loose tolerances. reduction="none" and the lse: their backward recomputes, so it runs as
     often as gradcheck asks ("mean" and "sum" scale the forward's gradients in place, once:
-    ``test_a_second_backward_of_mean_is_refused_clearly``)."""
+    ``test_a_second_backward_of_mean_is_refused_clearly``). The quick tier: gradcheck's
+    fast mode (a random projection of the Jacobian) of all three; the full tier: the whole
+    Jacobian of each, one test per input (each under a minute)."""
     hidden, weight, bias, target = _inputs(t=5, v=6, ignored=(1,))
+    leaves = _leaves((hidden, weight, bias))
+    wrt = range(3) if wrt is None else (wrt,)
 
-    def f(h, w, b):
+    def f(*ts):
+        h, w, b = (ts[list(wrt).index(k)] if k in wrt else leaves[k].detach() for k in range(3))
         return evtfuse.linear_cross_entropy(h, w, target, bias=b, reduction="none",
                                             label_smoothing=0.1, softcap=3.0, z_loss=0.1,
                                             return_lse=True)
 
-    assert torch.autograd.gradcheck(f, tuple(_leaves((hidden, weight, bias))), eps=1e-3,
-                                    atol=1e-2, rtol=1e-2)
+    assert torch.autograd.gradcheck(f, tuple(leaves[k] for k in wrt), eps=1e-3, atol=1e-2,
+                                    rtol=1e-2, fast_mode=len(wrt) == 3)
 
 
 def test_a_second_backward_of_mean_is_refused_clearly():
@@ -283,6 +296,7 @@ def _eager_grads(ts, target):
     return [t.grad for t in leaves]
 
 
+@pytest.mark.slow  # torch.compile of the op: tests/test_autograd.py's in the quick tier
 def test_compiled_training_step_has_no_graph_break(monkeypatch):
     """Under torch.compile the operators run as in eager: the forward computes the
     gradients of "mean" and "sum" and the backward recomputes only what eager's does (the
@@ -307,6 +321,7 @@ def test_compiled_training_step_has_no_graph_break(monkeypatch):
         torch.testing.assert_close(got.grad, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="Inductor's CPU code needs a C++ compiler (the GPU tier's "
                     "test_peak_memory_stays_under_the_bound[compiled] checks the same on CUDA)")
@@ -341,6 +356,7 @@ def test_compiled_backward_scales_in_place():
         torch.testing.assert_close(got.grad, ref.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # torch.compile of the op: tests/test_autograd.py's in the quick tier
 def test_compiled_forward_and_backward_traced_together():
     if not hasattr(torch._dynamo.config, "trace_autograd_ops"):
         pytest.skip("this torch's Dynamo cannot trace Tensor.backward()")
@@ -359,6 +375,7 @@ def test_compiled_forward_and_backward_traced_together():
         torch.testing.assert_close(got.grad, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # torch.compile of the op: tests/test_autograd.py's in the quick tier
 def test_compiled_with_dynamic_shapes_compiles_once():
     from torch._dynamo.testing import CompileCounter
 
@@ -374,7 +391,9 @@ def test_compiled_with_dynamic_shapes_compiles_once():
     assert counter.frame_count == 1
 
 
-@pytest.mark.parametrize("reduction, grads", [("mean", False), ("sum", True), ("none", True)])
+@pytest.mark.parametrize("reduction, grads", [
+    pytest.param("mean", False, marks=pytest.mark.slow),
+    pytest.param("sum", True, marks=pytest.mark.slow), ("none", True)])
 def test_opcheck(reduction, grads):
     """torch.library.opcheck of the operators: schema, fake tensors, autograd registration,
     AOT dispatch (not for a forward that computes gradients, which only eager calls make:
@@ -452,6 +471,7 @@ def test_bad_arguments_raise_errors_naming_them(change, variable, phrase):
     assert phrase in str(exc.value), str(exc.value)
 
 
+@pytest.mark.cover
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 def test_a_bad_target_in_a_later_chunk_raises_and_leaves_no_gradient(reduction, grad):

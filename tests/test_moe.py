@@ -83,6 +83,7 @@ def _block(activation="silu", dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("routing, k", [("uniform", 2), ("skewed", 2), ("random", 1)])
 @pytest.mark.parametrize("activation", sorted(ACTS))
+@pytest.mark.cover
 def test_matches_a_per_expert_loop(activation, routing, k):
     index, weights = _routing(routing, k=k)
     _check(_block(activation), index, weights)
@@ -163,6 +164,7 @@ def test_one_grouped_gemm_each_way(monkeypatch):
                          ((H, rows), (rows, I), "identity")]
 
 
+@pytest.mark.slow
 def test_compiled_has_no_graph_break():
     block = _block("silu", seed=5)
     index, weights = _routing("random", k=2, seed=5)

@@ -29,6 +29,7 @@ def _grouped_mm_on_cpu() -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_moe_layer_tiny(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "moe_layer.json"

@@ -32,6 +32,7 @@ from evtfuse.runtime import cache
 from evtfuse.runtime.kernel import Kernel
 from evtfuse.runtime.offline import offered
 from offline_run import run_offline
+from tiers import quick
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tier")
 
@@ -157,7 +158,8 @@ SUFFIX_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(SUFFIX_CASES))
+@pytest.mark.parametrize("case", quick(list(SUFFIX_CASES), [  # logsumexps: full tier
+    c for c in SUFFIX_CASES if "logsumexp" not in c]))
 def test_names_that_meet_generated_suffixes(case):
     src, kinds = SUFFIX_CASES[case]
     _verify_all(_args(src, **kinds))
@@ -314,6 +316,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_gluon_kernels_with_suffix_names_compile_for_sm_90():
     """The first gluon kernel of three cases compiled for sm_90 without a GPU
     (``runtime.offline``): x beside x_0, a staged vector x beside x_c (``vb_u_x_c`` was both

@@ -261,6 +261,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_int64_kernels_compile_for_sm_90(tmp_path):
     """The first kernel of each family with 64-bit offsets compiled for sm_90 without a
     GPU: the portable LM head, and every family's with a wide per-row scale and per-row

@@ -41,6 +41,7 @@ SHAPES = {"row": lambda L, M, N: (M, 1), "row_b": lambda L, M, N: (L, M, 1),
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp", "shifted_sumexp"])
 @pytest.mark.parametrize("where", list(SHAPES))
+@pytest.mark.cover
 def test_reduction_kinds(family, op, where):
     L, M, N, K = 2, 37, 48, 16
     A, B = rand(L, M, K, dtype=torch.float16), rand(L, K, N, dtype=torch.float16)
@@ -155,6 +156,7 @@ def test_post_kernel_combine_into_any_output(out):
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op,where", [("sum", "row"), ("max", "col"), ("min", "row_b")])
+@pytest.mark.cover
 def test_combine_of_many_tiles(family, op, where):
     """More partials per group than the combine loads per step (8), and not a multiple of
     it: 11 tiles of 32 along the reduced axis."""
@@ -169,6 +171,7 @@ def test_combine_of_many_tiles(family, op, where):
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("where", ["row_b", "col", "all"])
+@pytest.mark.cover("family")  # interpreted atomics are slow: the quick tier runs 2
 def test_in_kernel_combine_runs_again_and_again(family, where):
     """In-kernel max: whole-output partials combined by the tile that completes them
     (ticket counter reset by that tile), per-row/per-column ones folded by atomics into a
@@ -195,6 +198,7 @@ def test_in_kernel_combine_runs_again_and_again(family, where):
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op", ["max", "min"])
 @pytest.mark.parametrize("where", ["row", "col_b"])
+@pytest.mark.cover
 def test_atomic_fold_of_specials(family, op, where):
     """Per-row/per-column max and min fold through integer atomics on float bits: rows and
     columns holding NaN (either sign), +-inf, only negative values, signed zeros and
@@ -318,6 +322,7 @@ def test_edges_past_the_problem_never_count(family):
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("mnk", [(64, 96, 16), (64, 80, 16), (40, 96, 16)])
+@pytest.mark.cover
 def test_reductions_where_tiles_cover_the_output_exactly_or_not(family, mnk):
     """``EVEN_MN``: where the tiles cover M and N exactly the reductions' edge masks fold
     away, elsewhere they stay; a whole-output sum, a per-row max and a per-column

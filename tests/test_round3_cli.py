@@ -86,6 +86,7 @@ def test_an_epilogue_option_with_a_byte_that_is_not_utf8_is_refused():
     _refused(invoke("show", src), "the epilogue argument is not UTF-8 text", "0xff")
 
 
+@pytest.mark.slow
 def test_a_real_command_line_byte_that_is_not_utf8_is_refused():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([sys.executable.encode(), b"-m", b"evtfuse.cli", b"run", b"-e",

@@ -24,6 +24,7 @@ import torch
 import evtfuse
 
 from lce_reference import torch_lce
+from tiers import quick
 
 F = torch.nn.functional
 INF, NAN = math.inf, math.nan
@@ -110,7 +111,8 @@ def _lce_both(inputs, with_bias=True, weigh=lambda loss, lse: loss.sum(), device
     return out
 
 
-@pytest.mark.parametrize("case", SPECIAL_CASES)
+@pytest.mark.parametrize("case", quick(SPECIAL_CASES, ["inf_hidden_target_logit_neg_inf",
+                                                       "inf_minus_inf_logits"]))
 def test_linear_cross_entropy_special_values_match_torch(case):
     """Every reduction and option: loss, lse and gradients as torch's, NaN where torch's
     are NaN (a row whose max logit is +-inf: torch's log_softmax is x - max - ..., NaN over
@@ -128,9 +130,9 @@ def test_linear_cross_entropy_special_values_match_torch(case):
                     a, b, **CLOSE, msg=lambda m: f"{case} {reduction} {options} {what}: {m}")
 
 
-@pytest.mark.parametrize("case", ["inf_hidden_target_logit_neg_inf", "row_of_neg_inf_logits",
-                                  "nan_hidden", "inf_weight", "neg_inf_weight",
-                                  "every_row_ignored"])
+@pytest.mark.parametrize("case", quick(["inf_hidden_target_logit_neg_inf", "row_of_neg_inf_logits",
+                                        "nan_hidden", "inf_weight", "neg_inf_weight",
+                                        "every_row_ignored"], ["row_of_neg_inf_logits"]))
 def test_linear_cross_entropy_special_values_through_the_lse(case):
     """A gradient through the returned lse alone (torch.logsumexp's: NaN only at a +inf) and
     with the loss's (summed before the matmuls, as torch's autograd does); no bias once."""
@@ -223,6 +225,7 @@ def test_exported_programs_save_load_and_run(tmp_path, grad):
         torch.testing.assert_close(got, want, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.slow
 def test_an_exported_program_loads_in_a_fresh_process(tmp_path):
     """A process that only imports evtfuse (which registers the operators) and torch loads
     the saved programs and gets the same results."""
@@ -353,6 +356,7 @@ def _gradcheck(src: str, shaped: list, eps: float = 1e-6, mode: str = "auto",
     assert torch.autograd.gradcheck(f, tuple(leaves), eps=eps, fast_mode=True), src
 
 
+@pytest.mark.slow  # the quick tier: test_gradcheck_cast_in_float64, tests/test_autograd.py
 @pytest.mark.parametrize("on_operand", [False, True], ids=["on_accum", "on_operand"])
 @pytest.mark.parametrize("group", range(len(_grad_groups())))
 def test_gradcheck_every_op_in_float64(group, on_operand):
@@ -365,6 +369,7 @@ def test_gradcheck_every_op_in_float64(group, on_operand):
     _gradcheck(*_epilogue(ops, on_operand), batched=rowwise)
 
 
+@pytest.mark.slow
 def test_gradcheck_reductions_as_outputs_and_saved_accumulator_in_float64():
     """Every reduction row also as an output (per row, per column, whole: OUTPUT_SHAPES),
     reducing over two batches; the backward reading the forward's saved accumulator."""
@@ -383,6 +388,7 @@ def test_gradcheck_cast_in_float64():
 # ------------------------------------------------------------------ float64: forward, modules
 
 
+@pytest.mark.slow  # the quick tier: test_nn_linear_in_float64_matches_torch
 def test_float64_forward_is_computed_in_float64():
     """float64 A and B: accumulated and computed in float64, every kind of value (a runtime
     scalar that fp32 would round, constants folded, reductions of every shape, a softmax in

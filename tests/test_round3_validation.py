@@ -354,6 +354,7 @@ def _script_env(tmp_path) -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_cpu_tensors_without_the_interpreter_say_what_to_do(tmp_path):
     script = tmp_path / "off.py"
     script.write_text(

@@ -22,6 +22,7 @@ BODIES = ["r = sum(C)\n    D = accum * (C * r)", "r = max(C * 2.0)\n    D = accu
 @pytest.mark.parametrize("mode", ["recompute", "save"])
 @pytest.mark.parametrize("N", [6, 70], ids=["one_pass", "two_passes"])
 @pytest.mark.parametrize("body", BODIES)
+@pytest.mark.cover
 def test_a_shared_operands_reduction_in_a_batched_problem(body, N, mode):
     """The forward and the gradients of A and B (C needing none) as the oracle's; with C
     needing one, a clear refusal (its per-batch gradient through the reduction is not

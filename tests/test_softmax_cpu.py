@@ -57,6 +57,7 @@ def close(got, want, dtype):
 @pytest.mark.parametrize("N", [ONE, TWO])
 @pytest.mark.parametrize("out", [torch.float32, torch.float16])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.cover
 def test_softmax_full_output(op, out, N):
     args, acc, D, _ = run(f"def epi(accum, bias): D = {op}(accum + bias); return D", 37, N,
                           out=out, bias=rand(N))
@@ -110,6 +111,7 @@ def _large_rows(N: int) -> torch.Tensor:
                                           ("portable", TWO, "two passes"),
                                           ("hopper", ONE, "two passes")])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.cover
 def test_softmax_of_large_magnitude_rows(op, family, N, plan):
     """As torch computes them, exp(x - m) / s and (x - m) - log(s), in both plans: not
     through lse = m + log(s), which is m itself in fp32 where |m| is large ([1e8, 1e8]:
@@ -251,6 +253,7 @@ def test_errors():
 @pytest.mark.parametrize("mode", ["recompute", "save"])
 @pytest.mark.parametrize("N", [ONE, TWO])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.cover
 def test_gradients_through_softmax(op, N, mode):
     """softmax and log_softmax differentiated (their max a shift, ``ir.is_shift``: the
     backward reads the forward's max and shifted_sumexp and sums over each row itself, in
@@ -273,6 +276,7 @@ def test_gradients_through_softmax(op, N, mode):
 
 @pytest.mark.parametrize("mode", ["recompute", "save"])
 @pytest.mark.parametrize("N", [ONE, TWO])
+@pytest.mark.cover
 def test_gradients_through_a_max_feeding_computation(N, mode):
     """A per-row max and min feeding computation differentiated as torch's amax and amin:
     the gradient shared evenly among tied elements, as the mask the forward kept marks them
@@ -300,6 +304,7 @@ def test_gradients_through_a_max_feeding_computation(N, mode):
 
 @pytest.mark.parametrize("mode", ["recompute", "save"])
 @pytest.mark.parametrize("M", [24, 80])  # the columns within one tile's rows, or several
+@pytest.mark.cover
 def test_gradients_through_column_and_whole_reductions_feeding_computation(M, mode):
     """A per-column mean (centring the columns) and a whole-output absmax scale, both
     returned per batch and feeding computation, differentiated (the backward sums over
@@ -446,6 +451,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_softmax_kernels_compile_for_sm90():
     """The one-pass portable kernel (N = 128), the two-pass first passes (hopper, portable
     at N = 1000), the second pass and the combine that finishes shifted_sumexp compile

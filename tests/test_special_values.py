@@ -162,6 +162,7 @@ def _check_reduction(what, op, got, X, dims):
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op", [r.name for r in reduction_rows()])
 @pytest.mark.parametrize("axis", ["row", "col", "all_batched"])
+@pytest.mark.cover("family", "axis")  # the quick tier: 3 of them
 def test_reductions_of_special_lines(family, op, axis):
     """Each line of ``special_values.LINES`` reduced by one result: a row of X (per-row
     output), a column (per-column output), or a whole batch (an (L, 1, 1) output)."""
@@ -183,6 +184,7 @@ def test_reductions_of_special_lines(family, op, axis):
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op", [r.name for r in rowwise_rows()])
 @pytest.mark.parametrize("length", [40, LENGTH])  # a row in one tile (portable), in several
+@pytest.mark.cover
 def test_row_functions_of_special_lines(family, op, length):
     """Each line of ``special_values.LINES`` as one row of a row function's input, against
     torch's own function over that row."""
@@ -201,6 +203,7 @@ def test_row_functions_of_special_lines(family, op, length):
 
 @pytest.mark.parametrize("family", ["portable", "hopper"])
 @pytest.mark.parametrize("op", [r.name for r in reduction_rows()])
+@pytest.mark.cover("family")  # a launch per line: the quick tier runs 2 of them
 def test_whole_output_reductions_of_special_lines(family, op):
     """One (1,) result over a whole (M, N) output holding one line, for each line."""
     for k, (name, values, pad) in enumerate(LINES):

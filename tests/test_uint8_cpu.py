@@ -70,6 +70,7 @@ def test_uint8_extreme_values():
     assert D[0, 0] == 255 * 255 * K and D[1, 1] == 0 and D[2, 2] == 128 * 128 * K
 
 
+@pytest.mark.slow
 def test_uint8_int32_sum_uses_every_bit_and_wraps_past_it():
     """K = 33040, not a multiple of any tile: row 0 of A all 255 against B's all-255 column
     0 sums to 255 * 255 * 33040 > 2^31 - 1, which an int32 accumulator holds modulo 2^32
@@ -173,6 +174,7 @@ print("RESULT" + json.dumps({"shared": c.shared_bytes, "spills": c.spills,
 """
 
 
+@pytest.mark.slow
 def test_uint8_kernel_compiles_for_sm90():
     """The portable uint8 kernel compiles offline to an sm_90 cubin, its dot an int8 MMA."""
     got = run_offline(_OFFLINE_SCRIPT, timeout=600)
