@@ -24,6 +24,7 @@ from evtfuse.nn import Linear
 
 from grad_oracle import (GA, GB, SHARED_OUTPUTS, SUBSET_OUTPUTS, assert_grads_close,
                          reference_grads, shared_outputs_values)
+from tiers import quick
 
 M, N, K = 12, 8, 6
 TOL = dict(rtol=2e-4, atol=2e-4)  # fp32 kernels against float64 torch
@@ -471,7 +472,7 @@ def _eager_grads(m=M):
     return [t.grad for t in ts]
 
 
-@pytest.mark.parametrize("mode", ["auto", "save"])
+@pytest.mark.parametrize("mode", quick(["auto", "save"], ["auto"]))
 def test_compiled_training_step_has_no_graph_break(mode):
     """The forward under torch.compile(fullgraph=True) is one graph; its backward is traced
     by AOTAutograd from the operator's autograd formula (in "save" mode too: the saved
@@ -486,7 +487,7 @@ def test_compiled_training_step_has_no_graph_break(mode):
         torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.mark.parametrize("mode", ["recompute", "save"])
+@pytest.mark.parametrize("mode", quick(["recompute", "save"], ["save"]))
 def test_compiled_training_through_softmax_and_a_row_max(mode):
     """A forward whose backward reads saved per-row values (softmax's max and sum, an absmax
     scale and its argument) under torch.compile(fullgraph=True): the hidden outputs are
@@ -528,7 +529,7 @@ def test_compiled_forward_and_backward_traced_together():
         torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.mark.parametrize("mode", ["auto", "save"])
+@pytest.mark.parametrize("mode", quick(["auto", "save"], ["save"]))
 def test_compiled_training_with_dynamic_shapes_compiles_once(mode):
     """dynamic=True: "auto" compares the symbolic K with its threshold (a guard, no graph
     break); M changes without a recompile."""

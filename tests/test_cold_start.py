@@ -162,6 +162,7 @@ def _family_args(src, ops, M, N=2048, K=64, a_col=False):
 
 @pytest.mark.parametrize("family", ["portable", "hopper", "gluon"])
 @pytest.mark.parametrize("epi", list(_NO_M_EDGE))
+@pytest.mark.cover
 def test_a_new_m_of_a_class_reuses_the_compiled_kernel(family, epi):
     """Every candidate of each family, at two Ms of one size class, has the same module
     (spec key), the same constexprs and M unspecialised (``do_not_specialize``: Triton

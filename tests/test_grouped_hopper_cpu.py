@@ -69,6 +69,7 @@ CASES = {**GROUP_CASES,  # and:
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.cover
 def test_every_operand_kind(case, dtype):
     """Per-group (G, 1, N) and (G, 1, 1), per-row (T, 1), full (T, N), shared (N,) and
     runtime-scalar operands; a full output, an unstored one and a per-row (T, 1) one. N and
@@ -126,6 +127,7 @@ GATED = """def e(accum, bias_gate, bias_up, w, C):
 @pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
 @pytest.mark.parametrize("sizes,T", [([7, 0, 20, 1], 31), ([0, 0, 13], 13), ([3], 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.cover
 def test_gated_both_layouts(layout, sizes, T, dtype):
     """A mixture of experts' SwiGLU up-projection: experts' weights (G, 2N, K) passed as
     W.mT, interleaved or concatenated; per-group biases of gate and up, routing weights,

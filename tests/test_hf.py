@@ -75,7 +75,7 @@ CASES = [("llama", {}, "silu"), ("qwen3", {}, "silu"), ("mistral", {}, "silu"),
          ("gemma", {}, "gelu_tanh"), ("gemma2", {"final_logit_softcapping": 3.0}, "gelu_tanh")]
 
 
-@pytest.mark.parametrize("kind, extra, act", quick(CASES, ["llama", "gemma2"],
+@pytest.mark.parametrize("kind, extra, act", quick(CASES, ["gemma2"],
                                                    ids=[c[0] for c in CASES], args=3))
 def test_loss_and_gradients_match_the_original(kind, extra, act):
     model = _model(kind, **extra)

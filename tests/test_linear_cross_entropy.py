@@ -113,7 +113,7 @@ OPTIONS = {
 }
 
 
-@pytest.mark.cover  # the quick tier: each reduction, option and bias once (conftest.py)
+@pytest.mark.cover("reduction", "with_bias")  # the quick tier: 3 of them (conftest.py)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
