@@ -145,8 +145,9 @@ def readme_performance(root: Path) -> str:
               if not s["slower_than_compiled"] else
               f"{len(s['slower_than_compiled'])} fused epilogues are slower than torch.compile "
               "in their latest run")
-    rows += ["", _fill(f"Over the benchmark suite's {s['cells']} cells ({len(workloads)} workloads at "
-             f"up to {max(map(len, shapes.values()))} shapes, H100), evtfuse takes "
+    rows += ["", _fill(
+             f"Over the benchmark suite's {s['cells']} cells ({len(workloads)} workloads at up to "
+             f"{max(map(len, shapes.values()))} shapes, H100), evtfuse takes "
              f"{s['geomean_compiled']:.3f}x torch.compile's time (geomean over the "
              f"{len(s['vs_compiled'])} cells with an epilogue) and {s['geomean_floor']:.2f}x that "
              f"of the GEMM alone, and {slower}.")]
