@@ -290,7 +290,8 @@ class Session:
 
 def _rounds(cands: list, times: dict, drop):
     """``tuner._search``'s timing as a generator: each ``send(args)`` (scratch arguments)
-    runs one window; returns the candidates ranked, best first (the duel's winner first)."""
+    runs one window; returns every candidate that ran, best first: the contenders (the
+    duel's winner first), then those pruned after the first sustained round."""
     ran = []
     for k in cands:
         args = yield
@@ -318,7 +319,9 @@ def _rounds(cands: list, times: dict, drop):
                 args = yield
                 times[k.name].append(tuner._time_kernel(k, args))
         ranked[:2] = sorted((a, b), key=lambda k: tuner._sustained(times[k.name]))
-    return ranked
+    pruned = sorted((k for k in ran if k not in timed),
+                    key=lambda k: tuner._sustained(times[k.name]))
+    return ranked + pruned  # those pruned too: the next to check if the leaders fail theirs
 
 
 class SwitchingPlan:
