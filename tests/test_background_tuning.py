@@ -271,6 +271,30 @@ def test_a_winner_whose_outputs_differ_is_never_switched_to(tuning, monkeypatch,
     assert _plan_of_structure().plan in k1._plans.values()
 
 
+def test_a_failing_switch_keeps_the_running_kernel(tuning, monkeypatch, caplog):
+    """A switch that fails (here: the class's choice cannot be had) is logged; the call
+    and the later ones run the first kernel, correctly."""
+    A, B, bias = _inputs()
+    k0, k1 = evtfuse.get_kernels(_args(A, B, bias))[:2]
+    monkeypatch.setattr(tuner, "_time_kernel", _Clock({k0.name: 1.0, k1.name: 0.5}))
+    real = tuner.choose_kernel
+
+    def choose(args, tune="fast", cc=None):
+        if _session().done:
+            raise RuntimeError("no choice today")
+        return real(args, tune, cc)
+    monkeypatch.setattr(tuner, "choose_kernel", choose)
+    _call(A, B, bias)
+    first_plan = _plan_of_structure().plan
+    with caplog.at_level(logging.WARNING, logger="evtfuse"):
+        _drive(A, B, bias)
+        _call(A, B, bias)
+    assert "switch failed (RuntimeError: no choice today)" in caplog.text
+    plan = _plan_of_structure()
+    assert plan.session is None and plan.plan is first_plan
+    _call(A, B, bias)
+
+
 def test_outputs_match_compares_with_verify_tolerances():
     A, B, bias = _inputs()
     args = _args(A, B, bias)

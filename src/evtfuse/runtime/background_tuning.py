@@ -371,9 +371,13 @@ class SwitchingPlan:
         """Take the class's choice for this structure (never during a capture)."""
         if _busy():
             return
-        args = self.arguments(A, B, values)
-        kernel = tuner.choose_kernel(args, tuner.BACKGROUND, self.cc)
-        self.plan = kernel.plan(args)
+        try:
+            args = self.arguments(A, B, values)
+            kernel = tuner.choose_kernel(args, tuner.BACKGROUND, self.cc)
+            self.plan = kernel.plan(args)
+        except Exception as exc:  # noqa: BLE001  (the call goes on with its kernel)
+            log.warning("evtfuse: background tuning's switch failed (%s: %s); the calls keep "
+                        "their kernel", type(exc).__name__, exc)
         self.session = None
 
     def arguments(self, A, B, values) -> GemmArguments:
