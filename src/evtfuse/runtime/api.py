@@ -27,7 +27,7 @@ from .kernel import Kernel
 from . import autograd, grouped_autograd, torch_op
 from .torch_op import (Layout, check_devices, check_no_grad, check_outputs_writable,
                        constant_result, layout_text, parsed_cache, parsed_of)
-from .tuner import choose_kernel
+from .tuner import choose_kernel, launch_plan  # noqa: F401 (choose_kernel re-exported)
 
 log = logging.getLogger("evtfuse")
 
@@ -174,7 +174,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
-    at other tile orders), "none" (the heuristic's first choice). ``allow_tf32``: fp32
+    at other tile orders), "none" (the heuristic's first choice), "background" (run
+    "none"'s choice at once, compile "fast"'s candidates in background threads, time them
+    one window per later call and switch to the winner once its outputs matched:
+    docs/performance.md; results may then change bitwise once, as with any retune).
+    ``allow_tf32``: fp32
     inputs on TF32 tensor cores; ``fp8_fast_accum``: fp8 inputs summed in the tensor
     cores' reduced precision over all of K (the default, as ``torch._scaled_mm`` with
     ``use_fast_accum=True``); False promotes to fp32 every k-step (slower; an error that
@@ -233,7 +237,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  accumulator_type: torch.dtype | None = None, cc: int | None = None,
                  backward: str = "auto", **operands_and_outputs: Any):
     """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
-    outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
+    outputs in the function's return order, as ``gemm`` (``tune`` as ``gemm``'s). ``offs`` (G,) int32, cumulative
     group ends on A's device (a strided or expanded one is copied first, on the device: the
     kernels read it packed; the operator and ``GemmArguments`` refuse one).
 
@@ -536,8 +540,7 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=Non
     epi = EpilogueArguments.unbound(parsed, **values)
     args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi,
                          allow_tf32=lay.allow_tf32, fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
-    kernel = choose_kernel(args, tune=lay.tune, cc=cc)
-    plan = kernel.plan(args)
+    plan = launch_plan(args, tune=lay.tune, cc=cc)  # tune="background": a SwitchingPlan
     plan(A, B, launch)
     if len(_fast) > 1024:
         _fast.clear()
