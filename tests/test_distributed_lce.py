@@ -115,11 +115,13 @@ def test_shard_offsets_are_asked_once(monkeypatch):
 
 
 def test_distributed_md_runs(tmp_path):
-    """docs/distributed.md's example: two processes, gloo, the interpreter."""
+    """docs/distributed.md's examples: two processes, gloo, the interpreter (the
+    vocab-parallel loss, then evtfuse.gemm on DTensors)."""
     from doc_blocks import run_page
 
-    run_page("distributed.md", tmp_path, ("process_group=dist.group.WORLD", "mp.spawn"),
-             timeout=300)
+    run_page("distributed.md", tmp_path, ("process_group=dist.group.WORLD", "mp.spawn",
+                                          "evtfuse.gemm(xd, wd, GELU_BIAS, bias=bd)",
+                                          "mp.spawn(columns"), timeout=300)
 
 
 def _dtensor_worker(rank: int, world: int) -> None:

@@ -149,8 +149,10 @@ class DTensorCall:
             return moved.to_local().detach().clone()
         from torch.distributed.tensor import empty
 
-        return empty(tuple(out.shape), dtype=out.dtype, device_mesh=self.mesh,
-                     placements=want).to_local()
+        # (a tensor of its own: to_local's result is a view made by an autograd Function,
+        # which evtfuse's recorded copy into it would be refused)
+        return torch.empty_like(empty(tuple(out.shape), dtype=out.dtype, device_mesh=self.mesh,
+                                      placements=want).to_local())
 
 
 def _contiguous_stride(shape: tuple) -> tuple:

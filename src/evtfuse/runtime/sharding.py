@@ -58,7 +58,7 @@ import torch
 
 from ..errors import EpilogueError
 from ..frontend import bind
-from ..ir import NodeKind, OutputKind, Space
+from ..ir import NodeKind, OutputKind, Space, is_shift
 from ..optable import Category
 
 log = logging.getLogger("evtfuse")
@@ -185,8 +185,10 @@ def _mixing(dag, problem: tuple, name: str) -> dict[str, str]:
     why: dict[str, str] = {}
 
     def at(n) -> str:
-        var = f"{n.var} = " if n.var else ""
-        return f"{var}{n.op}(...){f' (line {n.line})' if n.line else ''}"
+        line = f"line {n.line}: " if n.line else ""
+        if is_shift(n) or n.op == "shifted_sumexp":  # softmax's and log_softmax's lowering
+            return f"{line}softmax or log_softmax (a function of the whole row)"
+        return f"{line}{f'{n.var} = ' if n.var else ''}{n.op}(...)"
 
     if dag.gated:
         why[COLUMNS] = "it takes the accumulator's columns in pairs (pairs(accum))"
