@@ -356,6 +356,61 @@ def _seq(x) -> list:
     return list(x) if x else []
 
 
+# ------------------------------------------------------------------ the cross-entropy operators
+#
+# ``evtfuse::linear_cross_entropy`` (hidden (T, H), weight (V, H), target (T,), bias (V,)):
+# each row's loss is its own, so the rows (tokens) split: hidden and target Shard(0),
+# weight and bias replicated; the per-row loss ("none") and lse Shard(0). A "sum" or
+# "mean" loss, and the gradients the forward computes for them, are computed replicated
+# (a mean of each rank's rows is no part of the whole mean). The vocabulary never splits
+# here: a weight sharded over it is gathered (``evtfuse.linear_cross_entropy`` takes such
+# a weight itself, vocab-parallel, before the operator). Its backward operator splits the
+# same way, the weight's and bias's gradients then each rank's part (Partial()).
+
+
+def _ce_rows_ok(group, call: str) -> None:
+    if group is not None:
+        raise EpilogueError(f"{call}: group= (a vocab-parallel call on each rank's shard of "
+                            "the weight) with DTensor arguments: pass the local tensors, or "
+                            "a DTensor weight placed Shard(0) to evtfuse.linear_cross_entropy",
+                            variable="group")
+
+
+def _ce_sharding(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
+                 softcap, z_loss, grads, group=None):
+    _ce_rows_ok(group, "evtfuse::linear_cross_entropy")
+    api = _torch_api()
+    R, S0 = api.Replicate(), api.Shard(0)
+    has_bias = [R] if bias is not None else [None]
+    every = [([R] * 5, [R, R, R, *has_bias])]
+    if reduction == "none":  # (precomputes nothing: dh, dw, db are empty, replicated)
+        every.append(([S0, S0, R, R, R], [S0, R, S0, *has_bias]))
+    return every
+
+
+def _ce_backward_sharding(hidden, weight, target, bias, row_grad, lse_grad, ignore_index,
+                          label_smoothing, softcap, z_loss, grads, group=None):
+    _ce_rows_ok(group, "evtfuse::linear_cross_entropy_backward")
+    api = _torch_api()
+    R, S0, P = api.Replicate(), api.Shard(0), api.Partial()
+
+    def given(t, p):
+        return [p] if t is not None else [None]
+
+    rows_out = [S0 if grads[0] else R, P if grads[1] else R,
+                P if bias is not None and grads[2] else R]
+    return [([R] * 3, [R, R, R, *given(bias, R), *given(row_grad, R), *given(lse_grad, R)]),
+            (rows_out, [S0, R, S0, *given(bias, R), *given(row_grad, S0),
+                        *given(lse_grad, S0)])]
+
+
+def _scale_sharding(x, g):
+    """``x *= g`` in place (g a replicated number): x stays where it is, a Partial() sum
+    too (scaling each rank's part scales the sum)."""
+    R = _torch_api().Replicate()
+    return [([], [p, R]) for p in dict.fromkeys(x.placements)]
+
+
 # ------------------------------------------------------------------ registration
 
 
@@ -428,12 +483,25 @@ def _register(op, fn, static_argnum: int) -> None:
     prop.op_strategy_funcs[op] = _pin_outputs(prop.op_strategy_funcs[op], outs_index)
 
 
+def _register_ce() -> None:
+    """The cross-entropy operators' rules, through ``register_sharding`` as it is: their
+    schemas' first int argument (``ignore_index``) starts its cache key, which then holds
+    every option; they write nothing they are given (``scale_`` writes x, in place: a rule
+    for an in-place operator keeps it where it is)."""
+    from . import cross_entropy  # noqa: F401  (defines the operators)
+
+    reg = _torch_api().register_sharding
+    reg(torch.ops.evtfuse.linear_cross_entropy.default)(_ce_sharding)
+    reg(torch.ops.evtfuse.linear_cross_entropy_backward.default)(_ce_backward_sharding)
+    reg(torch.ops.evtfuse.scale_.default)(_scale_sharding)
+
+
 _state: dict[str, Any] = {}  # "done": True once registered; "failed": why it could not be
 
 
 def register() -> bool:
-    """Register the sharding rules of ``evtfuse::gemm`` and ``evtfuse::grouped_gemm`` with
-    DTensor (once; imports ``torch.distributed.tensor``). False where this torch has no
+    """Register the sharding rules of ``evtfuse::gemm``, ``evtfuse::grouped_gemm`` and the
+    cross-entropy operators with DTensor (once; imports ``torch.distributed.tensor``). False where this torch has no
     DTensor or ``register_sharding``, or its internals differ from what ``_register``
     adjusts (``failure()`` says why; ``evtfuse.gemm`` on DTensors then raises it)."""
     if "done" in _state or "failed" in _state:
@@ -441,6 +509,7 @@ def register() -> bool:
     try:
         _register(torch.ops.evtfuse.gemm.default, _gemm_sharding, 2)
         _register(torch.ops.evtfuse.grouped_gemm.default, _grouped_sharding, 3)
+        _register_ce()
     except (ImportError, AttributeError, TypeError, KeyError) as exc:
         _state["failed"] = f"{type(exc).__name__}: {exc}"
         log.warning("evtfuse: DTensor sharding rules not registered (torch %s): %s",
