@@ -167,3 +167,26 @@ def test_import_and_plain_calls_leave_torch_distributed_tensor_unimported():
                          check=True).stdout.split("\n")
     assert out[0] == "False"
     assert out[1] == "False {'done': True}"  # registered once the module is there
+
+
+def test_a_compiled_call_registers_nothing_inside_its_trace():
+    """evtfuse's first look for the DTensor class inside torch.compile's trace (here
+    torch.distributed.tensor is imported before, and evtfuse has not looked yet; torch.compile
+    itself may import it while it traces): the rules are not registered in the trace (Dynamo
+    cannot trace register_sharding), the graph stays whole (fullgraph=True), and they are
+    registered at the next eager look."""
+    code = (
+        "import sys, torch, evtfuse\n"
+        "import torch.distributed.tensor\n"
+        "from evtfuse.runtime import sharding\n"
+        "from evtfuse.runtime.device import is_dtensor, use_interpreter\n"
+        "use_interpreter()\n"
+        "A, B = torch.randn(8, 16, requires_grad=True), torch.randn(16, 12)\n"
+        "epi = 'def e(accum):\\n    D = relu(accum)\\n    return D'\n"
+        "step = torch.compile(lambda a, b: evtfuse.gemm(a, b, epi).sum(), fullgraph=True,\n"
+        "                     backend='aot_eager')\n"
+        "step(A, B).backward()\n"
+        "print(sharding.registered(), is_dtensor(A), sharding.registered())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split("\n")[-2] == "False False True"

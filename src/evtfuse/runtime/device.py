@@ -32,7 +32,8 @@ def _dtensor_type():
     """The DTensor class, or None while ``torch.distributed.tensor`` is not imported (no
     DTensor exists before it is: ``import evtfuse`` and a call without DTensors never
     import it, 0.7 s) or where torch has no distributed support. The first time it is
-    found, evtfuse's sharding rules are registered with DTensor (``runtime.sharding``)."""
+    found outside torch.compile's tracing, evtfuse's sharding rules are registered with
+    DTensor (``runtime.sharding``)."""
     if _DTENSOR:
         return _DTENSOR[0]
     if "torch.distributed.tensor" not in sys.modules:
@@ -41,6 +42,8 @@ def _dtensor_type():
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch without distributed (or one importing it right now)
         return None
+    if torch.compiler.is_compiling():  # (torch.compile imports it): registered when eager
+        return DTensor
     from . import sharding
 
     sharding.register()

@@ -38,6 +38,11 @@ class DTensorCall:
     def __init__(self, call: str, A, B, offs, parsed, tensors: list, tnames: list,
                  scalars: dict, nones: list, outs: list, onames: list,
                  missing: dict[str, tuple]):
+        if torch.compiler.is_compiling() and not sharding.registered():
+            raise NotImplementedError(
+                f"{call} with DTensors under torch.compile: evtfuse registers its sharding "
+                "rules with DTensor outside compiled code; call evtfuse.runtime.sharding."
+                "register() (or evtfuse on DTensors once, eagerly) before compiling")
         api = sharding._torch_api()
         if not sharding.register():
             raise EpilogueError(f"{call}: A is a DTensor, but evtfuse's sharding rules could "
@@ -45,7 +50,7 @@ class DTensorCall:
                                 f"{sharding.failure()}; pass local tensors", variable="A")
         self.call, self.api = call, api
         named = [("A", A), ("B", B), *zip(tnames, tensors), *zip(onames, outs)]
-        first = next(t for _, t in named if isinstance(t, api.DTensor))
+        first = next((t for _, t in (*named, ("offs", offs)) if isinstance(t, api.DTensor)))
         self.mesh = mesh = first.device_mesh
         for name, t in named:
             if not isinstance(t, api.DTensor):

@@ -519,6 +519,10 @@ def register() -> bool:
     return True
 
 
+def registered() -> bool:
+    return "done" in _state
+
+
 def failure() -> str | None:
     """Why ``register`` could not register the rules, or None."""
     return _state.get("failed")
@@ -530,5 +534,5 @@ def loaded() -> bool:
 
 
 __all__ = ["MODES", "REPLICATE", "COLUMNS", "ROWS", "BATCHES", "Rules", "rules_of", "fitting",
-           "choose",
-           "placements_of", "grad_placements_of", "register", "failure", "loaded"]
+           "choose", "placements_of", "grad_placements_of", "register", "registered",
+           "failure", "loaded"]
