@@ -95,9 +95,6 @@ class Rules:
         dim = self.dims[name][_AXIS[mode]]
         return Replicate() if dim is None else Shard(dim)
 
-    def why_not(self, mode: str) -> str:
-        return self.refused.get(mode, "")
-
 
 def _meta(shape, dtype) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
@@ -422,10 +419,7 @@ class _Api:
     def __init__(self):
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
         from torch.distributed.tensor.experimental import register_sharding
-        try:
-            from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-        except ImportError:  # torch before 2.5
-            from torch.distributed._tensor.op_schema import RuntimeSchemaInfo
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
         self.DTensor, self.Partial, self.Replicate, self.Shard = DTensor, Partial, Replicate, Shard
         self.register_sharding = register_sharding
@@ -439,8 +433,8 @@ def _torch_api() -> _Api:
 
 
 def _children(arg) -> list:
-    """The strategies of a list argument (TupleStrategy's ``children``, ``childs`` before
-    torch 2.6), or [] for an empty list."""
+    """The strategies of a list argument (TupleStrategy's ``children``; ``childs`` in older
+    torch), or [] for an empty list."""
     kids = getattr(arg, "children", None)
     if kids is None:
         kids = getattr(arg, "childs", None)
@@ -455,10 +449,12 @@ def _pin_outputs(strategy_fn, outs_index: int):
     in place must not be handed a redistributed copy of one."""
 
     def pinned(*args):
-        op_schema = args[-1]  # (mesh, op_schema) before torch 2.6, (op_schema) since
+        op_schema = args[-1]  # (op_schema); older torch passes (mesh, op_schema)
         strategy = strategy_fn(*args)
-        now = [s.strategies[0].output_spec.placements
-               for s in _children(op_schema.args_schema[outs_index])]
+        given = op_schema.args_schema
+        outs = given[outs_index] if len(given) > outs_index else \
+            op_schema.kwargs_schema.get("outs")  # (passed by name)
+        now = [s.strategies[0].output_spec.placements for s in _children(outs)]
         if now:
             n = len(now)
             strategy.strategies = [
