@@ -327,14 +327,14 @@ def _dtensor_call(call: str, A, B, offs, epi: _Epilogue, named: dict, dtypes: di
         return None
     from .dtensor_call import DTensorCall
 
+    parsed = parsed_of(epi.source, Layout((), (), (), (), epi.line, epi.where,
+                                          epi.from_function))
+    numbers = {n: v for n, v in named.items() if isinstance(v, (int, float)) and n in epi.params}
     missing = [n for n in epi.outputs if n not in named]
     size = shape() if missing else ()
-    parsed = parsed_of(epi.source, Layout((), (), (), (), epi.line, epi.where, epi.from_function))
-    return DTensorCall(call, A, B, offs, parsed,
-                       tensors, tnames, {n: v for n, v in named.items()
-                                         if isinstance(v, (int, float)) and n in epi.params},
-                       nones, outs, onames,
-                       {n: (size, dtypes.get(n, default_output_dtype(A.dtype))) for n in missing})
+    allocated = {n: (size, dtypes.get(n, default_output_dtype(A.dtype))) for n in missing}
+    return DTensorCall(call, A, B, offs, parsed, tensors, tnames, numbers, nones, outs, onames,
+                       allocated)
 
 
 def _split_dtypes(named: dict, outputs: tuple) -> tuple[dict, dict]:

@@ -33,17 +33,23 @@ DTensors (``choose``: the mode per mesh dimension; a differentiable call runs on
 local shards with DTensor's differentiable ``redistribute``/``to_local``/``from_local``
 at the boundary, ``grad_placements``).
 
-The operators write their outputs in place (``Tensor(a!)[] outs``): a strategy that moved
-an output (redistributed it) would write a copy and lose the result, so every strategy
-keeps each output where it is (``_pin_outputs``), and an output placed where the epilogue
-cannot compute it is an ``EpilogueError`` naming the output, its placement and why.
+The rules are registered with torch's ``register_sharding``, adjusted twice (``_register``):
+its sharding cache is keyed on the arguments from the epilogue's source on (it keys from
+an operator's first int argument, which these lack: a second epilogue with the placements
+of a first got the first one's cached strategy), and the operators write their outputs in
+place (``Tensor(a!)[] outs``), so a strategy that moved an output (redistributed it) would
+write a copy and lose the result: every strategy keeps each output where it is
+(``_pin_outputs``), and an output placed where the epilogue cannot compute it is an
+``EpilogueError`` naming the output, its placement and why. The cross-entropy operators'
+rules (the rows split for ``reduction="none"``) go through ``register_sharding`` as it is.
 
 Registration is lazy: ``import evtfuse`` never imports ``torch.distributed.tensor`` (0.7 s);
 ``runtime.device.is_dtensor`` registers the rules the first time it finds that module
-loaded (every evtfuse entry point asks it), and ``register()`` does it for a program that
-calls ``torch.ops.evtfuse.gemm`` on DTensors before any of them. Everything this module
-needs of torch's DTensor internals is looked up in ``_torch_api`` (the one place to
-change for another torch version).
+loaded, outside torch.compile's tracing (every evtfuse entry point asks it), and
+``register()`` does it for a program that calls ``torch.ops.evtfuse.gemm`` on DTensors
+before any of them. What this module takes of torch's DTensor is looked up in
+``_torch_api`` (and the strategies' fields read in ``_pin_outputs`` and ``_children``):
+the places to change for another torch version.
 """
 
 from __future__ import annotations
@@ -497,9 +503,10 @@ _state: dict[str, Any] = {}  # "done": True once registered; "failed": why it co
 
 def register() -> bool:
     """Register the sharding rules of ``evtfuse::gemm``, ``evtfuse::grouped_gemm`` and the
-    cross-entropy operators with DTensor (once; imports ``torch.distributed.tensor``). False where this torch has no
-    DTensor or ``register_sharding``, or its internals differ from what ``_register``
-    adjusts (``failure()`` says why; ``evtfuse.gemm`` on DTensors then raises it)."""
+    cross-entropy operators with DTensor (once; imports ``torch.distributed.tensor``).
+    False where this torch has no DTensor or ``register_sharding``, or its internals
+    differ from what ``_register`` adjusts (``failure()`` says why; ``evtfuse.gemm`` on
+    DTensors then raises it)."""
     if "done" in _state or "failed" in _state:
         return "done" in _state
     try:
