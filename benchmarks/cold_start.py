@@ -7,7 +7,7 @@ Per workload and shape (``--workloads``, ``--shapes``; the suite's definitions,
 ``evtfuse.bench.workloads``), each in processes of its own with evtfuse's and Triton's
 caches in a fresh folder:
 
-- ``fresh_s``: the first ``evtfuse.gemm`` call (``tune="fast"``, the default) of a new
+- ``fresh_s``: the first ``evtfuse.gemm`` call (in the row's ``tune`` mode) of a new
   process on empty caches: code generation, compiles, tuning;
 - ``warm_ms``: a later call of that process (the median of five, synchronised);
 - ``new_m_ms``: in the same process, the first call at another M of the same size class
@@ -18,6 +18,14 @@ caches in a fresh folder:
 - ``tuning``: where the fresh call's tuning went, from its tuning record (``candidates``
   timed, ``compile_s`` of the parallel compiles, ``timing_s`` of the timing windows); the
   rest of ``fresh_s`` is code generation, imports of Triton's compiler and the launch.
+
+Each cell runs once per tuning mode of ``--tunes`` (default ``fast,background``), each
+mode on empty caches of its own. With ``tune="background"`` the fresh process goes on
+calling after its first call until the background tuning has switched (at most
+``--switch-calls`` calls): ``switch_calls`` and ``switch_s`` (calls and seconds from the end
+of the first call to the switch), ``tuning_call_ms`` (the slowest of those calls: one timing
+window or check each), ``kernel`` (the class's choice, to compare with "fast"'s) and
+``warm_ms`` after the switch.
 
 Times are host wall-clock around a synchronised call (imports and input creation apart).
 ``--workers N`` sets ``EVTFUSE_COMPILE_WORKERS`` (1: candidates compiled one at a time).
@@ -35,9 +43,29 @@ import tempfile
 import time
 
 TARGETS = {"fresh_s": 5.0, "second_s": 1.5, "new_m_ms": 50.0}
+# issue 52's targets for tune="background" (H200; the median over the dense cells)
+BACKGROUND_TARGETS = {"fresh_s": 1.5, "second_s": 0.3}
+TUNES = ("fast", "background")
 
 
-def _child(workload: str, shape: tuple[int, int, int], phase: str) -> dict:
+def _until_switch(call, limit: int) -> dict:
+    """``tune="background"``: call until every background tuning of the process has switched
+    (at most ``limit`` calls); the calls, seconds and slowest call it took (none where no
+    tuning was started: a class with one kernel)."""
+    from evtfuse.bench.timing import host_timed_s
+    from evtfuse.runtime import tuner
+
+    t0, slowest = time.perf_counter(), 0.0
+    for n in range(1, limit + 1):
+        if all(s.done for s in tuner._sessions.values()):
+            return {"switch_calls": n - 1, "switch_s": time.perf_counter() - t0,
+                    "tuning_call_ms": slowest * 1e3}
+        slowest = max(slowest, host_timed_s(call)[0])
+    return {"switch_calls": None, "switch_s": None, "tuning_call_ms": slowest * 1e3}
+
+
+def _child(workload: str, shape: tuple[int, int, int], phase: str, tune: str = "fast",
+           switch_calls: int = 2000) -> dict:
     import torch
 
     import evtfuse
@@ -54,7 +82,8 @@ def _child(workload: str, shape: tuple[int, int, int], phase: str) -> dict:
         ops = {k: v for k, v in ins.items() if k not in ("A", "B")}
 
         def call():
-            return evtfuse.gemm(ins["A"], ins["B"], epilogue=w.epilogue, **w.gemm_options(),
+            return evtfuse.gemm(ins["A"], ins["B"], epilogue=w.epilogue,
+                                **{**w.gemm_options(), "tune": tune},
                                 **w.epilogue_operands(ops), **outs)
         return call
 
@@ -64,6 +93,9 @@ def _child(workload: str, shape: tuple[int, int, int], phase: str) -> dict:
     if phase == "fresh":
         from evtfuse.runtime import cache
 
+        if tune == "background":
+            got.update(_until_switch(call, switch_calls))
+        got["kernel"] = [e["kernel"] for e in cache.list_entries()]
         got["tuning"] = [{k: e[k] for k in ("candidates", "compile_s", "timing_s") if k in e}
                          for e in cache.list_entries()]
         got["warm_ms"] = statistics.median(host_timed_s(call)[0] for _ in range(5)) * 1e3
@@ -76,9 +108,11 @@ def _child(workload: str, shape: tuple[int, int, int], phase: str) -> dict:
     return got
 
 
-def _run_child(workload: str, shape: str, phase: str, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", workload, shape, phase],
-                          env=env, capture_output=True, text=True, timeout=300)
+def _run_child(workload: str, shape: str, phase: str, env: dict, tune: str = "fast",
+               switch_calls: int = 2000) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", workload, shape, phase, tune,
+                           str(switch_calls)], env=env, capture_output=True, text=True,
+                          timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT"):
             return json.loads(line[len("RESULT"):])
@@ -92,47 +126,69 @@ def main() -> int:
                    "row_amax,bce_loss")
     p.add_argument("--shapes", default="8192x8192x1024,4096x4096x4096,64x4096x4096")
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--tunes", default=",".join(TUNES),
+                   help="tuning modes to measure, each on caches of its own (fast, background)")
+    p.add_argument("--switch-calls", type=int, default=2000,
+                   help="background: the most calls to wait for the switch")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no cell after this")
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        workload, shape, phase = a.child
+        workload, shape, phase, tune, limit = a.child
         m, n, k = (int(x) for x in shape.split("x"))
-        print("RESULT" + json.dumps(_child(workload, (m, n, k), phase)), flush=True)
+        print("RESULT" + json.dumps(_child(workload, (m, n, k), phase, tune, int(limit))),
+              flush=True)
         return 0
+    tunes = [t for t in a.tunes.split(",") if t]
+    bad = [t for t in tunes if t not in TUNES]
+    if bad:
+        p.error(f"--tunes takes {', '.join(TUNES)}, not {bad[0]!r}")
     start = time.monotonic()
     rows = []
     for shape in a.shapes.split(","):
         for workload in a.workloads.split(","):
-            if time.monotonic() - start > a.budget_s:
-                rows.append({"workload": workload, "shape": shape, "skipped": "budget"})
-                continue
-            root = tempfile.mkdtemp(prefix="evtfuse-cold-")
-            env = dict(os.environ, EVTFUSE_CACHE_DIR=os.path.join(root, "evtfuse"),
-                       TRITON_CACHE_DIR=os.path.join(root, "triton"), EVTFUSE_PROGRESS="0")
-            if a.workers is not None:
-                env["EVTFUSE_COMPILE_WORKERS"] = str(a.workers)
-            fresh = _run_child(workload, shape, "fresh", env)
-            second = _run_child(workload, shape, "second", env)
-            row = {"workload": workload, "shape": shape, "workers": a.workers,
-                   "fresh_s": fresh.get("first_s"), "second_s": second.get("first_s"),
-                   **{k: v for k, v in fresh.items() if k != "first_s"},
-                   **({"second_error": second["error"]} if "error" in second else {})}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-            with open(a.out, "w") as f:
-                json.dump({"targets": TARGETS, "rows": rows}, f, indent=1)
-    print(f"{'workload':16} {'shape':16} {'fresh s':>8} {'second s':>9} {'new M ms':>9} "
-          f"{'warm ms':>8}")
+            for tune in tunes:
+                if time.monotonic() - start > a.budget_s:
+                    rows.append({"workload": workload, "shape": shape, "tune": tune,
+                                 "skipped": "budget"})
+                    continue
+                rows.append(_cell(workload, shape, tune, a))
+                print(json.dumps(rows[-1]), flush=True)
+                os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+                with open(a.out, "w") as f:
+                    json.dump({"targets": TARGETS, "background_targets": BACKGROUND_TARGETS,
+                               "rows": rows}, f, indent=1)
+    _print_table(rows)
+    return 0
+
+
+def _cell(workload: str, shape: str, tune: str, a) -> dict:
+    """One cell in one tuning mode: a fresh process, then a second one on its caches."""
+    root = tempfile.mkdtemp(prefix="evtfuse-cold-")
+    env = dict(os.environ, EVTFUSE_CACHE_DIR=os.path.join(root, "evtfuse"),
+               TRITON_CACHE_DIR=os.path.join(root, "triton"), EVTFUSE_PROGRESS="0")
+    if a.workers is not None:
+        env["EVTFUSE_COMPILE_WORKERS"] = str(a.workers)
+    fresh = _run_child(workload, shape, "fresh", env, tune, a.switch_calls)
+    second = _run_child(workload, shape, "second", env, tune, a.switch_calls)
+    return {"workload": workload, "shape": shape, "tune": tune, "workers": a.workers,
+            "fresh_s": fresh.get("first_s"), "second_s": second.get("first_s"),
+            **{k: v for k, v in fresh.items() if k != "first_s"},
+            **({"second_error": second["error"]} if "error" in second else {})}
+
+
+def _print_table(rows: list[dict]) -> None:
+    nan = float("nan")
+    print(f"{'workload':16} {'shape':16} {'tune':10} {'fresh s':>8} {'second s':>9} "
+          f"{'new M ms':>9} {'warm ms':>8} {'switch':>7}")
     for r in rows:
         if "fresh_s" in r and r["fresh_s"] is not None:
-            print(f"{r['workload']:16} {r['shape']:16} {r['fresh_s']:8.2f} "
-                  f"{r['second_s'] or float('nan'):9.2f} {r.get('new_m_ms', float('nan')):9.1f} "
-                  f"{r.get('warm_ms', float('nan')):8.3f}")
+            print(f"{r['workload']:16} {r['shape']:16} {r['tune']:10} {r['fresh_s']:8.2f} "
+                  f"{r['second_s'] or nan:9.2f} {r.get('new_m_ms', nan):9.1f} "
+                  f"{r.get('warm_ms', nan):8.3f} {r.get('switch_calls') or '':>7}")
         else:
-            print(f"{r['workload']:16} {r['shape']:16} {r.get('error') or r.get('skipped')}")
-    return 0
+            print(f"{r['workload']:16} {r['shape']:16} {r.get('tune', ''):10} "
+                  f"{r.get('error') or r.get('skipped')}")
 
 
 if __name__ == "__main__":

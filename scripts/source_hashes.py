@@ -32,6 +32,7 @@ import evtfuse  # noqa: E402
 from evtfuse.backends.triton.codegen import generate  # noqa: E402
 from evtfuse.backends.triton.families import Target  # noqa: E402
 from evtfuse.runtime.offline import offered  # noqa: E402
+from evtfuse.runtime.two_pass import judged  # noqa: E402
 
 SHAPES = ("2048", "4096", "8192x8192x1024", "64x8192x8192", "16384x4096x4096")
 FUZZ_SHAPES = ((300, 264, 72), (2048, 2048, 256))
@@ -62,9 +63,12 @@ def fingerprint(label: str, args) -> list[str]:
         return [f"{label}\trefused\t{_short(str(evtfuse.explain(args)))}"]
     target = Target("cuda", 90, args.A.device, 132, offline=True)
     for fam, cfg in pairs:
-        spec = fam.spec(args, cfg, target)
+        # what the family runs: reductions feeding computation staged in two passes, the
+        # first pass's kernel here (as runtime.offline.compile_for builds it)
+        staged = judged(fam, args, target)
+        spec = fam.spec(staged, cfg, target)
         lines.append(f"{label}\t{fam.name}\t{cfg.name}\t{_short(generate(spec))}\t"
-                     f"{_short(_plan_text(args, fam, cfg, target))}")
+                     f"{_short(_plan_text(staged, fam, cfg, target))}")
     return lines
 
 

@@ -31,14 +31,16 @@ os.environ.setdefault("EVTFUSE_PROGRESS", "0")
 
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
-    """A cache folder of the test's own; the tuner's in-memory choices and the loaded
-    kernel modules start empty (all restored after the test)."""
-    from evtfuse.runtime import cache, tuner
+    """A cache folder of the test's own; the tuner's in-memory choices, the loaded kernel
+    modules and the kernel objects (which keep their compiled functions) start empty (all
+    restored after the test)."""
+    from evtfuse.runtime import cache, discovery, tuner
 
     monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(tuner, "_records", {})
     monkeypatch.setattr(tuner, "_chosen", {})
     monkeypatch.setattr(cache, "_loaded", {})
+    monkeypatch.setattr(discovery, "_kernel_objects", {})
 
 
 def pytest_addoption(parser):

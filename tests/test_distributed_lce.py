@@ -117,11 +117,13 @@ def test_shard_offsets_are_asked_once(monkeypatch):
 
 @pytest.mark.slow
 def test_distributed_md_runs(tmp_path):
-    """docs/distributed.md's example: two processes, gloo, the interpreter."""
+    """docs/distributed.md's examples: two processes, gloo, the interpreter (the
+    vocab-parallel loss, then evtfuse.gemm on DTensors)."""
     from doc_blocks import run_page
 
-    run_page("distributed.md", tmp_path, ("process_group=dist.group.WORLD", "mp.spawn"),
-             timeout=300)
+    run_page("distributed.md", tmp_path, ("process_group=dist.group.WORLD", "mp.spawn",
+                                          "evtfuse.gemm(xd, wd, GELU_BIAS, bias=bd)",
+                                          "mp.spawn(columns"), timeout=300)
 
 
 def _dtensor_worker(rank: int, world: int) -> None:
@@ -154,3 +156,49 @@ def test_dtensor_weight_sharded_over_the_vocabulary():
     """A DTensor LM-head weight placed Shard(0) (as ColwiseParallel places it) and replicated
     hidden states: the same loss and gradients (DTensors) as one process."""
     run_ranks(_dtensor_worker)
+
+
+def _rows_worker(rank: int, world: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    for case in (dict(reduction="none", bias=True, softcap=3.0, lse=True),
+                 dict(reduction="mean", label_smoothing=0.1), dict(reduction="sum")):
+        h, w, b, y = _inputs(case)
+        want = _run(h, w, b, y, case)
+        # the rows (tokens) split, the LM head replicated: the operator through its rules
+        hd = distribute_tensor(h, mesh, [Shard(0)]).requires_grad_(True)
+        wd = distribute_tensor(w, mesh, [Replicate()]).requires_grad_(True)
+        bd = None if b is None else distribute_tensor(b, mesh, [Replicate()]).requires_grad_(True)
+        yd = distribute_tensor(y, mesh, [Shard(0)])
+        opts = {k: v for k, v in case.items() if k in ("reduction", "label_smoothing",
+                                                       "softcap")}
+        loss, lse = evtfuse.linear_cross_entropy(hd, wd, yd, bias=bd, return_lse=True, **opts)
+        split = case["reduction"] == "none"  # each rank its rows' losses; else replicated
+        assert loss.placements == ((Shard(0),) if split else (Replicate(),))
+        weights = distribute_tensor(torch.linspace(0.5, 1.5, T), mesh, [Shard(0)])
+        total = (loss * weights).sum() if split else loss * 1.3
+        if case.get("lse"):
+            total = total + 0.1 * lse.sum()
+        total.full_tensor().backward()
+        close = dict(rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(loss.full_tensor(), want[0], **close)
+        torch.testing.assert_close(lse.full_tensor(), want[1], **close)
+        torch.testing.assert_close(hd.grad.full_tensor(), want[2], **close)
+        torch.testing.assert_close(wd.grad.full_tensor(), want[3], **close)
+        if split:  # each rank's part of the weight's gradient: summed when read
+            assert wd.grad.placements == (Partial(),)
+        if b is not None:
+            torch.testing.assert_close(bd.grad.full_tensor(), want[4], **close)
+    with pytest.raises(EpilogueError, match="target is not a DTensor"):
+        evtfuse.linear_cross_entropy(distribute_tensor(h, mesh, [Shard(0)]),
+                                     distribute_tensor(w, mesh, [Replicate()]), y)
+
+
+def test_dtensor_rows_split_beside_a_replicated_weight():
+    """Hidden states and targets split over the rows (tokens), the LM head's weight
+    replicated: evtfuse::linear_cross_entropy through its DTensor sharding rules (each rank
+    its rows for reduction="none", gathered for "mean" and "sum"); the loss, the lse and
+    the gradients as one process's."""
+    run_ranks(_rows_worker)

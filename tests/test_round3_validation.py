@@ -384,8 +384,9 @@ def test_cpu_tensors_without_the_interpreter_say_what_to_do(tmp_path):
 def test_readme_use_runs_on_a_cpu_machine(tmp_path):
     """README's code blocks, as one script, without TRITON_INTERPRET in the environment and
     no GPU: the "Use" block turns the interpreter on itself."""
-    code = "\n".join(re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(),
-                                flags=re.S))
+    from doc_blocks import python_blocks
+
+    code = "\n".join(python_blocks(ROOT / "README.md"))
     assert "get_kernels(args)[0].run(args)" in code
     script = tmp_path / "readme.py"
     script.write_text(code + "\nprint('README OK', tuple(D.shape))\n")

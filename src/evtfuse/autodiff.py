@@ -21,7 +21,8 @@ Two named steps, pure functions of immutable DAGs:
   the ``augmented`` forward DAG. In "save" mode (``save_accum``: a dtype), where the
   backward still reads the accumulator, the accumulator itself too, in that dtype (fp32
   where the backward combines it with a reduction the forward computed in fp32, such as
-  softmax's logsumexp: a rounded copy there moves ``exp(x - lse)`` by |x| ulps): the
+  softmax's logsumexp: a rounded copy there moves ``exp(x - lse)`` by |x| ulps, and where
+  a scalar operand's gradient sums it over the whole problem, ``_sums_accumulator``): the
   backward then reads it instead of recomputing ``A @ B``.
 * ``backward(plan, graded, wanted)``: the backward DAG, a new epilogue of the same GEMM.
   Its operands are the forward's, the gradients of the outputs in ``graded`` (shaped as
@@ -478,9 +479,11 @@ def plan_forward(dag: Dag, wrt: Iterable[str], parsed=None, *,
                        tuple(values), tuple(ties), tuple(decisions), work)
     if save_accum is None or not reads_accumulator(plan, batches):
         return plan
-    if values or any(s.role == "result" for s in saved):
-        # read beside a reduction the forward took in its working precision
-        save_accum = work if save_accum.itemsize < work.itemsize else save_accum
+    if save_accum.itemsize < work.itemsize and (
+            values or any(s.role == "result" for s in saved) or _sums_accumulator(plan, batches)):
+        # read beside a reduction the forward took in its working precision, or summed
+        # over the whole problem into one number
+        save_accum = work
     for acc in (n for n in dag.nodes if n.kind is NodeKind.ACCUM):  # gated: gate and up
         s = Saved(names(f"saved_{acc.var}"), accum_target(acc.op), "accum", OutputKind.FULL,
                   batches > 1, True, save_accum)
@@ -499,6 +502,22 @@ def reads_accumulator(plan: ForwardPlan, batches: int = 1) -> bool:
     if not graded:
         return False
     bwd = backward(plan, graded, plan.wrt, batches=batches).dag
+    return any(n.kind is NodeKind.ACCUM for n in bwd.nodes)
+
+
+def _sums_accumulator(plan: ForwardPlan, batches: int) -> bool:
+    """Whether the gradient of a scalar operand (``alpha`` of ``alpha * accum``: one sum over
+    the whole problem) reads the accumulator. Such a sum of terms of both signs can cancel
+    to a few parts in a thousand of its terms' sizes (one fuzz draw: 67 from terms summing
+    to 54,000 in magnitude), and a copy of the accumulator rounded to 16 bits then moves it
+    by percents - with no other entries to average over, as a vector's gradient has. Its
+    accumulator is saved in fp32 (twice the memory, for such epilogues only)."""
+    scalars = {o.name for o in plan.dag.operands if o.name in plan.wrt
+               and o.kind.space is Space.SCALAR}
+    graded = [o.name for o in plan.differentiable_outputs()]
+    if not scalars or not graded:
+        return False
+    bwd = backward(plan, graded, scalars, batches=batches).dag
     return any(n.kind is NodeKind.ACCUM for n in bwd.nodes)
 
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import EpilogueError
+from .runtime.device import is_dtensor
 
 # the model types the tests run (tests/test_hf.py); others are patched where their modules'
 # forwards are the same statements as these
@@ -396,14 +397,20 @@ def _loss_refusal(model: torch.nn.Module) -> tuple[str | None, float | None]:
 def _capture_head_input(head: torch.nn.Module, args: tuple):
     """lm_head's forward pre-hook: when ``_forward`` armed it, keep lm_head's input (the
     hidden states its logits would be computed from) and, unless the logits are wanted, give
-    lm_head none of its rows (its logits: an empty tensor, nothing computed)."""
+    lm_head none of its rows (its logits: an empty tensor, nothing computed). A head whose
+    weight is a DTensor (transformers' tensor parallelism, which gathers the logits over the
+    vocabulary) gets one row per sequence instead, whose logits are dropped: DTensor's view
+    rule divides by a dimension's size, and fails on an empty one (torch 2.13)."""
     slot = head.__dict__[_SLOT]
     if not slot["armed"]:
         return None
     slot["armed"] = False
     hidden = args[0]
     slot["hidden"] = hidden
-    return None if slot["keep_logits"] else (hidden[..., :0, :], *args[1:])
+    if slot["keep_logits"]:
+        return None
+    rows = 1 if is_dtensor(head.weight) else 0
+    return (hidden[..., :rows, :], *args[1:])
 
 
 @functools.lru_cache(maxsize=None)

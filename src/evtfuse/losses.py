@@ -85,7 +85,9 @@ def _local(hidden, weight, target, bias, process_group):
     """A ``DTensor`` weight sharded over the vocabulary (``Shard(0)`` on a 1-D mesh, as
     ``ColwiseParallel`` shards an LM head) and replicated hidden, target and bias-or-shard:
     their local tensors (``to_local``, through which the gradients flow back as DTensors)
-    and the mesh's group as ``process_group``; plain tensors as they are."""
+    and the mesh's group as ``process_group``; a replicated DTensor weight beside hidden
+    and target split over the rows: the DTensors as they are (the operator's sharding
+    rules place them); plain tensors as they are."""
     if not any(is_dtensor(t) for t in (weight, hidden, target, bias)):
         return hidden, weight, target, bias, process_group
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -105,6 +107,21 @@ def _local(hidden, weight, target, bias, process_group):
                             "vocabulary, Shard(0), or replicated, on a 1-D mesh",
                             variable="weight")
     sharded = placements == (Shard(0),)
+    if not sharded and any(isinstance(t, DTensor) and tuple(t.placements) != (Replicate(),)
+                           for t in (hidden, target, bias)):
+        # a replicated weight beside split rows: the operator on the DTensors, through its
+        # sharding rules (runtime.sharding: each rank its rows for reduction="none", the
+        # rows gathered for "mean" and "sum")
+        if process_group is not None:
+            raise EpilogueError("linear_cross_entropy: weight is a replicated DTensor: leave "
+                                "process_group out", variable="process_group")
+        for name, t in (("hidden", hidden), ("target", target), ("bias", bias)):
+            if t is not None and not isinstance(t, DTensor):
+                raise EpilogueError(f"linear_cross_entropy: the rows are split (a DTensor "
+                                    f"argument is placed other than Replicate()) and {name} "
+                                    "is not a DTensor: pass it as one on the weight's mesh",
+                                    variable=name)
+        return hidden, weight, target, bias, None
     if sharded and process_group is not None:
         raise EpilogueError("linear_cross_entropy: weight is a DTensor sharded over the "
                             "vocabulary, which names its group: leave process_group out",

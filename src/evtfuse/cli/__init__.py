@@ -1,4 +1,5 @@
-"""The ``evtfuse`` command: ``demo``, ``run``, ``show``, ``verify``, ``profile``, ``bench``, ``cache``.
+"""The ``evtfuse`` command: ``demo``, ``run``, ``show``, ``verify``, ``profile``, ``bench``,
+``precompile``, ``cache``.
 
 Layer: cli (the top). Uses only the public API (``get_kernels``, ``explain``, ``Kernel``,
 ``evtfuse.reference``, ``evtfuse.runtime.cache``) and never executes user text: an
@@ -15,8 +16,8 @@ This module holds the typer ``app``, ``main`` and the list of commands (in the o
 ``--help`` shows them); the commands and their helpers live in the modules beside it:
 ``base`` (exit codes, ``CliError``), ``sources`` (epilogue text and files), ``problem``
 (flags -> operands), ``device`` (GPU or interpreter, timing), ``report`` (kernel choice,
-run, verify, report text), ``demos``, ``commands`` (run, show, verify), ``ncu`` (profile)
-and ``bench_cache``. Every name is re-exported here: ``evtfuse.cli.X`` is where code and
+run, verify, report text), ``demos``, ``commands`` (run, show, verify), ``ncu`` (profile),
+``bench_cache`` and ``precompile``. Every name is re-exported here: ``evtfuse.cli.X`` is where code and
 tests look things up, and where ``choose_kernel`` and ``main`` are looked up at call time.
 """
 
@@ -37,6 +38,7 @@ from .commands import (AbOpt, AccOpt, AlphaOpt, AMajorOpt, BetaOpt, BMajorOpt, C
 from .demos import DEMO_EPILOGUES, _demo_case, demo
 from .device import Device, _synchronize, pick_device, time_ms
 from .ncu import NCU_METRICS, parse_ncu_csv, profile
+from .precompile import ENTRY_KEYS, precompile, read_entries
 from .problem import (OPERAND_KINDS, OUTPUT_KINDS, BuiltProblem, ProblemSpec,
                       _shape_for, build_problem, parse_assignments, parse_dtype, parse_mnkl,
                       problem_spec_from_flags, short_dtype)
@@ -71,5 +73,6 @@ app.command()(show)
 app.command(context_settings=_PASS_THROUGH)(profile)
 app.command(context_settings=_PASS_THROUGH)(verify)
 app.command(context_settings=_PASS_THROUGH)(bench)
+app.command()(precompile)
 cache_app.command("list")(cache_list)
 cache_app.command("clear")(cache_clear)

@@ -22,12 +22,13 @@ from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogu
 from ..ir import OutputKind, dtype_named
 from ..memory import byte_span, tensor_state
 from .device import device_guard
+from .dtensor_call import has_dtensor
 from .discovery import explain, get_kernels, kernels_for, order_by_fill  # noqa: F401 (re-exported)
 from .kernel import Kernel
 from . import autograd, grouped_autograd, torch_op
 from .torch_op import (Layout, check_devices, check_no_grad, check_outputs_writable,
                        constant_result, layout_text, parsed_cache, parsed_of)
-from .tuner import choose_kernel
+from .tuner import choose_kernel, launch_plan  # noqa: F401 (choose_kernel re-exported)
 
 log = logging.getLogger("evtfuse")
 
@@ -174,7 +175,11 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
-    at other tile orders), "none" (the heuristic's first choice). ``allow_tf32``: fp32
+    at other tile orders), "none" (the heuristic's first choice), "background" (run
+    "none"'s choice at once, compile "fast"'s candidates in background threads, time them
+    one window per later call and switch to the winner once its outputs matched:
+    docs/performance.md; results may then change bitwise once, as with any retune).
+    ``allow_tf32``: fp32
     inputs on TF32 tensor cores; ``fp8_fast_accum``: fp8 inputs summed in the tensor
     cores' reduced precision over all of K (the default, as ``torch._scaled_mm`` with
     ``use_fast_accum=True``); False promotes to fp32 every k-step (slower; an error that
@@ -214,12 +219,23 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
     grad = _requiring_grad(A, B, tensors, tnames)
     _check_acc16_grad(acc16, grad)
     check_outputs_writable(outs, onames, "gemm", recorded=bool(grad))
+    dist = _dtensor_call("gemm", A, B, None, epi, named, dtypes, tensors, tnames, nones,
+                         outs, onames, lambda: _output_shape(A, B, epi.gated))
+    if dist is not None and grad:  # on the local shards, differentiable (runtime.dtensor_call)
+        return dist.run_local(
+            lambda a, b, **kw: gemm(a, b, epilogue, tune=tune, allow_tf32=allow_tf32,
+                                    fp8_fast_accum=fp8_fast_accum,
+                                    accumulator_type=accumulator_type, cc=cc, backward=backward,
+                                    **kw), A, B, named, outputs, outs, onames)
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
                                backward)
-    _allocate_missing(A, outputs, named, dtypes, lambda: _output_shape(A, B, epi.gated), outs,
-                      onames)
+    if dist is not None:  # DTensor outputs; the operator's sharding rules place the rest
+        dist.allocate(outs, onames)
+    else:
+        _allocate_missing(A, outputs, named, dtypes, lambda: _output_shape(A, B, epi.gated),
+                          outs, onames)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
                          epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc),
                          acc16=acc16)
@@ -233,7 +249,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
                  accumulator_type: torch.dtype | None = None, cc: int | None = None,
                  backward: str = "auto", **operands_and_outputs: Any):
     """A grouped GEMM with a fused epilogue in ``torch._grouped_mm``'s layouts; returns the
-    outputs in the function's return order, as ``gemm``. ``offs`` (G,) int32, cumulative
+    outputs in the function's return order, as ``gemm`` (``tune`` as ``gemm``'s). ``offs`` (G,) int32, cumulative
     group ends on A's device (a strided or expanded one is copied first, on the device: the
     kernels read it packed; the operator and ``GemmArguments`` refuse one).
 
@@ -275,19 +291,54 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     grad = _requiring_grad(A, B, tensors, tnames)
     _check_acc16_grad(acc16, grad)
     check_outputs_writable(outs, onames, "grouped_gemm", recorded=bool(grad))
+    width = B.shape[-1] // 2 if epi.gated else B.shape[-1]  # odd: refused when bound
+
+    def shape():
+        return (offs.shape[0], A.shape[0], width) if B.dim() == 2 else (A.shape[0], width)
+
+    dist = _dtensor_call("grouped_gemm", A, B, offs, epi, named, dtypes, tensors, tnames,
+                         nones, outs, onames, shape)
+    if dist is not None and grad:  # on the local shards, differentiable (runtime.dtensor_call)
+        return dist.run_local(
+            lambda a, b, o, **kw: grouped_gemm(a, b, o, epilogue, tune=tune,
+                                               allow_tf32=allow_tf32,
+                                               fp8_fast_accum=fp8_fast_accum,
+                                               accumulator_type=accumulator_type, cc=cc,
+                                               backward=backward, **kw),
+            A, B, named, outputs, outs, onames)
     if grad:
         return _gemm_with_grad(A, B, epi, named, dtypes, (tune, allow_tf32, fp8_fast_accum, cc),
                                grad, tensors, tnames, nones, scalars, snames, outs, onames,
                                backward, offs)
-    width = B.shape[-1] // 2 if epi.gated else B.shape[-1]  # odd: refused when bound
-    _allocate_missing(A, outputs, named, dtypes,
-                      lambda: (offs.shape[0], A.shape[0], width) if B.dim() == 2
-                      else (A.shape[0], width), outs, onames)
+    if dist is not None:  # DTensor outputs; the operator's sharding rules place the rest
+        dist.allocate(outs, onames)
+        offs = dist.offs
+    else:
+        _allocate_missing(A, outputs, named, dtypes, shape, outs, onames)
     layout = layout_text(tuple(tnames), tuple(nones), tuple(snames), tuple(onames), epi.line,
                          epi.where, epi.from_function, (tune, allow_tf32, fp8_fast_accum, cc),
                          acc16=acc16)
     torch_op.call_grouped(A, B, offs, epi.source, layout, tensors, scalars, outs)
     return _returned(outputs, onames, outs)
+
+
+def _dtensor_call(call: str, A, B, offs, epi: _Epilogue, named: dict, dtypes: dict,
+                  tensors: list, tnames: list, nones: list, outs: list, onames: list,
+                  shape: Callable[[], tuple]):
+    """A ``DTensorCall`` (``runtime.dtensor_call``) for a call some tensor of which is a
+    DTensor, else None (at once while ``torch.distributed.tensor`` is not imported)."""
+    if not has_dtensor(A, B, tensors, outs, offs):
+        return None
+    from .dtensor_call import DTensorCall
+
+    parsed = parsed_of(epi.source, Layout((), (), (), (), epi.line, epi.where,
+                                          epi.from_function))
+    numbers = {n: v for n, v in named.items() if isinstance(v, (int, float)) and n in epi.params}
+    missing = [n for n in epi.outputs if n not in named]
+    size = shape() if missing else ()
+    allocated = {n: (size, dtypes.get(n, default_output_dtype(A.dtype))) for n in missing}
+    return DTensorCall(call, A, B, offs, parsed, tensors, tnames, numbers, nones, outs, onames,
+                       allocated)
 
 
 def _split_dtypes(named: dict, outputs: tuple) -> tuple[dict, dict]:
@@ -536,8 +587,7 @@ def _run_values(A, B, source: str, lay: Layout, values: dict[str, Any], offs=Non
     epi = EpilogueArguments.unbound(parsed, **values)
     args = GemmArguments(A, B, values.get("D"), _accumulator(A, lay), epi,
                          allow_tf32=lay.allow_tf32, fp8_fast_accum=lay.fp8_fast_accum, offs=offs)
-    kernel = choose_kernel(args, tune=lay.tune, cc=cc)
-    plan = kernel.plan(args)
+    plan = launch_plan(args, tune=lay.tune, cc=cc)  # tune="background": a SwitchingPlan
     plan(A, B, launch)
     if len(_fast) > 1024:
         _fast.clear()

@@ -9,10 +9,16 @@ back is trusted: a kernel module runs from the source evtfuse generated (compile
 never from bytecode beside the file), and an entry that is not a regular file holding
 what evtfuse writes is absent (read without blocking, so a FIFO cannot hang a reader).
 A root that cannot be used raises ``ConfigError`` naming ``EVTFUSE_CACHE_DIR``.
+
+Several processes share one cache (a job's torchrun ranks): besides the atomic writes, a
+tuning is done by one process at a time per key (``tuning_lock``: a lock file the others
+wait on, then read the record it wrote), and threads of one process load a module once
+(``load_module`` under a lock). Triton's own binary cache writes its files atomically too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import linecache
@@ -22,6 +28,8 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -148,13 +156,23 @@ def make_key(*parts: Any) -> str:
 # ---------------------------------------------------------------- kernel modules
 
 _loaded: dict[str, Any] = {}
+_load_lock = threading.Lock()  # background tuning generates code in threads
 
 
 def load_module(key: str, source: str):
     """Write ``source`` as ``kernels/k<key>.py`` (unless the file holds it already) and run
     ``source`` itself as the module (``import_source``): what is on disk is a record
     for people and for Triton's ``inspect``, never what runs. A module that does not
-    import is removed again, so the cache never holds one."""
+    import is removed again, so the cache never holds one. One thread at a time loads, so
+    that two threads asking for one module get the same one."""
+    mod = _loaded.get(key)
+    if mod is not None:
+        return mod
+    with _load_lock:
+        return _load_module(key, source)
+
+
+def _load_module(key: str, source: str):
     mod = _loaded.get(key)
     if mod is not None:
         return mod
@@ -244,6 +262,86 @@ def store_choice(key: str, record: dict) -> None:
         raise ValueError(f"not a tuning record ({why}): {record!r}")
     _write(_tuning_path(key), json.dumps(record, indent=1, sort_keys=True))
     log.debug("tuning choice stored: %s -> %s", key, record["kernel"])
+
+
+LOCK_TIMEOUT_S = 300.0  # the longest a process waits for another's tuning of a key
+
+
+def lock_timeout_s() -> float:
+    """``EVTFUSE_TUNE_LOCK_TIMEOUT_S`` (default ``LOCK_TIMEOUT_S``); ``ConfigError`` for a
+    value that is not a number of seconds >= 0."""
+    text = os.environ.get("EVTFUSE_TUNE_LOCK_TIMEOUT_S")
+    if text is None:
+        return LOCK_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"EVTFUSE_TUNE_LOCK_TIMEOUT_S={text!r} is not a number of seconds "
+                          ">= 0", variable="EVTFUSE_TUNE_LOCK_TIMEOUT_S")
+    return value
+
+
+@contextlib.contextmanager
+def tuning_lock(key: str, timeout: float | None = None, poll_s: float = 0.05):
+    """Hold ``tuning/<key>.lock`` (an exclusive ``flock``) for a tuning of ``key``: another
+    process (or thread) tuning the same key waits, at most ``timeout`` seconds
+    (``lock_timeout_s``), then reads the record the first one stored instead of tuning
+    again. Yields whether the lock is held: False where there is no ``flock`` (not POSIX),
+    the lock file cannot be opened, or the wait timed out (logged) - the caller then tunes
+    without it, as before. The operating system releases the lock of a process that dies,
+    so a crashed tuning never blocks the others."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield False
+        return
+    timeout = lock_timeout_s() if timeout is None else timeout
+    path = _tuning_path(key).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        log.debug("tuning lock %s not used: %s", path, exc)
+        yield False
+        return
+    try:
+        held = _acquire(fcntl, fd, path, timeout, poll_s)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fcntl, fd: int, path: Path, timeout: float, poll_s: float) -> bool:
+    """Take the exclusive lock on ``fd`` within ``timeout`` seconds (polled)."""
+    end = time.monotonic() + timeout
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if waited:
+                log.info("evtfuse: tuning lock %s taken after waiting", path.name)
+            return True
+        except BlockingIOError:
+            pass
+        except OSError as exc:  # a file system without locks
+            log.debug("tuning lock %s not used: %s", path, exc)
+            return False
+        if time.monotonic() >= end:
+            log.warning("evtfuse: another process held the tuning lock %s for over %.0f s "
+                        "(EVTFUSE_TUNE_LOCK_TIMEOUT_S); tuning without it", path, timeout)
+            return False
+        if not waited:
+            log.info("evtfuse: another process is tuning this problem; waiting for its "
+                     "choice (%s)", path.name)
+            waited = True
+        time.sleep(poll_s)
 
 
 def list_entries() -> list[dict]:

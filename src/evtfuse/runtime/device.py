@@ -18,25 +18,43 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import torch
 
 INTERPRETER = "interpreter"
 
 
-@functools.lru_cache(maxsize=None)
+_DTENSOR: list = []  # the DTensor class, once found
+
+
 def _dtensor_type():
+    """The DTensor class, or None while ``torch.distributed.tensor`` is not imported (no
+    DTensor exists before it is: ``import evtfuse`` and a call without DTensors never
+    import it, 0.7 s) or where torch has no distributed support. The first time it is
+    found outside torch.compile's tracing, evtfuse's sharding rules are registered with
+    DTensor (``runtime.sharding``)."""
+    if _DTENSOR:
+        return _DTENSOR[0]
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
     try:
         from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without distributed
+    except ImportError:  # torch without distributed (or one importing it right now)
         return None
+    if torch.compiler.is_compiling():  # (torch.compile imports it): registered when eager
+        return DTensor
+    from . import sharding
+
+    sharding.register()
+    _DTENSOR.append(DTensor)
     return DTensor
 
 
 def is_dtensor(t) -> bool:
-    """Whether ``t`` is a ``torch.distributed`` DTensor (the class looked up once: this is
-    asked on every forward of the modules and every cross-entropy call)."""
-    cls = _dtensor_type()
+    """Whether ``t`` is a ``torch.distributed`` DTensor (the class looked up once it can
+    exist: this is asked on every forward of the modules and every cross-entropy call)."""
+    cls = _DTENSOR[0] if _DTENSOR else _dtensor_type()
     return cls is not None and isinstance(t, cls)
 
 

@@ -359,8 +359,11 @@ def tensor_parallel(x, w1a, w1b, w2, activation, b1a=None, b1b=None, b2=None):
 def pack_gate_up(gate: torch.nn.Linear, up: torch.nn.Linear) -> None:
     """Put ``gate.weight`` and ``up.weight`` one after the other in one new buffer, keeping
     the Parameter objects (an optimizer holding them still does): the forward then reads
-    ``[W_gate; W_up]`` as one tensor, no copy a step."""
+    ``[W_gate; W_up]`` as one tensor, no copy a step. DTensor weights (tensor parallelism)
+    are left as they are (each rank's block runs on its local shards: ``tensor_parallel``)."""
     a, b = gate.weight, up.weight
+    if is_dtensor(a) or is_dtensor(b):
+        return
     if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
             or _weight1(a, b) is not None:
         return

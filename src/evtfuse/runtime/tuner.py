@@ -16,7 +16,10 @@ the disk. "fast" tuning times the heuristic's first few candidates within a time
 suggestions and the heuristic's first two (``candidates``); "exhaustive" times all, then
 the winner at other tile orders (``TILE_ORDERS``); "none" takes the first suggestion, else
 the heuristic's first. Candidates compile at once in a pool of threads (``_precompile``)
-before any is timed.
+before any is timed. "background" runs "none"'s pick at once and tunes as "fast" would over
+the following calls (``runtime.background_tuning``), under "fast"'s key and record: a class
+tuned either way is tuned for both. A tuning ("fast", "exhaustive") holds the key's lock
+file (``cache.tuning_lock``): processes sharing the cache tune a class once.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import threading
 import time
 
 import torch
@@ -51,6 +55,11 @@ TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made
 #                      9: keyed on M's size class)
 _records: dict[str, dict] = {}  # tuning key (M's class) -> its choice, as the disk holds it
 _chosen: dict[tuple, object] = {}  # (tuning key, M) -> the kernel chosen for that M
+_sessions: dict[str, object] = {}  # tuning key -> its background tuning (``background_tuning``)
+_lock = threading.RLock()  # writes of the tables above (background tuning switches from
+#                            whichever thread finishes it)
+BACKGROUND = "background"
+TUNE_MODES = ("fast", "exhaustive", "none", BACKGROUND)
 
 
 def layout_key(t: torch.Tensor) -> tuple:
@@ -117,36 +126,100 @@ def _scratch(args: GemmArguments) -> GemmArguments:
 
 def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
     """The kernel to run ``args`` with: its size class's choice (``size_class``: in this
-    process, or from the disk cache), or found by timing candidates."""
-    if tune not in ("fast", "exhaustive", "none"):
-        raise ValueError(f"tune must be 'fast', 'exhaustive' or 'none', not {tune!r}")
-    key = tuning_key(args, tune, cc)
+    process, or from the disk cache), or found by timing candidates (``tune``: "fast",
+    "exhaustive"), or the first suggestion ("none"). "background": the class's choice where
+    there is one (the record "fast" keeps), else the first suggestion while a
+    ``background_tuning.Session`` tunes the class (``launch_plan`` wraps the calls' plans so
+    that they switch to its winner)."""
+    return _choose(args, tune, cc)[0]
+
+
+def launch_plan(args: GemmArguments, tune: str = "fast", cc=None):
+    """The launch plan of ``choose_kernel``'s kernel for ``args``; under a background
+    tuning of its class, a ``background_tuning.SwitchingPlan`` that advances the tuning at
+    its calls' boundaries and switches to the winner once it is known and verified."""
+    kernel, session = _choose(args, tune, cc)
+    if session is None or session.done:
+        return kernel.plan(args)
+    from .background_tuning import SwitchingPlan
+
+    return SwitchingPlan(session, kernel, args, cc)
+
+
+def check_tune(tune) -> None:
+    """A ``ValueError`` naming the modes for anything else."""
+    if tune not in TUNE_MODES:
+        raise ValueError(f"tune must be 'fast', 'exhaustive', 'none' or 'background', "
+                         f"not {tune!r}")
+
+
+def _times_on_device(args: GemmArguments) -> bool:
+    """Whether tuning times kernels for ``args``: on a GPU. Under Triton's CPU interpreter
+    a tuning takes the first kernel untimed (tests replace this to drive the timing logic
+    with stand-in kernels and a fake clock)."""
+    return args.A.device.type == "cuda"
+
+
+def _choose(args: GemmArguments, tune: str, cc):
+    """(the kernel for ``args``, the background tuning session it runs under, or None)."""
+    check_tune(tune)
+    key = tuning_key(args, "fast" if tune == BACKGROUND else tune, cc)
     hit = _chosen.get((key, args.M))
     if hit is not None:
-        return hit
+        return hit, None
     nowhere = no_device_error(args, cc)
     if nowhere is not None:  # CPU tensors, interpreter off: what to do, in the first line
         raise nowhere
     kernels = get_kernels(args, cc=cc)
     if not kernels:
         raise UnsupportedError("no evtfuse kernel supports these arguments:\n" + explain(args, cc))
+    chosen = _recorded(args, key, kernels, tune)
+    if chosen is None and len(kernels) > 1 and _times_on_device(args):
+        if tune == BACKGROUND:
+            return _provisional(args, key, kernels)
+        if tune != "none":
+            chosen = _tuned(args, key, kernels, tune)
+    if chosen is None:  # one kernel, the interpreter's first, or "none"'s pick
+        chosen = kernels[0] if len(kernels) == 1 or not _times_on_device(args) \
+            else candidates(args, kernels, "none")[0]
+    with _lock:
+        _chosen[(key, args.M)] = chosen
+    if args.A.device.type == "cuda":
+        chosen.compile_ahead(args)  # the variant another M of the class may need
+    return chosen, None
+
+
+def _recorded(args: GemmArguments, key: str, kernels: list, tune: str, record=None):
+    """The kernel of the class's recorded choice (this process's, else the disk's, or
+    ``record``), where it is among ``kernels`` (for "exhaustive", their other tile orders
+    too); None where there is none."""
     by_name = {k.name: k for k in kernels}
-    record = _records.get(key) or cache.load_choice(key)
+    record = record or _records.get(key) or cache.load_choice(key)
     if record and tune == "exhaustive" and record.get("kernel") not in by_name:
         # an exhaustive choice may be a candidate at another tile order (_refine_tile_order)
         for k in kernels:
             for v in _tile_order_variants(k, args):
                 by_name.setdefault(v.name, v)
-    if record and record.get("kernel") in by_name:
-        chosen = by_name[record["kernel"]]
+    if not record or record.get("kernel") not in by_name:
+        return None
+    chosen = by_name[record["kernel"]]
+    with _lock:
         _records[key] = record  # the next M of the class does not read the disk again
-        log.info("evtfuse: %s for %dx%dx%d: the choice of its size class (tuned at M=%s)",
-                 chosen.name, args.M, args.N, args.K, record.get("M"))
-    elif len(kernels) == 1 or args.A.device.type != "cuda":
-        chosen = kernels[0]
-    elif tune == "none":
-        chosen = candidates(args, kernels, tune)[0]
-    else:
+    log.info("evtfuse: %s for %dx%dx%d: the choice of its size class (tuned at M=%s)",
+             chosen.name, args.M, args.N, args.K, record.get("M"))
+    return chosen
+
+
+def _tuned(args: GemmArguments, key: str, kernels: list, tune: str):
+    """Time the candidates ("fast", "exhaustive") and store the winner, one process at a
+    time per key (``cache.tuning_lock``): one that waited for another's tuning takes the
+    choice it stored."""
+    with cache.tuning_lock(key) as held:
+        if held:
+            record = cache.load_choice(key)
+            chosen = _recorded(args, key, kernels, tune, record) if record else None
+            if chosen is not None:
+                return chosen
         cands = candidates(args, kernels, tune)
         log.info("evtfuse: tuning %dx%dx%d (M class %d): %d candidates%s", args.M, args.N,
                  args.K, size_class(args.M), len(cands),
@@ -157,11 +230,26 @@ def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
             chosen = _refine_tile_order(args, chosen, kernels)
         record = {**tuning_record(args, chosen, tune), **cost}
         cache.store_choice(key, record)
+    with _lock:
         _records[key] = record
-    _chosen[(key, args.M)] = chosen
-    if args.A.device.type == "cuda":
-        chosen.compile_ahead(args)  # the variant another M of the class may need
     return chosen
+
+
+def _provisional(args: GemmArguments, key: str, kernels: list):
+    """"background" where the class has no choice yet: the first suggestion (what "none"
+    takes), and the session tuning the class (started here for its first call). Not kept
+    in ``_chosen``: the session's winner goes there."""
+    from .background_tuning import Session
+
+    first = candidates(args, kernels, "none")[0]
+    with _lock:
+        session = _sessions.get(key)
+        if session is None:
+            cands = candidates(args, kernels, "fast")[:FAST_CANDIDATES]
+            session = _sessions[key] = Session(key, args, first, cands)
+    if session.done:  # its winner is not among this problem's kernels, or it was abandoned
+        return first, None
+    return (session.first if session.first in kernels else first), session
 
 
 def candidates(args: GemmArguments, kernels: list, tune: str) -> list:

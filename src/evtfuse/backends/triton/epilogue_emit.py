@@ -2,7 +2,7 @@
 
 Layer: backends/triton. Reads the optimised ``ir.Dag`` and the op table (each op's Triton
 spelling), never the user's source. Every kernel family uses it: the tile object a family
-passes in (``codegen._PortableTile`` / ``_HopperTile``, ``gluon_codegen._GluonTile``) says
+passes in (``triton_tiles.PortableTile`` / ``HopperTile``, ``gluon_tile.GluonTile``) says
 how that family loads and stores full tiles; the emitter computes the values and the
 per-row/per-column/scalar operands and outputs, and hands every reduction's values to its
 ``reductions`` (``reduce_emit.ReductionEmitter``: per-tile partials and their combination,

@@ -38,7 +38,7 @@ class Buffers:
     pieces would take costs A/B stages): no buffer. ``slot_stores`` (output name, host
     load; ``KernelSpec.chunk``): a second output of a load buffer's dtype, staged in the
     buffer's 128-byte column chunks once the chunk's in-place output has left; the
-    consumer TMA-stores both by chunk (``_SlotPlan``), so it costs no shared memory."""
+    consumer TMA-stores both by chunk (``gluon_tile.SlotPlan``), so it costs no shared memory."""
 
     loads: tuple[tuple[str, torch.dtype], ...]
     tile_stores: tuple[tuple[str, str], ...]

@@ -22,7 +22,7 @@ cores work on the next tile:
   without a buffer of their dtype are staged per column piece and TMA-stored by the
   consumer itself (``Buffers``). Slot configs (``KernelSpec.chunk``) have the consumer
   TMA-store the buffers' outputs by 128-byte column chunk as their pieces finish, and stage
-  a second output of the buffer's dtype in each chunk once it has left (``_SlotPlan``).
+  a second output of the buffer's dtype in each chunk once it has left (``gluon_tile.SlotPlan``).
 
 The epilogue itself is the Triton families' (``epilogue_emit.EpilogueEmitter``): the op
 table's spellings are layout-free Triton calls, which Gluon kernels may call on tensors in the
@@ -30,7 +30,7 @@ wgmma accumulator layout; only tile-shaped values (aux tiles, broadcasts, row/co
 indices) need that layout here. Scope (``gluon_family.GluonFamily.supports``): Hopper
 (sm_90), fp16/bf16 A and B; per-row/-column operands of fp16/bf16/fp32 contiguous and
 16-byte aligned (they move by TMA; those with batch slices of their own are read from
-global memory instead); stored per-row/-column vectors (``_GluonTile.along``). Batched problems
+global memory instead); stored per-row/-column vectors (``gluon_tile.GluonTile.along``). Batched problems
 (L > 1): the persistent schedule runs the tiles of every batch, batch by batch; a batched
 A or B and every aux tile and output move by 3-D TMA blocks (``Buffers.batch``).
 Design notes and measurements of the prototype: benchmarks/HISTORY.md (its probe,
@@ -47,125 +47,34 @@ so in both structures buffer set ``u % 2`` serves unit ``u`` and is reused by un
 (``_ef_unit_origin`` gives a unit's first row and column).
 
 The emitter's steps follow the module it writes (``_kernel_source``): ``_producer``;
-``_mem_issue`` and ``_mem`` (the epilogue-memory partition); ``_mma_step`` and
-``_consumer`` (its set-up, mainloop, epilogue on column pieces and finish); ``_kernel``
+``gluon_memory`` (the epilogue-memory partition); ``_mma_step`` and ``_consumer`` (its
+set-up, mainloop, epilogue on column pieces - ``gluon_tile`` - and finish); ``_kernel``
 (signature, shared memory, barriers, ``warp_specialize``). ``_Kernel`` holds what they
-share: the spec, the epilogue's buffers and emitter, the partitions' argument lists.
+share: the spec, the epilogue's buffers and emitter, the partitions' argument lists;
+``gluon_schedule`` the persistent schedule every partition follows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir import OperandKind, OutputKind
-from .emit_common import split_pieces, vector_load
+from .emit_common import split_pieces
 from .epilogue_emit import EpilogueEmitter
 from .gluon_buffers import Buffers, buffers
-from .names import Names, User
+from . import gluon_schedule as schedule
+from .gluon_memory import mem, mem_issue
+from .gluon_schedule import CONSTS, CONSTS_SIG, I1, I2, I3, SIZES
+from .gluon_tile import GluonTile, SlotPlan, piece_select, piece_stores
+from .names import Names
 from .prelude import helpers_for
 from .spec import (_FOLD_FINISH, KernelSpec, epilogue_params, int64_lines,
                    launch_dependents_lines, reduce_outputs)
 from .versions import gluon_names
 
 # Gluon's spellings for the running Triton (versions.py: they changed in 3.7 and 3.8)
-TMA_LOAD, TMA_STORE, CTA_BARRIER = (gluon_names()[k] for k in ("tma_load", "tma_store", "cta_barrier"))
+TMA_LOAD, CTA_BARRIER = (gluon_names()[k] for k in ("tma_load", "cta_barrier"))
 
 LAYOUT = "mma_layout"
-I1, I2, I3 = "    ", "        ", "            "
-
-
-@dataclass
-class _GluonTile:
-    """One column piece (number ``k``) of the consumer's tile: accumulator ``acc`` in
-    layout ``layout`` (the wgmma layout, or the one ``split`` gives its pieces)."""
-
-    bufs: Buffers
-    k: int | str  # a piece number, or the name of the piece loop's index (``loop``)
-    acc: str
-    layout: str
-    rn: str
-    piece: int | None  # the piece's number (None: in the piece loop, one body for all)
-    first_sub: str
-    rm: str = "rm"
-    bm: str = "EPI_M"  # the consumer's rows of the tile (``row0`` the first)
-    bn: str = "SUB_N"
-    pid_m: str = "pid_m_c"
-    pid_n: str = "pid_n_c"
-    mask: str = ""
-    all_rn: tuple = ()
-    loop: bool = False  # in the runtime piece loop: slices were taken by ``_piece_select``
-
-    @property
-    def bid(self) -> str:
-        """The tile's batch in a batched kernel ("": one batch)."""
-        return "bid" if self.bufs.batch else ""
-
-    def zeros(self) -> str:
-        return f"gl.zeros(({self.bm}, {self.bn}), gl.float32, layout={self.layout})"
-
-    def along(self, v: str, kind: OutputKind) -> str:
-        # broadcast over a zero vector in the piece's row/column slice layout (that of
-        # ``rm``/``rn``), then reduced over the axis of size 1: exact, no reshape
-        if kind is OutputKind.ROW:
-            z = f"gl.zeros(({self.bm},), gl.float32, layout=gl.SliceLayout(1, {self.layout}))[:, None]"
-            return f"tl.sum({v} + {z}, axis=1)"
-        z = f"gl.zeros(({self.bn},), gl.float32, layout=gl.SliceLayout(0, {self.layout}))[None, :]"
-        return f"tl.sum({v} + {z}, axis=0)"
-
-    def one(self, v: str) -> tuple[str, str, str]:
-        # the value along the consumer's rows, stored by the lane of its first row
-        return self.along(v, OutputKind.ROW), f" + {self.rm} * 0", f"{self.rm} == row0"
-
-    def barrier(self) -> str:
-        return f"{CTA_BARRIER}()"  # the consumer warpgroup's own barrier
-
-    def lane(self) -> str:
-        return f"({self.rm} - row0)"
-
-    def load_full(self, u: User, batched: bool) -> str:
-        if self.loop:
-            return f"{u('ld')}.to(tl.float32)"
-        return f"{u('lbc')}.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"
-
-    def load_vector(self, u: User, kind: OperandKind, bofs: str) -> str:
-        if not any(n == u.name for n, _, _ in self.bufs.vectors):
-            return vector_load(u, kind, bofs, self.rm, self.rn)
-        if kind is OperandKind.PER_ROW:
-            return f"{u('vbc')}.load(gl.SliceLayout(1, {self.layout})).to(tl.float32)[:, None]"
-        if self.loop:
-            return f"{u('lv')}.to(tl.float32)[None, :]"
-        return (f"{u('vbc')}.slice({self.k} * SUB_N, SUB_N).load(gl.SliceLayout(0, {self.layout}))"
-                f".to(tl.float32)[None, :]")
-
-    def store_full(self, u: User, value: str, batched: bool) -> str:
-        if u.name in self.bufs.direct_stores:  # from registers
-            bofs = f"bid64 * {u('sl')} + " if batched else ""
-            return (f"tl.store({u('ptr')} + {bofs}{self.rm}[:, None].to(tl.int64) * {u('sm')} + "
-                    f"{self.rn}[None, :].to(tl.int64) * {u('sn')}, "
-                    f"({value}).to({u('ptr')}.dtype.element_ty), "
-                    f"mask=({self.rm}[:, None] < M) & ({self.rn}[None, :] < N))")
-        slot = dict(self.bufs.slot_stores)
-        if u.name in slot:  # held until its chunk's in-place output has left (``_SlotPlan``)
-            return f"{u('hold', self.k)} = ({value}).to({u.names(slot[u.name], 'lbc')}.dtype)"
-        tile = dict(self.bufs.tile_stores)
-        if u.name in tile:  # stored later: whole by the epilogue-memory warp, or by chunk (``_SlotPlan``)
-            buf = u.names(tile[u.name], "lbc")
-            if self.loop:  # stored into its slice after the body (``_piece_stores``)
-                return f"{u('st')} = ({value}).to({buf}.dtype)"
-            return f"{buf}.slice({self.k} * SUB_N, SUB_N, dim=1).store(({value}).to({buf}.dtype))"
-        # staged in one of this consumer's two piece buffers, stored by TMA from here: the
-        # buffer's previous store (two pieces ago) is done once at most 2n - 1 of the n
-        # piece outputs' later stores are pending (bulk groups complete in order)
-        n = len(self.bufs.piece_stores)
-        parity = f"{self.k} % 2" if self.loop else self.k % 2
-        buf = f"{u('ob')}.index(WHICH * 2 + {parity})"
-        return "; ".join([
-            f"tma.store_wait(pendings={2 * n - 1})",
-            f"{self.bufs.view(buf, 'EPI_M', 'SUB_N')}.store(({value}).to({u('ob')}.dtype))",
-            "fence_async_shared()",
-            f"{TMA_STORE}({u('desc')}, "
-            f"{self.bufs.at(u.name, 'row0', f'pid_n_c * BLOCK_N + {self.k} * SUB_N')}, {buf})",
-        ])
 
 
 # the epilogue's quarters in a runtime loop (one copy of the body, not four) where the
@@ -186,148 +95,6 @@ def _piece_loop(epi: EpilogueEmitter, spec: KernelSpec, bufs: Buffers) -> bool:
         all(epi.reductions.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
-@dataclass(frozen=True)
-class _SlotPlan:
-    """The consumer's chunked TMA stores of slot outputs (``Buffers.slot_stores``) and of
-    the in-place outputs of their buffers. A chunk is ``per`` pieces (``CH`` columns, 128
-    bytes). Once a chunk's last piece has run, its in-place outputs (written there as the
-    pieces ran) leave by TMA; the slot outputs' pieces stay in registers (role "hold") until
-    the next chunk's in-place stores are issued, then wait for their chunk's in-place
-    stores to have read the buffer (bulk groups complete in order), take the chunk and
-    leave. Per chunk ``c``: in-place ``c`` (``T`` groups, one per consumer-stored tile),
-    then slots ``c - 1`` (``S``, one per slot output; none without slot outputs). Without
-    slot outputs a piece may span several chunks (``per`` < 1: each piece issues its own)."""
-
-    bufs: Buffers
-    pieces: int
-    sub_n: int  # columns of a piece
-    chunk: int  # columns of a chunk
-    names: Names
-
-    @property
-    def per(self) -> int:  # pieces per chunk (0: a piece holds several chunks)
-        return self.chunk // self.sub_n
-
-    @property
-    def chunks(self) -> int:
-        return self.pieces * self.sub_n // self.chunk
-
-    def _issue(self, pairs, c: int, indent: str) -> list[str]:
-        # a batched kernel's buffers: the chunk of the 3-D block (``Buffers.batch``)
-        role, dim = ("lbc3", 2) if self.bufs.batch else ("lbc", 1)
-        return [f"{indent}{TMA_STORE}({self.names(n, 'desc')}, "
-                f"{self.bufs.at(n, 'row0', f'pid_n_c * BLOCK_N + {c} * CH')}, "
-                f"{self.names(host, role)}.slice({c} * CH, CH, dim={dim}))" for n, host in pairs]
-
-    def _flush(self, c: int, pendings: int, indent: str) -> list[str]:
-        lines = [f"{indent}tma.store_wait(pendings={pendings})  # chunk {c}'s in-place stores "
-                 "have read it"]
-        for n, host in self.bufs.slot_stores:
-            for j in range(c * self.per, (c + 1) * self.per):
-                lines.append(f"{indent}{self.names(host, 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1)"
-                             f".store({self.names(n, 'hold', j)})")
-        return [*lines, f"{indent}fence_async_shared()", *self._issue(self.bufs.slot_stores, c, indent)]
-
-    def after_piece(self, k: int, indent: str) -> list[str]:
-        """Lines after piece ``k``'s body (and its in-place stores)."""
-        if not self.per:  # a piece of several chunks (no slot outputs): each leaves now
-            every = self.sub_n // self.chunk
-            lines = [f"{indent}fence_async_shared()"]
-            for c in range(k * every, (k + 1) * every):
-                lines += self._issue(self.bufs.consumer_tiles, c, indent)
-            if k == self.pieces - 1:
-                lines.append(f"{indent}tma.store_wait(pendings=0)  # the buffers are free again")
-            return lines
-        if (k + 1) % self.per:
-            return []
-        c = (k + 1) // self.per - 1
-        s, t = len(self.bufs.slot_stores), len(self.bufs.consumer_tiles)
-        lines = [f"{indent}fence_async_shared()", *self._issue(self.bufs.consumer_tiles, c, indent)]
-        if s and c >= 1:  # newer than chunk c - 1's in-place stores: slots c - 2, in-place c
-            lines += self._flush(c - 1, t + (s if c >= 2 else 0), indent)
-        if c == self.chunks - 1:
-            if s:  # newer than the last in-place stores: slots c - 1
-                lines += self._flush(c, s if c >= 1 else 0, indent)
-            lines.append(f"{indent}tma.store_wait(pendings=0)  # the buffers are free again")
-        return lines
-
-
-def _by_piece(count: int, indent: str, body) -> list[str]:
-    """An if/elif/else chain on the piece loop's index ``k``: the lines ``body(j)`` for
-    piece ``j`` (shared-memory slices take constant offsets)."""
-    lines = []
-    for j in range(count):
-        head = "if k == 0:" if j == 0 else ("else:" if j == count - 1 else f"elif k == {j}:")
-        lines += [f"{indent}{head}", *(f"{indent}    {line}" for line in body(j))]
-    return lines
-
-
-def _piece_select(names: Names, bufs: Buffers, pieces: list[str], indent: str) -> list[str]:
-    """At the top of the piece loop: piece ``k`` of the accumulator and the slices of the
-    aux tiles and column vectors it needs."""
-    def select(j: int) -> list[str]:
-        return [f"pc = {pieces[j]}",
-                *(f"{names(n, 'ld')} = {names(n, 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1).load(PL)"
-                  for n, _ in bufs.loads),
-                *(f"{names(n, 'lv')} = {names(n, 'vbc')}.slice({j} * SUB_N, SUB_N)"
-                  f".load(gl.SliceLayout(0, PL))" for n, _, row in bufs.vectors if not row)]
-
-    return _by_piece(len(pieces), indent, select)
-
-
-def _piece_stores(names: Names, bufs: Buffers, count: int, indent: str,
-                  plan: _SlotPlan | None = None) -> list[str]:
-    """At the bottom of the piece loop: the values of outputs staged in a load's tile
-    buffer go into their slice (and, chunked, leave as their chunk completes)."""
-    if not bufs.tile_stores:
-        return []
-    return _by_piece(count, indent, lambda j: [
-        *(f"{names(host, 'lbc')}.slice({j} * SUB_N, SUB_N, dim=1).store({names(n, 'st')})"
-          for n, host in bufs.tile_stores),
-        *(plan.after_piece(j, "") if plan else [])])
-
-
-def _lane(n: int, warps: int) -> str:
-    """An index vector of ``n`` elements (a multiple of ``32 * warps``) spread over the
-    threads of a consumer partition of ``warps`` warps."""
-    return f"gl.arange(0, {n}, layout=gl.BlockedLayout([{n // (32 * warps)}], [32], [{warps}], [0]))"
-
-
-# every partition's view of the persistent schedule: program p takes tiles p, p + nprog, ...
-def _program(batch: bool) -> list[str]:
-    """The persistent schedule's sizes (``batch``: the tiles of every batch, batch by batch)."""
-    return [
-        f"{I1}start = gl.program_id(0)",
-        f"{I1}nprog = gl.num_programs(0)",
-        f"{I1}num_pid_m = gl.cdiv(M, BLOCK_M)",
-        f"{I1}num_pid_n = gl.cdiv(N, BLOCK_N)",
-        f"{I1}my_tiles = gl.cdiv(num_pid_m * num_pid_n{' * L' if batch else ''} - start, nprog)",
-    ]
-
-
-def _tile_coords(batch: bool) -> list[str]:
-    """``_ef_tile_coords``: a tile's (batch,) row and column of tiles: grouped order,
-    bands of ``GROUP_M`` row-tiles, within each batch."""
-    head = [
-        "@gluon.jit",
-        "def _ef_tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):",
-    ]
-    if batch:
-        head += [f"{I1}per_batch = num_pid_m * num_pid_n",
-                 f"{I1}bid = tile // per_batch",
-                 f"{I1}tile = tile % per_batch"]
-    return head + [
-        f"{I1}group = GROUP_M * num_pid_n",
-        f"{I1}first_m = (tile // group) * GROUP_M",
-        f"{I1}group_m = gl.minimum(num_pid_m - first_m, GROUP_M)",
-        f"{I1}pid_m = first_m + ((tile % group) % group_m)",
-        f"{I1}pid_n = (tile % group) // group_m",
-        f"{I1}return {'bid, ' if batch else ''}pid_m, pid_n",
-        "",
-        "",
-    ]
-
-
 # when the epilogue-memory warp loads the aux tiles of a program's first two tiles: "eager"
 # both at the start; "second" the second tile's once the first consumer's first mainloop
 # is issued (a one-shot barrier, ``c_go``), so that it does not compete with the A/B ring's
@@ -340,56 +107,6 @@ MEM_FIRST = "second"
 COOP_GO = True
 
 
-def _first_loads(staged: bool, tail: str, coop: bool = False) -> list[str]:
-    """The memory warp's aux loads for units 0 and 1 (``staged``: the second waits; for
-    cooperative tiles, both: they are the halves of the first tile)."""
-    issue = f"_ef_mem_issue({{t}}, start, nprog, num_pid_m, num_pid_n, c_ready, {tail})"
-    if coop:
-        wait = [f"{I1}mbarrier.wait(c_go.index(0), 0)  # the ring's first fill has landed"]
-        return [*(wait if staged else []), f"{I1}{issue.format(t=0)}", f"{I1}{issue.format(t=1)}"]
-    wait = [f"{I2}mbarrier.wait(c_go.index(0), 0)  # consumer 0's first mainloop issued"]
-    return [f"{I1}{issue.format(t=0)}", f"{I1}if my_units > 1:", *(wait if staged else []),
-            f"{I2}{issue.format(t=1)}"]
-
-
-def _unit_origin(coop: bool, batch: bool) -> list[str]:
-    """``_ef_unit_origin``: the (batch,) first row and column of an epilogue unit's block. A unit
-    is what one consumer's aux and output buffers hold at a time: ping-pong, tile ``u``
-    of the program (consumer ``u % 2`` takes it whole); cooperative, half ``u % 2`` (the
-    rows of consumer ``u % 2``) of the program's tile ``u // 2``. Either way buffer set
-    ``u % 2`` serves unit ``u`` and is reused by unit ``u + 2``."""
-    tile, rows = ("start + (u // 2) * nprog", " + (u % 2) * (BLOCK_M // 2)") if coop \
-        else ("start + u * nprog", "")
-    bid = "bid, " if batch else ""
-    return [
-        "@gluon.jit",
-        "def _ef_unit_origin(u, start, nprog, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, "
-        "BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):",
-        f"{I1}{bid}pid_m, pid_n = _ef_tile_coords({tile}, num_pid_m, num_pid_n, GROUP_M)",
-        f"{I1}return {bid}pid_m * BLOCK_M{rows}, pid_n * BLOCK_N",
-        "",
-        "",
-    ]
-
-
-def _coords(trans: bool, row: str, k: str, batched: bool = False) -> str:
-    """An A or B block's TMA coordinates (``batched``: the operand has batch slices)."""
-    b = "bid, " if batched else ""
-    return f"[{b}{k}, {row}]" if trans else f"[{b}{row}, {k}]"
-
-
-def _stage(bufs: str, batched: bool, shape: tuple[str, str]) -> str:
-    """Stage ``s`` of an A/B ring as the 2-D block wgmma reads (a batched operand's
-    blocks are [1, rows, columns])."""
-    if batched:
-        return f"{bufs}.index(s).reshape([{shape[0]}, {shape[1]}])"
-    return f"{bufs}.index(s)"
-
-
-SIZES = "M, N, K, L"  # the problem's sizes, every partition's arguments
-CONSTS_SIG = "BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, " \
-             "GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, EVEN_MN: gl.constexpr"
-CONSTS = "BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES, EVEN_MN"
 
 
 @dataclass
@@ -432,8 +149,8 @@ class _Kernel:
 
     @property
     def program(self) -> list[str]:
-        """Every partition's first lines: the persistent schedule (``_program``)."""
-        return _program(self.batch)
+        """Every partition's first lines: the persistent schedule (``program``)."""
+        return schedule.program(self.batch)
 
     @property
     def params(self) -> list[str]:
@@ -523,11 +240,11 @@ def _kernel_source(spec: KernelSpec) -> str:
     """The kernel and its partitions' functions, in the module's order."""
     k = _Kernel.of(spec)
     L = [
-        *_tile_coords(k.batch),
-        *_unit_origin(k.coop, k.batch),
+        *schedule.tile_coords(k.batch),
+        *schedule.unit_origin(k.coop, k.batch),
         *_producer(k),
-        *_mem_issue(k),
-        *_mem(k),
+        *mem_issue(k),
+        *mem(k),
         *_mma_step(k),
         *_consumer(k),
         *_consumer_wrappers(k),
@@ -541,8 +258,8 @@ def _kernel_source(spec: KernelSpec) -> str:
 def _producer(k: _Kernel) -> list[str]:
     """``_ef_producer``: the 1-warp partition TMA-loading A and B stages into the ring."""
     spec = k.spec
-    a_k = _coords(spec.a_trans, "off_m", "kk * BLOCK_K", spec.a_batched)
-    b_k = _coords(not spec.b_trans, "off_n", "kk * BLOCK_K", spec.b_batched)
+    a_k = schedule.coords(spec.a_trans, "off_m", "kk * BLOCK_K", spec.a_batched)
+    b_k = schedule.coords(not spec.b_trans, "off_n", "kk * BLOCK_K", spec.b_batched)
     return [
         "@gluon.jit",
         f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {SIZES}, {CONSTS_SIG}):",
@@ -567,77 +284,15 @@ def _producer(k: _Kernel) -> list[str]:
     ]
 
 
-# ---- epilogue-memory partition: aux tiles in, outputs out
-
-def _mem_issue(k: _Kernel) -> list[str]:
-    """``_ef_mem_issue``: the TMA loads of one unit's aux tiles and vectors (``c_ready``)."""
-    names, bufs = k.names, k.bufs
-    L = [
-        "@gluon.jit",
-        f"def _ef_mem_issue(t, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{k.mem}{CONSTS_SIG}):",
-        f"{I1}b = t % 2",
-    ]
-    if not (k.load_names or k.vec_names):
-        return L + [f"{I1}mbarrier.arrive(c_ready.index(b))", "", ""]
-    load_bytes = " + ".join(f"{names(n, 'desc')}.block_type.nbytes"
-                            for n in k.load_names + [v for v, _ in k.vec_names]) or "0"
-    L += [
-        f"{I1}{k.bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
-        "BLOCK_N, GROUP_M)",
-        f"{I1}mbarrier.expect(c_ready.index(b), {load_bytes})",
-    ]
-    for n, _ in bufs.loads:
-        L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, {bufs.at(n, 'row0', 'col0')}, "
-                 f"c_ready.index(b), {names(n, 'lb')}.index(b))")
-    for n, row in k.vec_names:
-        at = "row0" if row else "col0"
-        L.append(f"{I1}{TMA_LOAD}({names(n, 'desc')}, [{at}], c_ready.index(b), "
-                 f"{names(n, 'vb')}.index(b))")
-    return L + ["", ""]
-
-
-def _mem(k: _Kernel) -> list[str]:
-    """``_ef_mem``: the 1-warp partition storing each unit's outputs and loading the aux
-    tiles of the unit two on (``d_ready``)."""
-    names, bufs = k.names, k.bufs
-    L = [
-        "@gluon.jit",
-        f"def _ef_mem(c_ready, d_ready, {k.go}{k.mem}{SIZES}, {CONSTS_SIG}):",
-        *k.program,
-        f"{I1}my_units = {'2 * ' if k.coop else ''}my_tiles",
-        *_first_loads(k.staged, f"{k.mem}{CONSTS}", k.coop),
-        f"{I1}for t in range(my_units):",
-        f"{I2}b = t % 2",
-        f"{I2}{k.bid}row0, col0 = _ef_unit_origin(t, start, nprog, num_pid_m, num_pid_n, BLOCK_M, "
-        "BLOCK_N, GROUP_M)",
-        f"{I2}mbarrier.wait(d_ready.index(b), (t // 2) & 1)",
-    ]
-    for name, host in bufs.tile_stores:
-        if (name, host) in bufs.consumer_tiles:
-            continue  # the consumer stores it by chunk
-        L.append(f"{I2}{TMA_STORE}({names(name, 'desc')}, {bufs.at(name, 'row0', 'col0')}, "
-                 f"{names(host, 'lb')}.index(b))")
-    return L + [
-        f"{I2}if t + 2 < my_units:",
-        f"{I3}tma.store_wait(pendings=0)  # the outputs have left buffer set b",
-        f"{I3}_ef_mem_issue(t + 2, start, nprog, num_pid_m, num_pid_n, c_ready, "
-        f"{k.mem}{CONSTS})",
-        f"{I1}tma.store_wait(pendings=0)",
-        "",
-        "",
-    ]
-
-
 # ---- consumer partitions: mainloop and epilogue
 
 def _mma_step(k: _Kernel) -> list[str]:
     """``_ef_mma_step``: one k-step's wgmma on a ring stage, releasing the previous stage."""
     spec = k.spec
     # a batched operand's stage is a [1, rows, columns] block: its 2-D view for wgmma
-    a_stage = _stage("a_bufs", spec.a_batched, ("BLOCK_K", "BLOCK_M") if spec.a_trans
+    a_stage = schedule.stage("a_bufs", spec.a_batched, ("BLOCK_K", "BLOCK_M") if spec.a_trans
                      else ("BLOCK_M", "BLOCK_K"))
-    b_stage = _stage("b_bufs", spec.b_batched, ("BLOCK_N", "BLOCK_K") if spec.b_trans
+    b_stage = schedule.stage("b_bufs", spec.b_batched, ("BLOCK_N", "BLOCK_K") if spec.b_trans
                      else ("BLOCK_K", "BLOCK_N"))
     a_smem = f"{a_stage}.permute((1, 0))" if spec.a_trans else a_stage
     if k.coop:  # the consumer's rows of the stage (the family refuses a column-major A)
@@ -769,7 +424,7 @@ def _consumer_epilogue(k: _Kernel) -> list[str]:
     the tile handed to the memory warp (``d_ready``)."""
     spec = k.spec
     split_lines, pieces = split_pieces(spec.epi_split, I2, rows="EPI_M")
-    plan = _SlotPlan(k.bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk, k.names) \
+    plan = SlotPlan(k.bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk, k.names) \
         if spec.chunk else None
     body = _piece_loop_lines(k, pieces, plan) if _piece_loop(k.epi, spec, k.bufs) \
         else _unrolled_pieces(k, pieces, plan)
@@ -781,26 +436,26 @@ def _consumer_epilogue(k: _Kernel) -> list[str]:
     ]
 
 
-def _piece_loop_lines(k: _Kernel, pieces: list[str], plan: _SlotPlan | None) -> list[str]:
+def _piece_loop_lines(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
     """The pieces' epilogue as one runtime loop over them (``PIECE_LOOP``)."""
     names, bufs = k.names, k.bufs
     L = [
         f"{I2}PL: gl.constexpr = {pieces[0]}.type.layout  # every piece's",
         f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, PL))",
         f"{I2}for k in range({len(pieces)}):",
-        *_piece_select(names, bufs, pieces, I3),
+        *piece_select(names, bufs, pieces, I3),
         f"{I3}rn = pid_n_c * BLOCK_N + k * SUB_N + gl.arange(0, SUB_N, "
         "layout=gl.SliceLayout(0, PL))",
     ]
     if reduce_outputs(k.spec.dag):
         L.append(f"{I3}mask = (rm[:, None] < M) & (rn[None, :] < N)")
-    sub = _GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", piece=None, first_sub="k == 0",
+    sub = GluonTile(bufs, "k", acc="pc", layout="PL", rn="rn", piece=None, first_sub="k == 0",
                      mask="mask", loop=True)
     L += k.epi.body(sub, I3)
-    return L + _piece_stores(names, bufs, len(pieces), I3, plan)
+    return L + piece_stores(names, bufs, len(pieces), I3, plan)
 
 
-def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: _SlotPlan | None) -> list[str]:
+def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
     """The pieces' epilogue written out piece by piece (chunked stores after each)."""
     spec, L = k.spec, []
     for j, piece in enumerate(pieces):
@@ -813,7 +468,7 @@ def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: _SlotPlan | None) -> l
         ]
         if reduce_outputs(spec.dag):
             L.append(f"{I2}mask{j} = (rm[:, None] < M) & ({rn}[None, :] < N)")
-        sub = _GluonTile(k.bufs, j, acc=piece, layout=layout, rn=rn, piece=j,
+        sub = GluonTile(k.bufs, j, acc=piece, layout=layout, rn=rn, piece=j,
                          first_sub="True" if j == 0 else "False", mask=f"mask{j}",
                          all_rn=tuple(f"rn{i}" for i in range(len(pieces))))
         L += k.epi.body(sub, I2, first=j == 0, last=j == len(pieces) - 1)
@@ -828,8 +483,8 @@ def _consumer_finish(k: _Kernel) -> list[str]:
     spec, red = k.spec, k.epi.reductions
     L = [f"{I1}tma.store_wait(pendings=0)"] if k.piece_bufs else []
     L += red.program_finish(I1, slot="2 * start + WHICH", count="2 * nprog",
-                            lane=_lane(32 * spec.warps, spec.warps), barrier=f"{CTA_BARRIER}()")
-    L += red.fold_finish("2 * nprog", I1, lane=_lane(_FOLD_FINISH, spec.warps),
+                            lane=schedule.lane(32 * spec.warps, spec.warps), barrier=f"{CTA_BARRIER}()")
+    L += red.fold_finish("2 * nprog", I1, lane=schedule.lane(_FOLD_FINISH, spec.warps),
                          barrier=f"{CTA_BARRIER}()")
     return L + ["", ""]
 

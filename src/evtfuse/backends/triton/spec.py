@@ -54,7 +54,7 @@ class KernelSpec:
     #                               hopper: a grouped kernel's full outputs, stored through
     #                               pointers masked to their group's rows
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
-    chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_codegen._SlotPlan``; 0: none)
+    chunk: int = 0  # gluon: columns of the consumer's store chunks (``gluon_tile.SlotPlan``; 0: none)
     tile_n: int = 0  # gluon: BLOCK_N, where the store chunks need it
     l2_spread: bool = False  # hopper: full aux tiles asked into L2 line by line over the
     #                          mainloop's last k-steps (``_l2_spread_lines``)

@@ -1,0 +1,211 @@
+"""evtfuse's GEMM operators on DTensors (``runtime.sharding``, ``runtime.dtensor_call``) on
+the CPU: two processes (gloo, Triton's interpreter). ``evtfuse.gemm`` and ``grouped_gemm``
+called with DTensors, without and with gradients: the outputs placed as the epilogue allows
+(columns, rows, batches, else replicated after DTensor's redistribution) and equal, with
+every gradient, to one process's results; ``torch.ops.evtfuse.gemm`` itself dispatched by
+DTensor through the registered rules (an output given where the epilogue cannot compute it
+is an error naming it, and nothing is written); a plain tensor among DTensors is named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed_helpers import run_ranks
+from evtfuse.errors import EpilogueError
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+M, K, N = 7, 16, 11  # uneven shards over two ranks
+RELU = "def e(accum, bias):\n    D = relu(accum + bias)\n    return D"
+SOFTMAX = "def e(accum, bias):\n    D = softmax(accum + bias)\n    return D"
+ROWS = ("def e(accum, scale, bias):\n    D = gelu(accum * scale + bias)\n"
+        "    s = logsumexp(D)\n    return D, s")
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(M, K, generator=g), torch.randn(K, N, generator=g),
+            torch.randn(N, generator=g), torch.randn(M, 1, generator=g))
+
+
+def _forward_worker(rank: int, world: int) -> None:
+    import evtfuse
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    R = [Replicate()]
+
+    def dt(t, *placements):
+        return distribute_tensor(t, mesh, list(placements))
+
+    A, B, bias, scale = _inputs()
+    with torch.no_grad():
+        # columns: A replicated, B and the bias sharded on N alike; the output stays so
+        D = evtfuse.gemm(dt(A, *R), dt(B, Shard(1)), RELU, bias=dt(bias, Shard(0)))
+        assert D.placements == (Shard(1),)
+        torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A, B, RELU, bias=bias), **TOL)
+        # rows: A and a per-row operand sharded on M, with a reduction over each row
+        D, s = evtfuse.gemm(dt(A, Shard(0)), dt(B, *R), ROWS, scale=dt(scale, Shard(0)),
+                            bias=dt(bias, *R), s=dt(torch.empty(M, 1), Shard(0)))
+        want_d, want_s = evtfuse.gemm(A, B, ROWS, scale=scale, bias=bias, s=torch.empty(M, 1))
+        assert D.placements == (Shard(0),) and s.placements == (Shard(0),)
+        torch.testing.assert_close(D.full_tensor(), want_d, **TOL)
+        torch.testing.assert_close(s.full_tensor(), want_s, **TOL)
+        # softmax mixes the columns: B gathered, computed replicated
+        D = evtfuse.gemm(dt(A, *R), dt(B, Shard(1)), SOFTMAX, bias=dt(bias, Shard(0)))
+        assert D.placements == (Replicate(),)
+        torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A, B, SOFTMAX, bias=bias),
+                                   **TOL)
+        # K sharded (partial sums): redistributed first, never summed after the epilogue
+        D = evtfuse.gemm(dt(A, Shard(1)), dt(B, Shard(0)), RELU, bias=dt(bias, *R))
+        torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A, B, RELU, bias=bias), **TOL)
+        # batches: A and B sharded on L
+        g = torch.Generator().manual_seed(1)
+        A3, B3 = torch.randn(4, M, K, generator=g), torch.randn(4, K, N, generator=g)
+        D = evtfuse.gemm(dt(A3, Shard(0)), dt(B3, Shard(0)), RELU, bias=dt(bias, *R))
+        assert D.placements == (Shard(0),)
+        torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A3, B3, RELU, bias=bias), **TOL)
+        # an output given where the epilogue cannot compute it: named, nothing written
+        given = dt(torch.full((M, N), 7.0), Shard(1))
+        with pytest.raises(EpilogueError, match=r"gemm: output D is a DTensor placed "
+                           r"\(Shard\(dim=1\),\), but the epilogue e: line 2: softmax"):
+            evtfuse.gemm(dt(A, *R), dt(B, Shard(1)), SOFTMAX, bias=dt(bias, Shard(0)), D=given)
+        assert bool((given.to_local() == 7.0).all())
+        # a plain tensor among DTensors
+        with pytest.raises(EpilogueError, match="some tensors of the call are DTensors and "
+                                                "bias is a plain tensor") as info:
+            evtfuse.gemm(dt(A, *R), dt(B, Shard(1)), RELU, bias=bias)
+        assert info.value.variable == "bias"
+
+
+def test_gemm_on_dtensors_places_outputs_as_the_epilogue_allows():
+    run_ranks(_forward_worker)
+
+
+def _grad_worker(rank: int, world: int) -> None:
+    import evtfuse
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    A, B, bias, scale = _inputs()
+    g = torch.Generator().manual_seed(5)
+    for src, placed, out_placement, given in (
+            (RELU, {"A": Replicate(), "B": Shard(1), "bias": Shard(0)}, Shard(1), {}),
+            (ROWS, {"A": Shard(0), "B": Replicate(), "bias": Replicate(), "scale": Shard(0)},
+             Shard(0), {"s": torch.empty(M, 1)}),
+            (SOFTMAX, {"A": Replicate(), "B": Shard(1), "bias": Shard(0)}, Replicate(), {})):
+        full = {"A": A, "B": B, "bias": bias, "scale": scale}
+        ref = {k: full[k].clone().requires_grad_(True) for k in placed}
+        ops = {k: v for k, v in ref.items() if k not in ("A", "B")}
+        want = evtfuse.gemm(ref["A"], ref["B"], src, **ops,
+                            **{k: v.clone() for k, v in given.items()})
+        want = want if isinstance(want, tuple) else (want,)
+        ups = [torch.randn(w.shape, generator=g) for w in want]
+        torch.autograd.backward(want, ups)
+        mine = {k: distribute_tensor(full[k], mesh, [p]).requires_grad_(True)
+                for k, p in placed.items()}
+        outs = {k: distribute_tensor(v, mesh, [out_placement]) for k, v in given.items()}
+        got = evtfuse.gemm(mine["A"], mine["B"], src, **outs,
+                           **{k: v for k, v in mine.items() if k not in ("A", "B")})
+        assert all(got[-1] is outs[k] for k in outs)  # an output given is written, returned
+        got = got if isinstance(got, tuple) else (got,)
+        assert got[0].placements == (out_placement,), (src, got[0].placements)
+        for x, w in zip(got, want):
+            torch.testing.assert_close(x.full_tensor(), w.detach(), **TOL)
+        torch.autograd.backward(got, [distribute_tensor(u, mesh, [Replicate()]).redistribute(
+            mesh, x.placements) for u, x in zip(ups, got)])
+        for k, t in mine.items():
+            # a sharded input's gradient is its own shard's; a replicated one's, each
+            # rank's part of the sum (Partial) where the call was split, whole where not
+            expect = placed[k] if placed[k].is_shard() or out_placement.is_replicate() \
+                else Partial()
+            assert t.grad.placements == (expect,), (src, k, t.grad.placements)
+            torch.testing.assert_close(t.grad.full_tensor(), ref[k].grad, **TOL,
+                                       msg=lambda m: f"{src!r} d{k}: {m}")
+
+
+def test_gemm_on_dtensors_backward_matches_one_process():
+    run_ranks(_grad_worker)
+
+
+def _op_worker(rank: int, world: int) -> None:
+    import evtfuse
+    from evtfuse.runtime import sharding, torch_op
+    from evtfuse.runtime.api import _epilogue_of
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    sharding.register()  # a program calling the operator before any evtfuse call
+    mesh = init_device_mesh("cpu", (world,))
+    A, B, bias, _ = _inputs()
+    dA = distribute_tensor(A, mesh, [Replicate()])
+    dB = distribute_tensor(B, mesh, [Shard(1)])
+    db = distribute_tensor(bias, mesh, [Shard(0)])
+
+    def op(src, D):
+        epi = _epilogue_of(src)
+        layout = torch_op.layout_text(("bias",), (), (), ("D",), 0, epi.where, False,
+                                      ("none", False, True, None))
+        torch_op.call(dA, dB, src, layout, [db], [], [D])
+
+    # an output given replicated stays where it is: B gathered (a strategy that moved D
+    # would write a copy and leave D as it was)
+    D = distribute_tensor(torch.zeros(M, N), mesh, [Replicate()])
+    op(RELU, D)
+    assert D.placements == (Replicate(),)
+    torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A, B, RELU, bias=bias), **TOL)
+    D = distribute_tensor(torch.zeros(M, N), mesh, [Shard(1)])
+    op(RELU, D)
+    torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A, B, RELU, bias=bias), **TOL)
+    # the same placements, another epilogue: its own rule (the sharding cache keys on the
+    # epilogue), which cannot compute D sharded over N
+    D.to_local().fill_(7.0)
+    with pytest.raises(RuntimeError, match=r"evtfuse::gemm: output D is a DTensor placed "
+                                           r"\(Shard\(dim=1\),\), but the epilogue e"):
+        op(SOFTMAX, D)
+    assert bool((D.to_local() == 7.0).all())
+
+    # a 2-D mesh: every combination of splits over its dimensions keeps D where it is.
+    # Here the cheapest combination for the inputs (B left as it is: columns on dimension
+    # 0) would move D, whose placement needs replicated on dimension 0
+    mesh2 = init_device_mesh("cpu", (world, 1), mesh_dim_names=("a", "b"))
+    dA = distribute_tensor(A, mesh2, [Replicate(), Replicate()])
+    dB = distribute_tensor(B, mesh2, [Shard(1), Replicate()])
+    db = distribute_tensor(bias, mesh2, [Shard(0), Replicate()])
+    D = distribute_tensor(torch.zeros(M, N), mesh2, [Replicate(), Shard(1)])
+    op(RELU, D)
+    assert D.placements == (Replicate(), Shard(1))
+    torch.testing.assert_close(D.full_tensor(), evtfuse.gemm(A, B, RELU, bias=bias), **TOL)
+
+    # grouped GEMM over M, each expert's columns sharded (B (G, K, N) on N, a per-group
+    # bias alike); offs a plain tensor (taken as replicated)
+    G, T = 3, 9
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(T, K, generator=g), torch.randn(G, K, N, generator=g)
+    gb = torch.randn(G, 1, N, generator=g)
+    offs = torch.tensor([2, 6, 9], dtype=torch.int32)
+    grouped = "def e(accum, bias):\n    D = silu(accum + bias)\n    return D"
+    want = evtfuse.grouped_gemm(x, w, offs, grouped, bias=gb)
+    with torch.no_grad():
+        got = evtfuse.grouped_gemm(distribute_tensor(x, mesh, [Replicate()]),
+                                   distribute_tensor(w, mesh, [Shard(2)]), offs, grouped,
+                                   bias=distribute_tensor(gb, mesh, [Shard(2)]))
+    assert got.placements == (Shard(1),)
+    torch.testing.assert_close(got.full_tensor(), want, **TOL)
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, gb))
+    evtfuse.grouped_gemm(xs, ws, offs, grouped, bias=bs).sum().backward()
+    dx = distribute_tensor(x, mesh, [Replicate()]).requires_grad_(True)
+    dw = distribute_tensor(w, mesh, [Shard(2)]).requires_grad_(True)
+    dgb = distribute_tensor(gb, mesh, [Shard(2)]).requires_grad_(True)
+    out = evtfuse.grouped_gemm(dx, dw, offs, grouped, bias=dgb)
+    out.sum().backward()
+    torch.testing.assert_close(out.full_tensor(), want, **TOL)
+    for name, mine, ref in (("x", dx, xs), ("w", dw, ws), ("bias", dgb, bs)):
+        torch.testing.assert_close(mine.grad.full_tensor(), ref.grad, **TOL,
+                                   msg=lambda m: f"d{name}: {m}")
+
+
+def test_operators_dispatched_by_dtensor_through_the_rules():
+    run_ranks(_op_worker)
