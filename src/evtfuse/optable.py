@@ -466,7 +466,7 @@ def _g_softplus(d: Diff) -> tuple:
     params = {**dict(SOFTPLUS_DEFAULTS), **d.params}
     beta, threshold = params["beta"], params["threshold"]
     bx = d.x if beta == 1.0 else d.x * beta
-    z = d.exp(bx)
+    z = d.exp(d.where(bx > threshold, 0.0, bx))  # 0 where unused: no exp overflow there
     return (d.where(bx > threshold, d.g, d.g * z / (z + 1.0)),)
 
 
@@ -765,8 +765,9 @@ def finish_exp_partials(op: str, m: str, s: str) -> str:
     and sum of exp ``s`` (formed with 0 for an infinite max, ``_ef_lse_part``):
     logsumexp -inf over no element, +inf where an element is +inf (its sum is then +inf);
     shifted_sumexp the sum, NaN where the max is infinite (as torch's exp(x - max))."""
-    if op == "logsumexp":
-        return f"tl.where({m} == float('-inf'), 0.0, {m}) + tl.log({s})"
+    if op == "logsumexp":  # log's argument 1 where the result is -inf (its sum is 0 there)
+        return (f"tl.where({m} == float('-inf'), float('-inf'), "
+                f"{m} + tl.log(tl.where({m} == float('-inf'), 1.0, {s})))")
     return f"tl.where(tl.abs({m}) == float('inf'), float('nan'), {s})"
 
 

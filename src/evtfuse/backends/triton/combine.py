@@ -106,7 +106,8 @@ def combine_partials(ws, ws2, out, T, EXT, osl, os, OP: tl.constexpr, BLOCK: tl.
             s = s * tl.exp(m - safe) + tl.sum(w * tl.exp(x - safe[None, :]), axis=0)
             m = mx
         if OP == "logsumexp":  # as optable.finish_exp_partials
-            r = tl.where(m == float("-inf"), 0.0, m) + tl.log(s)
+            r = tl.where(m == float("-inf"), float("-inf"),
+                         m + tl.log(tl.where(m == float("-inf"), 1.0, s)))
         else:  # the sum alone (no max added back to round it away); NaN for an infinite max
             r = tl.where(tl.abs(m) == float("inf"), float("nan"), s)
     elif OP == "sum":

@@ -143,8 +143,10 @@ class GroupedReductions:
         u = self.names.user(o.name)
         mask = f"{rm} < M"
 
-        def load(j, ws):
-            return f"tl.load({ws} + {_i64(j)} * grp_rows + {rm}, mask={mask}, other=0.0, {_LD_L2})"
+        def load(j, ws):  # a lane past M never stored: logsumexp's sums 1 there, not log(0)
+            other = "1.0" if ws == u("ws2") else "0.0"
+            return (f"tl.load({ws} + {_i64(j)} * grp_rows + {rm}, mask={mask}, other={other}, "
+                    f"{_LD_L2})")
 
         out = u("out")
         return (self._start(o, load, inner) + self._steps(o, "num_pid_n", load, inner)
@@ -156,9 +158,10 @@ class GroupedReductions:
         u = self.names.user(o.name)
         mask = f"{rn} < N"
 
-        def load(j, ws):
+        def load(j, ws):  # as _combine_rows' (a lane past N)
+            other = "1.0" if ws == u("ws2") else "0.0"
             return (f"tl.load({ws} + {_i64(f'{first} + {j}')} * N + {rn}, mask={mask}, "
-                    f"other=0.0, {_LD_L2})")
+                    f"other={other}, {_LD_L2})")
 
         out = u("out")
         b = f"{_i64('bid')} * {u('osl')} + " if o.batched else ""

@@ -195,7 +195,7 @@ def _ef_softplus(x):
     # exp(x) < 1/16, where log(1 + e) would lose e (softplus(-20) is 2e-9, not 0). A select,
     # not tl.minimum(x, 20.0), which on a GPU turns NaN into 20
     e = tl.exp(tl.where(x > 20.0, 20.0, x))
-    l1p = tl.where(e < 0.0625, _ef_log1p_series(e), tl.log(1.0 + e))
+    l1p = tl.where(e < 0.0625, _ef_log1p_series(tl.where(e < 0.0625, e, 0.0)), tl.log(1.0 + e))
     return tl.where(x > 20.0, x, l1p)
 ''',
     "_ef_softplus_beta": '''
@@ -207,7 +207,7 @@ def _ef_softplus_beta(x, beta, threshold):
     # that no inf is formed there (exp(beta * x) itself overflows above 88.7, as torch's)
     bx = x * beta
     e = tl.exp(tl.where(bx > threshold, 0.0, bx))
-    l1p = tl.where(e < 0.0625, _ef_log1p_series(e), tl.log(1.0 + e))
+    l1p = tl.where(e < 0.0625, _ef_log1p_series(tl.where(e < 0.0625, e, 0.0)), tl.log(1.0 + e))
     return tl.where(bx > threshold, x, l1p / beta)
 ''',
     "_ef_maximum": '''
@@ -322,8 +322,10 @@ def _ef_round_sat(x, lo, hi):
 @triton.jit
 def _ef_log1p(x):
     # log(1 + x): its series where |x| < 1/16 (where 1 + x would lose x; a subnormal x gives
-    # x), else log(1 + x); inf, -1 and below -1 give inf, -inf and NaN as torch.log1p does
-    return tl.where(tl.abs(x) < 0.0625, _ef_log1p_series(x), tl.log(1.0 + x))
+    # x), else log(1 + x); inf, -1 and below -1 give inf, -inf and NaN as torch.log1p does.
+    # The series on 0 where it is not taken (it overflows for large |x|)
+    small = tl.abs(x) < 0.0625
+    return tl.where(small, _ef_log1p_series(tl.where(small, x, 0.0)), tl.log(1.0 + x))
 ''',
     "_ef_expm1": '''
 @triton.jit
