@@ -275,6 +275,14 @@ def _resolve_group(name: str):
 _SHARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def _all_gather(out: torch.Tensor, part: torch.Tensor, group) -> None:
+    """``out`` = every rank's ``part``, in rank order: ``all_gather_single`` where torch has
+    it (2.13 deprecates ``all_gather_into_tensor`` for it), else the older name."""
+    gather = getattr(torch.distributed, "all_gather_single", None) \
+        or torch.distributed.all_gather_into_tensor
+    gather(out, part, group=group)
+
+
 def vocab_shards(group, local: int) -> tuple[int, int]:
     """(this rank's first row of the vocabulary, the whole vocabulary's size) for a weight
     whose ``local`` rows are this rank's shard, the ranks' shards in rank order: one
@@ -286,8 +294,7 @@ def vocab_shards(group, local: int) -> tuple[int, int]:
         n = torch.distributed.get_world_size(group)
         device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
         sizes = torch.zeros(n, dtype=torch.int64, device=device)
-        torch.distributed.all_gather_into_tensor(
-            sizes, torch.tensor([local], dtype=torch.int64, device=device), group=group)
+        _all_gather(sizes, torch.tensor([local], dtype=torch.int64, device=device), group)
         sizes = sizes.tolist()
         rank = torch.distributed.get_rank(group)
         hit = known[local] = (sum(sizes[:rank]), sum(sizes))
