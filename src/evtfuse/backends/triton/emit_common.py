@@ -27,11 +27,15 @@ def all_of(*conds: str) -> str:
 def vector_load(u: User, kind: OperandKind, bofs: str, rm: str, rn: str,
                 ct: str = "tl.float32") -> str:
     """A per-row or per-column operand read from global memory, broadcast over the tile,
-    in the epilogue's compute dtype ``ct``."""
+    in the epilogue's compute dtype ``ct``. A row past M (a column past N) reads 1.0:
+    nothing computed there is stored or reduced (reductions mask the edge they run
+    across), and a statistic a second pass or a backward divides by or takes the log of
+    (softmax's sum, a max's tie count) is then no 0 there (numpy's divide-by-zero and
+    invalid-value warnings under the interpreter)."""
     if kind is OperandKind.PER_ROW:
-        return (f"tl.load({u('ptr')} + {bofs} + {rm} * {u('sm')}, mask={rm} < M, other=0.0)"
+        return (f"tl.load({u('ptr')} + {bofs} + {rm} * {u('sm')}, mask={rm} < M, other=1.0)"
                 f".to({ct})[:, None]")
-    return (f"tl.load({u('ptr')} + {bofs} + {rn} * {u('sn')}, mask={rn} < N, other=0.0)"
+    return (f"tl.load({u('ptr')} + {bofs} + {rn} * {u('sn')}, mask={rn} < N, other=1.0)"
             f".to({ct})[None, :]")
 
 
