@@ -139,6 +139,7 @@ def test_first_call_compiles_one_kernel_then_the_others_in_the_background(tuning
     assert {t for t, _ in tuning.ran} == {"evtfuse-background-tuning"}
 
 
+@pytest.mark.slow
 def test_windows_at_call_boundaries_never_in_a_capture_then_a_verified_switch(
         tuning, monkeypatch, tmp_path):
     A, B, bias = _inputs()
@@ -397,6 +398,7 @@ def test_threads_calling_while_the_switch_happens_all_get_correct_results(tuning
 
 # ---------------------------------------------------------------- the pool's exit rule
 
+@pytest.mark.slow
 def test_an_exiting_process_drops_queued_jobs_and_waits_for_the_running_one(tmp_path):
     """At exit the pool's running job finishes (a compile is never stopped inside Triton)
     and its queued ones are dropped, not run."""

@@ -70,6 +70,7 @@ for i in range(150):
 """
 
 
+@pytest.mark.slow
 def test_records_written_by_several_processes_at_once_are_read_whole(caplog):
     """Two writers of one record and a reader in this process: every read is a whole
     record of one of them (atomic replace), never a torn or empty file."""

@@ -74,6 +74,7 @@ def _worker(rank: int, world: int, path: str) -> None:
     torch.testing.assert_close(got[2], want[2], **TOL)
 
 
+@pytest.mark.slow
 def test_patched_llama_under_transformers_tensor_parallelism_trains_as_unsharded():
     with tempfile.TemporaryDirectory() as path:
         run_ranks(_worker, path)

@@ -196,6 +196,7 @@ def _rows_worker(rank: int, world: int) -> None:
                                      distribute_tensor(w, mesh, [Replicate()]), y)
 
 
+@pytest.mark.slow
 def test_dtensor_rows_split_beside_a_replicated_weight():
     """Hidden states and targets split over the rows (tokens), the LM head's weight
     replicated: evtfuse::linear_cross_entropy through its DTensor sharding rules (each rank

@@ -79,6 +79,7 @@ def _forward_worker(rank: int, world: int) -> None:
         assert info.value.variable == "bias"
 
 
+@pytest.mark.slow
 def test_gemm_on_dtensors_places_outputs_as_the_epilogue_allows():
     run_ranks(_forward_worker)
 
@@ -126,6 +127,7 @@ def _grad_worker(rank: int, world: int) -> None:
                                        msg=lambda m: f"{src!r} d{k}: {m}")
 
 
+@pytest.mark.slow
 def test_gemm_on_dtensors_backward_matches_one_process():
     run_ranks(_grad_worker)
 
@@ -207,5 +209,6 @@ def _op_worker(rank: int, world: int) -> None:
                                    msg=lambda m: f"d{name}: {m}")
 
 
+@pytest.mark.slow
 def test_operators_dispatched_by_dtensor_through_the_rules():
     run_ranks(_op_worker)

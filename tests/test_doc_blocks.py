@@ -29,6 +29,7 @@ from typing import NamedTuple
 import pytest
 
 from doc_blocks import ROOT, blocks, page_path, run_page
+from tiers import quick
 
 
 class Page(NamedTuple):
@@ -165,7 +166,7 @@ DOC_PAGES = ["README.md"] + sorted(f"docs/{p.name}" for p in (ROOT / "docs").glo
 PYTHON_TAGS = {"python", "py", "python3", "pycon", "ipython"}
 
 
-@pytest.mark.parametrize("page", sorted(PAGES))
+@pytest.mark.parametrize("page", quick(sorted(PAGES), ["docs/operands.md"]))  # a process each
 def test_page_blocks_run(page, tmp_path):
     spec = PAGES[page]
     run_page(page, tmp_path, spec.must_hold, tail=spec.tail, setup=spec.setup, timeout=900)

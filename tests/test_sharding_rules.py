@@ -156,6 +156,7 @@ def test_an_output_placed_where_the_epilogue_cannot_compute_it_is_named():
                          _mesh(16), {"D": (Shard(1),)})
 
 
+@pytest.mark.slow
 def test_import_and_plain_calls_leave_torch_distributed_tensor_unimported():
     code = ("import sys, torch, evtfuse\nfrom evtfuse.runtime.device import is_dtensor\n"
             "is_dtensor(torch.ones(1))\n"
@@ -169,6 +170,7 @@ def test_import_and_plain_calls_leave_torch_distributed_tensor_unimported():
     assert out[1] == "False {'done': True}"  # registered once the module is there
 
 
+@pytest.mark.slow
 def test_a_compiled_call_registers_nothing_inside_its_trace():
     """evtfuse's first look for the DTensor class inside torch.compile's trace (here
     torch.distributed.tensor is imported before, and evtfuse has not looked yet; torch.compile
