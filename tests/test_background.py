@@ -92,6 +92,7 @@ def test_it_can_be_turned_off(monkeypatch):
     assert plan.jit.calls == []
 
 
+@pytest.mark.slow
 def test_an_ending_process_waits_for_its_background_compiles(tmp_path):
     """A compile still running when the program ends finishes before the interpreter
     exits (a daemon thread stopped inside Triton's compiler aborted the exit on 3.9)."""

@@ -43,6 +43,7 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TRITON_INTERPRET": "1"}
 
 
+@pytest.mark.slow
 def test_two_processes_tune_a_class_once(tmp_path):
     """Two processes started together ask for the same class: one tunes (its lock held),
     the other waits and takes the stored choice (or, started later, reads it): one

@@ -189,6 +189,7 @@ def test_same_objects_path_sees_a_resized_storage():
     torch.testing.assert_close(D, A @ B + C, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_set_to_a_much_smaller_storage_does_not_crash_the_process(tmp_path):
     """The finding as reported: after three calls, ``D.set_(4-element storage)`` aborted
     the process ("double free or corruption"); it must raise an EpilogueError instead."""

@@ -373,6 +373,7 @@ def test_profile_reads_ncu_metrics(monkeypatch, tmp_path):
     assert "--metrics launch__registers_per_thread" in forwarded
 
 
+@pytest.mark.slow
 def test_profile_reports_input_errors_before_ncu(monkeypatch, tmp_path):
     _fake_ncu(tmp_path, NCU_CSV)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])

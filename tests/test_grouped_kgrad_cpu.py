@@ -70,6 +70,7 @@ CASES = {  # group sizes over T, T (>= their sum: columns past offs[-1] are in n
 
 @pytest.mark.parametrize("mode", ["recompute", "save"])
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.cover("case")
 def test_every_operand_and_output_against_torch(case, mode):
     sizes, T = CASES[case]
     G, M, N = len(sizes), 6, 10

@@ -285,6 +285,7 @@ def test_a_forward_that_is_not_llamas_is_left():
     assert "GraniteForCausalLM.forward is neither" in str(model.evtfuse_patch)
 
 
+@pytest.mark.slow
 def test_trainer_loss_path(tmp_path):
     """transformers' Trainer, one step with gradient accumulation (it passes
     num_items_in_batch): the same loss and weights as the original model's."""

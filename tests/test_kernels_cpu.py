@@ -16,6 +16,7 @@ import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, explain, get_kernels
 from evtfuse.runtime import cache
 from offline_run import run_offline
+from tiers import quick
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="CPU-interpreter tier; the GPU tier covers kernels on a GPU")
@@ -445,6 +446,7 @@ def test_gemm_repeat_calls_still_refuse_non_numbers_for_scalars():
     torch.testing.assert_close(D, 3 * (A @ B) + C, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_evtfuse_log_environment_reaches_library_users():
     import subprocess
     import sys
@@ -615,7 +617,7 @@ def test_hopper_configs_for_small_problems_fill_the_gpu():
     assert _hopper_configs(1024, 1024, 1024)[0] == "128x64x64_w4_s5_g8"  # 128 tiles
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick(FAMILIES, ["portable"]))
 def test_one_row_of_tiles_and_one_wave_paths(family):
     """Problems of one row of tiles (M <= BLOCK_M, one batch) take the tile's column from
     the program id without the grouped order's divisions (``ONE_ROW``), and persistent

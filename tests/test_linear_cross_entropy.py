@@ -156,6 +156,7 @@ def test_gradient_through_the_lse_alone_and_with_the_loss():
         torch.testing.assert_close(got.grad.double(), w.grad, **TOL)
 
 
+@pytest.mark.slow
 def test_leading_batch_dims_and_a_flat_target():
     hidden, weight, bias, target = _inputs(lead=(2, 5), t=10)
     loss = compare(hidden, weight, bias, target, reduction="none")
@@ -265,6 +266,7 @@ def test_gradcheck_in_fp32(wrt):
                                     rtol=1e-2, fast_mode=len(wrt) == 3)
 
 
+@pytest.mark.slow
 def test_a_second_backward_of_mean_is_refused_clearly():
     hidden, weight, bias, target = _inputs()
     h = hidden.clone().requires_grad_(True)
@@ -471,7 +473,7 @@ def test_bad_arguments_raise_errors_naming_them(change, variable, phrase):
     assert phrase in str(exc.value), str(exc.value)
 
 
-@pytest.mark.cover
+@pytest.mark.cover("grad")
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 def test_a_bad_target_in_a_later_chunk_raises_and_leaves_no_gradient(reduction, grad):

@@ -324,6 +324,7 @@ GRADS = [("accum.softmax(-1)", False), ("accum - accum.mean(0)", False),
 
 @pytest.mark.parametrize("mode", ["recompute", "save"])  # save: the forward re-written
 @pytest.mark.parametrize("expr, batched", GRADS)
+@pytest.mark.cover("expr")  # the quick tier: each expression once, in one mode or the other
 def test_torch_reductions_gradients(expr, batched, mode):
     fn = (SPELLED_3D if batched else SPELLED_2D).get(expr) or {
         "accum * accum.amax(-1, keepdim=True)": lambda x: x * x.amax(-1, keepdim=True),

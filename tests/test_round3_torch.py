@@ -111,8 +111,7 @@ def _lce_both(inputs, with_bias=True, weigh=lambda loss, lse: loss.sum(), device
     return out
 
 
-@pytest.mark.parametrize("case", quick(SPECIAL_CASES, ["inf_hidden_target_logit_neg_inf",
-                                                       "inf_minus_inf_logits"]))
+@pytest.mark.parametrize("case", quick(SPECIAL_CASES, ["inf_minus_inf_logits"]))
 def test_linear_cross_entropy_special_values_match_torch(case):
     """Every reduction and option: loss, lse and gradients as torch's, NaN where torch's
     are NaN (a row whose max logit is +-inf: torch's log_softmax is x - max - ..., NaN over

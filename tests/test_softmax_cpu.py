@@ -115,7 +115,7 @@ def _large_rows(N: int) -> torch.Tensor:
 # a row whose max is -1e8: exp(x - max) overflows in the tile's columns past N (x = 0
 # there, never stored): numpy warns; a select on the column mask per element would not
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.cover
+@pytest.mark.cover("op")
 def test_softmax_of_large_magnitude_rows(op, family, N, plan):
     """As torch computes them, exp(x - m) / s and (x - m) - log(s), in both plans: not
     through lse = m + log(s), which is m itself in fp32 where |m| is large ([1e8, 1e8]:
@@ -308,7 +308,7 @@ def test_gradients_through_a_max_feeding_computation(N, mode):
 
 @pytest.mark.parametrize("mode", ["recompute", "save"])
 @pytest.mark.parametrize("M", [24, 80])  # the columns within one tile's rows, or several
-@pytest.mark.cover
+@pytest.mark.cover("M")
 def test_gradients_through_column_and_whole_reductions_feeding_computation(M, mode):
     """A per-column mean (centring the columns) and a whole-output absmax scale, both
     returned per batch and feeding computation, differentiated (the backward sums over

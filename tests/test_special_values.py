@@ -94,6 +94,7 @@ def test_portable_kernel(name, params):
 
 
 @pytest.mark.parametrize("name", [r.name for r in elementwise_rows()])
+@pytest.mark.slow
 def test_hopper_kernel(name):
     """The TMA family, each row with its first parameter set (loads and stores differ from
     the portable family's; the epilogue's code is the same emitter's)."""

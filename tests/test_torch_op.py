@@ -94,6 +94,7 @@ def test_compile_fullgraph_matches_eager_without_graph_breaks():
     _close([D2, F], [2.0 * D, F0])
 
 
+@pytest.mark.slow
 def test_compile_with_inductor_gives_eager_results():
     torch._dynamo.reset()
     A, B, C = _data()
