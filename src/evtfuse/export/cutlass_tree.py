@@ -72,6 +72,7 @@ class Leaf:
     comment: str = ""
     alias: str | None = None  # a `using` name the tree refers to instead of ``cpp``
     alias_decl: str | None = None  # the declaration of ``alias`` (written before the tree)
+    source: object = None  # the ir.Node it computes or loads, the ir.Output it stores
 
 
 @dataclass
@@ -217,6 +218,11 @@ class _Builder:
 
     # -- leaves
     def leaf(self, n: Node) -> Leaf:
+        leaf = self._leaf(n)
+        leaf.source = n
+        return leaf
+
+    def _leaf(self, n: Node) -> Leaf:
         if n.kind is NodeKind.ACCUM:
             return Leaf(FUSION + "Sm90AccFetch", "{}", "AccFetch", "accum")
         if n.kind is NodeKind.CONST:
@@ -270,13 +276,18 @@ class _Builder:
         what = f"{n.var} = " if n.var else ""
         return Leaf(f"{FUSION}Sm90Compute<{fn}, {out}, float, {ROUND}>", args,
                     f"Compute({n.op})", f"{what}{n.op}{'(' + ps[2:] + ')' if ps else ''}"
-                    + (f"  (line {n.line})" if n.line else ""))
+                    + (f"  (line {n.line})" if n.line else ""), source=n)
 
     def identity(self) -> Leaf:
         return Leaf(f"{FUSION}Sm90Compute<cutlass::epilogue::thread::Identity, float, float, "
                     f"{ROUND}>", "{}", "Compute(identity)", "the value D stores")
 
     def store(self, o: ir.Output) -> Leaf:
+        leaf = self._store(o)
+        leaf.source = o
+        return leaf
+
+    def _store(self, o: ir.Output) -> Leaf:
         el = element(o.dtype, f"output {o.name}")
         if o.kind is OutputKind.FULL:
             alias = self.name("AuxStore", o.name)
