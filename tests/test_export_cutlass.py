@@ -30,7 +30,7 @@ from evtfuse import ir
 from evtfuse.cli import EXIT_INPUT, EXIT_UNSUPPORTED, app
 from evtfuse.export import ExportError, cutlass, walk
 from evtfuse.export.cutlass_tree import Leaf, Topo, Tree
-from evtfuse.optable import OPS, round_to
+from evtfuse.optable import OPS
 from evtfuse.reference import evaluate, torch_apply
 from export_cases import CASES
 
@@ -459,3 +459,18 @@ def test_cli_exit_status_of_refusals_and_bad_input():
     res = runner.invoke(app, ["export", "cutlass", "def e(accum):\n    D = accum\n    return D",
                               "--tile", "128,128"], catch_exceptions=False)
     assert res.exit_code == EXIT_INPUT and "--tile takes three positive integers" in res.output
+
+
+def test_export_md_shows_the_golden_header():
+    """docs/export.md's complete example is the relu_aux header as exported today."""
+    text = (Path(__file__).parents[1] / "docs" / "export.md").read_text()
+    block = re.search(r"```cpp\n(.*?)```", text, re.S)
+    assert block, "docs/export.md lost its cpp block"
+    assert block.group(1) == export("relu_aux").header
+
+
+@pytest.mark.parametrize("command", [["export"], ["export", "cutlass"]])
+def test_export_commands_have_help(command):
+    res = CliRunner().invoke(app, [*command, "--help"], catch_exceptions=False)
+    assert res.exit_code == 0 and "Usage:" in res.output
+    assert ("cutlass" in res.output) if command == ["export"] else ("--operand" in res.output)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import functors
-from .cutlass_tree import FUSION, Leaf, Plan, Topo, Tree, Visitor
+from .cutlass_tree import FUSION, Leaf, Plan, Tree, Visitor
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,7 @@ def _type(v: Visitor, ind: str) -> list[str]:
              f"{ind}  cute::tuple<{seqs}>,"]
     body: list[str] = []
     for k, o in enumerate(v.ops):
-        sub = _type(o, ind + "  ")
-        sub[0] = sub[0] + ("" if "//" in sub[0] else "") 
-        body += [f"{ind}  // op {k}"] + sub
+        body += [f"{ind}  // op {k}"] + _type(o, ind + "  ")
     lines += body
     lines.append(f"{ind}>")
     return _commas(lines)
@@ -121,7 +119,7 @@ def header(plan: Plan, cfg: Config, preamble: list[str]) -> str:
         '#include "cutlass/gemm/kernel/gemm_universal.hpp"',
         '#include "cutlass/util/packed_stride.hpp"',
         "",
-        f"namespace evtfuse_export {{",
+        "namespace evtfuse_export {",
         f"namespace {ns} {{",
         "",
         f"using ElementA = {cfg.element_ab};",

@@ -35,7 +35,6 @@ import torch
 from .. import ir
 from ..errors import EpilogueError
 from ..ir import Dag, Node, NodeKind, OperandKind, OutputKind, Space
-from ..optable import OPS, Category
 from . import functors
 
 ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
