@@ -426,6 +426,13 @@ def test_bad_choices_name_the_argument(kw, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["K", "stream", "Gemm", "stride_D", "double", "new"])
+def test_names_clashing_with_the_generated_cpp_are_refused(name):
+    src = f"def e(accum, {name}):\n    D = accum * {name}\n    return D"
+    with pytest.raises(ExportError, match=f"'{name}' is a C\\+\\+ keyword or a name"):
+        cutlass(src, operands={name: "runtime"})
+
+
 def test_user_text_is_parsed_not_run(tmp_path):
     marker = tmp_path / "ran"
     src = f"import os\nos.mkdir({str(marker)!r})\ndef e(accum):\n    D = accum\n    return D\n"

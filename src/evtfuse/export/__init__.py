@@ -121,8 +121,10 @@ def cutlass(epilogue: Any, *, operands: Mapping[str, str] | None = None,
     parsed, desc, dag = bind_description(
         epilogue, lambda p: describe(p, operands, outputs, c, d))
     ns = name or parsed.name
-    if not ns.isidentifier() or not ns.isascii():
-        raise ExportError(f"name {ns!r} is not a C++ identifier", variable="name")
+    if not ns.isidentifier() or not ns.isascii() or ns in CPP_KEYWORDS:
+        raise ExportError(f"name {ns!r} is not a C++ identifier (the header's namespace)",
+                          variable="name")
+    _check_names(parsed)
     plan = build(dag, Choices(element_c=None, element_d=ELEMENTS[d]), parsed)
     c_op = plan.c_operand
     d_out = plan.d_output
@@ -137,6 +139,38 @@ def cutlass(epilogue: Any, *, operands: Mapping[str, str] | None = None,
     preamble += [""]
     text = header(plan, cfg, preamble)
     return CutlassExport(ns, text, dag, plan, cfg, desc)
+
+
+# names the generated C++ declares (at namespace or function scope) and C++'s keywords:
+# an epilogue parameter or output becomes a C++ parameter of the same name, so it may be
+# none of these (nor start like the generated aliases and strides)
+GENERATED_NAMES = frozenset("""
+    M N K A B stream fusion args gemm status workspace workspace_size
+    ElementA ElementB ElementC ElementD ElementAccumulator ElementCompute LayoutA LayoutB
+    LayoutC LayoutD AlignmentA AlignmentB AlignmentC AlignmentD TileShape ClusterShape
+    KernelSchedule EpilogueSchedule EpilogueTileType EpilogueDescriptor EVT
+    CollectiveEpilogue CollectiveMainloop GemmKernel Gemm StrideA StrideB StrideC StrideD
+    make_arguments run cutlass cute std evtfuse_export ns""".split())
+GENERATED_PREFIXES = ("stride_", "AuxLoad", "AuxStore", "Evtfuse")
+CPP_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+    char16_t char32_t class compl concept const consteval constexpr constinit const_cast
+    continue co_await co_return co_yield decltype default delete do double dynamic_cast
+    else enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public
+    register reinterpret_cast requires return short signed sizeof static static_assert
+    static_cast struct switch template this thread_local throw true try typedef typeid
+    typename union unsigned using virtual void volatile wchar_t while xor xor_eq""".split())
+
+
+def _check_names(parsed) -> None:
+    for name in (*parsed.params, *parsed.outputs):
+        clash = (name in GENERATED_NAMES or name in CPP_KEYWORDS or not name.isascii()
+                 or name.startswith(GENERATED_PREFIXES))
+        if clash:
+            raise ExportError(f"cannot export to CUTLASS: '{name}' is a C++ keyword or a name "
+                              "the generated C++ uses (M, N, K, A, B, stream, Gemm, EVT, "
+                              "stride_..., ...); rename it in the epilogue", variable=name)
 
 
 ELEMENTS_F32 = next(k for k, v in ELEMENTS.items() if v == "float")

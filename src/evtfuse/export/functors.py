@@ -48,7 +48,7 @@ EMITTED: dict[str, tuple[str, int, tuple[tuple[str, float], ...], str]] = {
     "exp": ("EvtfuseExp", 1, (), "expf(a)"),
     "log": ("EvtfuseLog", 1, (), "logf(a)"),
     "sqrt": ("EvtfuseSqrt", 1, (), "sqrtf(a)"),
-    "rsqrt": ("EvtfuseRsqrt", 1, (), "rsqrtf(a)"),
+    "rsqrt": ("EvtfuseRsqrt", 1, (), "1.f / sqrtf(a)"),  # rsqrtf is device-only
     "abs": ("EvtfuseAbs", 1, (), "fabsf(a)"),
     "log1p": ("EvtfuseLog1p", 1, (), "log1pf(a)"),
     "expm1": ("EvtfuseExpm1", 1, (), "expm1f(a)"),
