@@ -17,7 +17,7 @@ This module holds the typer ``app``, ``main`` and the list of commands (in the o
 ``base`` (exit codes, ``CliError``), ``sources`` (epilogue text and files), ``problem``
 (flags -> operands), ``device`` (GPU or interpreter, timing), ``report`` (kernel choice,
 run, verify, report text), ``demos``, ``commands`` (run, show, verify), ``ncu`` (profile),
-``bench_cache`` and ``precompile``. Every name is re-exported here: ``evtfuse.cli.X`` is where code and
+``bench_cache``, ``precompile`` and ``export`` (export cutlass). Every name is re-exported here: ``evtfuse.cli.X`` is where code and
 tests look things up, and where ``choose_kernel`` and ``main`` are looked up at call time.
 """
 
