@@ -11,7 +11,8 @@ only shapes, dtypes and strides matter), fp16 and fp8 variants of a few, and ``N
 epilogues of the fuzz generator (``tests/epilogue_fuzz.py``, fixed seed) at two shapes, batched
 and column-major operands included. For each, every (family, config) pair an sm_90 GPU with
 132 SMs would be offered (``runtime.offline.offered``: refusals and order included) gives
-one line: problem, family, config name, a hash of the generated source, and a hash of the
+one line: problem, family, config name, a hash of the generated source (its code: the
+header docstring, a printout of the DAG for people, left out), and a hash of the
 launch plan's constants and non-tensor arguments (the grid, sizes, strides, flags). Also
 the explanations of refused problems, so a changed refusal shows.
 """
@@ -42,6 +43,14 @@ def _short(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _code(module: str) -> str:
+    """A generated module without its header docstring (the DAG printed for people, whose
+    variable names and line numbers follow how the DAG was built, not what runs)."""
+    if module.startswith('"""'):
+        return module[module.index('"""', 3) + 3:]
+    return module
+
+
 def _plan_text(args, family, config, target) -> str:
     """The launch plan's constants and every argument that is not a tensor getter."""
     items, consts, grid, _post = family.plan(args, args.optimized_dag, config, target)
@@ -67,7 +76,7 @@ def fingerprint(label: str, args) -> list[str]:
         # first pass's kernel here (as runtime.offline.compile_for builds it)
         staged = judged(fam, args, target)
         spec = fam.spec(staged, cfg, target)
-        lines.append(f"{label}\t{fam.name}\t{cfg.name}\t{_short(generate(spec))}\t"
+        lines.append(f"{label}\t{fam.name}\t{cfg.name}\t{_short(_code(generate(spec)))}\t"
                      f"{_short(_plan_text(staged, fam, cfg, target))}")
     return lines
 

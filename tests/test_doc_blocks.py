@@ -87,6 +87,10 @@ for g, rows in enumerate(groups):
     close(dW[g], x[rows].T @ dY[rows])
     close(D[rows], F_.silu(A[rows] @ W_gate[g].T) * (A[rows] @ W_up[g].T))
 """, ("dW = evtfuse.grouped_gemm(x.t(), dY, offs)",)),
+    "docs/export.md": Page("", """
+assert "using EVT = cutlass::epilogue::fusion::Sm90EVT<" in header
+assert exported.parameters[-1] == ("D", "cutlass::half_t*")
+""", ("evtfuse.export.cutlass(relu_aux",)),
     "docs/library.md": Page(
         _GEMM_SETUP + """
 from evtfuse import library

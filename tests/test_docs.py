@@ -84,7 +84,8 @@ def test_cli_md_covers_commands_and_exit_codes():
     from evtfuse import cli
 
     text = (DOCS / "cli.md").read_text()
-    for cmd in ("demo", "run", "show", "profile", "bench", "cache list | clear"):
+    for cmd in ("demo", "run", "show", "profile", "bench", "cache list | clear",
+                "export cutlass"):
         assert f"## `evtfuse {cmd}`" in text
     for code in (cli.EXIT_OK, cli.EXIT_VERIFY, cli.EXIT_INPUT, cli.EXIT_UNSUPPORTED,
                  cli.EXIT_MISSING):

@@ -11,6 +11,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, GemmArguments, UnsupportedError
+from evtfuse.frontend import parse_epilogue
 from evtfuse.reference import evaluate_grouped
 from grouped_cases import GROUP_CASES, offs_of
 from offline_run import run_offline
@@ -37,7 +38,7 @@ def check(fn, A, B, offs, dtype, **operands):
     that belong to a group (those past offs[-1] must stay as they were: NaN)."""
     got = evtfuse.grouped_gemm(A, B, offs, fn, **operands)
     got = got if isinstance(got, tuple) else (got,)
-    outs = evtfuse.arguments.parse_epilogue(fn).outputs
+    outs = parse_epilogue(fn).outputs
     named = {n: t for n, t in zip(outs, got) if t is not None}
     ref = evaluate_grouped(fn, A, B, offs, {**operands, **named})
     end = int(offs[-1])

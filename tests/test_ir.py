@@ -160,7 +160,7 @@ def e(accum, r, c, s, X):
     text = format_evt(dag)
     for piece in ["Sm90ColBroadcast<r>", "Sm90RowBroadcast<c>", "Sm90ScalarBroadcast<s>",
                   "Sm90AuxLoad<X>", "Sm90RowIndex", "Sm90ColIndex",
-                  "Sm90EVT<Sm90RowReduction<maximum, m>>", "Sm90EVT<Sm90ColReduction<minimum, n>>",
+                  "Sm90EVT<Sm90ColReduction<maximum, m>>", "Sm90EVT<Sm90RowReduction<minimum, n>>",
                   "Sm90EVT<(unstored u)>"]:
         assert piece in text, piece
     assert text.startswith("Sm90TopologicalVisitor")  # v feeds D, m, n and u

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from evtfuse.dag_epilogue import DagEpilogue
 from evtfuse.errors import EpilogueError
 from evtfuse.nn import GatedMLP, MLP
 from evtfuse.runtime import mlp as mlp_ops
@@ -21,6 +22,11 @@ from evtfuse.runtime import mlp as mlp_ops
 ACTS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu,
         "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
 H, I = 16, 24
+
+
+def _def(epilogue) -> str:
+    """``def <name>`` of an epilogue given as source text or as a DAG (``DagEpilogue``)."""
+    return f"def {epilogue.name}" if isinstance(epilogue, DagEpilogue) else epilogue.split("(")[0]
 
 
 def _torch_gated(m: GatedMLP, x):
@@ -125,7 +131,9 @@ def test_backward_epilogue_is_derived_and_reads_the_accumulator():
     its upstream gradient is the accumulator (no operand carries it: dA never exists) and
     it writes the gradients of gate and up and the activation's output again."""
     for activation in ACTS:
-        source, outputs = mlp_ops.down_grad(activation, True)
+        epilogue, outputs = mlp_ops.down_grad(activation, True)
+        assert isinstance(epilogue, DagEpilogue)  # handed to gemm as a DAG, never re-parsed
+        source = epilogue.source
         assert "accum" in source.split("\n", 1)[1] and "grad_D" not in source, source
         assert source.startswith("def mlp_down_grad(accum, G, U):"), source
         assert dict(outputs).keys() == {"G", "U"}
@@ -139,8 +147,8 @@ def test_backward_runs_one_evtfuse_kernel(monkeypatch):
 
     calls = []
     real = api.gemm
-    monkeypatch.setattr(api, "gemm", lambda A, B, src, **kw: calls.append(
-        (tuple(A.shape), tuple(B.shape), src.split("(")[0])) or real(A, B, src, **kw))
+    monkeypatch.setattr(api, "gemm", lambda A, B, epi, **kw: calls.append(
+        (tuple(A.shape), tuple(B.shape), _def(epi))) or real(A, B, epi, **kw))
     block = GatedMLP(H, I, "silu")
     x = torch.randn(5, H, requires_grad=True)
     y = block(x)

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from evtfuse.dag_epilogue import DagEpilogue
 from evtfuse.errors import EpilogueError
 from evtfuse.nn import MoEExperts
 from evtfuse.runtime import moe as moe_ops
@@ -18,6 +19,11 @@ from evtfuse.runtime import moe as moe_ops
 ACTS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu,
         "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
 E, H, I, T = 4, 16, 24, 12
+
+
+def _def(epilogue) -> str:
+    """``def <name>`` of an epilogue given as source text or as a DAG (``DagEpilogue``)."""
+    return f"def {epilogue.name}" if isinstance(epilogue, DagEpilogue) else epilogue.split("(")[0]
 
 
 def _reference(x, index, weights, gate_up, down, act):
@@ -133,7 +139,9 @@ def test_zero_tokens():
 
 def test_backward_epilogue_is_derived_and_reads_the_accumulator():
     for activation in ACTS:
-        source, outputs = moe_ops.down_grad(activation)
+        epilogue, outputs = moe_ops.down_grad(activation)
+        assert isinstance(epilogue, DagEpilogue)  # handed to grouped_gemm as a DAG
+        source = epilogue.source
         assert source.startswith("def moe_down_grad(accum, G, U, s):"), source
         assert "grad_D" not in source and "sum(" in source, source
         assert dict(outputs).keys() == {"G", "U", "s"}
@@ -148,7 +156,8 @@ def test_one_grouped_gemm_each_way(monkeypatch):
     real = api.grouped_gemm
 
     def spy(A, B, offs, epilogue=None, **kw):
-        calls.append((tuple(A.shape), tuple(B.shape), (epilogue or "identity").split("(")[0]))
+        calls.append((tuple(A.shape), tuple(B.shape),
+                      "identity" if epilogue is None else _def(epilogue)))
         return real(A, B, offs, epilogue, **kw)
 
     monkeypatch.setattr(api, "grouped_gemm", spy)

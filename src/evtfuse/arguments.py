@@ -17,8 +17,8 @@ from . import ir
 from .errors import EpilogueError
 from .memory import has_internal_overlap, overlap, state_of
 from .optable import FP8_DTYPES, OPS, Category
-from .frontend import (EpilogueSource, ParsedEpilogue, bind, check_names, parse_epilogue,
-                       problem_shape_of)
+from .dag_epilogue import DagEpilogue, assigned_reductions, read_epilogue
+from .frontend import EpilogueSource, ParsedEpilogue, check_names, problem_shape_of
 
 
 class EpilogueArguments:
@@ -26,12 +26,14 @@ class EpilogueArguments:
 
     ``EpilogueArguments(fn, C=C, alpha=1.0, D=D)``: the first parameter is positional-only
     so that operands may have any name. Outputs passed as ``None`` are computed for their
-    consumers but never stored.
+    consumers but never stored. Inside evtfuse the epilogue may also be one already parsed
+    (``frontend.ParsedEpilogue``) or a DAG a pass built (``dag_epilogue.DagEpilogue``),
+    taken as it is.
     """
 
-    def __init__(self, epilogue: EpilogueSource, /, **operands_and_outputs: Any):
+    def __init__(self, epilogue: EpilogueSource | DagEpilogue, /, **operands_and_outputs: Any):
         self.epilogue = epilogue
-        self.parsed: ParsedEpilogue = parse_epilogue(epilogue)
+        self.parsed: ParsedEpilogue | DagEpilogue = read_epilogue(epilogue)
         check_names(self.parsed, operands_and_outputs)
         self.values: dict[str, Any] = dict(operands_and_outputs)
         # per (problem shape, rank): (the values' state when bound, the DAG)
@@ -49,14 +51,14 @@ class EpilogueArguments:
 
 
     @classmethod
-    def unbound(cls, epilogue: EpilogueSource, /, **operands_and_outputs: Any
+    def unbound(cls, epilogue: EpilogueSource | DagEpilogue, /, **operands_and_outputs: Any
                 ) -> "EpilogueArguments":
         """The arguments, parsed and name-checked, bound only by the ``GemmArguments`` they
         go into (not guessed from D's shape): a grouped GEMM's (``GemmArguments(...,
         offs=offs)``), whose per-group operands (G, 1, N) do not broadcast to D's (T, N)."""
         new = object.__new__(cls)
         new.epilogue = epilogue
-        new.parsed = parse_epilogue(epilogue)
+        new.parsed = read_epilogue(epilogue)
         check_names(new.parsed, operands_and_outputs)
         new.values = dict(operands_and_outputs)
         new._dags, new._problem, new._rank = {}, None, None
@@ -75,7 +77,7 @@ class EpilogueArguments:
         if hit is not None and hit[0] == state:
             dag = hit[1]
         else:
-            dag = bind(self.parsed, self.values, problem[:3], grouped, rank=rank)
+            dag = self.parsed.bind(self.values, problem[:3], grouped, rank=rank)
             self._dags[(problem, rank)] = (state, dag)
         self._problem, self._rank = problem, rank
         return dag
@@ -128,7 +130,9 @@ def _from_d_shape(exc: EpilogueError, D: torch.Tensor) -> EpilogueError:
     return exc
 
 
-def _is_reduction(parsed: ParsedEpilogue, name: str) -> bool:
+def _is_reduction(parsed: ParsedEpilogue | DagEpilogue, name: str) -> bool:
+    if isinstance(parsed, DagEpilogue):
+        return name in assigned_reductions(parsed.dag)
     return any(a.target == name and a.expr.kind == "call"
                and OPS[a.expr.op].category is Category.REDUCE for a in parsed.assignments)
 

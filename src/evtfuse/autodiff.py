@@ -33,8 +33,9 @@ Two named steps, pure functions of immutable DAGs:
   same epilogue to the operand's shape (a bias's over the rows, a per-row vector's over the
   columns, a scalar's over everything, each keeping its own batches). Each node's gradient
   comes from its op-table row's rule (``optable``: ``OpDef.grad``); the result is simplified
-  by the ordinary pass pipeline (``passes.optimize``) and printed as source text
-  (``unparse.to_source``), so it runs wherever an epilogue runs.
+  by the ordinary pass pipeline (``passes.optimize``): an epilogue DAG like any other, so it
+  runs wherever an epilogue runs (``dag_epilogue.DagEpilogue``); ``BackwardPlan.source``
+  prints it (``unparse.to_source``) for people.
 
 What is left to the caller (``runtime.autograd``): dA = dAccum @ B^T and dB = A^T @ dAccum,
 the sum over L of the gradient of a full operand shared by all batches (an epilogue output
@@ -44,6 +45,7 @@ the row's rule evaluated in torch, where the ties can be counted).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -160,7 +162,6 @@ class BackwardPlan:
     ``grouped_autograd.rowwise``): output name -> (the reduction's kind, batched)."""
 
     dag: Dag  # optimised, only the operands it reads
-    source: str
     grads: tuple[tuple[str, str], ...]
     saved: tuple[tuple[str, str], ...]
     injected: tuple[Injected, ...]
@@ -181,6 +182,12 @@ class BackwardPlan:
     def empty(self) -> bool:
         """Nothing to compute: no gradient reaches anything wanted."""
         return not self.outputs
+
+    @functools.cached_property
+    def source(self) -> str:
+        """The backward epilogue as source text, to show (``evtfuse show``): the runtime
+        runs ``dag``."""
+        return to_source(self.dag)
 
 
 class _Namer:
@@ -729,7 +736,7 @@ def backward(plan: ForwardPlan, graded: Iterable[str], wanted: Iterable[str], *,
     gated = any(n.kind is NodeKind.ACCUM for n in bwd.nodes) and dag.gated
     bwd = Dag(bwd.outputs, bwd.used_operands, name, gated)
     used = {o.name for o in bwd.operands}
-    return BackwardPlan(bwd, to_source(bwd), tuple(grads),
+    return BackwardPlan(bwd, tuple(grads),
                         tuple((s, n) for s, n in saved_ops if n in used),
                         tuple(i for i in injected if i.name in used), tuple(results),
                         frozenset(batch_summed), first.name if first.name in used else None,

@@ -117,6 +117,12 @@ class ParsedEpilogue:
     def text_of(self, line: int) -> str | None:
         return _line_text(self.source_lines, self.line_offset, line)
 
+    def bind(self, given: Mapping[str, Any], problem: tuple[int, int, int],
+             grouped: bool = False, rank: int | None = None) -> ir.Dag:
+        """``bind`` (below) of this epilogue: what ``EpilogueArguments`` calls, as it calls
+        ``DagEpilogue.bind`` for an epilogue given as a DAG (``dag_epilogue``)."""
+        return bind(self, given, problem, grouped, rank)
+
 
 def _line_text(source_lines: tuple[str, ...], line_offset: int, line: int) -> str | None:
     """The user's source line ``line`` (numbered as in their file), if the source has it."""
@@ -817,14 +823,12 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
     ``grouped``: a grouped GEMM (``evtfuse.grouped_gemm``), its G groups in the L place and
     its T rows in the M place, each row in one group: full and per-row tensors are (T, N)
     and (T, 1) (a row's group is its batch, so a full output of a per-group value is
-    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``_grouped_operands``).
+    (T, N)), per-group ones (G, 1, N) and (G, 1, 1) (``operand_specs``).
     ``rank``: 2 or 3, that of A @ B as torch has it, which torch's dims in the epilogue
     count (``x.sum(0)``: the columns of an (M, N) output, the batches of an (L, M, N) one);
     None: read off the full outputs given (``_output_rank``)."""
     check_names(parsed, given)
-    specs = tuple(classify_operand(p, given[p], problem) for p in parsed.params)
-    if grouped:
-        specs = _grouped_operands(specs, given)
+    specs = operand_specs(parsed.params, given, problem, grouped)
     env: dict[str, ir.Node] = {}
     acc: ir.Node | None = None
 
@@ -1078,7 +1082,7 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
                                 f"give {name} the full output shape, or reduce it "
                                 f"(e.g. '{name}_sum = sum({name})')", line, name)
         if grouped:
-            _check_grouped_output(name, node, kind, batched, given[name])
+            check_grouped_output(name, node, kind, batched, given[name])
         outputs.append(Output(name, node, kind, dtype, batched))
     if grouped:
         _check_grouped_reductions(late.values(), error)
@@ -1097,6 +1101,15 @@ def bind(parsed: ParsedEpilogue, given: Mapping[str, Any], problem: tuple[int, i
 
 _GROUPED_LAYOUTS = ("a Python number, a 0-d tensor, (G, 1, 1) per group, (N,) or (G, 1, N) per "
                     "column (per group), (T, 1) per row, (T, N) full")
+
+
+def operand_specs(params: tuple[str, ...], given: Mapping[str, Any],
+                  problem: tuple[int, int, int], grouped: bool = False
+                  ) -> tuple[OperandSpec, ...]:
+    """Each operand's spec, read off its value (``classify_operand``; a grouped GEMM's as
+    ``_grouped_operands`` reads them), in parameter order."""
+    specs = tuple(classify_operand(p, given[p], problem) for p in params)
+    return _grouped_operands(specs, given) if grouped else specs
 
 
 def _grouped_operands(specs: tuple, given: Mapping[str, Any]) -> tuple:
@@ -1119,7 +1132,7 @@ def _grouped_operands(specs: tuple, given: Mapping[str, Any]) -> tuple:
     return tuple(out)
 
 
-def _check_grouped_output(name: str, node, kind: OutputKind, batched: bool, value) -> None:
+def check_grouped_output(name: str, node, kind: OutputKind, batched: bool, value) -> None:
     """What a grouped GEMM stores: full (T, N) outputs, per-row (T, 1) values, and
     reductions per row (T, 1), per group (G, 1, N) and (G, 1, 1), or over every group's
     rows (N,) and (1,) (no per-group or per-column stores of a value that is not reduced)."""
@@ -1242,4 +1255,5 @@ def problem_shape_of(value: Any) -> tuple[int, int, int] | None:
 
 
 __all__ = ["parse_epilogue", "bind", "ParsedEpilogue", "Expr", "classify_operand",
-           "classify_output", "check_names", "problem_shape_of", "Space"]
+           "classify_output", "check_names", "check_given", "check_grouped_output",
+           "operand_specs", "problem_shape_of", "Space"]

@@ -510,8 +510,10 @@ def _evt_store(o: Output) -> str:
     # a non-reduced value stored to a vector/scalar output is a plain store of that value
     fn = f"{_EVT_REDUCE[o.node.op]}, " if o.node.kind is NodeKind.REDUCE else ""
     return {OutputKind.FULL: f"Sm90AuxStore<{o.name}>",
-            OutputKind.ROW: f"Sm90RowReduction<{fn}{o.name}>",
-            OutputKind.COL: f"Sm90ColReduction<{fn}{o.name}>",
+            # CUTLASS names a reduction by the vector it yields: a column vector (M, 1)
+            # from a per-row reduction, a row vector (N,) from a per-column one
+            OutputKind.ROW: f"Sm90ColReduction<{fn}{o.name}>",
+            OutputKind.COL: f"Sm90RowReduction<{fn}{o.name}>",
             OutputKind.SCALAR: f"Sm90ScalarReduction<{fn}{o.name}>",
             OutputKind.NONE: f"(unstored {o.name})"}[o.kind]
 

@@ -2,12 +2,14 @@
 
 ``to_source(dag)`` writes ``def name(accum, <operands>): ...; return <outputs>`` using only
 what an epilogue may say: the table's ops (by operator or by name), literals, operands,
-``row_index()`` / ``col_index()`` and the reductions. Parsed and bound again with operands
-and outputs of the kinds the DAG's have, it gives the same DAG (``ir.signature``): a DAG a
-pass built (the backward of an epilogue, ``autodiff``) runs through the frontend, the
-passes, every kernel family, the reference evaluator and the PyTorch operator like an
-epilogue a user wrote. Operands and outputs keep their names; every other value takes a
-name no operand or output has (``t0``, ``t1``, ...); each computed node is one assignment.
+``row_index()`` / ``col_index()`` and the reductions. For people: ``evtfuse show``, error
+messages, the name a derived epilogue (``dag_epilogue.DagEpilogue``: a backward, a
+two-pass stage) carries across the PyTorch operator's boundary. evtfuse runs such a DAG as
+it is, never parsing this text back; still, parsed and bound again with operands and
+outputs of the kinds the DAG's have, it gives the same DAG (``ir.signature``), so that a
+text reaching a process that did not derive it (a compiled graph from a cache) runs the
+same. Operands and outputs keep their names; every other value takes a name no operand or
+output has (``t0``, ``t1``, ...); each computed node is one assignment.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def to_source(dag: Dag, name: str | None = None, rank: int | None = None) -> str
     # a mean whose sum has no name of its own (the frontend's lowering) is written as mean;
     # a named sum (an output: a two-pass plan's workspace) keeps its division
     means = {id(n): n.inputs[0] for n in dag.nodes
-             if _is_mean(n) and id(n.inputs[0]) not in out_name}
+             if is_mean(n) and id(n.inputs[0]) not in out_name}
     mean_sums = {id(r) for r in means.values()}
     for n in dag.nodes:
         if n.kind is NodeKind.ACCUM:
@@ -139,7 +141,7 @@ def _axes(r: Node, rank: int | None) -> str:
     return f", dim={dims[0] if len(dims) == 1 else dims}, keepdim=True"
 
 
-def _is_mean(n: Node) -> bool:
+def is_mean(n: Node) -> bool:
     """Whether ``n`` is a ``mean`` as the frontend lowers it: a sum no variable names (the
     lowering's own), divided by a constant (the count of reduced elements)."""
     return (n.kind is NodeKind.COMPUTE and n.op == "div" and n.inputs[0].kind is NodeKind.REDUCE
@@ -165,5 +167,5 @@ def _expression(n: Node, ref, lines: list[str], fresh: Iterator[str]) -> str:
     return f"{op}({', '.join(args + params)})"
 
 
-__all__ = ["to_source", "literal"]
+__all__ = ["to_source", "literal", "is_mean"]
 assert set(_INFIX) | {"neg", "pow"} | set(CALLABLE) >= set(OPS)

@@ -1,5 +1,5 @@
 """The ``evtfuse`` command: ``demo``, ``run``, ``show``, ``verify``, ``profile``, ``bench``,
-``precompile``, ``cache``.
+``precompile``, ``cache``, ``export``.
 
 Layer: cli (the top). Uses only the public API (``get_kernels``, ``explain``, ``Kernel``,
 ``evtfuse.reference``, ``evtfuse.runtime.cache``) and never executes user text: an
@@ -17,7 +17,7 @@ This module holds the typer ``app``, ``main`` and the list of commands (in the o
 ``base`` (exit codes, ``CliError``), ``sources`` (epilogue text and files), ``problem``
 (flags -> operands), ``device`` (GPU or interpreter, timing), ``report`` (kernel choice,
 run, verify, report text), ``demos``, ``commands`` (run, show, verify), ``ncu`` (profile),
-``bench_cache`` and ``precompile``. Every name is re-exported here: ``evtfuse.cli.X`` is where code and
+``bench_cache``, ``precompile`` and ``export`` (export cutlass). Every name is re-exported here: ``evtfuse.cli.X`` is where code and
 tests look things up, and where ``choose_kernel`` and ``main`` are looked up at call time.
 """
 
@@ -36,6 +36,7 @@ from .commands import (AbOpt, AccOpt, AlphaOpt, AMajorOpt, BetaOpt, BMajorOpt, C
                        EpilogueFileOpt, EpilogueOpt, KernelOpt, MnklOpt, OperandOpt, OutputOpt,
                        ScalarOpt, SeedOpt, Tf32Opt, _describe, _spec, run, show, verify)
 from .demos import DEMO_EPILOGUES, _demo_case, demo
+from .export import export_cutlass
 from .device import Device, _synchronize, pick_device, time_ms
 from .ncu import NCU_METRICS, parse_ncu_csv, profile
 from .precompile import ENTRY_KEYS, precompile, read_entries
@@ -51,6 +52,8 @@ app = typer.Typer(name="evtfuse", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, rich_markup_mode=None)
 cache_app = typer.Typer(no_args_is_help=True, help="The on-disk kernel and tuning cache.")
 app.add_typer(cache_app, name="cache")
+export_app = typer.Typer(no_args_is_help=True, help="An epilogue as code for another library.")
+app.add_typer(export_app, name="export")
 
 
 @app.callback()
@@ -76,3 +79,4 @@ app.command(context_settings=_PASS_THROUGH)(bench)
 app.command()(precompile)
 cache_app.command("list")(cache_list)
 cache_app.command("clear")(cache_clear)
+export_app.command("cutlass")(export_cutlass)

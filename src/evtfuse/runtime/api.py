@@ -17,8 +17,9 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments, check_grouped, check_tensors
+from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError, UnsupportedError, not_an_operand
-from ..frontend import EpilogueSource, check_given, epilogue_text, parse_epilogue
+from ..frontend import EpilogueSource, EpilogueText, check_given, epilogue_text, parse_epilogue
 from ..ir import OutputKind, dtype_named
 from ..memory import byte_span, tensor_state
 from .device import device_guard
@@ -74,20 +75,30 @@ class _Epilogue(NamedTuple):
 
 @constant_result
 def _epilogue_of(epilogue) -> _Epilogue:
-    """An epilogue's ``_Epilogue``, parsed and checked once per function or string: a
-    constant, under torch.compile too (the function is read here, never traced)."""
+    """An epilogue's ``_Epilogue``, parsed and checked once per function or string (a DAG
+    evtfuse derived, ``DagEpilogue``, is registered under its text instead): a constant,
+    under torch.compile too (the function is read here, never traced)."""
     key = epilogue if isinstance(epilogue, str) else getattr(epilogue, "__code__", epilogue)
     hit = _epilogues.get(key)
     if hit is None:
-        text = epilogue_text(epilogue)
-        parsed = parse_epilogue(text)
+        text, parsed = _read(epilogue)
         _check_keyword_names(parsed)
         hit = _epilogues[key] = _Epilogue(text.source, text.line_offset, text.where,
                                           text.from_function, parsed.name, parsed.params,
                                           parsed.outputs, parsed.gated,
                                           parsed.conditional_outputs)
-        parsed_cache[(text.source, text.line_offset, text.where)] = parsed
     return hit
+
+
+def _read(epilogue) -> tuple[EpilogueText, Any]:
+    """The text the operator carries for ``epilogue`` and its parsed form (or DAG), which
+    an operator call of that text then runs (``torch_op.parsed_cache``)."""
+    if isinstance(epilogue, DagEpilogue):
+        return EpilogueText(torch_op.register(epilogue), 0, epilogue.where, False), epilogue
+    text = epilogue_text(epilogue)
+    parsed = parse_epilogue(text)
+    parsed_cache[(text.source, text.line_offset, text.where)] = parsed
+    return text, parsed
 
 
 _epilogues: dict[Any, _Epilogue] = {}
@@ -163,8 +174,9 @@ def _check_call_keywords(strangers: list, epi: _Epilogue, call: str) -> None:
                                 variable=k)
 
 
-def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = None, *,
-         tune: str = "fast", allow_tf32: bool = False, fp8_fast_accum: bool = True,
+def gemm(A: torch.Tensor, B: torch.Tensor,
+         epilogue: EpilogueSource | DagEpilogue | None = None, *, tune: str = "fast",
+         allow_tf32: bool = False, fp8_fast_accum: bool = True,
          accumulator_type: torch.dtype | None = None, cc: int | None = None,
          deterministic: bool = True, backward: str = "auto", **operands_and_outputs: Any):
     """``epilogue(A @ B, **operands)`` in one fused kernel; returns the outputs in the
@@ -244,7 +256,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor, epilogue: EpilogueSource | None = Non
 
 
 def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
-                 epilogue: EpilogueSource | None = None, *, tune: str = "fast",
+                 epilogue: EpilogueSource | DagEpilogue | None = None, *, tune: str = "fast",
                  allow_tf32: bool = False, fp8_fast_accum: bool = True,
                  accumulator_type: torch.dtype | None = None, cc: int | None = None,
                  backward: str = "auto", **operands_and_outputs: Any):

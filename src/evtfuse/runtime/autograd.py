@@ -14,9 +14,10 @@ formula below, which is plain Python around torch operators: no graph break. ``e
 calls it instead of ``evtfuse::gemm`` when an input requires grad (the layout's ``grad``
 names them) and copies the outputs its caller gave into those tensors.
 
-Forward: the epilogue, with the hidden outputs ``autodiff.plan_forward`` asks for (printed
-by ``unparse``), through ``api.run_values``: one fused kernel. Backward: the backward
-epilogue (``autodiff.backward``) through ``evtfuse::gemm`` over the same A and B, which
+Forward: the epilogue, with the hidden outputs ``autodiff.plan_forward`` asks for (its DAG,
+``ForwardPlan.augmented``, registered as the operator's epilogue: ``torch_op.register``),
+through ``api.run_values``: one fused kernel. Backward: the backward epilogue's DAG
+(``autodiff.backward``, registered too) through ``evtfuse::gemm`` over the same A and B, which
 recomputes every forward value in registers, from the accumulator: in "recompute" mode
 ``A @ B`` again, in "save" mode the copy the forward stored (a hidden output; the layout's
 ``backward``, "auto" choosing by cost: ``backward_mode``). The forward keeps its inputs and
@@ -41,10 +42,10 @@ from typing import Any
 import torch
 
 from .. import autodiff, ir
+from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
-from ..frontend import ParsedEpilogue, bind
+from ..frontend import ParsedEpilogue
 from ..ir import CONCATENATED, PAIR_PARTS, NodeKind, OperandKind, Output, OutputKind, Space
-from ..unparse import to_source
 from . import eager_autograd, torch_op
 from .torch_op import (Layout, _lib, parse_layout, parsed_of, scalars_arg, unwire, values_of,
                        wire)
@@ -189,7 +190,7 @@ def _placeholder(pattern: tuple, place: tuple) -> tuple:
 class Forward:
     """A call structure's differentiable forward: what it runs and what its backward needs."""
 
-    parsed: ParsedEpilogue
+    parsed: ParsedEpilogue | DagEpilogue
     plan: autodiff.ForwardPlan
     source: str  # the epilogue the forward runs (the user's, or with the hidden outputs)
     layout: Layout  # for evtfuse::gemm over the returned outputs, in order
@@ -252,7 +253,7 @@ def forward_of(A, B, source: str, layout: str, tensors: list, outs: list,
     if any(p is None for p in pats):  # the frontend names the tensor that does not fit
         values = values_of(lay, tensors, [1.0] * len(lay.scalars), outs)
         values.update({a.split(":")[0]: None for a in lay.alloc})
-        bind(parsed, values, tuple(int(d) for d in problem), grouped)
+        parsed.bind(values, tuple(int(d) for d in problem), grouped)
         raise EpilogueError("a tensor's shape does not broadcast to the output (L, M, N)")
     if len(_forwards) > 1024:
         _forwards.clear()
@@ -280,7 +281,7 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
         name, dt = item.split(":")
         alloc.append((name, getattr(torch, dt)))
         values[name] = meta(full, alloc[-1][1])
-    dag = bind(parsed, values, place, grouped, rank=len(full))
+    dag = parsed.bind(values, place, grouped, rank=len(full))
     batches = 1 if grouped else place[0]
     wrt = {n for n in lay.grad if n not in ("A", "B")}
     if "A" in lay.grad or "B" in lay.grad:
@@ -295,8 +296,8 @@ def _build(text: str, parsed, lay: Layout, tensors, outs, pats, place, A, B,
     hidden = tuple(s for s in plan.saved if s.hidden)
     names = (*lay.outs, *(a for a, _ in alloc), *(s.name for s in hidden))
     if hidden:
-        source = to_source(plan.augmented, parsed.name, rank=len(full))
         where = f"{parsed.where} (with what its backward keeps)"
+        source = torch_op.register(DagEpilogue(plan.augmented, parsed.name, where, len(full)))
         run = Layout(lay.tensors, lay.nones, lay.scalars, names, 0, where, False, lay.tune,
                      lay.allow_tf32, lay.fp8_fast_accum, lay.cc)
     else:
@@ -452,7 +453,7 @@ def caller_reductions(bplan: autodiff.BackwardPlan, grouped: bool = False
         else:
             outs.append(o)
     dag = bplan.dag.replace_outputs(outs)
-    return dataclasses.replace(bplan, dag=dag, source=to_source(dag), caller_sums=tuple(sums))
+    return dataclasses.replace(bplan, dag=dag, caller_sums=tuple(sums))
 
 
 def _sum_term(term: torch.Tensor, kind: OutputKind, batched: bool,
@@ -577,9 +578,9 @@ def run_backward(bplan: autodiff.BackwardPlan, A, B, values: dict, tensors: dict
         a = A.new_empty((*A.shape[:-1], 0))
         b = B.new_empty((*B.shape[:-2], 0, full[-1]))
     if grouped:
-        torch_op.call_grouped(a, b, offs, bplan.source, call.layout, tvals, svals, outs)
+        torch_op.call_grouped(a, b, offs, call.source, call.layout, tvals, svals, outs)
     else:
-        torch_op.call(a, b, bplan.source, call.layout, tvals, svals, outs)
+        torch_op.call(a, b, call.source, call.layout, tvals, svals, outs)
     return results
 
 
@@ -594,9 +595,11 @@ class _BackwardCall:
     the operator's tensors and scalars in order, its layout string, and whether the kernel
     reads the accumulator (else it runs over K = 0). All of it follows from the plan and
     the forward's structure (its layout's options and names, A's dtype: ``forward_of``'s
-    key); a call supplies only sizes and tensors (host time per backward)."""
+    key); a call supplies only sizes and tensors (host time per backward). ``source``: the
+    operator's epilogue, the plan's DAG registered (``torch_op.register``)."""
 
-    __slots__ = ("plan", "results", "tnames", "snames", "layout", "reads_accum", "grad_dtype")
+    __slots__ = ("plan", "results", "tnames", "snames", "layout", "reads_accum", "grad_dtype",
+                 "source")
 
     @staticmethod
     def of(fwd: Forward, bplan: autodiff.BackwardPlan, lay: Layout,
@@ -640,9 +643,10 @@ class _BackwardCall:
         self.tnames = tuple(n for n in names if n not in scalars)
         self.snames = tuple(n for n in names if n in scalars)
         nones = () if "D" in onames else ("D",)
-        self.layout = Layout(self.tnames, nones, self.snames, tuple(onames), 0,
-                             f"the backward of {fwd.where}", False, lay.tune, lay.allow_tf32,
-                             lay.fp8_fast_accum, lay.cc).text()
+        where = f"the backward of {fwd.where}"
+        self.source = torch_op.register(DagEpilogue(bplan.dag, where=where))
+        self.layout = Layout(self.tnames, nones, self.snames, tuple(onames), 0, where, False,
+                             lay.tune, lay.allow_tf32, lay.fp8_fast_accum, lay.cc).text()
         self.reads_accum = any(nd.kind is NodeKind.ACCUM for nd in bplan.dag.nodes)
 
 

@@ -48,6 +48,7 @@ from typing import Optional
 import torch
 
 from .. import autodiff
+from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import rounding_of
@@ -111,10 +112,11 @@ def rows_source(bias: bool, cap: bool, smooth: bool) -> str:
 
 @functools.lru_cache(maxsize=64)
 def grad_epilogue(dtype: torch.dtype, bias: bool, cap: bool, smooth: bool, want_x: bool,
-                  want_bias: bool) -> autodiff.BackwardPlan:
+                  want_bias: bool) -> tuple[autodiff.BackwardPlan, DagEpilogue]:
     """The backward of ``lce_rows`` from the gradients of lse, tgt (and zs) to those of X
     (the logits) and the bias: ``autodiff.backward`` of its DAG, bound to placeholder
-    sizes. Its operands: X, y, bias, cap, ``grad_<output>`` per row and ``saved_lse``."""
+    sizes, and the epilogue its DAG runs as. Its operands: X, y, bias, cap,
+    ``grad_<output>`` per row and ``saved_lse``."""
     parsed = parse_epilogue(rows_source(bias, cap, smooth))
 
     def meta(shape, dt):
@@ -132,7 +134,8 @@ def grad_epilogue(dtype: torch.dtype, bias: bool, cap: bool, smooth: bool, want_
     wanted = {n for n, w in (("X", want_x), ("bias", want_bias)) if w}
     plan = autodiff.plan_forward(dag, wanted, parsed)
     graded = {"lse", "tgt", "zs"} if smooth else {"lse", "tgt"}
-    return autodiff.backward(plan, graded, wanted, name="lce_grad")
+    bplan = autodiff.backward(plan, graded, wanted, name="lce_grad")
+    return bplan, DagEpilogue(bplan.dag)
 
 
 # ------------------------------------------------------------------ the chunks
@@ -210,8 +213,8 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
 
     T, V = hidden.shape[0], o.local
     need_h, need_w, need_b = grads
-    plan = grad_epilogue(o.dtype, o.bias, bool(o.cap), o.smooth, need_h or need_w,
-                         need_b and o.bias)
+    plan, epilogue = grad_epilogue(o.dtype, o.bias, bool(o.cap), o.smooth, need_h or need_w,
+                                   need_b and o.bias)
     stats = _stats_out(T, o, hidden)
     dh = hidden.new_empty(hidden.shape) if need_h else None
     dw = weight.new_zeros(weight.shape) if need_w and T == 0 else (
@@ -248,7 +251,7 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
         if "bias" in outputs:
             kw[outputs["bias"]] = db_part
         # no accumulator: a GEMM over K = 0 runs the epilogue alone
-        gemm(h.new_empty((e - s, 0)), h.new_empty((0, V)), plan.source, tune=TUNE, **kw)
+        gemm(h.new_empty((e - s, 0)), h.new_empty((0, V)), epilogue, tune=TUNE, **kw)
         if need_h:
             torch.mm(x, weight, out=dh[s:e])
         if need_w:

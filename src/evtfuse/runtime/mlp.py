@@ -43,10 +43,10 @@ from typing import Optional
 import torch
 
 from .. import autodiff, passes
+from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import Output, OutputKind, rounding_of
-from ..unparse import to_source
 from .device import is_dtensor
 from .torch_op import _lib
 
@@ -100,14 +100,16 @@ def act_source(activation: str, gated: bool) -> str:
             f"    D = {_act_expr(activation, gated, *names)}\n    return D\n")
 
 
-def backward_over_accumulator(source: str, shapes: dict, wrt: set, name: str):
+def backward_over_accumulator(source: str, shapes: dict, wrt: set, name: str
+                              ) -> tuple[DagEpilogue, tuple[tuple[str, str], ...]]:
     """The backward of the epilogue ``source`` (a function of stored values, no
     accumulator) from the gradient of its output D to those of ``wrt``, derived by
     ``autodiff``, as an epilogue that reads that gradient from its accumulator
     (``passes.accumulate_operand``: it runs over the GEMM that produces the gradient) and
     returns D itself again as its output D. ``shapes``: each operand's placeholder shape.
-    Returns the source and, per name of ``wrt``, the output holding its gradient (one of a
-    per-row operand: a per-row sum)."""
+    Returns the epilogue (its DAG, named ``name``, bound to the call's tensors as it is
+    run) and, per name of ``wrt``, the output holding its gradient (one of a per-row
+    operand: a per-row sum)."""
     parsed = parse_epilogue(source)
     values = {n: torch.empty(s, dtype=torch.float32, device="meta") for n, s in shapes.items()}
     values["D"] = torch.empty((3, 5), dtype=torch.float32, device="meta")
@@ -121,14 +123,14 @@ def backward_over_accumulator(source: str, shapes: dict, wrt: set, name: str):
     outs = [Output("D", a.node, OutputKind.FULL, a.dtype, a.batched) if o.name == "D" else o
             for o in fused.outputs]
     fused = passes.optimize(fused.replace_outputs(outs))
-    return to_source(fused, name), bwd.outputs
+    return DagEpilogue(fused, name), bwd.outputs
 
 
 @functools.lru_cache(maxsize=64)
-def down_grad(activation: str, gated: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
+def down_grad(activation: str, gated: bool) -> tuple[DagEpilogue, tuple[tuple[str, str], ...]]:
     """The epilogue of ``dA = dy @ W2``: the backward of ``act_source`` with its upstream
     gradient read from the accumulator, and its forward value ``D`` (A, for dW2) among its
-    outputs (``backward_over_accumulator``). Returns the source and, per stored
+    outputs (``backward_over_accumulator``). Returns the epilogue and, per stored
     pre-activation, the output holding its gradient."""
     names = _stored(gated)
     return backward_over_accumulator(act_source(activation, gated),
@@ -191,13 +193,13 @@ def _down_grad_op(dy, w2, p, dp, activation, gated, keep_a):
     from .api import gemm
 
     width = p.shape[1] // 2 if gated else p.shape[1]
-    source, outputs = down_grad(activation, gated)
+    epilogue, outputs = down_grad(activation, gated)
     grad_out = dict(outputs)
     with torch.no_grad():
         a = p.new_empty((p.shape[0], width)) if keep_a else None
         # dp may be p: each element's gradient where the element was
         kw = {grad_out[n]: t for n, t in _parts(dp, gated, width).items()}
-        gemm(dy.contiguous(), w2, source, D=a, tune=TUNE, **_parts(p, gated, width), **kw)
+        gemm(dy.contiguous(), w2, epilogue, D=a, tune=TUNE, **_parts(p, gated, width), **kw)
         torch.autograd.graph.increment_version(dp)  # as an in-place torch op does
     return _empty(p) if a is None else a
 

@@ -49,6 +49,7 @@ import functools
 
 import torch
 
+from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..ir import rounding_of
 from .mlp import backward_over_accumulator
@@ -90,12 +91,12 @@ def act_source(activation: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def down_grad(activation: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+def down_grad(activation: str) -> tuple[DagEpilogue, tuple[tuple[str, str], ...]]:
     """The epilogue of ``dA = dY_perm @ down_e``: the backward of ``act_source``
     (``autodiff``, with respect to G, U and s) with its upstream gradient read from the
     accumulator, and its forward value ``D`` (s * A, for dW_down) among its outputs.
-    Returns the source and, per input (G, U, s), the output holding its gradient (s's: a
-    per-row sum)."""
+    Returns the epilogue (a DAG: ``backward_over_accumulator``) and, per input (G, U, s),
+    the output holding its gradient (s's: a per-row sum)."""
     return backward_over_accumulator(act_source(activation),
                                      {"G": (3, 5), "U": (3, 5), "s": (3, 1)}, {"G", "U", "s"},
                                      "moe_down_grad")
@@ -163,12 +164,12 @@ def _backward_op(dy, x, weights, gate_up, down, p, perm, offs, activation, need)
         token = perm // k
         s = weights.reshape(-1)[perm].unsqueeze(1)
         dy_perm = dy[token].contiguous()
-        source, outputs = down_grad(activation)
+        epilogue, outputs = down_grad(activation)
         grad = dict(outputs)
         dp = p.new_empty(p.shape)
         a = p.new_empty((rows, width))
         ds = torch.zeros((rows, 1), dtype=torch.float32, device=p.device)
-        grouped_gemm(dy_perm, down, offs, source, D=a, G=p[:, :width], U=p[:, width:], s=s,
+        grouped_gemm(dy_perm, down, offs, epilogue, D=a, G=p[:, :width], U=p[:, width:], s=s,
                      tune=TUNE, **{grad["G"]: dp[:, :width], grad["U"]: dp[:, width:],
                                    grad["s"]: ds})
         dx = dweights = dgate_up = ddown = _empty(x)

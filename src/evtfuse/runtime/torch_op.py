@@ -7,17 +7,19 @@ eager implementation (``api.run_values``). Schema::
                   Scalar[]? scalars, Tensor(a!)[] outs) -> ()
 
 ``epilogue`` is the epilogue's source text on one line (``wire``: line breaks, other control
-characters and non-ASCII escaped as Python's ``unicode_escape`` does) and ``layout`` says how to read the rest (which
-name each tensor, scalar and output has, where the source came from, the call's options):
-both are plain strings, so torch.compile, torch.export and the dispatcher see hashable
-data and never a Python function to trace. Every output is passed in ``outs`` (``gemm``
-allocates the missing ones before the call, in traceable torch code), so the operator
-only mutates its declared outputs and returns nothing: Inductor may fuse around it but
-never inside it. The fake (meta) implementation checks the call's shapes and runs
-nothing. This operator has no autograd formula: ``evtfuse.gemm`` calls its functional form,
-``evtfuse::gemm_functional`` (``runtime.autograd``), when an input requires grad, and
-``Kernel.run``, which writes its outputs in place, refuses such inputs (``check_no_grad``)
-rather than return results detached from the graph.
+characters and non-ASCII escaped as Python's ``unicode_escape`` does): the user's, parsed
+once, or the name of a DAG evtfuse derived (``register``: a backward, a forward with what
+its backward keeps), never parsed in the process that registered it. ``layout`` says how
+to read the rest (which name each tensor, scalar and output has, where the source came
+from, the call's options): both are plain strings, so torch.compile, torch.export and the
+dispatcher see hashable data and never a Python function to trace. Every output is passed
+in ``outs`` (``gemm`` allocates the missing ones before the call, in traceable torch
+code), so the operator only mutates its declared outputs and returns nothing: Inductor may
+fuse around it but never inside it. The fake (meta) implementation checks the call's
+shapes and runs nothing. This operator has no autograd formula: ``evtfuse.gemm`` calls
+its functional form, ``evtfuse::gemm_functional`` (``runtime.autograd``), when an input
+requires grad, and ``Kernel.run``, which writes its outputs in place, refuses such inputs
+(``check_no_grad``) rather than return results detached from the graph.
 
 ``evtfuse::grouped_gemm`` (``api.grouped_gemm``) is the same with ``Tensor offs`` after B
 (a grouped GEMM: A (T, K), B (G, K, N) over M, or A (M, T), B (T, N) over K; offs (G,)
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError, scalar_value
 from ..frontend import EpilogueText, parse_epilogue
 
@@ -116,12 +119,24 @@ def parse_layout(text: str) -> Layout:
 
 
 # an operator call's parsed epilogue, keyed (source, first line, where): ``evtfuse.gemm``
-# puts each epilogue it checks here (``api._epilogue_of``), the runtime reads it back
+# puts each epilogue it checks here (``api._epilogue_of``), the runtime each DAG it derives
+# (``register``), and the runtime reads them back
 parsed_cache: dict[tuple, Any] = {}
 
 
+def register(epilogue: DagEpilogue) -> str:
+    """Make ``epilogue`` what an operator call of its ``text`` runs (with a layout of line
+    0 and its ``where``); returns that text, the call's ``epilogue`` argument. A DAG of
+    that text registered before stays (its text says everything that shapes its code):
+    the launch plans cached for it serve this one too."""
+    parsed_cache.setdefault((epilogue.text, 0, epilogue.where), epilogue)
+    return epilogue.text
+
+
 def parsed_of(source: str, lay: Layout):
-    """The parsed epilogue of an operator call's source (parsed once per source)."""
+    """The parsed epilogue of an operator call's source (parsed once per source), or the
+    DAG registered under it (``register``). A text no call of this process registered or
+    parsed (a compiled graph from another process's cache) is parsed here."""
     key = (source, lay.line, lay.where)
     parsed = parsed_cache.get(key)
     if parsed is None:

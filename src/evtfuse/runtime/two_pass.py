@@ -5,8 +5,10 @@ computation"): **one pass** where its family computes the reductions inside a ti
 spans the row (``KernelFamily.one_pass``), else **two passes** (``staging.split``): the
 kernel runs the first pass's epilogue (the GEMM, storing what the rest needs in fp32
 workspaces, and the reductions), then an evtfuse kernel over K = 0 (no GEMM) runs the
-second pass's. ``TwoPassPlan`` launches both with no host sync; its workspaces are kept per
-stream (``StreamLocal``), as reduction workspaces are.
+second pass's. Each pass's epilogue is its DAG as ``staging.split`` built it, handed to the
+arguments as it is (``dag_epilogue.DagEpilogue``: no source printed and parsed again).
+``TwoPassPlan`` launches both with no host sync; its workspaces are kept per stream
+(``StreamLocal``), as reduction workspaces are.
 """
 
 from __future__ import annotations
@@ -15,20 +17,8 @@ import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
 from ..backends.triton.launch_items import StreamLocal
-from ..frontend import parse_epilogue
+from ..dag_epilogue import DagEpilogue
 from ..staging import Split, feeds_computation, split
-from ..unparse import to_source
-
-_parsed: dict[str, object] = {}  # stage source -> its ParsedEpilogue (parsed once)
-
-
-def _parse(source: str):
-    p = _parsed.get(source)
-    if p is None:
-        if len(_parsed) > 256:
-            _parsed.clear()
-        p = _parsed[source] = parse_epilogue(source)
-    return p
 
 
 def one_pass(family, args: GemmArguments, target) -> bool:
@@ -69,7 +59,8 @@ class Staged:
         r1, r2 = sp.rename
         v1 = {p: values[p] for p in params}
         v1.update({k: buf(b) for k, b in r1.items()})
-        self.parsed1 = _parse(to_source(sp.first))
+        where = args.epilogue.parsed.where
+        self.parsed1 = DagEpilogue(sp.first, where=f"the first pass of {where}")
         self.args1 = GemmArguments(args.A, args.B, None, args.accumulator_type,
                                    EpilogueArguments.unbound(self.parsed1, **v1),
                                    allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
@@ -81,7 +72,7 @@ class Staged:
         v2 = {p: values[p] for p in params}
         v2.update(self.ws)
         v2.update({k: buf(b) for k, b in r2.items()})
-        self.parsed2 = _parse(to_source(sp.second))
+        self.parsed2 = DagEpilogue(sp.second, where=f"the second pass of {where}")
         self.args2 = GemmArguments(self.A2, self.B2, None, wdt,
                                    EpilogueArguments.unbound(self.parsed2, **v2))
 
