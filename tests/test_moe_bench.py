@@ -68,8 +68,7 @@ def test_moe_layer_tiny(tmp_path):
     uniform, skewed = cells
     assert uniform["largest_group"] == 32 * 2 // 4 and uniform["empty_groups"] == 0
     assert skewed["empty_groups"] >= 1 and skewed["largest_group"] >= 32 * 2 // 4
-    print(f"benchmarks/moe.py --layer --tiny: {took:.1f} s")
-    assert took < 20, f"the smoke test took {took:.1f} s"
+    print(f"benchmarks/moe.py --layer --tiny: {took:.1f} s")  # reported, not asserted
 
 
 def test_layer_routing_shapes():

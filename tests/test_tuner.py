@@ -90,7 +90,9 @@ def test_search_reports_where_its_time_went():
     tuner._search(_args(), [_Stand("a", 0.0012), _Stand("b", 0, True), _Stand("c", 0.001)],
                   "fast", cost)
     assert cost["candidates"] == 2  # the failure is not counted
-    assert cost["compile_s"] == 0.0  # stand-ins have no plan to precompile
+    # stand-ins have no plan to precompile: the field is the precompile step's own time, a
+    # few milliseconds at most (its exact value is the machine's, not asserted)
+    assert 0.0 <= cost["compile_s"] < cost["timing_s"] + 0.1
     # the sleeps of both stand-ins, less the half millisecond timing_s may lose to rounding
     assert cost["timing_s"] >= (1 + tuner.ROUNDS) * 0.0022 - 0.0005
 
@@ -113,6 +115,8 @@ def test_budget_keeps_room_for_the_later_rounds(monkeypatch):
     monkeypatch.setattr(tuner, "REP_MS", 100)
     monkeypatch.setattr(tuner, "ROUNDS", 4)
     monkeypatch.setattr(tuner, "DUEL_ROUNDS", 0)  # its reserve: test_duel_reserve_in_the_budget
+    # the host's own time (a loaded CI machine) out of the arithmetic: the clock stands still
+    monkeypatch.setattr(tuner.time, "perf_counter", lambda: 0.0)
     cands = [_Stand(f"k{i}", 0.001) for i in range(4)]
     tuner._search(_args(), cands, "fast")
     assert [c.calls > 0 for c in cands] == [True, True, False, False]
