@@ -10,6 +10,8 @@
 # set (one GPU or a list: 1,2,3), names the GPUs they take. The longest shards run split over several processes
 # (pytest --shard I/N, tests/conftest.py; logs <shard>.<I>.log): `splits` below, or NAME/N
 # on the command line (NAME/1: whole). Fuzz failures are reported unshrunk (EVTFUSE_FUZZ_SHRINK=0).
+# A shard still running at TIMEOUT_S gets SIGINT: pytest stops there and prints the failures
+# it has seen and its count line (rc=124 in its log; killed 20 s later if it hangs).
 set -u
 out=${1:?log folder}
 limit=${2:-540}
@@ -101,7 +103,7 @@ for name in "${selected[@]}"; do
     (( n > 1 )) && { log=$out/$name.$part.log; extra=(--shard "$part/$n"); }
     gpu=${gpus[i++ % ${#gpus[@]}]}
     [[ $name == torch ]] && gpu=$all  # its tests of tensors on cuda:1
-    ( CUDA_VISIBLE_DEVICES=$gpu EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout "$limit" \
+    ( CUDA_VISIBLE_DEVICES=$gpu EVTFUSE_CACHE_DIR=$(mktemp -d) PYTHONPATH=${TRITON_DIR:+$TRITON_DIR:}src timeout -s INT -k 20 "$limit" \
         python3 -m pytest -q -m gpu -p no:cacheprovider "${args[@]}" "${extra[@]}" > "$log" 2>&1
       echo "rc=$?" >> "$log" ) &
     pids+=($!)
