@@ -88,7 +88,7 @@ def built(cutlass_includes, tmp_path_factory) -> dict:
         e, cu, so = job
         cmd = [nvcc, "-std=c++17", "-arch=sm_90a", "--expt-relaxed-constexpr", "-O3",
                "-shared", "-Xcompiler", "-fPIC", "-DNDEBUG",
-               *[f"-I{p}" for p in cutlass_includes], "-o", str(so), str(cu)]
+               *[f"-I{p}" for p in cutlass_includes], "-o", str(so), str(cu), "-lcuda"]
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True)
         took = time.perf_counter() - t0
