@@ -149,6 +149,10 @@ def main() -> None:
         results["variants"][name] = {"peak_beyond_mib": round(peak, 1), "ms": []}
         for t in leaves[name]:
             t.grad = None
+    from evtfuse.runtime.tuner import chosen_kernels
+
+    results["evtfuse_kernels"] = chosen_kernels()  # (M, kernel): which family ran each GEMM
+    print("evtfuse kernels:", results["evtfuse_kernels"])
     if "torch" in grads:
         for name, got in grads.items():
             if got and len(got) == len(grads["torch"]):

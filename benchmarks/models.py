@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> dict:
             report["models"][name] = {"error": _error(exc)}
         if not args.tiny:
             torch.cuda.empty_cache()
+        from evtfuse.runtime.tuner import chosen_kernels
+
+        report["evtfuse_kernels"] = chosen_kernels()  # (M, kernel) of every evtfuse GEMM so far
         with open(args.out, "w") as f:  # after every model: a killed run keeps what it measured
             json.dump(report, f, indent=1)
     print(table(report))

@@ -1,7 +1,8 @@
-"""GPU tier: gated epilogues (``gate, up = pairs(accum)``, interleaved layout; the portable
-family) at moderate sizes in bf16: SwiGLU and GeGLU with and without biases, the weight
-passed as ``W.t()`` from ``evtfuse.interleave_gate_up``, every portable config the tuner
-may pick, against torch's two separate projections in fp32 and the reference evaluator;
+"""GPU tier: gated epilogues (``gate, up = pairs(accum)``, interleaved layout; the hopper and
+portable families) at moderate sizes in bf16: SwiGLU and GeGLU with and without biases, the
+weight passed as ``W.t()`` from ``evtfuse.interleave_gate_up``, every config of both families
+the tuner may pick, against torch's two separate projections in fp32 and the reference
+evaluator; the MLP block's up projection (three stored outputs, every candidate);
 a training step's gradients in both backward modes; the concatenated layout
 (``pairs(accum, layout="concatenated")``), dense and a mixture of experts' training step;
 every candidate of the hopper family's grouped kernel, in both layouts.
@@ -49,11 +50,11 @@ def test_gated_gemm_bf16(kind, act, bias, M, K, N):
     torch.testing.assert_close(D.float(), want, atol=2e-2, rtol=2e-2)
 
 
-def _every_portable_kernel_gives(args, D, want) -> None:
-    """Every kernel offered for dense gated ``args`` (the portable family's only), each on
-    a poisoned D, gives ``want``."""
+def _every_kernel_gives(args, D, want) -> None:
+    """Every kernel offered for dense gated ``args`` (the hopper family's and the portable
+    family's; both offered), each on a poisoned D, gives ``want``."""
     kernels = evtfuse.get_kernels(args)
-    assert kernels and all(k.family.name == "portable" for k in kernels)
+    assert {k.family.name for k in kernels} == {"hopper", "portable"}, evtfuse.explain(args)
     for k in kernels:
         D.fill_(float("nan"))
         k.run(args)
@@ -61,13 +62,13 @@ def _every_portable_kernel_gives(args, D, want) -> None:
         torch.testing.assert_close(D.float(), want, atol=2e-2, rtol=2e-2, msg=str(k))
 
 
-def test_every_portable_config_matches_the_reference():
+def test_every_config_matches_the_reference():
     M, K, N = 777, 256, 600  # edges in M and N for every tile
     x, W = _rand(M, K, seed=6, scale=0.5), _rand(2 * N, K, seed=7, scale=0.05)
     D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     args = GemmArguments(x, W.t(), D, epilogue=EpilogueArguments(library.SWIGLU, D=D))
     want = evaluate(args)["D"].float()
-    _every_portable_kernel_gives(args, D, want)
+    _every_kernel_gives(args, D, want)
 
 
 @pytest.mark.parametrize("mode", ["save", "recompute"])
@@ -98,9 +99,10 @@ def test_swiglu_training_step_gradients(mode):
 # -- the concatenated layout: pairs(accum, layout="concatenated"), [W_gate; W_up] as it is
 
 @pytest.mark.parametrize("M,K,N", [(1000, 512, 1408), (777, 256, 600)])
-def test_concatenated_every_portable_config(M, K, N):
-    """A [W_gate; W_up] (2N, K) weight passed as W.t() with no interleaving: every portable
-    config against torch's two projections (edges in M and N for every tile)."""
+def test_concatenated_every_config(M, K, N):
+    """A [W_gate; W_up] (2N, K) weight passed as W.t() with no interleaving: every
+    config of both families against torch's two projections (edges in M and N for every
+    tile)."""
     x = _rand(M, K, seed=21, scale=0.5)
     Wg, Wu = _rand(N, K, seed=22, scale=0.05), _rand(N, K, seed=23, scale=0.05)
     bg, bu = _rand(N, seed=24), _rand(N, seed=25)
@@ -110,7 +112,7 @@ def test_concatenated_every_portable_config(M, K, N):
                             bias_gate=bg, bias_up=bu, D=D)
     args = GemmArguments(x, W.t(), D, epilogue=epi)
     want = _expected(x, Wg, Wu, F.silu, bg, bu)
-    _every_portable_kernel_gives(args, D, want)
+    _every_kernel_gives(args, D, want)
 
 
 @pytest.mark.parametrize("mode", ["save", "recompute"])
@@ -170,3 +172,36 @@ def test_every_hopper_grouped_gated_candidate(layout, dt):
     offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
     names = check_grouped_family(src, x, W.mT, offs, outs, **ops)
     assert len(names) >= 8, names
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "concatenated"])
+def test_mlp_up_projection_every_candidate(layout):
+    """``GatedMLP``'s up projection as it runs (``runtime.mlp.up_source``): D = silu(gate) *
+    up and the pre-activations G and U stored for the backward, into the two halves of one
+    (M, 2N) buffer (strided views, as the block keeps them); every candidate (hopper and
+    portable), each output on poisoned buffers, against the reference evaluator; M and N
+    off the tiles."""
+    from evtfuse.runtime.mlp import _parts, up_source
+
+    M, K, N = 1000, 512, 1400
+    x = _rand(M, K, seed=31, scale=0.5)
+    Wg, Wu = _rand(N, K, seed=32, scale=0.05), _rand(N, K, seed=33, scale=0.05)
+    W = evtfuse.interleave_gate_up(Wg, Wu) if layout == "interleaved" else torch.cat((Wg, Wu))
+    src = up_source("silu", True, False, torch.bfloat16)
+    if layout == "interleaved":
+        src = src.replace('pairs(accum, layout="concatenated")', "pairs(accum)")
+    p = torch.empty(M, 2 * N, device="cuda", dtype=torch.bfloat16)
+    D = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    outs = dict(D=D, **_parts(p, True, N))
+    args = GemmArguments(x, W.t(), D, epilogue=EpilogueArguments(src, **outs))
+    want = evaluate(args)
+    kernels = evtfuse.get_kernels(args)
+    assert {k.family.name for k in kernels} == {"hopper", "portable"}, evtfuse.explain(args)
+    for k in kernels:
+        for t in outs.values():
+            t.fill_(float("nan"))
+        k.run(args)
+        torch.cuda.synchronize()
+        for name, t in outs.items():
+            torch.testing.assert_close(t.float(), want[name].float(), atol=2e-2, rtol=2e-2,
+                                       msg=lambda m: f"{k.name} {name}: {m}")

@@ -62,6 +62,13 @@ BACKGROUND = "background"
 TUNE_MODES = ("fast", "exhaustive", "none", BACKGROUND)
 
 
+def chosen_kernels() -> list[tuple[int, str]]:
+    """(M, kernel name) of every choice this process made so far, in the order made (the
+    benchmarks record which kernels ran)."""
+    with _lock:
+        return [(m, getattr(k, "name", str(k))) for (_, m), k in _chosen.items()]
+
+
 def layout_key(t: torch.Tensor) -> tuple:
     """What a kernel's support and speed depend on in a tensor, its sizes aside (the key
     holds L, N, K and M's class; the DAG's signature each operand's kind): dtype, which

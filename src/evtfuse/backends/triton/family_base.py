@@ -44,8 +44,8 @@ FP16_ACC_GLUON = ("accumulator_type torch.float16: the gluon kernels' warpgroup 
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
 F64_REFUSAL = ("float64 inputs run in the portable family (no tensor-core or TMA form: "
                "Triton's dot in float64 runs on the CUDA cores)")
-GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the portable family, and in the hopper "
-                 "family for grouped GEMMs over M, in this release (docs/gated.md)")
+GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the hopper and portable families "
+                 "in this release (docs/gated.md)")
 
 
 def gated_refusal(args: GemmArguments) -> str | None:
@@ -293,7 +293,7 @@ def tile_count(args: GemmArguments, config: TileConfig, m: int | None = None) ->
     rows = args.M if m is None else m
     if grouped_over_m(args):
         return triton_cdiv(rows, config.block_m) * _column_tiles(args, config)
-    return triton_cdiv(rows, config.block_m) * triton_cdiv(args.N, config.block_n) * args.L
+    return triton_cdiv(rows, config.block_m) * _column_tiles(args, config) * args.L
 
 
 def grouped_tile_bound(args: GemmArguments, config: TileConfig, m: int | None = None) -> int:
@@ -305,8 +305,8 @@ def grouped_tile_bound(args: GemmArguments, config: TileConfig, m: int | None = 
 
 
 def _column_tiles(args: GemmArguments, config: TileConfig) -> int:
-    """Column tiles of a grouped problem: a gated epilogue's tile spans BLOCK_N of B's 2N
-    columns (BLOCK_N // 2 of the output's)."""
+    """Column tiles of a problem: a gated epilogue's tile spans BLOCK_N of B's 2N columns
+    (BLOCK_N // 2 of the output's)."""
     return triton_cdiv(2 * args.N if getattr(args, "gated", False) else args.N, config.block_n)
 
 

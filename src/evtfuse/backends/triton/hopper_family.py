@@ -10,8 +10,10 @@ Grouped GEMMs over M (``grouped_gemm``, docs/grouped.md) run in the same kernel:
 programs' loop runs over every group's tiles, each tile's group found on the device in a
 table of ``offs`` the program reads once (``group_emit``); A moves through one descriptor
 over (T, K), B through a 3-D one over (G, K, N) (or its K-major transpose), and the full
-outputs leave through pointers masked to the group's rows (``KernelSpec.direct``). There,
-and only there, it takes gated epilogues (``pairs(accum)``, both layouts).
+outputs leave through pointers masked to the group's rows (``KernelSpec.direct``). Gated
+epilogues (``pairs(accum)``, both layouts) run dense and grouped: a tile spans BLOCK_N of
+B's 2N columns and BLOCK_N // 2 of the output's (the concatenated layout as two dots of
+BLOCK_N // 2 columns each, from gate's and up's halves of B).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import OperandKind
 from ...sizes import size_class
-from .family_base import (F64_REFUSAL, GATED_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
+from .family_base import (F64_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, gated_refusal, grouped_over_m,
                           grouped_tile_bound, tile_count)
 from .launch_items import (_batched, _epilogue_items, _gated_descriptor_getter, _get_offs,
@@ -48,8 +50,6 @@ class HopperFamily(KernelFamily):
         grouped = grouped_over_m(args)
         if getattr(args, "offs", None) is not None and not grouped:
             return Status.fail(K_GROUPED_REFUSAL)
-        if getattr(args, "gated", False) and not grouped:
-            return Status.fail(GATED_REFUSAL)
         if grouped and args.optimized_dag.reductions:
             return Status.fail(GROUPED_REDUCTIONS_REFUSAL)
         why = conditional_store_refusal(args) or gated_refusal(args)
@@ -165,7 +165,7 @@ class HopperFamily(KernelFamily):
         prefetch = config.prefetch and not getattr(args, "gated", False) and any(
             s.kind is OperandKind.FULL for s in args.optimized_dag.used_operands)
         l2 = config.l2_spread and _l2_spread_ok(args) and target.kind != INTERPRETER \
-            and not grouped
+            and not grouped and not getattr(args, "gated", False)
         # two programs per SM: registers to spare for every piece's vectors at once (the
         # 128x256 eight-warp tiles, at 167 registers, lose 1.5-3% to the extra 25)
         early = config.ctas_per_sm == 2 and any(
@@ -187,7 +187,9 @@ class HopperFamily(KernelFamily):
         bm, bn, bk = config.block_m, config.block_n, config.block_k
         items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
                             args.K, args.L]
-        items += _epilogue_items(args, dag, "hopper", config, l2_spread=spec.l2_spread)
+        items += _epilogue_items(args, dag, "hopper", config, l2_spread=spec.l2_spread,
+                                 descriptor=_gated_descriptor_getter
+                                 if getattr(args, "gated", False) else None)
         tiles = tile_count(args, config)
         cap = _sms(target) * config.ctas_per_sm
         if dag.reductions:  # their per-program partials: one per program launched
