@@ -220,7 +220,7 @@ def render_ops() -> str:
                 "then half as wide as `A @ B`, and `accum` is used nowhere else. "
                 f"`{pairs}(accum, layout=\"concatenated\")`: column j is `gate` j and N + j is "
                 "`up` j (a `[W_gate; W_up]` weight as it is). A statement of "
-                "its own, once per epilogue; portable kernel family only "
+                "its own, once per epilogue; the hopper and portable kernel families "
                 "([gated.md](gated.md)).", ""]
     out += ["## torch's spellings", "",
             "Written as torch writes them, these calls mean the ops above "
