@@ -463,3 +463,59 @@ def test_hopper_dense_every_candidate_both_layouts(layout, L, M, N):
                                        msg=lambda m: f"{k.name} {name}: {m}")
         torch.testing.assert_close(outs["G"].float(), g, atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(outs["U"].float(), u, atol=2e-2, rtol=2e-2)
+
+
+_GLUON_SCRIPT = """
+import json, torch
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.runtime.mlp import _parts, up_source
+from evtfuse.runtime.offline import compile_for, offered
+M, K, N = 4096, 1024, 1408
+dt = torch.bfloat16
+x, W = torch.empty(M, K, dtype=dt), torch.empty(2 * N, K, dtype=dt)
+p, D = torch.empty(M, 2 * N, dtype=dt), torch.empty(M, N, dtype=dt)
+args = GemmArguments(x, W.t(), D, epilogue=EpilogueArguments(
+    up_source("silu", True, False, dt), D=D, **_parts(p, True, N)))
+out = {}
+for f, c in offered(args):
+    if f.name == "gluon":
+        r = compile_for(f, c, args)
+        out[c.name] = {"shared": r.shared_bytes, "spills": r.spills, "wgmma": "wgmma.mma_async" in r.ptx}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_gluon_takes_concatenated_k_major_gated_epilogues_and_refuses_the_rest():
+    """The gluon family offers ping-pong tiles for a gated epilogue over a K-major
+    [W_gate; W_up] weight (the MLP block's up projection) and refuses, with a reason, the
+    interleaved layout, a row-major B and batched problems (cc=90 target)."""
+    M, K, N = 64, 32, 48
+    x, W = rand(M, K, dtype=torch.float16), rand(2 * N, K, dtype=torch.float16)
+    D = torch.empty(M, N, dtype=torch.float16)
+
+    def explain(src, B, A=x, out=D):
+        return evtfuse.explain(GemmArguments(A, B, out, epilogue=EpilogueArguments(src, D=out)),
+                               cc=90)
+
+    from evtfuse.runtime.offline import offered  # an sm_90 target without a GPU
+
+    concat = library.gated("swiglu", layout="concatenated")
+    args = GemmArguments(x, W.t(), D, epilogue=EpilogueArguments(concat, D=D))
+    assert "gluon" in {f.name for f, _ in offered(args)}
+    assert "gluon: refused: gated epilogues in the interleaved layout" in explain(
+        library.SWIGLU, evtfuse.interleave_gate_up(W[:N], W[N:]).t())
+    assert "gluon: refused: a gated epilogue with B row-major" in explain(
+        concat, W.t().contiguous())
+    Db = torch.empty(2, M, N, dtype=torch.float16)
+    xb = rand(2, M, K, dtype=torch.float16)
+    assert "gluon: refused: batched gated epilogues" in explain(concat, W.t(), xb, Db)
+
+
+@pytest.mark.slow
+def test_gluon_gated_kernel_compiles_for_sm90_without_spills():
+    """The MLP block's up projection (three outputs) in every gluon config offered compiles
+    offline to sm_90 with warpgroup MMAs, within shared memory, without spills."""
+    got = run_offline(_GLUON_SCRIPT, timeout=900)
+    assert got, "no gluon config offered"
+    for name, r in got.items():
+        assert r["spills"] == 0 and 0 < r["shared"] <= 232448 and r["wgmma"], (name, r)

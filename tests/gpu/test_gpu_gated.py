@@ -1,5 +1,5 @@
 """GPU tier: gated epilogues (``gate, up = pairs(accum)``, interleaved layout; the hopper and
-portable families) at moderate sizes in bf16: SwiGLU and GeGLU with and without biases, the
+portable families, and the gluon family for the concatenated layout) at moderate sizes in bf16: SwiGLU and GeGLU with and without biases, the
 weight passed as ``W.t()`` from ``evtfuse.interleave_gate_up``, every config of both families
 the tuner may pick, against torch's two separate projections in fp32 and the reference
 evaluator; the MLP block's up projection (three stored outputs, every candidate);
@@ -50,11 +50,18 @@ def test_gated_gemm_bf16(kind, act, bias, M, K, N):
     torch.testing.assert_close(D.float(), want, atol=2e-2, rtol=2e-2)
 
 
+def _families(args) -> set:
+    """The families whose kernels a dense gated ``args`` must be offered: hopper and
+    portable, and gluon for the concatenated layout over a K-major B (W.t())."""
+    gluon = args.optimized_dag.concatenated and args.B.stride(-1) != 1
+    return {"hopper", "portable"} | ({"gluon"} if gluon else set())
+
+
 def _every_kernel_gives(args, D, want) -> None:
-    """Every kernel offered for dense gated ``args`` (the hopper family's and the portable
-    family's; both offered), each on a poisoned D, gives ``want``."""
+    """Every kernel offered for dense gated ``args`` (every family of ``_families``), each
+    on a poisoned D, gives ``want``."""
     kernels = evtfuse.get_kernels(args)
-    assert {k.family.name for k in kernels} == {"hopper", "portable"}, evtfuse.explain(args)
+    assert {k.family.name for k in kernels} == _families(args), evtfuse.explain(args)
     for k in kernels:
         D.fill_(float("nan"))
         k.run(args)
@@ -196,7 +203,7 @@ def test_mlp_up_projection_every_candidate(layout):
     args = GemmArguments(x, W.t(), D, epilogue=EpilogueArguments(src, **outs))
     want = evaluate(args)
     kernels = evtfuse.get_kernels(args)
-    assert {k.family.name for k in kernels} == {"hopper", "portable"}, evtfuse.explain(args)
+    assert {k.family.name for k in kernels} == _families(args), evtfuse.explain(args)
     for k in kernels:
         for t in outs.values():
             t.fill_(float("nan"))

@@ -44,8 +44,6 @@ FP16_ACC_GLUON = ("accumulator_type torch.float16: the gluon kernels' warpgroup 
 FP8_MIN_CC = 89  # tensor-core fp8 (Ada, Hopper and later)
 F64_REFUSAL = ("float64 inputs run in the portable family (no tensor-core or TMA form: "
                "Triton's dot in float64 runs on the CUDA cores)")
-GATED_REFUSAL = ("gated epilogues (pairs(accum)) run in the hopper and portable families "
-                 "in this release (docs/gated.md)")
 
 
 def gated_refusal(args: GemmArguments) -> str | None:

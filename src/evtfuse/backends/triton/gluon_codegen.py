@@ -133,6 +133,20 @@ class _Kernel:
         return self.spec.names
 
     @property
+    def gated(self) -> bool:
+        """A gated epilogue over B's concatenated halves (``pairs(accum,
+        layout="concatenated")``): BLOCK_N is the output's columns of a tile, and each A/B
+        stage holds gate's BLOCK_N rows of B (K-major) and then up's, so one wgmma gives a
+        (EPI_M, 2 * BLOCK_N) accumulator, gate's columns then up's
+        (``GluonFamily.supports`` takes no other gated problem)."""
+        return self.spec.dag.gated
+
+    @property
+    def acc_n(self) -> str:
+        """The accumulator's columns (a gated tile's: gate's and up's)."""
+        return "2 * BLOCK_N" if self.gated else "BLOCK_N"
+
+    @property
     def coop(self) -> bool:
         """Cooperative tiles (``KernelSpec.coop``), else ping-pong."""
         return self.spec.coop
@@ -260,12 +274,21 @@ def _producer(k: _Kernel) -> list[str]:
     spec = k.spec
     a_k = schedule.coords(spec.a_trans, "off_m", "kk * BLOCK_K", spec.a_batched)
     b_k = schedule.coords(not spec.b_trans, "off_n", "kk * BLOCK_K", spec.b_batched)
+    if k.gated:  # gate's B rows, then up's (from N + off_n), into the stage's two halves
+        up_k = schedule.coords(not spec.b_trans, "N + off_n", "kk * BLOCK_K", spec.b_batched)
+        b_loads = [f"{I3}{TMA_LOAD}(b_desc, {b_k}, bar, b_bufs.index(s).slice(0, BLOCK_N, dim=0))",
+                   f"{I3}{TMA_LOAD}(b_desc, {up_k}, bar, "
+                   "b_bufs.index(s).slice(BLOCK_N, BLOCK_N, dim=0))"]
+        b_bytes = "2 * b_desc.block_type.nbytes"
+    else:
+        b_loads = [f"{I3}{TMA_LOAD}(b_desc, {b_k}, bar, b_bufs.index(s))"]
+        b_bytes = "b_desc.block_type.nbytes"
     return [
         "@gluon.jit",
         f"def _ef_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, {SIZES}, {CONSTS_SIG}):",
         *k.program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
-        f"{I1}nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes",
+        f"{I1}nbytes: gl.constexpr = a_desc.block_type.nbytes + {b_bytes}",
         f"{I1}i = 0",
         f"{I1}for t in range(my_tiles):",
         f"{I2}{k.bid}pid_m, pid_n = _ef_tile_coords(start + t * nprog, num_pid_m, num_pid_n, GROUP_M)",
@@ -277,7 +300,7 @@ def _producer(k: _Kernel) -> list[str]:
         f"{I3}bar = ready.index(s)",
         f"{I3}mbarrier.expect(bar, nbytes)",
         f"{I3}{TMA_LOAD}(a_desc, {a_k}, bar, a_bufs.index(s))",
-        f"{I3}{TMA_LOAD}(b_desc, {b_k}, bar, b_bufs.index(s))",
+        *b_loads,
         f"{I3}i += 1",
         "",
         "",
@@ -335,7 +358,7 @@ def _consumer_setup(k: _Kernel) -> list[str]:
         "@gluon.jit",
         f"def _ef_consumer({k.cons_args}, {SIZES}, WHICH: gl.constexpr, {CONSTS_SIG}):",
         f"{I1}{LAYOUT}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
-        f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, BLOCK_N, 16])",
+        f"warps_per_cta=[{spec.warps}, 1], instr_shape=[16, {k.acc_n}, 16])",
         *int64_lines(spec, [r for r in k.roles if r[0] in k.consumer_params], I1),
         *k.program,
         f"{I1}k_tiles = gl.cdiv(K, BLOCK_K)",
@@ -387,7 +410,7 @@ def _consumer_mainloop(k: _Kernel) -> list[str]:
     L += [
         # a fresh accumulator per tile: the last tile's dies with its epilogue instead of
         # staying live (as the first wgmma's input) through it
-        f"{I2}acc = gl.zeros((EPI_M, BLOCK_N), gl.float32, layout={LAYOUT})",
+        f"{I2}acc = gl.zeros((EPI_M, {k.acc_n}), gl.float32, layout={LAYOUT})",
         f"{I2}i0 = t * k_tiles  # ring index of this tile's first k-step",
     ]
     if not coop:
@@ -423,17 +446,34 @@ def _consumer_epilogue(k: _Kernel) -> list[str]:
     transcendental-heavy epilogues, ptxas spills), in a runtime loop or unrolled, then
     the tile handed to the memory warp (``d_ready``)."""
     spec = k.spec
-    split_lines, pieces = split_pieces(spec.epi_split, I2, rows="EPI_M")
+    split_lines, pieces = _gated_pieces(k) if k.gated else \
+        split_pieces(spec.epi_split, I2, rows="EPI_M")
     plan = SlotPlan(k.bufs, len(pieces), spec.tile_n // spec.epi_split, spec.chunk, k.names) \
         if spec.chunk else None
     body = _piece_loop_lines(k, pieces, plan) if _piece_loop(k.epi, spec, k.bufs) \
-        else _unrolled_pieces(k, pieces, plan)
+        and not k.gated else _unrolled_pieces(k, pieces, plan)
     return [
         *split_lines,
         *body,
         f"{I2}fence_async_shared()",
         f"{I2}mbarrier.arrive(d_ready.index(WHICH))",
     ]
+
+
+def _gated_pieces(k: _Kernel) -> tuple[list[str], list[str]]:
+    """A gated tile's accumulator split into gate's and up's halves, each into the
+    epilogue's column pieces; piece ``j`` is named ``acc<j>p`` and its halves
+    ``acc<j>p_gate`` and ``acc<j>p_up`` (one piece: ``acc``, ``acc_gate``, ``acc_up``), the
+    names the epilogue reads (``EpilogueEmitter._acc``), as in the hopper family."""
+    halves, (gate, up) = split_pieces(2, I2, rows="EPI_M", width="2 * BLOCK_N")
+    lines = halves
+    if k.spec.epi_split == 1:
+        return lines + [f"{I2}acc_gate, acc_up = {gate}, {up}"], ["acc"]
+    g_lines, gates = split_pieces(k.spec.epi_split, I2, gate, rows="EPI_M", width="BLOCK_N")
+    u_lines, ups = split_pieces(k.spec.epi_split, I2, up, rows="EPI_M", width="BLOCK_N")
+    lines += g_lines + u_lines
+    lines += [f"{I2}acc{j}p_gate, acc{j}p_up = {g}, {u}" for j, (g, u) in enumerate(zip(gates, ups))]
+    return lines, [f"acc{j}p" for j in range(len(gates))]
 
 
 def _piece_loop_lines(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
@@ -459,7 +499,8 @@ def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> li
     """The pieces' epilogue written out piece by piece (chunked stores after each)."""
     spec, L = k.spec, []
     for j, piece in enumerate(pieces):
-        layout = LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
+        layout = f"{piece}_gate.type.layout" if k.gated else \
+            LAYOUT if spec.epi_split == 1 else f"{piece}.type.layout"
         rn = f"rn{j}"
         L += [
             f"{I2}rm = row0 + gl.arange(0, EPI_M, layout=gl.SliceLayout(1, {layout}))",
@@ -529,6 +570,8 @@ def _shared_memory(k: _Kernel) -> list[str]:
         f"{I1}a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + a_desc.block_type.shape, "
         "a_desc.layout)",
         f"{I1}b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES] + b_desc.block_type.shape, "
+        "b_desc.layout)" if not k.gated else
+        f"{I1}b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, 2 * BLOCK_N, BLOCK_K], "
         "b_desc.layout)",
     ]
     for name, role, count in k.bufs.own:

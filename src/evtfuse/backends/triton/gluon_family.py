@@ -19,7 +19,7 @@ import torch
 from ...arguments import GemmArguments
 from ...errors import Status
 from ...ir import Dag, OperandKind, OutputKind
-from .family_base import (F64_REFUSAL, FP16_ACC_GLUON, GATED_REFUSAL, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles, tile_count,
+from .family_base import (F64_REFUSAL, FP16_ACC_GLUON, GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, SMEM_LIMIT, KernelFamily, TileConfig, _sms, even_tiles, tile_count,
                           tile_work)
 from .gluon_buffers import buffers, chunk_columns, slots_fit
 from .launch_items import (_batched, _epilogue_items, _gluon_descriptor, _gluon_full_getter,
@@ -34,6 +34,25 @@ def _gluon_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _gated_refusal(args: GemmArguments) -> str | None:
+    """What the gluon family does not take of a gated epilogue (``pairs(accum)``): it reads
+    B's concatenated halves (``layout="concatenated"``), K-major (B = W.t() of a (2N, K)
+    weight, as ``nn.GatedMLP`` keeps it), one batch; the hopper and portable families take
+    the rest (``gluon_codegen._Kernel.gated``)."""
+    if not getattr(args, "gated", False):
+        return None
+    if not args.optimized_dag.concatenated:
+        return ("gated epilogues in the interleaved layout run in the hopper and portable "
+                "families (the gluon family reads B's concatenated halves: docs/gated.md)")
+    if args.B.stride(-1) == 1:
+        return ("a gated epilogue with B row-major (2N contiguous) runs in the hopper and "
+                "portable families (the gluon family loads gate's and up's halves of a "
+                "K-major B, W.t() of a (2N, K) weight)")
+    if args.L > 1:
+        return "batched gated epilogues run in the hopper and portable families"
+    return None
 
 
 def _vector_refusal(args: GemmArguments) -> str | None:
@@ -85,8 +104,9 @@ class GluonFamily(KernelFamily):
     def supports(self, args, target):
         if getattr(args, "offs", None) is not None:
             return Status.fail(GROUPED_REFUSAL)
-        if getattr(args, "gated", False):
-            return Status.fail(GATED_REFUSAL)
+        why = _gated_refusal(args)
+        if why:
+            return Status.fail(why)
         why = conditional_store_refusal(args)
         if why:
             return Status.fail(why)
@@ -367,9 +387,24 @@ class GluonFamily(KernelFamily):
                 first[c.epi_split] = replace(wide, num_stages=stages)
         return [first[k] for k in sorted(first)]
 
+    def _gated_configs(self, dag: Dag, elt: int) -> list[TileConfig]:
+        """A gated epilogue's configs: ping-pong tiles of 128 of B's columns (64 output
+        columns: gate's 64 and up's 64 in one stage, one 128x128 accumulator per
+        consumer), no store chunks; both piece counts."""
+        split = self._split(dag, elt)
+        out = []
+        for sp in (split, 2 if split == 4 else 4):
+            stages = self._stages(dag, sp, elt)
+            if stages >= GLUON_MIN_STAGES:
+                out += [TileConfig(self.BM, self.BN, self.BK, g, 4, stages, epi_split=sp)
+                        for g in self._pp_groups(dag)]
+        return out
+
     def configs(self, args, target):
         dag = args.optimized_dag
         elt = args.A.element_size()
+        if getattr(args, "gated", False):
+            return self._gated_configs(dag, elt)
         split = self._split(dag, elt)
         out = self._ping_pong(dag, split, elt)
         if not out:
@@ -417,9 +452,12 @@ class GluonFamily(KernelFamily):
     def plan(self, args, dag, config, target):
         spec = self.spec(args, config, target)
         bm, bn, bk = config.block_m, config.block_n, config.block_k
+        # gated: the kernel's BLOCK_N, its epilogue's tiles and its outputs' are the output's
+        # columns, half the tile's B columns (``gluon_codegen._Kernel.gated``)
+        out_config = replace(config, block_n=bn // 2) if getattr(args, "gated", False) else config
         items: list[Any] = [*_operand_getters(spec, config, _gluon_descriptor), args.M, args.N,
                             args.K, args.L]
-        items += _epilogue_items(args, dag, "gluon", config,
+        items += _epilogue_items(args, dag, "gluon", out_config,
                                  descriptor=_gluon_full_getter(dag, spec.a_batched or spec.b_batched),
                                  direct=spec.direct)
         tiles = tile_count(args, config)
@@ -428,7 +466,7 @@ class GluonFamily(KernelFamily):
                                            programs=2 * min(_sms(target), tiles))
         items += red_items
         consumer_regs, producer_regs = self.REGS[config.num_warps]
-        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+        consts = dict(BLOCK_M=bm, BLOCK_N=out_config.block_n, BLOCK_K=bk, GROUP_M=config.group_m,
                       NUM_STAGES=config.num_stages, EVEN_MN=even_tiles(args, config),
                       CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
                       num_warps=config.num_warps)
