@@ -220,7 +220,8 @@ def render_ops() -> str:
                 "then half as wide as `A @ B`, and `accum` is used nowhere else. "
                 f"`{pairs}(accum, layout=\"concatenated\")`: column j is `gate` j and N + j is "
                 "`up` j (a `[W_gate; W_up]` weight as it is). A statement of "
-                "its own, once per epilogue; the hopper and portable kernel families "
+                "its own, once per epilogue; the hopper and portable kernel families, and the "
+                "gluon family for the concatenated layout over a K-major B "
                 "([gated.md](gated.md)).", ""]
     out += ["## torch's spellings", "",
             "Written as torch writes them, these calls mean the ops above "
