@@ -8,8 +8,7 @@ Public API (docs/architecture.md): ``EpilogueArguments``, ``GemmArguments``, ``g
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from .version import __version__
 from . import logs, ops, reference  # noqa: F401
 from .arguments import EpilogueArguments, GemmArguments
 from .backends.triton.versions import check_installed

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..version import __version__
 
 log = logging.getLogger("evtfuse")
 
@@ -44,7 +45,6 @@ log = logging.getLogger("evtfuse")
 def _version_key() -> str:
     import triton
 
-    from .. import __version__
     return f"v{__version__}-triton{triton.__version__}-torch{torch.__version__.split('+')[0]}"
 
 
