@@ -43,13 +43,13 @@ write a copy and lose the result: every strategy keeps each output where it is
 ``EpilogueError`` naming the output, its placement and why. The cross-entropy operators'
 rules (the rows split for ``reduction="none"``) go through ``register_sharding`` as it is.
 
-Registration is lazy: ``import evtfuse`` never imports ``torch.distributed.tensor`` (0.7 s);
-``runtime.device.is_dtensor`` registers the rules the first time it finds that module
-loaded, outside torch.compile's tracing (every evtfuse entry point asks it), and
-``register()`` does it for a program that calls ``torch.ops.evtfuse.gemm`` on DTensors
-before any of them. What this module takes of torch's DTensor is looked up in
-``_torch_api`` (and the strategies' fields read in ``_pin_outputs`` and ``_children``):
-the places to change for another torch version.
+Registration is lazy: ``import evtfuse`` never imports ``torch.distributed.tensor`` (0.7
+s); ``runtime.device.is_dtensor`` registers the rules the first time it finds that module
+loaded (``device.on_first_dtensor``), outside torch.compile's tracing (every evtfuse entry
+point asks it), and ``register()`` does it for a program that calls
+``torch.ops.evtfuse.gemm`` on DTensors before any of them. What this module takes of
+torch's DTensor is looked up in ``_torch_api`` (and the strategies' fields read in
+``_pin_outputs`` and ``_children``): the places to change for another torch version.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from ..errors import EpilogueError
 from ..frontend import bind
 from ..ir import NodeKind, OutputKind, Space, is_shift
 from ..optable import Category
+from . import device
 
 log = logging.getLogger("evtfuse")
 
@@ -521,6 +522,9 @@ def register() -> bool:
         return False
     _state["done"] = True
     return True
+
+
+device.on_first_dtensor(register)  # the first time a DTensor can exist
 
 
 def registered() -> bool:
