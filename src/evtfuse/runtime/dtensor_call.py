@@ -29,6 +29,7 @@ import torch
 
 from ..errors import EpilogueError
 from . import sharding
+from .device import is_dtensor
 
 
 class DTensorCall:
@@ -173,8 +174,6 @@ def has_dtensor(*groups) -> bool:
     once while ``torch.distributed.tensor`` is not imported: none can exist)."""
     if not sharding.loaded():
         return False
-    from .device import is_dtensor
-
     for g in groups:
         if isinstance(g, (list, tuple)):
             if any(is_dtensor(t) for t in g):

@@ -28,6 +28,7 @@ from ..backends.triton.versions import LAUNCH_OPTIONS
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import background, cache
+from .calls import run_kernel_through_op
 from .device import device_guard
 from .torch_op import check_no_grad, check_outputs_writable
 from .two_pass import Staged, judged, staged
@@ -146,8 +147,6 @@ class Kernel:
         their launch plan, so a re-run costs little more than Triton's own launch.
         """
         if torch.compiler.is_compiling():  # one opaque operator in the traced graph
-            from .api import run_kernel_through_op
-
             run_kernel_through_op(self, args)
             return
         if torch.is_grad_enabled():  # no silent detach: evtfuse.gemm is the differentiable call

@@ -47,6 +47,7 @@ from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import Output, OutputKind, rounding_of
+from . import calls
 from .device import is_dtensor
 from .torch_op import _lib
 
@@ -159,7 +160,7 @@ def _parts(t: torch.Tensor, gated: bool, width: int) -> dict:
 
 
 def _forward(x, w1a, w1b, w2, activation, b1a, b1b, b2, keep=True):
-    from .api import gemm
+    gemm = calls.plain_gemm  # below autograd, on local tensors
 
     gated = w1b is not None
     width = w1a.shape[0]
@@ -190,7 +191,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 
 def _down_grad_op(dy, w2, p, dp, activation, gated, keep_a):
-    from .api import gemm
+    gemm = calls.plain_gemm  # below autograd, on local tensors
 
     width = p.shape[1] // 2 if gated else p.shape[1]
     epilogue, outputs = down_grad(activation, gated)

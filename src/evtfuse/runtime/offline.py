@@ -21,6 +21,8 @@ from ..backends.triton.codegen import generate
 from ..backends.triton.families import KernelFamily, Target, TileConfig
 from ..backends.triton.versions import LAUNCH_OPTIONS
 from .cache import import_source
+from .discovery import kernels_for
+from .two_pass import judged
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,6 @@ def offered(args: GemmArguments, cc: int = 90, sms: int = 132) -> list[tuple[Ker
     """The (family, config) pairs ``get_kernels`` would offer for ``args`` on a GPU of
     compute capability ``cc`` with ``sms`` SMs, best first (the families' refusals and
     ``order_by_fill`` included), for arguments on the CPU."""
-    from .discovery import kernels_for
-
     target = Target("cuda", cc, args.A.device, sms, offline=True)
     return [(k.family, k.config) for k in kernels_for(args, target)]
 
@@ -57,8 +57,6 @@ def compile_for(family: KernelFamily, config: TileConfig, args: GemmArguments,
     family runs them in two passes (reductions feeding computation), the first pass's, the
     GEMM with ``config`` (``two_pass.judged``; the second pass is another kernel, over
     K = 0)."""
-    from .two_pass import judged
-
     target = Target("cuda", cc, args.A.device, sms, offline=True)
     args = judged(family, args, target)
     spec = family.spec(args, config, target)

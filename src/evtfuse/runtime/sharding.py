@@ -66,7 +66,10 @@ from ..errors import EpilogueError
 from ..frontend import bind
 from ..ir import NodeKind, OutputKind, Space, is_shift
 from ..optable import Category
+from . import cross_entropy  # noqa: F401  (defines the operators whose rules _register_ce adds)
 from . import device
+from .grad_plan import full_shape, problem_of
+from .torch_op import parse_layout, parsed_of, unwire
 
 log = logging.getLogger("evtfuse")
 
@@ -148,11 +151,9 @@ _rules: dict[tuple, tuple] = {}
 
 
 def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups) -> Rules:
-    from .autograd import _full_shape, problem_of
-
     A, B = _meta(A_shape, dtype), _meta(B_shape, dtype)
     problem = tuple(int(d) for d in problem_of(A, B, grouped, parsed.gated, groups))
-    rank = len(_full_shape(A, B, grouped, parsed.gated, groups))
+    rank = len(full_shape(A, B, grouped, parsed.gated, groups))
     values: dict[str, Any] = {}
     for name, v in operands.items():
         values[name] = v if isinstance(v, (int, float)) else _meta(*v)
@@ -312,8 +313,6 @@ def _spec_shape(spec) -> tuple:
 
 def _call_rules(A, B, epilogue: str, layout: str, tensors, scalars, outs, offs=None) -> tuple:
     """(Rules, layout) of an operator call whose tensors are DTensorSpecs."""
-    from .torch_op import parse_layout, parsed_of, unwire
-
     lay = parse_layout(layout)
     parsed = parsed_of(unwire(epilogue), lay)
     dtype = A.tensor_meta.dtype
@@ -491,8 +490,6 @@ def _register_ce() -> None:
     schemas' first int argument (``ignore_index``) starts its cache key, which then holds
     every option; they write nothing they are given (``scale_`` writes x, in place: a rule
     for an in-place operator keeps it where it is)."""
-    from . import cross_entropy  # noqa: F401  (defines the operators)
-
     reg = _torch_api().register_sharding
     reg(torch.ops.evtfuse.linear_cross_entropy.default)(_ce_sharding)
     reg(torch.ops.evtfuse.linear_cross_entropy_backward.default)(_ce_backward_sharding)
