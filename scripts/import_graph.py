@@ -48,13 +48,12 @@ class Layer(NamedTuple):
 LAYERS: tuple[Layer, ...] = (
     Layer("base", "errors, logging, memory spans, M's size classes, the version",
           ("errors", "logs", "memory", "sizes", "version")),
-    Layer("ir", "the op table and its derivatives' language, the DAG, its printers, "
-                "the eager ops",
-          ("derivative", "optable", "ir", "unparse", "ops")),
+    Layer("ir", "the op table and its derivatives' language, the DAG and its printers",
+          ("derivative", "optable", "ir", "unparse")),
     Layer("passes", "DAG to DAG: the rewrite pipeline, the two-pass split, differentiation",
           ("passes", "staging", "autodiff")),
-    Layer("frontend", "source text to a checked, bound DAG; the arguments",
-          ("axes", "spellings", "frontend", "dag_epilogue", "arguments")),
+    Layer("frontend", "source text to a checked, bound DAG; the arguments; the eager ops",
+          ("axes", "spellings", "ops", "frontend", "dag_epilogue", "arguments")),
     Layer("reference", "the eager torch evaluation of a DAG: the oracle",
           ("reference",)),
     Layer("backends", "kernel families and their generated Triton; the CUTLASS export",
@@ -277,16 +276,21 @@ def loop(graph: dict, members: list[str]) -> list[str]:
 # ------------------------------------------------------------------ the diagram
 
 
-def _short(m: str, package: str) -> str:
-    return "evtfuse" if m == package else m[len(package) + 1:]
+def _file(m: str, packages: set[str]) -> str:
+    """A module as its file is named below src/evtfuse: ``runtime/api``, a package's
+    ``runtime/__init__``."""
+    return "/".join(m.split(".")[1:] + (["__init__"] if m in packages else []))
 
 
 def diagram(graph: dict | None = None, layers=LAYERS, package: str = "evtfuse") -> str:
-    """The layers top to bottom, each with its modules (a subpackage as ``name/``) and the
-    layers its modules import, as the import graph has them."""
+    """The layers top to bottom, each with what it is, its modules (as files below
+    src/evtfuse; a subpackage as ``name/``) and the layers its modules import, as the
+    import graph has them."""
     graph = imports() if graph is None else graph
+    packages = {m for m in graph if any(o.startswith(m + ".") for o in graph)}
     index = layer_index(layers, package, graph)
-    lines = []
+    lines = textwrap.wrap("bottom to top: " + " < ".join(layer.name for layer in layers), 88,
+                          subsequent_indent="    ") + [""]
     for k in range(len(layers) - 1, -1, -1):
         layer = layers[k]
         members = sorted(m for m, i in index.items() if i == k)
@@ -295,15 +299,17 @@ def diagram(graph: dict | None = None, layers=LAYERS, package: str = "evtfuse") 
             if p.endswith(".*"):
                 shown.append(p[:-2].replace(".", "/") + "/")
             else:
-                shown.extend(_short(m, package) for m in members if _matches(p, m, package))
-        below = sorted({index[t] for m in members for t in graph[m] if t in index} - {k},
-                       reverse=True)
-        lines.append(f"{layer.name}: {layer.what}")
+                shown.extend(_file(m, packages) for m in members if _matches(p, m, package))
+        targets = {index[t] for m in members for t in graph[m] if t in index}
+        below = sorted(targets - {k}, reverse=True)
+        if below:
+            uses = "imports " + ", ".join(layers[i].name for i in below)
+        else:
+            uses = "imports its own layer only" if targets else "imports nothing of evtfuse"
+        lines += textwrap.wrap(f"{layer.name}: {layer.what}", 88, subsequent_indent="    ")
         lines += textwrap.wrap(" ".join(shown), 88, initial_indent="    ",
                                subsequent_indent="    ")
-        uses = ", ".join(layers[i].name for i in below) or "nothing of evtfuse"
-        lines += textwrap.wrap(f"imports: {uses}", 88, initial_indent="    -> ",
-                               subsequent_indent="       ")
+        lines += textwrap.wrap(uses, 88, initial_indent="    -> ", subsequent_indent="       ")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""The single table of epilogue op semantics (layer: ir support; no imports from other layers).
+"""The single table of epilogue op semantics (layer: ir; imports only ``derivative``, the
+language of its rules).
 
 Every op the frontend recognises is one row of ``OPS``: its arity, its constant
 keyword parameters, how it computes in torch (the reference evaluator and constant

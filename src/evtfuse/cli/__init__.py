@@ -1,7 +1,7 @@
 """The ``evtfuse`` command: ``demo``, ``run``, ``show``, ``verify``, ``profile``, ``bench``,
 ``precompile``, ``cache``, ``export``.
 
-Layer: cli (the top). Uses only the public API (``get_kernels``, ``explain``, ``Kernel``,
+Layer: tools (cli, the top). Uses only the public API (``get_kernels``, ``explain``, ``Kernel``,
 ``evtfuse.reference``, ``evtfuse.runtime.cache``) and never executes user text: an
 epilogue given as a string or as ``path.py:fn`` is read and parsed with ``ast``; the file
 is never imported.

@@ -187,7 +187,7 @@ def backward_lines(args) -> list[str]:
     """``show``'s backward section: the backward epilogue (``autodiff``) of ``args``'s epilogue
     with respect to A, B and every floating-point tensor operand, from every output that
     carries a gradient, its DAG after the passes, and what the forward keeps for it; in the
-    mode "auto" picks for this K and dtype (``runtime.autograd.backward_mode``), with the
+    mode "auto" picks for this K and dtype (``runtime.grad_plan.backward_mode``), with the
     rule, and the other mode's source."""
     import torch
 

@@ -1,6 +1,7 @@
 """Fused linear cross-entropy: the operators behind ``evtfuse.linear_cross_entropy``.
 
-Layer: runtime, beside ``runtime.autograd`` (same ``torch.library`` namespace). Schemas::
+Layer: runtime.torch, beside ``runtime.autograd`` (same ``torch.library`` namespace); its
+GEMMs run below autograd (``calls.plain_gemm``). Schemas::
 
     evtfuse::linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias,
         int ignore_index, str reduction, float label_smoothing, float softcap, float z_loss,

@@ -17,7 +17,7 @@ weights (T, 1), a per-group scale (G, 1, 1), a shared (N,) vector or scalar) in 
 kernel (``backends/triton/grouped_reduce``). A gated backward kernel ("recompute" mode
 of a gated epilogue) computes no reductions yet: it stores each such gradient as its (T, N) fp32 term, summed
 here by torch, per group with ``index_add`` over each row's group (found from offs on the
-device: no host synchronisation; ``autograd.caller_reductions``, ``_sum_rows``). Then
+device: no host synchronisation; ``grad_plan.caller_reductions``, ``_sum_rows``). Then
 dA = dAccum @ B_g^T (a grouped GEMM over M) and dB_g = A_g^T @ dAccum_g (a grouped GEMM
 over K), both evtfuse calls. Rows at or past offs[-1] are in no group: their gradients are
 zero, and no gradient flows from the outputs' rows there.

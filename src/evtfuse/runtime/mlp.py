@@ -1,8 +1,9 @@
 """MLP blocks fused forward and backward: the operators behind ``evtfuse.nn.GatedMLP`` and
 ``evtfuse.nn.MLP``.
 
-Layer: runtime, beside ``runtime.cross_entropy`` (same ``torch.library`` namespace). A block
-is ``y = act_part(x @ W1.T + b1) @ W2.T + b2``, where ``act_part`` is ``act(G) * U`` of the
+Layer: runtime.torch, beside ``runtime.cross_entropy`` (same ``torch.library`` namespace;
+its GEMMs run below autograd: ``calls.plain_gemm``). A block is
+``y = act_part(x @ W1.T + b1) @ W2.T + b2``, where ``act_part`` is ``act(G) * U`` of the
 two halves ``G | U`` of a gated MLP's up projection (W1 = ``[W_gate; W_up]``, SwiGLU,
 GeGLU) or ``act(P)`` of a plain one. Schemas::
 

@@ -1,10 +1,11 @@
 """Mixture-of-experts experts fused forward and backward: the operators behind
 ``evtfuse.nn.MoEExperts`` (and the ``"evtfuse"`` experts implementation of ``evtfuse.hf``).
 
-Layer: runtime, beside ``runtime.mlp`` (same ``torch.library`` namespace, the same
+Layer: runtime.torch, beside ``runtime.mlp`` (same ``torch.library`` namespace, the same
 machinery: an up projection whose epilogue stores the pre-activations and the activation's
 output, a backward epilogue derived by ``autodiff`` whose upstream gradient is the
-accumulator). The experts of a sparse MoE block, in transformers 5.x's layout::
+accumulator; its grouped GEMMs run below autograd: ``calls.plain_grouped_gemm``). The
+experts of a sparse MoE block, in transformers 5.x's layout::
 
     y[t] = sum_j  w[t, j] * down[e] @ (act(G) * U),   e = index[t, j],
            G | U = gate_up[e] @ x[t]   (gate_up (E, 2I, H): gate's I rows first; down (E, H, I))

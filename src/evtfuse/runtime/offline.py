@@ -1,11 +1,12 @@
 """Offline compilation of a generated kernel for a GPU target, without a GPU.
 
-Layer: runtime (beside ``Kernel.compile``). Triton compiles for any NVIDIA target on a
-machine without one (``triton.compile`` with a ``GPUTarget``); this module does it for one
-kernel family and arguments, with the signature Triton would derive from the real launch values. The CPU
-test tier uses it to check that every generated Gluon kernel compiles to sm_90 SASS
-within its register and shared-memory budget (no spills), which the interpreter cannot
-show. Arguments may hold CPU tensors: only dtypes, shapes and strides matter here.
+Layer: runtime.kernels (beside ``Kernel.compile``, above ``runtime.discovery``). Triton
+compiles for any NVIDIA target on a machine without one (``triton.compile`` with a
+``GPUTarget``); this module does it for one kernel family and arguments, with the
+signature Triton would derive from the real launch values. The CPU test tier uses it to
+check that every generated Gluon kernel compiles to sm_90 SASS within its register and
+shared-memory budget (no spills), which the interpreter cannot show. Arguments may hold
+CPU tensors: only dtypes, shapes and strides matter here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Ahead-of-time compiles and tunings: ``evtfuse.precompile(problems)`` (and the
 ``evtfuse precompile`` command, which builds the problems from its flags or a file).
 
-Layer: runtime, above ``runtime.tuner``. For each problem (``GemmArguments``): on a GPU the
+Layer: runtime.tuning, above ``runtime.tuner``. For each problem (``GemmArguments``): on a GPU the
 tuner's choice is made as a first ``evtfuse.gemm`` call would make it (``tune``: "fast",
 "exhaustive" or "none"; stored in the cache, so that a later process or rank reads it), and
 the chosen kernel is compiled and run once on scratch outputs, which puts its binary in

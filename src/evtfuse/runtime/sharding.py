@@ -1,11 +1,12 @@
 """DTensor sharding rules of evtfuse's GEMM operators, derived from the epilogue's DAG.
 
-Layer: runtime, beside ``runtime.torch_op`` (the operators) and below ``api`` (which calls
-them on DTensors). Invariant: a rule offers a sharding of the problem only where every
-rank's epilogue, run on its own shard as it is, computes exactly its shard of the whole
-call's outputs; everything else is computed replicated, after DTensor has redistributed
-the inputs (correct before fast). No mode ever shards K: a K-sharded input (partial sums
-of the accumulator) is redistributed first.
+Layer: runtime.torch, above ``runtime.torch_op`` (the operators),
+``runtime.cross_entropy`` and ``runtime.grad_plan``, below ``runtime.dtensor_call`` and
+``api`` (which call them on DTensors). Invariant: a rule offers a sharding of the problem
+only where every rank's epilogue, run on its own shard as it is, computes exactly its
+shard of the whole call's outputs; everything else is computed replicated, after DTensor
+has redistributed the inputs (correct before fast). No mode ever shards K: a K-sharded
+input (partial sums of the accumulator) is redistributed first.
 
 A call of ``evtfuse::gemm`` (``evtfuse::grouped_gemm``) is split, on each dimension of the
 device mesh, in one of these *modes*:

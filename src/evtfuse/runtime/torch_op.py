@@ -73,7 +73,7 @@ class Layout:
     the outputs it allocates itself, as ``name:dtype`` (``outs`` then names the outputs
     whose tensors it is given as templates of their shape and dtype), and ``backward``:
     "save" (the forward stores the accumulator its backward reads), "recompute" (the
-    backward recomputes ``A @ B``) or "auto" (chosen by cost: ``autograd.backward_mode``).
+    backward recomputes ``A @ B``) or "auto" (chosen by cost: ``grad_plan.backward_mode``).
     """
 
     tensors: tuple[str, ...]
@@ -132,7 +132,7 @@ def parse_layout(text: str) -> Layout:
 
 
 # an operator call's parsed epilogue, keyed (source, first line, where): ``evtfuse.gemm``
-# puts each epilogue it checks here (``api._epilogue_of``), the runtime each DAG it derives
+# puts each epilogue it checks here (``calls.epilogue_of``), the runtime each DAG it derives
 # (``register``), and the runtime reads them back
 parsed_cache: dict[tuple, Any] = {}
 

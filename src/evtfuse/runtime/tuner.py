@@ -1,7 +1,8 @@
 """Autotuning: time candidate kernels once per problem class, remember the winner on disk.
 
-Layer: runtime, between ``runtime.api`` (which asks it for a kernel) and
-``runtime.discovery`` (the candidates: ``get_kernels``). The key holds everything that
+Layer: runtime.tuning, between ``runtime.run`` (which asks it for a kernel and its launch
+plan) and ``runtime.discovery`` (the candidates: ``get_kernels``); above
+``runtime.background_tuning``, whose sessions it starts. The key holds everything that
 changes which kernel is best or whether it runs at all: the code generator's and the
 search's versions (new kernel families and a new search re-tune), the epilogue's DAG
 signature, L, N, K and M's size class (``size_class``: a new M in a known class, as in
@@ -49,7 +50,7 @@ log = logging.getLogger("evtfuse")
 # tables and timing at each use (tests change them here)
 _THIS = sys.modules[__name__]
 
-FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: discovery.order_by_fill)
+FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: kernel.order_by_fill)
 FROM_HEURISTIC = 2  # the heuristic's first candidates timed beside the shipped defaults'
 TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;

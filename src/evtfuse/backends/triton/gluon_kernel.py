@@ -3,7 +3,7 @@
 argument lists its partitions pass each other), and the two choices of when the
 epilogue-memory warp first loads (``MEM_FIRST``, ``COOP_GO``).
 
-Layer: backends, below ``gluon_memory`` and ``gluon_codegen``.
+Layer: backends/triton, below ``gluon_memory`` and ``gluon_codegen``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ shared buffers ahead of time (``_ef_mem_issue``, signalled by ``c_ready``) and T
 the outputs the consumer left in those buffers (``_ef_mem``, once ``d_ready``), reusing a
 buffer set two units on.
 
-Layer: backends, below ``gluon_codegen``; reads ``gluon_kernel.GluonKernel``.
+Layer: backends/triton, below ``gluon_codegen``; reads ``gluon_kernel.GluonKernel``.
 """
 
 from __future__ import annotations
