@@ -76,10 +76,10 @@ def main() -> None:
     p.add_argument("--no-piece-loop", action="store_true",
                    help="the gluon family's epilogue pieces unrolled (no runtime loop)")
     a = p.parse_args()
-    from evtfuse.backends.triton import gluon_codegen
+    from evtfuse.backends.triton import gluon_codegen, gluon_kernel
 
     gluon_codegen.PIECE_LOOP = not a.no_piece_loop
-    gluon_codegen.MEM_FIRST = a.mem_first or gluon_codegen.MEM_FIRST
+    gluon_kernel.MEM_FIRST = a.mem_first or gluon_kernel.MEM_FIRST
     M, N, K = (int(x) for x in a.shape.split("x"))
     if a.once:
         args = make_args(a.once, M, N, K)

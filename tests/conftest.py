@@ -34,13 +34,13 @@ def own_cache(tmp_path, monkeypatch):
     """A cache folder of the test's own; the tuner's in-memory choices, the loaded kernel
     modules and the kernel objects (which keep their compiled functions) start empty (all
     restored after the test)."""
-    from evtfuse.runtime import cache, discovery, tuner
+    from evtfuse.runtime import cache, kernel, tuner
 
     monkeypatch.setenv("EVTFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(tuner, "_records", {})
     monkeypatch.setattr(tuner, "_chosen", {})
     monkeypatch.setattr(cache, "_loaded", {})
-    monkeypatch.setattr(discovery, "_kernel_objects", {})
+    monkeypatch.setattr(kernel, "_kernel_objects", {})
 
 
 def pytest_addoption(parser):

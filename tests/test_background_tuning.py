@@ -17,7 +17,7 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, GemmArguments
-from evtfuse.runtime import api, background, background_tuning as bt, cache, tuner
+from evtfuse.runtime import background, background_tuning as bt, cache, run, tuner
 from evtfuse.runtime.kernel import Kernel
 
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier"),
@@ -76,8 +76,8 @@ def tuning(monkeypatch):
     monkeypatch.setattr(tuner, "_sessions", {})
     monkeypatch.setattr(tuner, "ROUNDS", 2)
     monkeypatch.setattr(tuner, "DUEL_ROUNDS", 0)
-    monkeypatch.setattr(api, "_fast", {})
-    monkeypatch.setattr(api, "_last_call", {})
+    monkeypatch.setattr(run, "_fast", {})
+    monkeypatch.setattr(run, "_last_call", {})
     compiles = _Compiles()
     monkeypatch.setattr(bt, "_prepare_compile", compiles)
     return compiles
@@ -106,7 +106,7 @@ def _drive(A, B, bias, limit: int = 40) -> int:
 
 
 def _plan_of_structure() -> bt.SwitchingPlan:
-    (structure,) = api._fast.values()
+    (structure,) = run._fast.values()
     assert isinstance(structure.plan, bt.SwitchingPlan)
     return structure.plan
 

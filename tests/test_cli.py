@@ -226,14 +226,16 @@ def test_run_verification_failure_exits_1(monkeypatch):
             super().run(args)
             args.out.mul_(1.5)
 
-    real = cli.choose_kernel
+    from evtfuse.cli import report
+
+    real = report.choose_kernel
 
     def broken_choice(args, name_filter=None, tune="none"):
         k = copy.copy(real(args, name_filter, tune))
         k.__class__ = Broken
         return k
 
-    monkeypatch.setattr(cli, "choose_kernel", broken_choice)
+    monkeypatch.setattr(report, "choose_kernel", broken_choice)
     res = invoke("run", "-e", "def e(accum, C): D = accum + C; return D", "--mnkl", "32,32,16",
                  "--verify", "--iterations", "0")
     assert res.exit_code == 1, res.output

@@ -3,7 +3,7 @@ torch's own function for the row (``special_values.TORCH_OWN``), on random value
 the points where torch's conventions decide: 0 and -0 (relu, abs, leaky_relu), the kinks
 of hardswish (+-3) and softplus (20), ties of maximum / minimum / clamp and of max / min
 reductions, NaN and the infinities. The rule is evaluated on tensors
-(``derivative.TorchAlgebra``) in float64: it must give torch's gradient, NaN where torch
+(``optable.TorchAlgebra``) in float64: it must give torch's gradient, NaN where torch
 gives NaN."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from evtfuse.derivative import Diff, NoDerivative, TextAlgebra, TorchAlgebra, apply_rule
-from evtfuse.optable import CAST_TARGETS, OPS, Category, Choice, f32
+from evtfuse.derivative import Diff, NoDerivative, TextAlgebra, apply_rule
+from evtfuse.optable import CAST_TARGETS, OPS, Category, Choice, TorchAlgebra, f32
 
 from special_values import TORCH_OWN
 

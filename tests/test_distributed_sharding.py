@@ -135,7 +135,7 @@ def test_gemm_on_dtensors_backward_matches_one_process():
 def _op_worker(rank: int, world: int) -> None:
     import evtfuse
     from evtfuse.runtime import sharding, torch_op
-    from evtfuse.runtime.api import _epilogue_of
+    from evtfuse.runtime.calls import epilogue_of
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -147,7 +147,7 @@ def _op_worker(rank: int, world: int) -> None:
     db = distribute_tensor(bias, mesh, [Shard(0)])
 
     def op(src, D):
-        epi = _epilogue_of(src)
+        epi = epilogue_of(src)
         layout = torch_op.layout_text(("bias",), (), (), ("D",), 0, epi.where, False,
                                       ("none", False, True, None))
         torch_op.call(dA, dB, src, layout, [db], [], [D])

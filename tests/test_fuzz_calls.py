@@ -1,7 +1,7 @@
 """Sequences of ``evtfuse.gemm`` calls, fuzzed: its caches must never serve a stale plan.
 
 ``gemm`` keeps, per epilogue, the last call's objects (the same tensors again: launch at
-once) and, per call structure, a launch plan (``api._call_key``: dtypes, shapes, strides,
+once) and, per call structure, a launch plan (``run._call_key``: dtypes, shapes, strides,
 alignment, which tensors share memory, which values are numbers). hypothesis draws one
 epilogue (``epilogue_fuzz.cases``) and a sequence of calls that each change something
 the caches key on, or nothing: new data, the very same objects, new scalar values (ints

@@ -287,13 +287,13 @@ def test_backward_plan_keeps_the_reductions():
     """The grouped backward epilogue returns its operands' gradients as reductions (no
     caller sums) unless the epilogue is gated (whose kernel has no reductions yet)."""
     from evtfuse.runtime.grouped_autograd import call  # noqa: F401 (registers the op)
-    from evtfuse.runtime import autograd
+    from evtfuse.runtime import grad_plan
 
     offs = offs_of([3, 0, 5])
     A, B = rand(8, 8).requires_grad_(), rand(3, 8, 6)
     bias = rand(3, 1, 6).requires_grad_()
     seen = []
-    real = autograd.caller_reductions
+    real = grad_plan.caller_reductions
 
     def spy(bplan, grouped=False):
         got = real(bplan, grouped)
@@ -302,7 +302,7 @@ def test_backward_plan_keeps_the_reductions():
 
     import unittest.mock
 
-    with unittest.mock.patch.object(autograd, "caller_reductions", spy):
+    with unittest.mock.patch.object(grad_plan, "caller_reductions", spy):
         evtfuse.grouped_gemm(A, B, offs, "def e(accum, bias): D = relu(accum + bias); return D",
                              bias=bias).sum().backward()
     assert seen and seen[-1].caller_sums == ()

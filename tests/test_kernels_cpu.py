@@ -385,10 +385,10 @@ def test_gemm_repeat_call_takes_fast_path_with_new_data():
 
 
 def test_gemm_call_key_tells_apart_what_a_launch_plan_depends_on():
-    """``gemm``'s per-call key (``api._call_key``): equal for new tensors of the same
+    """``gemm``'s per-call key (``run._call_key``): equal for new tensors of the same
     structure, different for another dtype, shape, stride, 16-byte alignment, device,
     aliasing pattern, or a None / scalar / tensor in a slot."""
-    from evtfuse.runtime.api import _call_key
+    from evtfuse.runtime.run import _call_key
 
     def key(A, B, **kw):
         return _call_key(A, B, kw)[0]

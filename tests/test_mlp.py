@@ -143,11 +143,11 @@ def test_backward_epilogue_is_derived_and_reads_the_accumulator():
 def test_backward_runs_one_evtfuse_kernel(monkeypatch):
     """One evtfuse GEMM a direction (the up projection's, the down projection's dA), the
     rest torch matmuls: no kernel over the pre-activations alone."""
-    from evtfuse.runtime import api
+    from evtfuse.runtime import calls as runtime_calls
 
     calls = []
-    real = api.gemm
-    monkeypatch.setattr(api, "gemm", lambda A, B, epi, **kw: calls.append(
+    real = runtime_calls.plain_gemm
+    monkeypatch.setattr(runtime_calls, "plain_gemm", lambda A, B, epi, **kw: calls.append(
         (tuple(A.shape), tuple(B.shape), _def(epi))) or real(A, B, epi, **kw))
     block = GatedMLP(H, I, "silu")
     x = torch.randn(5, H, requires_grad=True)
@@ -220,11 +220,11 @@ def test_compiled_backward_runs_no_pass_of_its_own():
 def test_inference_stores_no_pre_activations(monkeypatch):
     """Under no_grad (or with nothing requiring a gradient) the up projection stores only
     the activation's output: the same result, no (tokens, 2I) gate|up tensor."""
-    from evtfuse.runtime import api
+    from evtfuse.runtime import calls
 
     stored = []
-    real = api.gemm
-    monkeypatch.setattr(api, "gemm", lambda A, B, src, **kw: stored.append(
+    real = calls.plain_gemm
+    monkeypatch.setattr(calls, "plain_gemm", lambda A, B, src, **kw: stored.append(
         {k: v is not None for k, v in kw.items() if k in ("G", "U")}) or real(A, B, src, **kw))
     block = GatedMLP(H, I, "gelu_tanh")
     x = torch.randn(4, H)

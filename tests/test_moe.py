@@ -150,17 +150,17 @@ def test_backward_epilogue_is_derived_and_reads_the_accumulator():
 def test_one_grouped_gemm_each_way(monkeypatch):
     """Two evtfuse grouped GEMMs forward (the up projection's epilogue, the plain down
     projection), four backward (the derived epilogue, dx, dW_gate_up, dW_down)."""
-    from evtfuse.runtime import api
+    from evtfuse.runtime import calls as runtime_calls
 
     calls = []
-    real = api.grouped_gemm
+    real = runtime_calls.plain_grouped_gemm
 
     def spy(A, B, offs, epilogue=None, **kw):
         calls.append((tuple(A.shape), tuple(B.shape),
                       "identity" if epilogue is None else _def(epilogue)))
         return real(A, B, offs, epilogue, **kw)
 
-    monkeypatch.setattr(api, "grouped_gemm", spy)
+    monkeypatch.setattr(runtime_calls, "plain_grouped_gemm", spy)
     index, weights = _routing("uniform")
     x = torch.randn(T, H, requires_grad=True)
     y = _block()(x, index, weights.requires_grad_(True))

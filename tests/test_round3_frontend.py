@@ -24,9 +24,9 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, EpilogueError, ir
-from evtfuse.derivative import Diff, TorchAlgebra, apply_rule
+from evtfuse.derivative import Diff, apply_rule
 from evtfuse.frontend import parse_epilogue
-from evtfuse.optable import OPS
+from evtfuse.optable import OPS, TorchAlgebra
 from evtfuse.reference import evaluate
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),

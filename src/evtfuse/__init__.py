@@ -4,12 +4,14 @@ Public API (docs/architecture.md): ``EpilogueArguments``, ``GemmArguments``, ``g
 ``explain``, ``gemm``, ``grouped_gemm``, ``fuse``, ``precompile``, ``linear_cross_entropy``,
 ``interleave_gate_up`` (gated epilogues); ``evtfuse.ops`` (relu, gelu, ...) and
 ``evtfuse.reference.evaluate``.
+
+Layer: package, above everything it re-exports (the runtime, the library's modules); only
+the tools (``evtfuse.cli``, ``evtfuse.bench``) import it (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from .version import __version__
 from . import logs, ops, reference  # noqa: F401
 from .arguments import EpilogueArguments, GemmArguments
 from .backends.triton.versions import check_installed

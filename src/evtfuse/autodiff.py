@@ -52,10 +52,10 @@ from typing import Iterable
 import torch
 
 from . import ir
-from .derivative import Diff, NoDerivative, TorchAlgebra, apply_rule
+from .derivative import Diff, NoDerivative, apply_rule
 from .errors import EpilogueError
 from .ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
-from .optable import OPS
+from .optable import OPS, TorchAlgebra
 from .passes import optimize, read_saved_accumulator, read_saved_decisions, read_saved_values
 from .unparse import to_source
 

@@ -1,6 +1,6 @@
 """A reduction's axes as torch spells them (``dim=``, ``keepdim=``), read against evtfuse's.
 
-Layer: frontend support (``ast`` nodes and ``ir.Space`` only; nothing of the user's is
+Layer: frontend (support: ``ast`` nodes and ``ir.Space`` only; nothing of the user's is
 evaluated). evtfuse's own ``sum(x)`` takes its axes from the output it is stored in (or
 reduces each row where it is not returned); ``x.sum(-1, keepdim=True)``, ``F.softmax(x,
 dim=-1)``, ``torch.amax(x, 0)`` say theirs. ``Axes`` is what the source says (the parser

@@ -1,5 +1,5 @@
-"""The language of the op table's derivatives (layer: ir support; imports no other layer
-at module level).
+"""The language of the op table's derivatives (layer: ir, below ``optable``; imports nothing
+of evtfuse).
 
 Each row of ``optable.OPS`` carries its derivative as a *rule*: a function of a ``Diff``
 that returns, for each input of the op, the gradient flowing into it (a ``Sym``), or None
@@ -12,8 +12,8 @@ Python operators and the table's own ops::
 A rule never computes anything itself: it builds an expression over an *algebra* (any
 object with ``const(value)`` and ``call(op, values, params)``), so one rule serves every
 reading of it: the backward pass (``autodiff``) builds DAG nodes, ``docgen`` prints text
-for docs/ops.md, ``TorchAlgebra`` evaluates it on tensors (tests, and the ties of max/min
-reductions). A rule raises ``NoDerivative`` where its op has none for these parameters
+for docs/ops.md, ``optable.TorchAlgebra`` evaluates it on tensors with the table's torch
+meaning (tests, and the ties of max/min reductions). A rule raises ``NoDerivative`` where its op has none for these parameters
 (``cast`` to an integer); a row whose ``grad`` is None has none at all.
 
 Reduction rows' rules see ``d.x`` (the reduced value, broadcast), ``d.out`` (the result)
@@ -183,30 +183,4 @@ class TextAlgebra:
         return value[0]
 
 
-class TorchAlgebra:
-    """Formulas evaluated on tensors with the op table's torch meaning."""
-
-    def __init__(self, like=None):
-        self.like = like  # a tensor whose dtype and device constants take
-
-    def const(self, value: float):
-        import torch
-
-        kw = {} if self.like is None else {"dtype": self.like.dtype, "device": self.like.device}
-        return torch.tensor(value, **kw)
-
-    def call(self, op: str, vals: list, params: dict):
-        from .optable import OPS, Category, torch_apply
-
-        row = OPS[op]
-        if row.category is Category.SELECT:
-            vals = [vals[0] if vals[0].dtype.is_floating_point is False else vals[0] != 0,
-                    *vals[1:]]
-        else:
-            vals = [v.to(self.like.dtype) if self.like is not None and v.dtype != self.like.dtype
-                    else v for v in vals]
-        full = {**row.defaults, **params}
-        return torch_apply(row, vals, full)
-
-
-__all__ = ["NoDerivative", "Sym", "Diff", "apply_rule", "TextAlgebra", "TorchAlgebra"]
+__all__ = ["NoDerivative", "Sym", "Diff", "apply_rule", "TextAlgebra"]

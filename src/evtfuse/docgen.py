@@ -1,7 +1,7 @@
 """Generated documentation: ``docs/ops.md`` from the op table, the C++ name table of
 ``docs/library.md`` from ``evtfuse.library.CUTLASS_MENU``.
 
-Layer: tooling (reads the op table, the frontend's operator maps and the library; changes
+Layer: tools (reads the op table, the frontend's operator maps and the library; changes
 nothing). ``python -m evtfuse.docgen`` rewrites both files under ``docs/`` (``--docs DIR``
 elsewhere); ``--check`` only compares and exits 1 when a file is stale. A test compares
 the committed files with this output, so the reference cannot drift from the table.

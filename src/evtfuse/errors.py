@@ -1,4 +1,4 @@
-"""Errors and Status objects shared by every layer.
+"""Errors and Status objects shared by every layer (layer: base; imports nothing of evtfuse).
 
 ``EpilogueError`` is what a user sees for a bad epilogue or bad arguments: a ValueError
 whose text names the variable and, for source errors, the line; ``ConfigError`` the same

@@ -1,4 +1,4 @@
-"""Logging set-up (layer: support). evtfuse logs to the ``evtfuse`` logger and is quiet by
+"""Logging set-up (layer: base). evtfuse logs to the ``evtfuse`` logger and is quiet by
 default; ``EVTFUSE_LOG=debug|info|warning|error`` (read when evtfuse is imported, and by
 the CLI, whose ``-v``/``-vv`` raise it) attaches a stderr handler at that level, so that
 tuning and cache decisions show for library users too.

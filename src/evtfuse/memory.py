@@ -1,9 +1,9 @@
 """Which memory a tensor's elements occupy: the facts behind the aliasing rules.
 
-Layer: frontend support (read by ``arguments`` when it validates, and by the runtime's
-cached paths, which must re-check what validation checked whenever tensors move).
-Invariants: two tensors overlap when the byte ranges their elements span intersect (by
-address, whatever storage objects hold them); a tensor overlaps itself when two of its
+Layer: base (imports nothing of evtfuse; read by ``arguments`` when it validates, and by
+the runtime's cached paths, which must re-check what validation checked whenever tensors
+move). Invariants: two tensors overlap when the byte ranges their elements span intersect
+(by address, whatever storage objects hold them); a tensor overlaps itself when two of its
 elements are one memory location, decided exactly from its shape and strides; and
 ``tensor_state`` changes whenever anything that decides either changes in place
 (``A.t_()``, ``D.set_(...)``, a storage resized under a tensor), so a cache keyed on it

@@ -1,4 +1,4 @@
-"""User-facing epilogue functions (layer: frontend support).
+"""User-facing epilogue functions (layer: frontend).
 
 ``from evtfuse.ops import relu, gelu, sum`` lets an epilogue written for evtfuse run in
 plain torch too (``import *`` takes every name but those of Python's builtins, ``sum``,

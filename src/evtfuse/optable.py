@@ -1,4 +1,5 @@
-"""The single table of epilogue op semantics (layer: ir support; no imports from other layers).
+"""The single table of epilogue op semantics (layer: ir; imports only ``derivative``, the
+language of its rules).
 
 Every op the frontend recognises is one row of ``OPS``: its arity, its constant
 keyword parameters, how it computes in torch (the reference evaluator and constant
@@ -788,3 +789,25 @@ def torch_apply(op: OpDef, inputs: list[torch.Tensor],
         pair = op.torch_fn(*(t.reshape(1).repeat(2) for t in inputs), **params)
         return pair[:1].reshape(shape)
     return op.torch_fn(*inputs, **params)
+
+
+class TorchAlgebra:
+    """Formulas evaluated on tensors with the op table's torch meaning."""
+
+    def __init__(self, like=None):
+        self.like = like  # a tensor whose dtype and device constants take
+
+    def const(self, value: float):
+        kw = {} if self.like is None else {"dtype": self.like.dtype, "device": self.like.device}
+        return torch.tensor(value, **kw)
+
+    def call(self, op: str, vals: list, params: dict):
+        row = OPS[op]
+        if row.category is Category.SELECT:
+            vals = [vals[0] if vals[0].dtype.is_floating_point is False else vals[0] != 0,
+                    *vals[1:]]
+        else:
+            vals = [v.to(self.like.dtype) if self.like is not None and v.dtype != self.like.dtype
+                    else v for v in vals]
+        full = {**row.defaults, **params}
+        return torch_apply(row, vals, full)

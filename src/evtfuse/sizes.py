@@ -2,7 +2,7 @@
 kernels keep their compile-time constants the same across one (``backends.triton``), so
 that a new M of a tuned class runs the class's compiled kernel.
 
-Layer: below the backends and the runtime (imports nothing of evtfuse).
+Layer: base, below the backends and the runtime (imports nothing of evtfuse).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import evtfuse
 from evtfuse.frontend import parse_epilogue
-from evtfuse.runtime import api, tuner
+from evtfuse.runtime import api, run, tuner
 
 from epilogue_fuzz import GPU_SHAPES, cases, drawn
 from grad_oracle import GA, GB, reference_grads
@@ -46,13 +46,13 @@ def family(request, monkeypatch):
         return ks[0] if ks else real(args, tune=tune, cc=cc)
 
     monkeypatch.setattr(api, "choose_kernel", choose)
-    api._fast.clear()
-    api._last_call.clear()
+    run._fast.clear()
+    run._last_call.clear()
     if name == "gluon" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the gluon family needs a Hopper GPU")
     yield name
-    api._fast.clear()
-    api._last_call.clear()
+    run._fast.clear()
+    run._last_call.clear()
 
 
 def _rand(*shape, dtype=torch.float32, seed=0, scale=1.0):

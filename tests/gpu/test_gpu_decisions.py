@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import evtfuse
-from evtfuse.runtime import api, tuner
+from evtfuse.runtime import api, run, tuner
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -30,11 +30,11 @@ def family(request, monkeypatch):
         return ks[0] if ks else real(args, tune=tune, cc=cc)
 
     monkeypatch.setattr(api, "choose_kernel", choose)
-    api._fast.clear()
-    api._last_call.clear()
+    run._fast.clear()
+    run._last_call.clear()
     yield request.param
-    api._fast.clear()
-    api._last_call.clear()
+    run._fast.clear()
+    run._last_call.clear()
 
 
 @pytest.mark.parametrize("mode", ["save", "recompute", "auto"])

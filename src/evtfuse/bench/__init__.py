@@ -1,6 +1,6 @@
 """Benchmark suite: evtfuse against cuBLAS, cuBLASLt, eager PyTorch and torch.compile.
 
-Layer: bench (outside the compile pipeline; it only calls the public API). Modules:
+Layer: tools (bench, outside the compile pipeline; it only calls the public API). Modules:
 ``workloads`` (what is measured, pure), ``epilogues`` (the epilogue functions),
 ``timing`` (GPU measurement), ``runner`` (one cell: every system on one workload and
 shape), ``report`` (floor, ratios, targets, JSON, Markdown, chart; pure), ``cli``

@@ -1,7 +1,7 @@
 """The ``evtfuse`` command: ``demo``, ``run``, ``show``, ``verify``, ``profile``, ``bench``,
 ``precompile``, ``cache``, ``export``.
 
-Layer: cli (the top). Uses only the public API (``get_kernels``, ``explain``, ``Kernel``,
+Layer: tools (cli, the top). Uses only the public API (``get_kernels``, ``explain``, ``Kernel``,
 ``evtfuse.reference``, ``evtfuse.runtime.cache``) and never executes user text: an
 epilogue given as a string or as ``path.py:fn`` is read and parsed with ``ast``; the file
 is never imported.
@@ -12,23 +12,22 @@ input, 3 no kernel supports the problem (the reason is printed), 4 a tool or mod
 missing (ncu, ``evtfuse.bench``). Logging goes to the ``evtfuse`` logger: quiet unless
 ``-v``/``-vv`` or ``EVTFUSE_LOG=info|debug``.
 
-This module holds the typer ``app``, ``main`` and the list of commands (in the order
-``--help`` shows them); the commands and their helpers live in the modules beside it:
-``base`` (exit codes, ``CliError``), ``sources`` (epilogue text and files), ``problem``
-(flags -> operands), ``device`` (GPU or interpreter, timing), ``report`` (kernel choice,
-run, verify, report text), ``demos``, ``commands`` (run, show, verify), ``ncu`` (profile),
-``bench_cache``, ``precompile`` and ``export`` (export cutlass). Every name is re-exported here: ``evtfuse.cli.X`` is where code and
-tests look things up, and where ``choose_kernel`` and ``main`` are looked up at call time.
+This module registers the commands on the typer ``app`` (``app``: the application and
+``main``), in the order ``--help`` shows them; the commands and their helpers live in the
+modules beside it: ``base`` (exit codes, ``CliError``), ``sources`` (epilogue text and
+files), ``problem`` (flags -> operands), ``device`` (GPU or interpreter, timing),
+``report`` (kernel choice, run, verify, report text), ``demos``, ``commands`` (run, show,
+verify), ``ncu`` (profile), ``bench_cache``, ``precompile`` and ``export`` (export
+cutlass). Every name is re-exported here; the commands look ``choose_kernel`` up in
+``report`` at call time (a test replaces it there). Nothing below imports this module: the
+package is the top of the cli.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from ..ir import DTYPE_NAMES
 from ..logs import setup_logging  # shared with library users: evtfuse.logs
+from .app import _root, app, cache_app, export_app, main
 from .base import (EXIT_INPUT, EXIT_MISSING, EXIT_OK, EXIT_UNSUPPORTED, EXIT_VERIFY, CliError,
                    _fail, _user_errors, log)
 from .bench_cache import _cache_module, bench, cache_clear, cache_list
@@ -46,27 +45,6 @@ from .problem import (OPERAND_KINDS, OUTPUT_KINDS, BuiltProblem, ProblemSpec,
 from .report import (TUNE_MODES, RunReport, _api, choose_kernel, eager_of, format_report,
                      run_and_report)
 from .sources import _looks_like_source, load_epilogue_file, resolve_epilogue, resolve_positional
-
-app = typer.Typer(name="evtfuse", no_args_is_help=True, add_completion=False,
-                  help="Custom GEMM epilogues as Python functions, fused into one Triton kernel.",
-                  pretty_exceptions_enable=False, rich_markup_mode=None)
-cache_app = typer.Typer(no_args_is_help=True, help="The on-disk kernel and tuning cache.")
-app.add_typer(cache_app, name="cache")
-export_app = typer.Typer(no_args_is_help=True, help="An epilogue as code for another library.")
-app.add_typer(export_app, name="export")
-
-
-@app.callback()
-def _root(verbose: Annotated[int, typer.Option(
-        "--verbose", "-v", count=True, help="-v: info, -vv: debug (or EVTFUSE_LOG=debug)")] = 0):
-    """evtfuse: write a GEMM epilogue as a Python function; get one fused kernel."""
-    setup_logging(verbose)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``evtfuse`` script (and ``python -m evtfuse.cli``)."""
-    app(args=argv, prog_name="evtfuse")
-
 
 # the commands, in the order --help lists them; the pass-through ones take any arguments
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}

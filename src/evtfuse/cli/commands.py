@@ -1,8 +1,8 @@
 """``evtfuse run``, ``show`` and ``verify``: one epilogue, operands made from its flags.
 
-Layer: cli. The options ``run``, ``show`` and ``profile`` share are defined here once.
-``choose_kernel`` and ``main`` are looked up on the ``evtfuse.cli`` package at call time, so
-that replacing them there (as the tests do) takes effect here too.
+Layer: tools (cli). The options ``run``, ``show`` and ``profile`` share are defined here
+once. ``choose_kernel`` is looked up in ``report`` at call time, so that replacing it there
+(as the tests do) takes effect here too; ``verify`` runs ``run`` through ``app.main``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import cli
 from ..runtime.autograd import caller_reductions  # a gated kernel's sums go to torch
-from . import draw
+from . import draw, report
+from .app import main
 from .base import EXIT_VERIFY, CliError, _fail, _user_errors
 from .device import Device, pick_device
 from .problem import (BuiltProblem, ProblemSpec, allocation_errors, build_problem,
@@ -107,7 +107,7 @@ def run(
         built = build_problem(source, spec, device)
         for line in _describe(spec, where, built, device):
             typer.echo(line)
-        k = cli.choose_kernel(built.args, kernel, tune)
+        k = report.choose_kernel(built.args, kernel, tune)
         iters = iterations if iterations is not None else (1 if device.interpreter else 20)
         warm = warmup if warmup is not None else (0 if device.interpreter else 5)
         with allocation_errors(spec):  # the reference and eager PyTorch allocate more
@@ -174,7 +174,7 @@ def show(
             for line in backward_lines(built.args):
                 typer.echo(line)
         if source_code:
-            k = cli.choose_kernel(built.args, kernel)
+            k = report.choose_kernel(built.args, kernel)
             typer.echo(f"\n== kernel {k.name} ==")
             typer.echo(k.source(built.args))
     except CliError as exc:
@@ -187,7 +187,7 @@ def backward_lines(args) -> list[str]:
     """``show``'s backward section: the backward epilogue (``autodiff``) of ``args``'s epilogue
     with respect to A, B and every floating-point tensor operand, from every output that
     carries a gradient, its DAG after the passes, and what the forward keeps for it; in the
-    mode "auto" picks for this K and dtype (``runtime.autograd.backward_mode``), with the
+    mode "auto" picks for this K and dtype (``runtime.grad_plan.backward_mode``), with the
     rule, and the other mode's source."""
     import torch
 
@@ -266,4 +266,4 @@ def backward_lines(args) -> list[str]:
 def verify(ctx: typer.Context):
     """Check the fused kernel of an epilogue against the reference evaluator: `evtfuse run`
     with --verify and no timing (same options). Exit status 1 when an output differs."""
-    cli.main(["run", *ctx.args, "--verify", "--iterations", "0", "--no-eager"])
+    main(["run", *ctx.args, "--verify", "--iterations", "0", "--no-eager"])

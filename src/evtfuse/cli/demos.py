@@ -1,7 +1,7 @@
 """``evtfuse demo``: two epilogues from the CUTLASS/CuTe examples, fused, verified, timed.
 
-Layer: cli. The kernel is chosen through ``evtfuse.cli.choose_kernel`` (looked up on the
-package at call time, so that replacing it there, as the tests do, takes effect here too).
+Layer: tools (cli). The kernel is chosen through ``report.choose_kernel`` (looked up in
+``report`` at call time, so that replacing it there, as the tests do, takes effect here too).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import cli
+from . import report
 from .base import EXIT_VERIFY, CliError, _fail, _user_errors
 from .device import Device, pick_device
 from .problem import parse_dtype, parse_mnkl, short_dtype
@@ -66,7 +66,7 @@ def _demo_case(name: str, device: Device, mnk: tuple[int, int, int], dtype, iter
             return torch.relu(F), F
     args = GemmArguments(A=A, B=B, out=D, accumulator_type=torch.float32, epilogue=epi)
     lines = [title] + ["    " + ln for ln in source.rstrip().splitlines()]
-    kernel = cli.choose_kernel(args, tune=tune)
+    kernel = report.choose_kernel(args, tune=tune)
     rep = run_and_report(args, kernel, device, eager=eager, verify=True, iterations=iterations,
                          warmup=warmup)
     lines += ["    " + ln for ln in format_report(rep, 2.0 * M * N * K, device)]

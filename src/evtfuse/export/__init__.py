@@ -1,12 +1,12 @@
 """Export an epilogue to other code bases: ``evtfuse.export.cutlass`` writes CUTLASS C++.
 
-Layer: export (beside the backends: parse -> bind to a description -> passes -> emit; it
-never runs user text and never compiles anything). ``cutlass(epilogue, ...)`` takes the
-same checked, optimised DAG the Triton backend compiles and writes a self-contained C++
-header for CUTLASS 4.2 on SM90: the Sm90 epilogue visitor tree, its ``Arguments``, a
-``GemmUniversal`` (TMA warp-specialised cooperative kernel) and ``run(...)`` on device
-pointers. What the Sm90 EVT cannot express is refused with ``ExportError`` (the reason,
-and the user's line). docs/export.md shows the whole path.
+Layer: backends (the export, beside the Triton backend: parse -> bind to a description ->
+passes -> emit; it never runs user text and never compiles anything). ``cutlass(epilogue,
+...)`` takes the same checked, optimised DAG the Triton backend compiles and writes a
+self-contained C++ header for CUTLASS 4.2 on SM90: the Sm90 epilogue visitor tree, its
+``Arguments``, a ``GemmUniversal`` (TMA warp-specialised cooperative kernel) and
+``run(...)`` on device pointers. What the Sm90 EVT cannot express is refused with
+``ExportError`` (the reason, and the user's line). docs/export.md shows the whole path.
 """
 
 from __future__ import annotations

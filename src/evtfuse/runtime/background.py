@@ -4,12 +4,13 @@ whether the tiles cover M exactly, so that a new M of the other kind (a last, sh
 of an epoch; a new batch size) finds its binary compiled instead of compiling for a second
 or more.
 
-Layer: runtime. One daemon thread per variant, once per process: inside it, Triton's
-``AsyncCompileMode`` hands the compile to a one-thread executor and puts a placeholder in
-the JIT function's cache at once, so that a launch of that variant from another thread
-before the compile ends waits for it instead of compiling it again. A failure is logged
-(debug) and left to the launch that needs the variant, which compiles and reports it as
-ever. Nothing runs on the GPU here. ``EVTFUSE_BACKGROUND_COMPILE=0`` turns it off.
+Layer: runtime.host (below the kernels, whose plans it compiles). One daemon thread per
+variant, once per process: inside it, Triton's ``AsyncCompileMode`` hands the compile to a
+one-thread executor and puts a placeholder in the JIT function's cache at once, so that a
+launch of that variant from another thread before the compile ends waits for it instead of
+compiling it again. A failure is logged (debug) and left to the launch that needs the
+variant, which compiles and reports it as ever. Nothing runs on the GPU here.
+``EVTFUSE_BACKGROUND_COMPILE=0`` turns it off.
 
 A process that ends while such a compile runs waits for it (at most ``EXIT_WAIT_S``): a
 daemon thread stopped inside Triton's compiler aborted the interpreter's exit on Triton 3.9

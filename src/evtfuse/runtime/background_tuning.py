@@ -4,9 +4,11 @@ threads and timed later, on the calling thread, one timing window per call, at t
 later calls; the winner, once its outputs matched the running kernel's, is recorded as
 "fast" records its choice, and later calls switch to it.
 
-Layer: runtime, beside ``runtime.tuner``: ``tuner._provisional`` starts a ``Session`` per
-tuning key (the key "fast" uses); ``tuner.launch_plan`` wraps the launch plan of each call
-structure of the class in a ``SwitchingPlan``, which ``runtime.api`` caches as any plan.
+Layer: runtime.tuning, below ``runtime.tuner``: ``tuner._provisional`` starts a ``Session``
+per tuning key (the key "fast" uses), handing it the tuner itself, whose settings, tables
+and timing the session reads at each use (as the tuner's own search does: one set of
+them, which tests change); ``tuner.launch_plan`` wraps the launch plan of each call
+structure of the class in a ``SwitchingPlan``, which ``runtime.run`` caches as any plan.
 
 Invariants:
 - background threads make no CUDA call: they generate code (``Kernel.compile``) and run
@@ -39,7 +41,8 @@ import torch
 from ..arguments import OFFS_KEY, EpilogueArguments, GemmArguments
 from ..errors import ConfigError
 from ..ir import OutputKind
-from . import background, cache, tuner
+from . import background, cache
+from .kernel import scratch_arguments
 from .verify import compare
 
 log = logging.getLogger("evtfuse")
@@ -77,7 +80,7 @@ def _prepare_compile(kernel, args: GemmArguments):
 def _poisoned_scratch(args: GemmArguments) -> GemmArguments:
     """``args`` with fresh outputs holding NaN (integers: their minimum), as
     ``Kernel.verify`` poisons: an element a kernel leaves unwritten shows."""
-    scratch = tuner._scratch(args)
+    scratch = scratch_arguments(args)
     for t in scratch.epilogue.outputs().values():
         if isinstance(t, torch.Tensor):
             t.fill_(float("nan") if t.dtype.is_floating_point else torch.iinfo(t.dtype).min)
@@ -120,8 +123,9 @@ class Session:
     ``first`` among them), their jobs, times and state. Every change is made under
     ``lock`` (``step``'s caller holds it); ``done`` is set last."""
 
-    def __init__(self, key: str, args: GemmArguments, first, cands: list):
+    def __init__(self, key: str, args: GemmArguments, first, cands: list, tuning):
         self.key, self.M, self.device = key, int(args.M), args.A.device
+        self.tuning = tuning  # the tuner (``runtime.tuner``): its settings, tables, timing
         self.first = first
         self.cands = [first, *(k for k in cands if k is not first)]
         self.lock = threading.Lock()
@@ -157,7 +161,7 @@ class Session:
     def _start(self, args: GemmArguments) -> None:
         self._started = time.perf_counter()
         self.state = CODEGEN
-        workers = tuner.compile_workers()
+        workers = self.tuning.compile_workers()
         for k in self.cands[1:]:
             self.jobs[k.name] = background.submit(functools.partial(_codegen, k, args), workers)
 
@@ -203,8 +207,8 @@ class Session:
 
     def _submit_compiles(self, args: GemmArguments) -> None:
         self.steps += 1
-        scratch = tuner._scratch(args)
-        workers = tuner.compile_workers()
+        scratch = scratch_arguments(args)
+        workers = self.tuning.compile_workers()
         for k in self._live()[1:]:
             try:
                 job = _prepare_compile(k, scratch)
@@ -220,7 +224,7 @@ class Session:
         if len(live) == 1:  # every other candidate dropped: the running kernel stays
             self._finish(self.first, args)
             return
-        self._rounds = _rounds(live, self.times, self._drop)
+        self._rounds = _rounds(live, self.times, self._drop, self.tuning)
         next(self._rounds)
         self.state = TIMING
         self._time_one(args)
@@ -229,7 +233,7 @@ class Session:
         self.steps += 1
         t0 = time.perf_counter()
         try:
-            self._rounds.send(tuner._scratch(args))
+            self._rounds.send(scratch_arguments(args))
         except StopIteration as stop:
             self.ranked = list(stop.value)
             self.state = VERIFYING
@@ -256,11 +260,12 @@ class Session:
     def _finish(self, kernel, args: GemmArguments) -> None:
         """Record ``kernel`` as the class's choice ("fast"'s record, on disk too) and let
         the calls switch to it."""
-        record = {**tuner.tuning_record(args, kernel, "fast"),
+        tuning = self.tuning
+        record = {**tuning.tuning_record(args, kernel, "fast"),
                   "candidates": len(self.times), "compile_s": round(self.compile_s, 3),
                   "timing_s": round(self.timing_s, 3), "via": "background"}
-        with tuner._lock:
-            tuner._records[self.key] = record
+        with tuning._lock:
+            tuning._records[self.key] = record
             self.winner, self.state = kernel, DONE
             self.done = True
         try:
@@ -276,20 +281,21 @@ class Session:
 
     def _drop(self, kernel, exc: BaseException) -> None:
         self.dropped[kernel.name] = f"{type(exc).__name__}: {exc}"
-        tuner._report_failure(kernel, exc)
+        self.tuning._report_failure(kernel, exc)
 
     def _abandon(self, exc: BaseException) -> None:
         log.warning("evtfuse: background tuning abandoned (%s: %s); calls keep %s. This is a "
                     "bug in evtfuse: please report it with EVTFUSE_LOG=debug output",
                     type(exc).__name__, exc, self.first.name, exc_info=log.isEnabledFor(
                         logging.DEBUG))
-        with tuner._lock:
+        with self.tuning._lock:
             self.state = DONE
             self.done = True
 
 
-def _rounds(cands: list, times: dict, drop):
-    """``tuner._search``'s timing as a generator: each ``send(args)`` (scratch arguments)
+def _rounds(cands: list, times: dict, drop, tuner):
+    """``tuner._search``'s timing as a generator (``tuner``: the tuner module, read at each
+    use): each ``send(args)`` (scratch arguments)
     runs one window; returns every candidate that ran, best first: the contenders (the
     duel's winner first), then those pruned after the first sustained round."""
     ran = []
@@ -330,10 +336,11 @@ class SwitchingPlan:
     current plan; once the session is done it switches to the plan of the class's choice
     (``tuner.choose_kernel``) and is a plain plan from then on."""
 
-    __slots__ = ("session", "plan", "parsed", "cc", "drives", "recipe", "_first_args")
+    __slots__ = ("session", "tuning", "plan", "parsed", "cc", "drives", "recipe", "_first_args")
 
     def __init__(self, session: Session, kernel, args: GemmArguments, cc):
         self.session = session
+        self.tuning = session.tuning
         self.plan = kernel.plan(args)
         self.parsed = args.epilogue.parsed
         self.cc = cc
@@ -373,7 +380,7 @@ class SwitchingPlan:
             return
         try:
             args = self.arguments(A, B, values)
-            kernel = tuner.choose_kernel(args, tuner.BACKGROUND, self.cc)
+            kernel = self.tuning.choose_kernel(args, self.tuning.BACKGROUND, self.cc)
             self.plan = kernel.plan(args)
         except Exception as exc:  # noqa: BLE001  (the call goes on with its kernel)
             log.warning("evtfuse: background tuning's switch failed (%s: %s); the calls keep "

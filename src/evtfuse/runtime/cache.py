@@ -1,14 +1,15 @@
 """On-disk caches: generated kernel modules and autotuning choices.
 
-Layer: runtime. Everything lives under ``cache_dir()`` (``EVTFUSE_CACHE_DIR``, else
-``~/.cache/evtfuse``), in a sub-folder named by a version key (evtfuse, Triton and torch
-versions), so an upgrade never reads stale entries. Writes are atomic (temp file in the
-same folder, then ``os.replace``), so concurrent processes see a whole file or none.
-Keys fail closed: ``make_key`` refuses values it cannot represent exactly. Nothing read
-back is trusted: a kernel module runs from the source evtfuse generated (compiled here,
-never from bytecode beside the file), and an entry that is not a regular file holding
-what evtfuse writes is absent (read without blocking, so a FIFO cannot hang a reader).
-A root that cannot be used raises ``ConfigError`` naming ``EVTFUSE_CACHE_DIR``.
+Layer: runtime.host (below everything that loads or records). Everything lives under
+``cache_dir()`` (``EVTFUSE_CACHE_DIR``, else ``~/.cache/evtfuse``), in a sub-folder named
+by a version key (evtfuse, Triton and torch versions), so an upgrade never reads stale
+entries. Writes are atomic (temp file in the same folder, then ``os.replace``), so
+concurrent processes see a whole file or none. Keys fail closed: ``make_key`` refuses
+values it cannot represent exactly. Nothing read back is trusted: a kernel module runs
+from the source evtfuse generated (compiled here, never from bytecode beside the file),
+and an entry that is not a regular file holding what evtfuse writes is absent (read
+without blocking, so a FIFO cannot hang a reader). A root that cannot be used raises
+``ConfigError`` naming ``EVTFUSE_CACHE_DIR``.
 
 Several processes share one cache (a job's torchrun ranks): besides the atomic writes, a
 tuning is done by one process at a time per key (``tuning_lock``: a lock file the others
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..version import __version__
 
 log = logging.getLogger("evtfuse")
 
@@ -44,7 +46,6 @@ log = logging.getLogger("evtfuse")
 def _version_key() -> str:
     import triton
 
-    from .. import __version__
     return f"v{__version__}-triton{triton.__version__}-torch{torch.__version__.split('+')[0]}"
 
 

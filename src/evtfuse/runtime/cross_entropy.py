@@ -1,6 +1,7 @@
 """Fused linear cross-entropy: the operators behind ``evtfuse.linear_cross_entropy``.
 
-Layer: runtime, beside ``runtime.autograd`` (same ``torch.library`` namespace). Schemas::
+Layer: runtime.torch, beside ``runtime.autograd`` (same ``torch.library`` namespace); its
+GEMMs run below autograd (``calls.plain_gemm``). Schemas::
 
     evtfuse::linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias,
         int ignore_index, str reduction, float label_smoothing, float softcap, float z_loss,
@@ -52,6 +53,7 @@ from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import rounding_of
+from . import calls
 from .device import interpreter_enabled
 from .torch_op import _lib
 
@@ -190,7 +192,7 @@ def row_stats(hidden, weight, target, bias, o: _Options) -> dict:
     over the same chunks of rows as ``chunked`` (not one call over all rows: a launch plan
     keeps its reductions' workspaces, fp32 per row and tile along the vocabulary, 4 x 32 MiB
     at 8192 x 128256, which would add to a chunk's logits in a later backward)."""
-    from .api import gemm
+    gemm = calls.plain_gemm  # below autograd, on local tensors
 
     T = hidden.shape[0]
     stats = _stats_out(T, o, hidden)
@@ -209,7 +211,7 @@ def chunked(hidden, weight, target, bias, o: _Options, row_w: Optional[torch.Ten
     """Row statistics (as ``row_stats``) and the gradients of hidden, weight and bias (those
     ``grads`` asks for, else None) of ``sum_i row_w[i] * loss_i + lse_w[i] * lse_i``
     (``row_w``, ``lse_w``: (T, 1) fp32 or None), one chunk of rows at a time."""
-    from .api import gemm
+    gemm = calls.plain_gemm  # below autograd, on local tensors
 
     T, V = hidden.shape[0], o.local
     need_h, need_w, need_b = grads

@@ -1,14 +1,15 @@
 """Shipped tuning defaults: the kernels the benchmark suite's tuning picked, per GPU and
 shape, so that a first call times a few likely winners instead of every candidate.
 
-Layer: runtime, read by ``tuner.choose_kernel``. ``defaults.json`` (package data, written
-by ``scripts/defaults_table.py`` from the suite's results) holds, for each measured GPU,
-input dtype and problem shape, the kernels the tuner chose for the suite's epilogues at that
-shape, most often chosen first. ``suggestions`` returns those of the nearest measured
-shape (M, N and K each within a factor of two together: the sum of their log2 distances
-at most ``MAX_DISTANCE``), for the same GPU (by name; else one of the same compute
-capability and SM count), or nothing. A suggestion the families do not offer for the
-problem (another epilogue's tile variant) is simply not used.
+Layer: runtime.host (imports nothing of evtfuse), read by ``tuner.choose_kernel``.
+``defaults.json`` (package data, written by ``scripts/defaults_table.py`` from the suite's
+results) holds, for each measured GPU, input dtype and problem shape, the kernels the
+tuner chose for the suite's epilogues at that shape, most often chosen first.
+``suggestions`` returns those of the nearest measured shape (M, N and K each within a
+factor of two together: the sum of their log2 distances at most ``MAX_DISTANCE``), for the
+same GPU (by name; else one of the same compute capability and SM count), or nothing. A
+suggestion the families do not offer for the problem (another epilogue's tile variant) is
+simply not used.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Where kernels run: a CUDA GPU (its compute capability) or Triton's CPU interpreter.
 
-Layer: runtime. ``use_interpreter()`` turns the interpreter on for this process (it must
-be on before any kernel module is generated); with it, CPU tensors run through Triton's
-interpreter, which is how CI tests kernels.
+Layer: runtime.host (imports nothing of evtfuse). ``use_interpreter()`` turns the
+interpreter on for this process (it must be on before any kernel module is generated);
+with it, CPU tensors run through Triton's interpreter, which is how CI tests kernels.
 
 Why not per call: ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates a function
 (``knobs.runtime.interpret``, Triton 3.6 to 3.9 alike), so the setting counts for the kernel
@@ -26,6 +26,14 @@ INTERPRETER = "interpreter"
 
 
 _DTENSOR: list = []  # the DTensor class, once found
+_ON_FIRST_DTENSOR: list = []  # what runs when it is found (``on_first_dtensor``)
+
+
+def on_first_dtensor(fn) -> None:
+    """Run ``fn()`` the first time the DTensor class is found outside torch.compile's
+    tracing: ``runtime.sharding``, above this layer, registers its rules with DTensor so
+    (when it is imported, as ``import evtfuse`` imports it)."""
+    _ON_FIRST_DTENSOR.append(fn)
 
 
 def _dtensor_type():
@@ -33,7 +41,7 @@ def _dtensor_type():
     DTensor exists before it is: ``import evtfuse`` and a call without DTensors never
     import it, 0.7 s) or where torch has no distributed support. The first time it is
     found outside torch.compile's tracing, evtfuse's sharding rules are registered with
-    DTensor (``runtime.sharding``)."""
+    DTensor (``on_first_dtensor``: ``runtime.sharding.register``)."""
     if _DTENSOR:
         return _DTENSOR[0]
     if "torch.distributed.tensor" not in sys.modules:
@@ -44,9 +52,8 @@ def _dtensor_type():
         return None
     if torch.compiler.is_compiling():  # (torch.compile imports it): registered when eager
         return DTensor
-    from . import sharding
-
-    sharding.register()
+    for fn in _ON_FIRST_DTENSOR:
+        fn()
     _DTENSOR.append(DTensor)
     return DTensor
 

@@ -1,10 +1,11 @@
 """Kernel discovery: ``get_kernels`` and ``explain``.
 
-Layer: runtime, below ``runtime.api`` (the one-call API) and ``runtime.tuner`` (which
-chooses among the kernels found here); it imports neither. ``get_kernels`` asks every
-family whether it supports the arguments and returns its configurations as ``Kernel``
-objects, best first (one object per family, config and target, kept for the process);
-``explain`` says why each family does or does not. ``runtime.api`` re-exports the public
+Layer: runtime.kernels, above ``runtime.kernel`` (whose ``kernels_for`` it re-exports) and
+below ``runtime.tuner`` (which chooses among the kernels found here). ``get_kernels`` finds
+the arguments' target and asks every family whether it supports them
+(``kernel.kernels_for``: their configurations as ``Kernel`` objects, best first, one object
+per family, config and target, kept for the process); ``explain`` says why each family
+does or does not. ``runtime.api`` re-exports the public
 names (``evtfuse.get_kernels``, ``evtfuse.explain``).
 """
 
@@ -14,13 +15,10 @@ import warnings
 
 from ..arguments import GemmArguments
 from ..errors import UnsupportedError
-from ..backends.triton.families import FAMILIES, INTERPRETER, Target, fill_rank
+from ..backends.triton.families import FAMILIES, INTERPRETER, Target
 from .device import interpreter_enabled, sm_count, target_of
-from .kernel import Kernel
+from .kernel import Kernel, alternate_families, kernels_for, order_by_fill  # noqa: F401
 from .two_pass import judged, plan_name
-
-_kernel_objects: dict[tuple, Kernel] = {}
-
 
 def _target(args: GemmArguments, cc: int | None) -> Target:
     kind, cc_value = target_of(args.A.device, cc)
@@ -63,51 +61,6 @@ def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
             warnings.warn(f"evtfuse.get_kernels: {NO_INTERPRETER}", stacklevel=2)
         return []
     return kernels_for(args, target)
-
-
-def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
-    """``get_kernels`` for a given target (``runtime.offline`` asks for an sm_90 GPU's)."""
-    kernels: list[Kernel] = []
-    for family in FAMILIES:
-        judge = judged(family, args, target)  # in two passes: the first pass's arguments
-        if not family.supports(judge, target):
-            continue
-        for config in family.configs(judge, target):
-            key = (family.name, config, target)
-            k = _kernel_objects.get(key)
-            if k is None:
-                k = _kernel_objects[key] = Kernel(family, config, target)
-            kernels.append(k)
-    ordered = order_by_fill(kernels, args, target)
-    return alternate_families(ordered) if args.offs is not None and target.kind == "cuda" \
-        else ordered
-
-
-def alternate_families(kernels: list[Kernel]) -> list[Kernel]:
-    """``kernels`` with the families' candidates taken in turn (each family's first, then
-    each one's second, ...; families in the order of their first candidate): for a grouped
-    GEMM the hopper family's persistent TMA kernel and the portable one each lead on some
-    problems (few rows per group: the portable kernel's tiles waste less), and a fast
-    tuning, which times only the first candidates (``tuner.FAST_CANDIDATES``), must time
-    both."""
-    by_family: dict[str, list[Kernel]] = {}
-    for k in kernels:
-        by_family.setdefault(k.family.name, []).append(k)
-    turns = max((len(v) for v in by_family.values()), default=0)
-    return [v[i] for i in range(turns) for v in by_family.values() if i < len(v)]
-
-
-def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
-    """``kernels`` (in the families' order) with the configs whose tiles leave most of the
-    GPU idle moved behind those that fill it (``family_base.fill_rank``; a stable sort, so
-    problems that every config fills keep the families' order). At 64x8192x8192 the gluon
-    family's 128-row tiles occupy 64 of 132 SMs (relu aux 0.070 ms) and the hopper family's
-    64x64 ones 128 (0.0595): the fast tuning's budget must reach those first (a 12 s
-    budget spent it on the gluon configs; benchmarks/HISTORY.md, fifteenth session). Under the
-    interpreter the order is the families'."""
-    if target.kind != "cuda":
-        return kernels
-    return sorted(kernels, key=lambda k: fill_rank(args, k.config, target.sms))
 
 
 def explain(args: GemmArguments, cc: int | None = None) -> str:

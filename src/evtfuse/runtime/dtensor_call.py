@@ -1,9 +1,9 @@
 """``evtfuse.gemm`` and ``grouped_gemm`` called with DTensors: where each tensor goes.
 
-Layer: runtime, under ``api`` (which makes one ``DTensorCall`` for a call whose tensors are
-DTensors) and over ``runtime.sharding`` (the rules of the epilogue, and the strategies
-registered for the operators). Two paths, one decision (``sharding.choose``: per mesh
-dimension the mode that moves the fewest bytes, among those the epilogue allows):
+Layer: runtime.torch, under ``api`` (which makes one ``DTensorCall`` for a call whose
+tensors are DTensors) and over ``runtime.sharding`` (the rules of the epilogue, and the
+strategies registered for the operators). Two paths, one decision (``sharding.choose``:
+per mesh dimension the mode that moves the fewest bytes, among those the epilogue allows):
 
 - without gradients, ``api`` allocates the missing outputs as DTensors placed as the
   chosen modes place them (``allocate``) and calls the operator on the DTensors: DTensor
@@ -29,6 +29,7 @@ import torch
 
 from ..errors import EpilogueError
 from . import sharding
+from .device import is_dtensor
 
 
 class DTensorCall:
@@ -173,8 +174,6 @@ def has_dtensor(*groups) -> bool:
     once while ``torch.distributed.tensor`` is not imported: none can exist)."""
     if not sharding.loaded():
         return False
-    from .device import is_dtensor
-
     for g in groups:
         if isinstance(g, (list, tuple)):
             if any(is_dtensor(t) for t in g):

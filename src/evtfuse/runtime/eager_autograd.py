@@ -1,9 +1,9 @@
 """The differentiable operators in eager mode: one plain ``torch.autograd.Function`` each.
 
-Layer: runtime, below ``runtime.autograd`` and ``runtime.grouped_autograd``, which make one
-``EagerFunctional`` per operator from the autograd formula they register with
-``torch.library.register_autograd`` (their ``setup_context`` and ``backward``): one formula,
-read by both paths.
+Layer: runtime.ops (imports nothing of evtfuse), below ``runtime.autograd`` and
+``runtime.grouped_autograd``, which make one ``EagerFunctional`` per operator from the
+autograd formula they register with ``torch.library.register_autograd`` (their
+``setup_context`` and ``backward``): one formula, read by both paths.
 
 Why: ``register_autograd`` wraps an operator that takes lists of tensors in an autograd
 Function that flattens and unflattens its arguments, results, needs and gradients with

@@ -1,7 +1,8 @@
 """Gradients of grouped GEMMs: the operator ``torch.ops.evtfuse.grouped_gemm_functional``.
 
-Layer: runtime, beside ``runtime.autograd``, whose forward plans, backward plans and backward
-kernel call it shares (``forward_of(..., grouped=True)``). Schema::
+Layer: runtime.torch, beside ``runtime.autograd``, whose forward plans, backward plans and
+backward kernel call it shares (``grad_plan.forward_of(..., grouped=True)``); its grouped
+GEMMs run below autograd (``calls.plain_grouped_gemm``). Schema::
 
     evtfuse::grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout,
                                      Tensor?[] tensors, Scalar[]? scalars, Tensor[] outs) -> Tensor[]
@@ -16,7 +17,7 @@ weights (T, 1), a per-group scale (G, 1, 1), a shared (N,) vector or scalar) in 
 kernel (``backends/triton/grouped_reduce``). A gated backward kernel ("recompute" mode
 of a gated epilogue) computes no reductions yet: it stores each such gradient as its (T, N) fp32 term, summed
 here by torch, per group with ``index_add`` over each row's group (found from offs on the
-device: no host synchronisation; ``autograd.caller_reductions``, ``_sum_rows``). Then
+device: no host synchronisation; ``grad_plan.caller_reductions``, ``_sum_rows``). Then
 dA = dAccum @ B_g^T (a grouped GEMM over M) and dB_g = A_g^T @ dAccum_g (a grouped GEMM
 over K), both evtfuse calls. Rows at or past offs[-1] are in no group: their gradients are
 zero, and no gradient flows from the outputs' rows there.
@@ -37,10 +38,11 @@ from __future__ import annotations
 import torch
 
 from ..ir import OutputKind
-from . import eager_autograd
-from .autograd import (Forward, accumulator_gradient, allocate_results, backward_inputs,
-                       check_first_order, forward_of, in_layout_of, operand_gradients,
-                       remember, run_backward)
+from . import calls, eager_autograd
+from .autograd import (accumulator_gradient, check_first_order, in_layout_of,
+                       operand_gradients, remember, run_backward)
+from .grad_plan import Forward, allocate_results, backward_inputs, forward_of
+from .run import run_grouped_values
 from .torch_op import Layout, _lib, scalars_arg, unwire, values_of, wire
 
 SCHEMA = ("grouped_gemm_functional(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
@@ -55,8 +57,6 @@ def _grouping(B: torch.Tensor, offs: torch.Tensor) -> tuple:
 
 
 def _impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> list:
-    from .api import run_grouped_values
-
     grouped, groups = _grouping(B, offs)
     fwd = forward_of(A, B, unwire(epilogue), layout, tensors, outs, grouped, groups)
     results = allocate_results(fwd, A, B, outs, groups)
@@ -98,8 +98,6 @@ def _sum_rows(term: torch.Tensor, kind: OutputKind, batched: bool, offs: torch.T
 
 def _backward(ctx, grads):
     check_first_order()
-    from .api import grouped_gemm
-
     fwd: Forward = ctx.fwd
     lay: Layout = ctx.lay
     A, B, offs, *rest = ctx.saved_tensors
@@ -124,6 +122,7 @@ def _backward(ctx, grads):
                 operand_gradients(bplan, results, lay, need_t, tensors), no_scalars,
                 [None] * ctx.n_outs)
     names, sums = dict(bplan.outputs), {n: (k, b) for n, k, b in bplan.caller_sums}
+    grouped_gemm = calls.plain_grouped_gemm  # below autograd
     dacc = accumulator_gradient(results, fwd)
     da = db = None
     if dacc is not None:
@@ -146,11 +145,10 @@ def _over_k_products(dacc, A, B, offs, need_a: bool, need_b: bool, tune: str) ->
     B[k_g]^T and dB[k_g] = A[:, k_g]^T @ dAccum_g, each a grouped GEMM over M (of B's rows,
     of A's columns) written into zeros in its input's memory order (``zeros_like``: a
     weight's gradient needs no copy), so that the range at or past offs[-1] stays zero."""
-    from .api import grouped_gemm
-
     da = db = None
     if dacc is None:
         return da, db
+    grouped_gemm = calls.plain_grouped_gemm  # below autograd
     if need_a:  # (T, M) rows grouped as B's, transposed into A's (M, T)
         da = grouped_gemm(B, dacc.mT, offs, tune=tune, D=torch.zeros_like(A).mT).mT
     if need_b:

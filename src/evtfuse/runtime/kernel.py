@@ -1,9 +1,12 @@
-"""A concrete kernel: one family with one tile configuration, for one target.
+"""A concrete kernel: one family with one tile configuration, for one target; its launch
+plans; the kernels every family offers for given arguments (``kernels_for``).
 
-Layer: runtime. ``supports`` -> ``Status``; ``compile`` generates (or reuses) the module
-for the arguments' kernel spec and returns the Triton function; ``run`` launches on the
-current stream with no host sync and no allocation, so it can be captured in a CUDA
-graph; ``verify`` runs on poisoned outputs and compares with the reference evaluator.
+Layer: runtime.kernels, above ``runtime.two_pass`` (whose passes ``TwoPassPlan`` runs) and
+below ``runtime.discovery``. ``supports`` -> ``Status``; ``compile`` generates (or reuses)
+the module for the arguments' kernel spec and returns the Triton function; ``run``
+launches on the current stream with no host sync and no allocation, so it can be captured
+in a CUDA graph; ``verify`` runs on poisoned outputs and compares with the reference
+evaluator.
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ import torch
 
 from ..arguments import GemmArguments
 from ..backends.triton.codegen import generate
-from ..backends.triton.families import (INTERPRETER, KernelFamily, Target, TileConfig,
-                                        even_tiles_vary, fp8_promote)
+from ..backends.triton.families import (FAMILIES, INTERPRETER, KernelFamily, Target,
+                                        TileConfig, even_tiles_vary, fill_rank, fp8_promote)
 from ..backends.triton.launch import direct_launcher
+from ..backends.triton.launch_items import StreamLocal
 from ..backends.triton.versions import LAUNCH_OPTIONS
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import background, cache
+from .calls import run_kernel_through_op
 from .device import device_guard
 from .torch_op import check_no_grad, check_outputs_writable
-from .two_pass import TwoPassPlan, judged, staged
+from .two_pass import Staged, judged, staged
 from .verify import F64_ACC_NOISE, FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
 
 log = logging.getLogger("evtfuse")
@@ -142,8 +147,6 @@ class Kernel:
         their launch plan, so a re-run costs little more than Triton's own launch.
         """
         if torch.compiler.is_compiling():  # one opaque operator in the traced graph
-            from .api import run_kernel_through_op
-
             run_kernel_through_op(self, args)
             return
         if torch.is_grad_enabled():  # no silent detach: evtfuse.gemm is the differentiable call
@@ -338,3 +341,108 @@ def structure_key(args: GemmArguments) -> tuple:
             args.fp8_fast_accum, args.accumulator_type, tensor_key(args.A), tensor_key(args.B),
             None if args.offs is None else tensor_key(args.offs),
             tuple((n, value_key(v)) for n, v in values.items()))
+
+
+class TwoPassPlan:
+    """The first pass's launch plan, then the second's, with this plan's workspaces."""
+
+    __slots__ = ("parsed", "first", "second", "local", "names", "params", "outputs",
+                 "rename", "A2", "B2")
+
+    def __init__(self, kernel: "Kernel", args: GemmArguments, st: Staged):
+        self.parsed = args.epilogue.parsed
+        self.first = kernel.plan(st.args1)
+        k2 = second_kernel(st, kernel.target)
+        if k2 is None:
+            raise UnsupportedError(f"{kernel.name}: no kernel runs the second pass of this "
+                                   "epilogue (evtfuse.explain says why)")
+        self.second = k2.plan(st.args2)
+        self.names = list(st.ws)
+        self.local = StreamLocal(args.A.device, [(tuple(t.shape), t.dtype, None)
+                                                 for t in st.ws.values()])
+        self.params = st.params
+        self.outputs = set(args.epilogue.parsed.outputs)
+        self.rename = st.split.rename
+        self.A2, self.B2 = st.A2, st.B2
+
+    def __call__(self, A, B, values) -> None:
+        ws = dict(zip(self.names, self.local.current()))
+        r1, r2 = self.rename
+
+        def buf(name):
+            return values[name] if name in self.outputs else ws[name]
+
+        v1 = {p: values[p] for p in self.params}
+        v1.update({k: buf(b) for k, b in r1.items()})
+        self.first(A, B, v1)
+        v2 = {p: values[p] for p in self.params}
+        v2.update(ws)
+        v2.update({k: buf(b) for k, b in r2.items()})
+        self.second(self.A2, self.B2, v2)
+
+
+def second_kernel(st: Staged, target: Target) -> "Kernel | None":
+    """The kernel of a two-pass epilogue's second pass: the first that runs it on
+    ``target``."""
+    ks = kernels_for(st.args2, target)
+    return ks[0] if ks else None
+
+
+_kernel_objects: dict[tuple, Kernel] = {}
+
+
+def kernels_for(args: GemmArguments, target: Target) -> list[Kernel]:
+    """``get_kernels`` for a given target (``runtime.offline`` asks for an sm_90 GPU's)."""
+    kernels: list[Kernel] = []
+    for family in FAMILIES:
+        judge = judged(family, args, target)  # in two passes: the first pass's arguments
+        if not family.supports(judge, target):
+            continue
+        for config in family.configs(judge, target):
+            key = (family.name, config, target)
+            k = _kernel_objects.get(key)
+            if k is None:
+                k = _kernel_objects[key] = Kernel(family, config, target)
+            kernels.append(k)
+    ordered = order_by_fill(kernels, args, target)
+    return alternate_families(ordered) if args.offs is not None and target.kind == "cuda" \
+        else ordered
+
+
+def alternate_families(kernels: list[Kernel]) -> list[Kernel]:
+    """``kernels`` with the families' candidates taken in turn (each family's first, then
+    each one's second, ...; families in the order of their first candidate): for a grouped
+    GEMM the hopper family's persistent TMA kernel and the portable one each lead on some
+    problems (few rows per group: the portable kernel's tiles waste less), and a fast
+    tuning, which times only the first candidates (``tuner.FAST_CANDIDATES``), must time
+    both."""
+    by_family: dict[str, list[Kernel]] = {}
+    for k in kernels:
+        by_family.setdefault(k.family.name, []).append(k)
+    turns = max((len(v) for v in by_family.values()), default=0)
+    return [v[i] for i in range(turns) for v in by_family.values() if i < len(v)]
+
+
+def order_by_fill(kernels: list[Kernel], args: GemmArguments, target: Target) -> list[Kernel]:
+    """``kernels`` (in the families' order) with the configs whose tiles leave most of the
+    GPU idle moved behind those that fill it (``family_base.fill_rank``; a stable sort, so
+    problems that every config fills keep the families' order). At 64x8192x8192 the gluon
+    family's 128-row tiles occupy 64 of 132 SMs (relu aux 0.070 ms) and the hopper family's
+    64x64 ones 128 (0.0595): the fast tuning's budget must reach those first (a 12 s
+    budget spent it on the gluon configs; benchmarks/HISTORY.md, fifteenth session). Under the
+    interpreter the order is the families'."""
+    if target.kind != "cuda":
+        return kernels
+    return sorted(kernels, key=lambda k: fill_rank(args, k.config, target.sms))
+
+
+def scratch_arguments(args: GemmArguments) -> GemmArguments:
+    """The same problem with fresh output buffers: the tuner, background tuning and
+    precompiling run a kernel many times, which must not touch the user's outputs (an
+    in-place D = C would be applied repeatedly)."""
+    fresh = {n: torch.empty_like(v) for n, v in args.epilogue.outputs().items()
+             if isinstance(v, torch.Tensor)}
+    epi = args.epilogue.with_values(**fresh)
+    return GemmArguments(args.A, args.B, fresh.get("D"), args.accumulator_type, epi,
+                         allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum,
+                         offs=args.offs)

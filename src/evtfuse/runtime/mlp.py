@@ -1,8 +1,9 @@
 """MLP blocks fused forward and backward: the operators behind ``evtfuse.nn.GatedMLP`` and
 ``evtfuse.nn.MLP``.
 
-Layer: runtime, beside ``runtime.cross_entropy`` (same ``torch.library`` namespace). A block
-is ``y = act_part(x @ W1.T + b1) @ W2.T + b2``, where ``act_part`` is ``act(G) * U`` of the
+Layer: runtime.torch, beside ``runtime.cross_entropy`` (same ``torch.library`` namespace;
+its GEMMs run below autograd: ``calls.plain_gemm``). A block is
+``y = act_part(x @ W1.T + b1) @ W2.T + b2``, where ``act_part`` is ``act(G) * U`` of the
 two halves ``G | U`` of a gated MLP's up projection (W1 = ``[W_gate; W_up]``, SwiGLU,
 GeGLU) or ``act(P)`` of a plain one. Schemas::
 
@@ -47,6 +48,7 @@ from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..frontend import bind, parse_epilogue
 from ..ir import Output, OutputKind, rounding_of
+from . import calls
 from .device import is_dtensor
 from .torch_op import _lib
 
@@ -159,7 +161,7 @@ def _parts(t: torch.Tensor, gated: bool, width: int) -> dict:
 
 
 def _forward(x, w1a, w1b, w2, activation, b1a, b1b, b2, keep=True):
-    from .api import gemm
+    gemm = calls.plain_gemm  # below autograd, on local tensors
 
     gated = w1b is not None
     width = w1a.shape[0]
@@ -190,7 +192,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 
 def _down_grad_op(dy, w2, p, dp, activation, gated, keep_a):
-    from .api import gemm
+    gemm = calls.plain_gemm  # below autograd, on local tensors
 
     width = p.shape[1] // 2 if gated else p.shape[1]
     epilogue, outputs = down_grad(activation, gated)

@@ -1,10 +1,11 @@
 """Mixture-of-experts experts fused forward and backward: the operators behind
 ``evtfuse.nn.MoEExperts`` (and the ``"evtfuse"`` experts implementation of ``evtfuse.hf``).
 
-Layer: runtime, beside ``runtime.mlp`` (same ``torch.library`` namespace, the same
+Layer: runtime.torch, beside ``runtime.mlp`` (same ``torch.library`` namespace, the same
 machinery: an up projection whose epilogue stores the pre-activations and the activation's
 output, a backward epilogue derived by ``autodiff`` whose upstream gradient is the
-accumulator). The experts of a sparse MoE block, in transformers 5.x's layout::
+accumulator; its grouped GEMMs run below autograd: ``calls.plain_grouped_gemm``). The
+experts of a sparse MoE block, in transformers 5.x's layout::
 
     y[t] = sum_j  w[t, j] * down[e] @ (act(G) * U),   e = index[t, j],
            G | U = gate_up[e] @ x[t]   (gate_up (E, 2I, H): gate's I rows first; down (E, H, I))
@@ -52,6 +53,7 @@ import torch
 from ..dag_epilogue import DagEpilogue
 from ..errors import EpilogueError
 from ..ir import rounding_of
+from . import calls
 from .mlp import backward_over_accumulator
 from .torch_op import _lib
 
@@ -125,7 +127,7 @@ def _to_pairs(t_perm: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 
 def _forward(x, index, weights, gate_up, down, activation):
-    from .api import grouped_gemm
+    grouped_gemm = calls.plain_grouped_gemm  # below autograd, on local tensors
 
     tokens, k = index.shape
     rows, width = tokens * k, down.shape[2]
@@ -152,7 +154,7 @@ def _forward_fake(x, index, weights, gate_up, down, activation):
 
 
 def _backward_op(dy, x, weights, gate_up, down, p, perm, offs, activation, need):
-    from .api import grouped_gemm
+    grouped_gemm = calls.plain_grouped_gemm  # below autograd, on local tensors
 
     tokens, k = weights.shape
     rows, width = perm.numel(), down.shape[2]

@@ -1,11 +1,12 @@
 """Offline compilation of a generated kernel for a GPU target, without a GPU.
 
-Layer: runtime (beside ``Kernel.compile``). Triton compiles for any NVIDIA target on a
-machine without one (``triton.compile`` with a ``GPUTarget``); this module does it for one
-kernel family and arguments, with the signature Triton would derive from the real launch values. The CPU
-test tier uses it to check that every generated Gluon kernel compiles to sm_90 SASS
-within its register and shared-memory budget (no spills), which the interpreter cannot
-show. Arguments may hold CPU tensors: only dtypes, shapes and strides matter here.
+Layer: runtime.kernels (beside ``Kernel.compile``, above ``runtime.discovery``). Triton
+compiles for any NVIDIA target on a machine without one (``triton.compile`` with a
+``GPUTarget``); this module does it for one kernel family and arguments, with the
+signature Triton would derive from the real launch values. The CPU test tier uses it to
+check that every generated Gluon kernel compiles to sm_90 SASS within its register and
+shared-memory budget (no spills), which the interpreter cannot show. Arguments may hold
+CPU tensors: only dtypes, shapes and strides matter here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from ..backends.triton.codegen import generate
 from ..backends.triton.families import KernelFamily, Target, TileConfig
 from ..backends.triton.versions import LAUNCH_OPTIONS
 from .cache import import_source
+from .discovery import kernels_for
+from .two_pass import judged
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,6 @@ def offered(args: GemmArguments, cc: int = 90, sms: int = 132) -> list[tuple[Ker
     """The (family, config) pairs ``get_kernels`` would offer for ``args`` on a GPU of
     compute capability ``cc`` with ``sms`` SMs, best first (the families' refusals and
     ``order_by_fill`` included), for arguments on the CPU."""
-    from .discovery import kernels_for
-
     target = Target("cuda", cc, args.A.device, sms, offline=True)
     return [(k.family, k.config) for k in kernels_for(args, target)]
 
@@ -57,8 +58,6 @@ def compile_for(family: KernelFamily, config: TileConfig, args: GemmArguments,
     family runs them in two passes (reductions feeding computation), the first pass's, the
     GEMM with ``config`` (``two_pass.judged``; the second pass is another kernel, over
     K = 0)."""
-    from .two_pass import judged
-
     target = Target("cuda", cc, args.A.device, sms, offline=True)
     args = judged(family, args, target)
     spec = family.spec(args, config, target)

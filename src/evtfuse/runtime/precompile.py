@@ -1,7 +1,7 @@
 """Ahead-of-time compiles and tunings: ``evtfuse.precompile(problems)`` (and the
 ``evtfuse precompile`` command, which builds the problems from its flags or a file).
 
-Layer: runtime, above ``runtime.tuner``. For each problem (``GemmArguments``): on a GPU the
+Layer: runtime.tuning, above ``runtime.tuner``. For each problem (``GemmArguments``): on a GPU the
 tuner's choice is made as a first ``evtfuse.gemm`` call would make it (``tune``: "fast",
 "exhaustive" or "none"; stored in the cache, so that a later process or rank reads it), and
 the chosen kernel is compiled and run once on scratch outputs, which puts its binary in
@@ -22,6 +22,7 @@ from ..arguments import GemmArguments
 from ..errors import EpilogueError, UnsupportedError
 from ..ir import dtype_name
 from . import cache, tuner
+from .kernel import scratch_arguments
 
 PRECOMPILE_MODES = ("fast", "exhaustive", "none")
 
@@ -97,7 +98,7 @@ def _compile(kernel, args: GemmArguments) -> None:
     """On a GPU: one run on scratch outputs (Triton compiles the binary into its cache;
     the user's outputs are not touched); under the interpreter: the generated module."""
     if args.A.device.type == "cuda":
-        kernel.run(tuner._scratch(args))
+        kernel.run(scratch_arguments(args))
         torch.cuda.synchronize(args.A.device)
     else:
         kernel.compile(args)

@@ -1,11 +1,12 @@
 """DTensor sharding rules of evtfuse's GEMM operators, derived from the epilogue's DAG.
 
-Layer: runtime, beside ``runtime.torch_op`` (the operators) and below ``api`` (which calls
-them on DTensors). Invariant: a rule offers a sharding of the problem only where every
-rank's epilogue, run on its own shard as it is, computes exactly its shard of the whole
-call's outputs; everything else is computed replicated, after DTensor has redistributed
-the inputs (correct before fast). No mode ever shards K: a K-sharded input (partial sums
-of the accumulator) is redistributed first.
+Layer: runtime.torch, above ``runtime.torch_op`` (the operators),
+``runtime.cross_entropy`` and ``runtime.grad_plan``, below ``runtime.dtensor_call`` and
+``api`` (which call them on DTensors). Invariant: a rule offers a sharding of the problem
+only where every rank's epilogue, run on its own shard as it is, computes exactly its
+shard of the whole call's outputs; everything else is computed replicated, after DTensor
+has redistributed the inputs (correct before fast). No mode ever shards K: a K-sharded
+input (partial sums of the accumulator) is redistributed first.
 
 A call of ``evtfuse::gemm`` (``evtfuse::grouped_gemm``) is split, on each dimension of the
 device mesh, in one of these *modes*:
@@ -43,13 +44,13 @@ write a copy and lose the result: every strategy keeps each output where it is
 ``EpilogueError`` naming the output, its placement and why. The cross-entropy operators'
 rules (the rows split for ``reduction="none"``) go through ``register_sharding`` as it is.
 
-Registration is lazy: ``import evtfuse`` never imports ``torch.distributed.tensor`` (0.7 s);
-``runtime.device.is_dtensor`` registers the rules the first time it finds that module
-loaded, outside torch.compile's tracing (every evtfuse entry point asks it), and
-``register()`` does it for a program that calls ``torch.ops.evtfuse.gemm`` on DTensors
-before any of them. What this module takes of torch's DTensor is looked up in
-``_torch_api`` (and the strategies' fields read in ``_pin_outputs`` and ``_children``):
-the places to change for another torch version.
+Registration is lazy: ``import evtfuse`` never imports ``torch.distributed.tensor`` (0.7
+s); ``runtime.device.is_dtensor`` registers the rules the first time it finds that module
+loaded (``device.on_first_dtensor``), outside torch.compile's tracing (every evtfuse entry
+point asks it), and ``register()`` does it for a program that calls
+``torch.ops.evtfuse.gemm`` on DTensors before any of them. What this module takes of
+torch's DTensor is looked up in ``_torch_api`` (and the strategies' fields read in
+``_pin_outputs`` and ``_children``): the places to change for another torch version.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ from ..errors import EpilogueError
 from ..frontend import bind
 from ..ir import NodeKind, OutputKind, Space, is_shift
 from ..optable import Category
+from . import cross_entropy  # noqa: F401  (defines the operators whose rules _register_ce adds)
+from . import device
+from .grad_plan import full_shape, problem_of
+from .torch_op import parse_layout, parsed_of, unwire
 
 log = logging.getLogger("evtfuse")
 
@@ -147,11 +152,9 @@ _rules: dict[tuple, tuple] = {}
 
 
 def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups) -> Rules:
-    from .autograd import _full_shape, problem_of
-
     A, B = _meta(A_shape, dtype), _meta(B_shape, dtype)
     problem = tuple(int(d) for d in problem_of(A, B, grouped, parsed.gated, groups))
-    rank = len(_full_shape(A, B, grouped, parsed.gated, groups))
+    rank = len(full_shape(A, B, grouped, parsed.gated, groups))
     values: dict[str, Any] = {}
     for name, v in operands.items():
         values[name] = v if isinstance(v, (int, float)) else _meta(*v)
@@ -311,8 +314,6 @@ def _spec_shape(spec) -> tuple:
 
 def _call_rules(A, B, epilogue: str, layout: str, tensors, scalars, outs, offs=None) -> tuple:
     """(Rules, layout) of an operator call whose tensors are DTensorSpecs."""
-    from .torch_op import parse_layout, parsed_of, unwire
-
     lay = parse_layout(layout)
     parsed = parsed_of(unwire(epilogue), lay)
     dtype = A.tensor_meta.dtype
@@ -490,8 +491,6 @@ def _register_ce() -> None:
     schemas' first int argument (``ignore_index``) starts its cache key, which then holds
     every option; they write nothing they are given (``scale_`` writes x, in place: a rule
     for an in-place operator keeps it where it is)."""
-    from . import cross_entropy  # noqa: F401  (defines the operators)
-
     reg = _torch_api().register_sharding
     reg(torch.ops.evtfuse.linear_cross_entropy.default)(_ce_sharding)
     reg(torch.ops.evtfuse.linear_cross_entropy_backward.default)(_ce_backward_sharding)
@@ -521,6 +520,9 @@ def register() -> bool:
         return False
     _state["done"] = True
     return True
+
+
+device.on_first_dtensor(register)  # the first time a DTensor can exist
 
 
 def registered() -> bool:

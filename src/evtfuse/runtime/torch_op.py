@@ -1,7 +1,10 @@
 """evtfuse's fused GEMM as PyTorch operators: ``torch.ops.evtfuse.gemm`` and ``grouped_gemm``.
 
-Layer: runtime, between the public calls (``api.gemm``, ``Fused``, ``evtfuse.nn``) and the
-eager implementation (``api.run_values``). Schema::
+Layer: runtime.ops, the bottom of the operators: the schemas, the fake implementations and
+the ``layout`` format are defined here; a Python call becomes an operator call in
+``runtime.calls`` (``api.gemm``, ``Fused``, ``evtfuse.nn`` through it), and the eager
+implementation (``run.run_values``), which runs kernels, is registered by ``runtime.run``,
+layers above. Schema::
 
     evtfuse::gemm(Tensor A, Tensor B, str epilogue, str layout, Tensor?[] tensors,
                   Scalar[]? scalars, Tensor(a!)[] outs) -> ()
@@ -70,7 +73,7 @@ class Layout:
     the outputs it allocates itself, as ``name:dtype`` (``outs`` then names the outputs
     whose tensors it is given as templates of their shape and dtype), and ``backward``:
     "save" (the forward stores the accumulator its backward reads), "recompute" (the
-    backward recomputes ``A @ B``) or "auto" (chosen by cost: ``autograd.backward_mode``).
+    backward recomputes ``A @ B``) or "auto" (chosen by cost: ``grad_plan.backward_mode``).
     """
 
     tensors: tuple[str, ...]
@@ -104,6 +107,16 @@ class Layout:
             *extra])
 
 
+BACKWARD_MODES = ("auto", "save", "recompute")  # the layout's ``backward``
+
+
+def check_backward(choice) -> None:
+    """The ``backward`` option: "auto", "save" or "recompute" (an ``EpilogueError`` else)."""
+    if choice not in BACKWARD_MODES:
+        raise EpilogueError(f'backward must be "auto", "save" or "recompute", not {choice!r}',
+                            variable="backward")
+
+
 @functools.lru_cache(maxsize=4096)
 def parse_layout(text: str) -> Layout:
     """The ``Layout`` of a ``layout`` string (cached: a loop passes the same string)."""
@@ -119,7 +132,7 @@ def parse_layout(text: str) -> Layout:
 
 
 # an operator call's parsed epilogue, keyed (source, first line, where): ``evtfuse.gemm``
-# puts each epilogue it checks here (``api._epilogue_of``), the runtime each DAG it derives
+# puts each epilogue it checks here (``calls.epilogue_of``), the runtime each DAG it derives
 # (``register``), and the runtime reads them back
 parsed_cache: dict[tuple, Any] = {}
 
@@ -275,13 +288,6 @@ def unwire(text: str) -> str:
     return text.encode("ascii").decode("unicode_escape")
 
 
-def _impl(A, B, epilogue, layout, tensors, scalars, outs) -> None:
-    from .api import run_values
-
-    lay = parse_layout(layout)
-    run_values(A, B, unwire(epilogue), lay, values_of(lay, tensors, scalars, outs))
-
-
 def check_devices(A, B, tnames, tensors, onames, outs, offs=None, call: str = "") -> None:
     """B, every tensor operand and output (and ``offs``) on A's device, else an
     ``EpilogueError`` naming it (``call``: the function to name first), before anything is
@@ -318,20 +324,12 @@ def _fake(A, B, epilogue, layout, tensors, scalars, outs) -> None:
     return None
 
 
-_lib.impl("gemm", _impl, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::gemm", _fake, lib=_lib)
 
 
 GROUPED_SCHEMA = ("grouped_gemm(Tensor A, Tensor B, Tensor offs, str epilogue, str layout, "
                   "Tensor?[] tensors, Scalar[]? scalars, Tensor(a!)[] outs) -> ()")
 _lib.define(GROUPED_SCHEMA)
-
-
-def _grouped_impl(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
-    from .api import run_grouped_values
-
-    lay = parse_layout(layout)
-    run_grouped_values(A, B, offs, unwire(epilogue), lay, values_of(lay, tensors, scalars, outs))
 
 
 def _grouped_fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
@@ -350,7 +348,6 @@ def _grouped_fake(A, B, offs, epilogue, layout, tensors, scalars, outs) -> None:
     return None
 
 
-_lib.impl("grouped_gemm", _grouped_impl, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::grouped_gemm", _grouped_fake, lib=_lib)
 
 

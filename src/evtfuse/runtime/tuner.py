@@ -1,7 +1,8 @@
 """Autotuning: time candidate kernels once per problem class, remember the winner on disk.
 
-Layer: runtime, between ``runtime.api`` (which asks it for a kernel) and
-``runtime.discovery`` (the candidates: ``get_kernels``). The key holds everything that
+Layer: runtime.tuning, between ``runtime.run`` (which asks it for a kernel and its launch
+plan) and ``runtime.discovery`` (the candidates: ``get_kernels``); above
+``runtime.background_tuning``, whose sessions it starts. The key holds everything that
 changes which kernel is best or whether it runs at all: the code generator's and the
 search's versions (new kernel families and a new search re-tune), the epilogue's DAG
 signature, L, N, K and M's size class (``size_class``: a new M in a known class, as in
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import sys
 import threading
 import time
 
@@ -37,14 +39,18 @@ from ..backends.triton.spec import GENERATOR_VERSION
 from ..errors import UnsupportedError
 from ..ir import signature
 from ..sizes import size_class
-from . import cache
+from . import background_tuning, cache
 from .device import device_name
 from .defaults import suggestions
 from .discovery import explain, get_kernels, no_device_error
+from .kernel import scratch_arguments
 
 log = logging.getLogger("evtfuse")
+# this module, as a background tuning (``background_tuning.Session``) reads its settings,
+# tables and timing at each use (tests change them here)
+_THIS = sys.modules[__name__]
 
-FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: discovery.order_by_fill)
+FAST_CANDIDATES = 10  # the gluon family's 5-9 (two-warpgroup consumers for epilogues of many ops, 2 piece counts x 2 GROUP_M, cooperative, + staged quarters), then the hopper family's (configs that leave most SMs idle last: kernel.order_by_fill)
 FROM_HEURISTIC = 2  # the heuristic's first candidates timed beside the shipped defaults'
 TUNER_VERSION = "9"  # part of the key: a choice made by an older search is made again
 #                      (4: the cooperative configs moved to GROUP_M 4; 5: the leaders' duel;
@@ -120,17 +126,6 @@ def _time_kernel(kernel, args: GemmArguments) -> float:
                           return_mode="median"))
 
 
-def _scratch(args: GemmArguments) -> GemmArguments:
-    """The same problem with fresh output buffers: tuning runs the kernel many times, which
-    must not touch the user's outputs (an in-place D = C would be applied repeatedly)."""
-    fresh = {n: torch.empty_like(v) for n, v in args.epilogue.outputs().items()
-             if isinstance(v, torch.Tensor)}
-    epi = args.epilogue.with_values(**fresh)
-    return GemmArguments(args.A, args.B, fresh.get("D"), args.accumulator_type, epi,
-                         allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum,
-                         offs=args.offs)
-
-
 def choose_kernel(args: GemmArguments, tune: str = "fast", cc=None):
     """The kernel to run ``args`` with: its size class's choice (``size_class``: in this
     process, or from the disk cache), or found by timing candidates (``tune``: "fast",
@@ -148,9 +143,7 @@ def launch_plan(args: GemmArguments, tune: str = "fast", cc=None):
     kernel, session = _choose(args, tune, cc)
     if session is None or session.done:
         return kernel.plan(args)
-    from .background_tuning import SwitchingPlan
-
-    return SwitchingPlan(session, kernel, args, cc)
+    return background_tuning.SwitchingPlan(session, kernel, args, cc)
 
 
 def check_tune(tune) -> None:
@@ -246,14 +239,13 @@ def _provisional(args: GemmArguments, key: str, kernels: list):
     """"background" where the class has no choice yet: the first suggestion (what "none"
     takes), and the session tuning the class (started here for its first call). Not kept
     in ``_chosen``: the session's winner goes there."""
-    from .background_tuning import Session
-
     first = candidates(args, kernels, "none")[0]
     with _lock:
         session = _sessions.get(key)
         if session is None:
             cands = candidates(args, kernels, "fast")[:FAST_CANDIDATES]
-            session = _sessions[key] = Session(key, args, first, cands)
+            session = _sessions[key] = background_tuning.Session(key, args, first, cands,
+                                                                 _THIS)
     if session.done:  # its winner is not among this problem's kernels, or it was abandoned
         return first, None
     return (session.first if session.first in kernels else first), session
@@ -368,7 +360,7 @@ def _search(args: GemmArguments, kernels, tune: str, cost: dict | None = None):
 
     budget = float(os.environ.get("EVTFUSE_TUNE_BUDGET_S", "28"))
     cands = kernels if tune == "exhaustive" else kernels[:FAST_CANDIDATES]
-    args = _scratch(args)
+    args = scratch_arguments(args)
     times: dict[str, list[float]] = {}
     ran = []
     compile_s = _precompile(cands, args)  # the candidates' compiles, at once

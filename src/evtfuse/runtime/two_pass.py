@@ -1,4 +1,5 @@
-"""Running an epilogue whose reductions feed computation (layer: runtime).
+"""Running an epilogue whose reductions feed computation (layer: runtime.kernels, below
+``runtime.kernel``, whose ``TwoPassPlan`` runs the two passes staged here).
 
 Which plan a kernel gives such an epilogue (docs/performance.md, "Reductions feeding
 computation"): **one pass** where its family computes the reductions inside a tile that
@@ -7,7 +8,7 @@ kernel runs the first pass's epilogue (the GEMM, storing what the rest needs in 
 workspaces, and the reductions), then an evtfuse kernel over K = 0 (no GEMM) runs the
 second pass's. Each pass's epilogue is its DAG as ``staging.split`` built it, handed to the
 arguments as it is (``dag_epilogue.DagEpilogue``: no source printed and parsed again).
-``TwoPassPlan`` launches both with no host sync; its workspaces are kept per stream
+``kernel.TwoPassPlan`` launches both with no host sync; its workspaces are kept per stream
 (``StreamLocal``), as reduction workspaces are.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from ..arguments import EpilogueArguments, GemmArguments
-from ..backends.triton.launch_items import StreamLocal
 from ..dag_epilogue import DagEpilogue
 from ..staging import Split, feeds_computation, split
 
@@ -76,13 +76,6 @@ class Staged:
         self.args2 = GemmArguments(self.A2, self.B2, None, wdt,
                                    EpilogueArguments.unbound(self.parsed2, **v2))
 
-    def second_kernel(self, target):
-        """The kernel of the second pass: the first that runs it on ``target``."""
-        from .discovery import kernels_for
-
-        ks = kernels_for(self.args2, target)
-        return ks[0] if ks else None
-
 
 def staged(args: GemmArguments) -> Staged:
     """``args``'s two passes (built once per bound DAG of the arguments)."""
@@ -101,44 +94,4 @@ def judged(family, args: GemmArguments, target) -> GemmArguments:
     return staged(args).args1
 
 
-class TwoPassPlan:
-    """The first pass's launch plan, then the second's, with this plan's workspaces."""
-
-    __slots__ = ("parsed", "first", "second", "local", "names", "params", "outputs",
-                 "rename", "A2", "B2")
-
-    def __init__(self, kernel, args: GemmArguments, st: Staged):
-        from ..errors import UnsupportedError
-
-        self.parsed = args.epilogue.parsed
-        self.first = kernel.plan(st.args1)
-        k2 = st.second_kernel(kernel.target)
-        if k2 is None:
-            raise UnsupportedError(f"{kernel.name}: no kernel runs the second pass of this "
-                                   "epilogue (evtfuse.explain says why)")
-        self.second = k2.plan(st.args2)
-        self.names = list(st.ws)
-        self.local = StreamLocal(args.A.device, [(tuple(t.shape), t.dtype, None)
-                                                 for t in st.ws.values()])
-        self.params = st.params
-        self.outputs = set(args.epilogue.parsed.outputs)
-        self.rename = st.split.rename
-        self.A2, self.B2 = st.A2, st.B2
-
-    def __call__(self, A, B, values) -> None:
-        ws = dict(zip(self.names, self.local.current()))
-        r1, r2 = self.rename
-
-        def buf(name):
-            return values[name] if name in self.outputs else ws[name]
-
-        v1 = {p: values[p] for p in self.params}
-        v1.update({k: buf(b) for k, b in r1.items()})
-        self.first(A, B, v1)
-        v2 = {p: values[p] for p in self.params}
-        v2.update(ws)
-        v2.update({k: buf(b) for k, b in r2.items()})
-        self.second(self.A2, self.B2, v2)
-
-
-__all__ = ["one_pass", "plan_name", "staged", "judged", "Staged", "TwoPassPlan"]
+__all__ = ["one_pass", "plan_name", "staged", "judged", "Staged"]

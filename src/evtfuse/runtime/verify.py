@@ -1,10 +1,11 @@
 """Comparing kernel outputs with the reference evaluator, with tolerances per dtype.
 
-Layer: runtime. Two checks per output: the relative error of the whole tensor
-(||out - ref|| / ||ref||), and an elementwise bound |out - ref| <= atol + rtol * |ref| with
-atol scaled by the tensor's RMS, so that a single wrong or unwritten element fails.
-NaN must sit exactly where the reference has NaN (outputs are poisoned with NaN first,
-so an unwritten element shows as a mismatch).
+Layer: runtime.host (read by ``Kernel.verify`` and background tuning). Two checks per
+output: the relative error of the whole tensor (||out - ref|| / ||ref||), and an
+elementwise bound |out - ref| <= atol + rtol * |ref| with atol scaled by the tensor's RMS,
+so that a single wrong or unwritten element fails. NaN must sit exactly where the
+reference has NaN (outputs are poisoned with NaN first, so an unwritten element shows as a
+mismatch).
 
 Tolerances (``TOLERANCES``): the output dtype's rounding dominates. fp32 outputs of
 fp32 math differ from torch only by summation order: 1e-5 relative. fp16 rounds at

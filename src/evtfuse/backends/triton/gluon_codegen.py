@@ -49,19 +49,18 @@ so in both structures buffer set ``u % 2`` serves unit ``u`` and is reused by un
 The emitter's steps follow the module it writes (``_kernel_source``): ``_producer``;
 ``gluon_memory`` (the epilogue-memory partition); ``_mma_step`` and ``_consumer`` (its
 set-up, mainloop, epilogue on column pieces - ``gluon_tile`` - and finish); ``_kernel``
-(signature, shared memory, barriers, ``warp_specialize``). ``_Kernel`` holds what they
-share: the spec, the epilogue's buffers and emitter, the partitions' argument lists;
-``gluon_schedule`` the persistent schedule every partition follows.
+(signature, shared memory, barriers, ``warp_specialize``). ``gluon_kernel.GluonKernel``
+holds what they share: the spec, the epilogue's buffers and emitter, the partitions'
+argument lists; ``gluon_schedule`` the persistent schedule every partition follows.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from .emit_common import split_pieces
 from .epilogue_emit import EpilogueEmitter
 from .gluon_buffers import Buffers, buffers
 from . import gluon_schedule as schedule
+from .gluon_kernel import GluonKernel
 from .gluon_memory import mem, mem_issue
 from .gluon_schedule import CONSTS, CONSTS_SIG, I1, I2, I3, SIZES
 from .gluon_tile import GluonTile, SlotPlan, piece_select, piece_stores
@@ -95,164 +94,9 @@ def _piece_loop(epi: EpilogueEmitter, spec: KernelSpec, bufs: Buffers) -> bool:
         all(epi.reductions.program_reduced(o) for o in reduce_outputs(spec.dag))
 
 
-# when the epilogue-memory warp loads the aux tiles of a program's first two tiles: "eager"
-# both at the start; "second" the second tile's once the first consumer's first mainloop
-# is issued (a one-shot barrier, ``c_go``), so that it does not compete with the A/B ring's
-# first fill and the first tile's aux loads (H100, 2048^3, C tile loaded: 0.0362 ->
-# 0.0339 ms; also waiting for the ring's first fill before the first tile's was no better)
-MEM_FIRST = "second"
-# cooperative tiles: the memory warp loads the first tile's aux halves once consumer 0 has
-# waited for the ring's first fill (its k-step min(k_tiles, NUM_STAGES) - 1), so that they
-# do not compete with it; False: at once (measured with a probe since removed)
-COOP_GO = True
-
-
-
-
-@dataclass
-class _Kernel:
-    """One Gluon kernel being written: its spec, epilogue buffers and emitter, and the
-    argument lists its partitions pass each other (what every step below reads)."""
-
-    spec: KernelSpec
-    bufs: Buffers
-    epi: EpilogueEmitter
-    roles: list  # the epilogue's (parameter, role) pairs (``epilogue_params``)
-
-    @classmethod
-    def of(cls, spec: KernelSpec) -> "_Kernel":
-        """The kernel of ``spec``: its buffers (``gluon_buffers``) and epilogue parameters."""
-        batch = spec.a_batched or spec.b_batched
-        bufs = buffers(spec.dag, spec.direct, slots=bool(spec.chunk), batch=batch)
-        roles = epilogue_params(spec.names, spec.dag, "gluon", spec.direct)
-        return cls(spec, bufs, EpilogueEmitter(spec), roles)
-
-    @property
-    def names(self) -> Names:
-        """The kernel's namer."""
-        return self.spec.names
-
-    @property
-    def gated(self) -> bool:
-        """A gated epilogue over B's concatenated halves (``pairs(accum,
-        layout="concatenated")``): BLOCK_N is the output's columns of a tile, and each A/B
-        stage holds gate's BLOCK_N rows of B (K-major) and then up's, so one wgmma gives a
-        (EPI_M, 2 * BLOCK_N) accumulator, gate's columns then up's
-        (``GluonFamily.supports`` takes no other gated problem)."""
-        return self.spec.dag.gated
-
-    @property
-    def acc_n(self) -> str:
-        """The accumulator's columns (a gated tile's: gate's and up's)."""
-        return "2 * BLOCK_N" if self.gated else "BLOCK_N"
-
-    @property
-    def coop(self) -> bool:
-        """Cooperative tiles (``KernelSpec.coop``), else ping-pong."""
-        return self.spec.coop
-
-    @property
-    def batch(self) -> bool:
-        """L > 1 (``Buffers.batch``)."""
-        return self.spec.a_batched or self.spec.b_batched
-
-    @property
-    def bid(self) -> str:
-        """The batch's place in a tile's coordinates ("": one batch)."""
-        return "bid, " if self.batch else ""
-
-    @property
-    def program(self) -> list[str]:
-        """Every partition's first lines: the persistent schedule (``program``)."""
-        return schedule.program(self.batch)
-
-    @property
-    def params(self) -> list[str]:
-        """The epilogue's kernel parameters."""
-        return [p for p, _ in self.roles]
-
-    @property
-    def piece_descs(self) -> set:
-        """Descriptors of outputs the consumers store themselves: loads' and whole-tile
-        stores' descriptors go to the epilogue-memory partition, these to the consumers."""
-        return {self.names(n, "desc") for n, _ in
-                self.bufs.piece_stores + self.bufs.slot_stores + self.bufs.consumer_tiles}
-
-    @property
-    def descs(self) -> list[str]:
-        """The epilogue-memory partition's descriptors."""
-        return [p for p, role in self.roles if role == "desc" and p not in self.piece_descs]
-
-    @property
-    def consumer_params(self) -> list[str]:
-        """The epilogue parameters the consumers take."""
-        return [p for p, role in self.roles if role != "desc" or p in self.piece_descs]
-
-    @property
-    def tile_bufs(self) -> list[tuple[str, str]]:
-        """The buffers of tiles and vectors, each with its role (the consumer's view of
-        each: roles "lbc", "vbc")."""
-        return [(n, "lb") for n, _ in self.bufs.loads] + \
-            [(n, "vb") for n, _, _ in self.bufs.vectors]
-
-    @property
-    def tile_buf_names(self) -> list[str]:
-        """The names of ``tile_bufs``."""
-        return [self.names(n, role) for n, role in self.tile_bufs]
-
-    @property
-    def piece_bufs(self) -> list[str]:
-        """The piece buffers of outputs staged per column piece (role "ob")."""
-        return [self.names(n, "ob") for n, _ in self.bufs.piece_stores]
-
-    @property
-    def load_names(self) -> list[str]:
-        """The full aux operands the memory warp loads."""
-        return [n for n, _ in self.bufs.loads]
-
-    @property
-    def vec_names(self) -> list[tuple[str, bool]]:
-        """The staged per-row/per-column operands, each with whether it is per-row."""
-        return [(n, row) for n, _, row in self.bufs.vectors]
-
-    @property
-    def mem(self) -> str:
-        """The memory warp's own arguments (each followed by ", ")."""
-        return "".join(f"{a}, " for a in self.descs + self.tile_buf_names)
-
-    @property
-    def staged(self) -> bool:
-        """Whether the memory warp's first loads wait on the one-shot barrier ``c_go``
-        (``MEM_FIRST``, ``COOP_GO``)."""
-        return bool(self.load_names or self.vec_names) and \
-            (COOP_GO if self.coop else MEM_FIRST == "second")
-
-    @property
-    def go(self) -> str:
-        """The memory warp's ``c_go`` argument, where it has one."""
-        return "c_go, " if self.staged else ""
-
-    @property
-    def cons_args(self) -> str:
-        """The consumers' arguments before the sizes."""
-        return ", ".join(["a_bufs", "b_bufs", "ready", "empty", "c_ready", "d_ready", "order"]
-                         + (["c_go"] if self.staged else []) + self.tile_buf_names
-                         + self.piece_bufs + self.consumer_params)
-
-    @property
-    def call(self) -> str:
-        """The consumers' arguments, sizes included."""
-        return f"{self.cons_args}, {SIZES}"
-
-    @property
-    def blocks(self) -> str:
-        """The block sizes _ef_mma_step needs to view a batched operand's stages in 2-D."""
-        return ", BLOCK_M, BLOCK_N, BLOCK_K" if self.batch else ""
-
-
 def _kernel_source(spec: KernelSpec) -> str:
     """The kernel and its partitions' functions, in the module's order."""
-    k = _Kernel.of(spec)
+    k = GluonKernel.of(spec)
     L = [
         *schedule.tile_coords(k.batch),
         *schedule.unit_origin(k.coop, k.batch),
@@ -269,7 +113,7 @@ def _kernel_source(spec: KernelSpec) -> str:
 
 # ---- producer partition: A and B through the ring
 
-def _producer(k: _Kernel) -> list[str]:
+def _producer(k: GluonKernel) -> list[str]:
     """``_ef_producer``: the 1-warp partition TMA-loading A and B stages into the ring."""
     spec = k.spec
     a_k = schedule.coords(spec.a_trans, "off_m", "kk * BLOCK_K", spec.a_batched)
@@ -309,7 +153,7 @@ def _producer(k: _Kernel) -> list[str]:
 
 # ---- consumer partitions: mainloop and epilogue
 
-def _mma_step(k: _Kernel) -> list[str]:
+def _mma_step(k: GluonKernel) -> list[str]:
     """``_ef_mma_step``: one k-step's wgmma on a ring stage, releasing the previous stage."""
     spec = k.spec
     # a batched operand's stage is a [1, rows, columns] block: its 2-D view for wgmma
@@ -339,7 +183,7 @@ def _mma_step(k: _Kernel) -> list[str]:
     ]
 
 
-def _consumer(k: _Kernel) -> list[str]:
+def _consumer(k: GluonKernel) -> list[str]:
     """``_ef_consumer``: a consumer warpgroup's set-up, then per tile its mainloop and
     epilogue, then its program-level reductions."""
     return [
@@ -350,7 +194,7 @@ def _consumer(k: _Kernel) -> list[str]:
     ]
 
 
-def _consumer_setup(k: _Kernel) -> list[str]:
+def _consumer_setup(k: GluonKernel) -> list[str]:
     """The consumer's signature, layout, sizes, views of its buffers, the epilogue's
     program-level scalars and the whole-output reductions' accumulators."""
     spec = k.spec
@@ -373,7 +217,7 @@ def _consumer_setup(k: _Kernel) -> list[str]:
     return L + _program_accumulators(k)
 
 
-def _consumer_views(k: _Kernel) -> list[str]:
+def _consumer_views(k: GluonKernel) -> list[str]:
     """The consumer's own buffer of each tile and vector buffer pair (a batched kernel's
     tiles: 2-D views)."""
     names, L = k.names, []
@@ -387,7 +231,7 @@ def _consumer_views(k: _Kernel) -> list[str]:
     return L
 
 
-def _program_accumulators(k: _Kernel) -> list[str]:
+def _program_accumulators(k: GluonKernel) -> list[str]:
     """Whole-output reductions' row sums across this consumer's tiles, in the layout of a
     column piece's row sums (a zero tile split as the tiles are)."""
     if not any(k.epi.reductions.program_reduced(o) for o in reduce_outputs(k.spec.dag)):
@@ -397,7 +241,7 @@ def _program_accumulators(k: _Kernel) -> list[str]:
             *k.epi.reductions.program_accumulators(I1, like=zero_pieces[0])]
 
 
-def _consumer_mainloop(k: _Kernel) -> list[str]:
+def _consumer_mainloop(k: GluonKernel) -> list[str]:
     """The loop over the consumer's tiles up to its epilogue: the tile's wgmma k-steps
     (in turn with the other consumer, ping-pong), the tile's coordinates and the wait for
     its aux tiles."""
@@ -440,7 +284,7 @@ def _consumer_mainloop(k: _Kernel) -> list[str]:
     ]
 
 
-def _consumer_epilogue(k: _Kernel) -> list[str]:
+def _consumer_epilogue(k: GluonKernel) -> list[str]:
     """The tile's epilogue on its column pieces (as the hopper family's sub-tiles: a
     128x128 fp32 tile is 128 registers per thread, which leaves too few for
     transcendental-heavy epilogues, ptxas spills), in a runtime loop or unrolled, then
@@ -460,7 +304,7 @@ def _consumer_epilogue(k: _Kernel) -> list[str]:
     ]
 
 
-def _gated_pieces(k: _Kernel) -> tuple[list[str], list[str]]:
+def _gated_pieces(k: GluonKernel) -> tuple[list[str], list[str]]:
     """A gated tile's accumulator split into gate's and up's halves, each into the
     epilogue's column pieces; piece ``j`` is named ``acc<j>p`` and its halves
     ``acc<j>p_gate`` and ``acc<j>p_up`` (one piece: ``acc``, ``acc_gate``, ``acc_up``), the
@@ -476,7 +320,7 @@ def _gated_pieces(k: _Kernel) -> tuple[list[str], list[str]]:
     return lines, [f"acc{j}p" for j in range(len(gates))]
 
 
-def _piece_loop_lines(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
+def _piece_loop_lines(k: GluonKernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
     """The pieces' epilogue as one runtime loop over them (``PIECE_LOOP``)."""
     names, bufs = k.names, k.bufs
     L = [
@@ -495,7 +339,7 @@ def _piece_loop_lines(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> l
     return L + piece_stores(names, bufs, len(pieces), I3, plan)
 
 
-def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
+def _unrolled_pieces(k: GluonKernel, pieces: list[str], plan: SlotPlan | None) -> list[str]:
     """The pieces' epilogue written out piece by piece (chunked stores after each)."""
     spec, L = k.spec, []
     for j, piece in enumerate(pieces):
@@ -518,7 +362,7 @@ def _unrolled_pieces(k: _Kernel, pieces: list[str], plan: SlotPlan | None) -> li
     return L
 
 
-def _consumer_finish(k: _Kernel) -> list[str]:
+def _consumer_finish(k: GluonKernel) -> list[str]:
     """After the consumer's last tile: its stores drained, its program-level reduction
     partials and atomic folds finished."""
     spec, red = k.spec, k.epi.reductions
@@ -530,7 +374,7 @@ def _consumer_finish(k: _Kernel) -> list[str]:
     return L + ["", ""]
 
 
-def _consumer_wrappers(k: _Kernel) -> list[str]:
+def _consumer_wrappers(k: GluonKernel) -> list[str]:
     """``_ef_consumer0`` and ``_ef_consumer1``: the consumer with ``WHICH`` fixed."""
     L = []
     for which in (0, 1):
@@ -546,12 +390,12 @@ def _consumer_wrappers(k: _Kernel) -> list[str]:
 
 # ---- the kernel: shared memory, barriers, partitions
 
-def _kernel(k: _Kernel) -> list[str]:
+def _kernel(k: GluonKernel) -> list[str]:
     """``evtfuse_kernel``: its signature, shared memory, barriers and partitions."""
     return [*_kernel_signature(k), *_shared_memory(k), *_barriers(k), *_partitions(k)]
 
 
-def _kernel_signature(k: _Kernel) -> list[str]:
+def _kernel_signature(k: GluonKernel) -> list[str]:
     """The kernel's decorator, parameters and programmatic-launch lines."""
     kparams = ", ".join(["a_desc", "b_desc", "M", "N", "K", "L"] + k.params)
     return [
@@ -563,7 +407,7 @@ def _kernel_signature(k: _Kernel) -> list[str]:
     ]
 
 
-def _shared_memory(k: _Kernel) -> list[str]:
+def _shared_memory(k: GluonKernel) -> list[str]:
     """The A/B ring's stages and the epilogue's own buffers (``Buffers.own``)."""
     L = [
         f"{I1}dtype: gl.constexpr = a_desc.dtype",
@@ -581,7 +425,7 @@ def _shared_memory(k: _Kernel) -> list[str]:
     return L
 
 
-def _barriers(k: _Kernel) -> list[str]:
+def _barriers(k: GluonKernel) -> list[str]:
     """The mbarriers: the ring's ``ready``/``empty``, the units' ``c_ready``/``d_ready``,
     the consumers' ``order`` and the one-shot ``c_go``."""
     return [
@@ -602,7 +446,7 @@ def _barriers(k: _Kernel) -> list[str]:
     ]
 
 
-def _partitions(k: _Kernel) -> list[str]:
+def _partitions(k: GluonKernel) -> list[str]:
     """``gl.warp_specialize``: the two consumers, the producer and the memory warp."""
     return [
         f"{I1}gl.warp_specialize([",

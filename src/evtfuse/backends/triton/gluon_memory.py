@@ -4,23 +4,19 @@ shared buffers ahead of time (``_ef_mem_issue``, signalled by ``c_ready``) and T
 the outputs the consumer left in those buffers (``_ef_mem``, once ``d_ready``), reusing a
 buffer set two units on.
 
-Layer: backends/triton, below ``gluon_codegen``, whose ``_Kernel`` it reads.
+Layer: backends/triton, below ``gluon_codegen``; reads ``gluon_kernel.GluonKernel``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .gluon_kernel import GluonKernel
 from .gluon_schedule import CONSTS, CONSTS_SIG, I1, I2, I3, SIZES, first_loads
 from .versions import gluon_names
-
-if TYPE_CHECKING:
-    from .gluon_codegen import _Kernel
 
 TMA_LOAD, TMA_STORE = (gluon_names()[k] for k in ("tma_load", "tma_store"))
 
 
-def mem_issue(k: _Kernel) -> list[str]:
+def mem_issue(k: GluonKernel) -> list[str]:
     """``_ef_mem_issue``: the TMA loads of one unit's aux tiles and vectors (``c_ready``)."""
     names, bufs = k.names, k.bufs
     L = [
@@ -48,7 +44,7 @@ def mem_issue(k: _Kernel) -> list[str]:
     return L + ["", ""]
 
 
-def mem(k: _Kernel) -> list[str]:
+def mem(k: GluonKernel) -> list[str]:
     """``_ef_mem``: the 1-warp partition storing each unit's outputs and loading the aux
     tiles of the unit two on (``d_ready``)."""
     names, bufs = k.names, k.bufs
