@@ -195,10 +195,9 @@ class _Parser:
         return tuple(out)
 
     # -- expressions
-    # (the recursion over nested expressions stays in parse_expr and parse_call, as many
-    # frames per level of nesting as ever, and the nodes at the bottom are made in
-    # parse_expr: the helpers return before the walk goes deeper, so the nesting Python's
-    # recursion limit admits (``too_deep`` beyond it) is what it was)
+    # (the walk recurses only through parse_expr and parse_call, and the helpers below
+    # return before it recurses: Python's recursion limit admits the same nesting as when
+    # the checks were inline, ``too_deep`` beyond it)
     def parse_expr(self, node: ast.expr, target: str) -> Expr:
         line = self.line(node)
         if isinstance(node, ast.Name):
