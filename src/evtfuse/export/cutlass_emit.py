@@ -99,29 +99,52 @@ def _args(v: Visitor, ind: str) -> list[str]:
 
 
 def header(plan: Plan, cfg: Config, preamble: list[str]) -> str:
-    """The whole header."""
-    ns = cfg.name
-    el_c = cfg.element_c or "void"
+    """The whole header: the includes and element types, the EVT, the GEMM built around it,
+    ``make_arguments`` and ``run``."""
+    sig = _signature(plan)
     lines = [f"// {ln}" if ln else "//" for ln in preamble]
+    lines += _INCLUDES
     lines += [
-        "#pragma once",
-        "",
-        "#include <cuda_runtime.h>",
-        "",
-        '#include "cutlass/cutlass.h"',
-        '#include "cute/tensor.hpp"',
-        '#include "cutlass/numeric_types.h"',
-        '#include "cutlass/epilogue/thread/activation.h"',
-        '#include "cutlass/epilogue/collective/collective_builder.hpp"',
-        '#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"',
-        '#include "cutlass/gemm/collective/collective_builder.hpp"',
-        '#include "cutlass/gemm/device/gemm_universal_adapter.h"',
-        '#include "cutlass/gemm/kernel/gemm_universal.hpp"',
-        '#include "cutlass/util/packed_stride.hpp"',
-        "",
         "namespace evtfuse_export {",
-        f"namespace {ns} {{",
+        f"namespace {cfg.name} {{",
         "",
+    ]
+    lines += _types(cfg)
+    lines += _evt(plan)
+    lines += _GEMM
+    lines += _make_arguments(plan, sig)
+    lines += _run(plan, sig)
+    lines += [
+        f"}}  // namespace {cfg.name}",
+        "}  // namespace evtfuse_export",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_INCLUDES = (
+    "#pragma once",
+    "",
+    "#include <cuda_runtime.h>",
+    "",
+    '#include "cutlass/cutlass.h"',
+    '#include "cute/tensor.hpp"',
+    '#include "cutlass/numeric_types.h"',
+    '#include "cutlass/epilogue/thread/activation.h"',
+    '#include "cutlass/epilogue/collective/collective_builder.hpp"',
+    '#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"',
+    '#include "cutlass/gemm/collective/collective_builder.hpp"',
+    '#include "cutlass/gemm/device/gemm_universal_adapter.h"',
+    '#include "cutlass/gemm/kernel/gemm_universal.hpp"',
+    '#include "cutlass/util/packed_stride.hpp"',
+    "",
+)
+
+
+def _types(cfg: Config) -> list[str]:
+    """The element types, layouts, alignments, tile and schedules of ``cfg``."""
+    el_c = cfg.element_c or "void"
+    return [
         f"using ElementA = {cfg.element_ab};",
         f"using ElementB = {cfg.element_ab};",
         f"using ElementC = {el_c};" + ("  // no source tensor: C is not loaded"
@@ -152,6 +175,11 @@ def header(plan: Plan, cfg: Config, preamble: list[str]) -> str:
         "    TileShape, EpilogueTileType, ElementC, ElementD, EpilogueSchedule>;",
         "",
     ]
+
+
+def _evt(plan: Plan) -> list[str]:
+    """The functors the plan uses, its aux nodes' declarations and the ``EVT`` type."""
+    lines: list[str] = []
     for name in plan.functors:
         lines += functors.definition(name).rstrip("\n").split("\n") + [""]
     for decl in plan.aliases:
@@ -160,37 +188,47 @@ def header(plan: Plan, cfg: Config, preamble: list[str]) -> str:
     tree = _type(plan.root, "")
     tree[0] = "using EVT = " + tree[0]
     tree[-1] += ";"
-    lines += tree
-    lines += [
-        "",
-        "using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<",
-        "    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,",
-        "    TileShape, ClusterShape, EpilogueTileType,",
-        "    ElementAccumulator, ElementCompute,",
-        "    ElementC, LayoutC, AlignmentC,",
-        "    ElementD, LayoutD, AlignmentD,",
-        "    EpilogueSchedule, EVT>::CollectiveOp;",
-        "",
-        "using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<",
-        "    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,",
-        "    ElementA, LayoutA, AlignmentA,",
-        "    ElementB, LayoutB, AlignmentB,",
-        "    ElementAccumulator, TileShape, ClusterShape,",
-        "    cutlass::gemm::collective::StageCountAutoCarveout<",
-        "        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,",
-        "    KernelSchedule>::CollectiveOp;",
-        "",
-        "using GemmKernel = cutlass::gemm::kernel::GemmUniversal<",
-        "    cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;",
-        "using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;",
-        "",
-    ]
+    return lines + tree
+
+
+_GEMM = (
+    "",
+    "using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<",
+    "    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,",
+    "    TileShape, ClusterShape, EpilogueTileType,",
+    "    ElementAccumulator, ElementCompute,",
+    "    ElementC, LayoutC, AlignmentC,",
+    "    ElementD, LayoutD, AlignmentD,",
+    "    EpilogueSchedule, EVT>::CollectiveOp;",
+    "",
+    "using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<",
+    "    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,",
+    "    ElementA, LayoutA, AlignmentA,",
+    "    ElementB, LayoutB, AlignmentB,",
+    "    ElementAccumulator, TileShape, ClusterShape,",
+    "    cutlass::gemm::collective::StageCountAutoCarveout<",
+    "        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,",
+    "    KernelSchedule>::CollectiveOp;",
+    "",
+    "using GemmKernel = cutlass::gemm::kernel::GemmUniversal<",
+    "    cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;",
+    "using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;",
+    "",
+)
+
+
+def _signature(plan: Plan) -> str:
+    """The host functions' parameters: the problem, A, B, the epilogue's operands, D."""
     params = [f"{p.cpp_type} {p.name}" for p in plan.params if p.name != plan.d_output.name]
+    return ", ".join(["int M", "int N", "int K", "ElementA const* A", "ElementB const* B",
+                      *params, f"ElementD* {plan.d_output.name}"])
+
+
+def _make_arguments(plan: Plan, sig: str) -> list[str]:
+    """``make_arguments``: the strides, the EVT's ``Arguments`` and the GEMM's."""
     d = plan.d_output.name
     c = plan.c_operand.name if plan.c_operand else None
-    sig = ", ".join(["int M", "int N", "int K", "ElementA const* A", "ElementB const* B",
-                     *params, f"ElementD* {d}"])
-    lines.append("// the epilogue's parameters and outputs, in the order the epilogue names them:")
+    lines = ["// the epilogue's parameters and outputs, in the order the epilogue names them:"]
     for p in plan.params:
         lines.append(f"//   {p.name}: {p.what}")
     lines += [
@@ -219,6 +257,14 @@ def header(plan: Plan, cfg: Config, preamble: list[str]) -> str:
         f"      {{fusion, {c if c else 'nullptr'}, stride_C, {d}, stride_D}}}};",
         "}",
         "",
+    ]
+    return lines
+
+
+def _run(plan: Plan, sig: str) -> list[str]:
+    """``run``: the GEMM on device pointers, its workspace allocated and freed around it."""
+    d = plan.d_output.name
+    return [
         "// Runs D = epilogue(A @ B, ...) on device pointers (row-major (M, N) tensors, the",
         "// vectors and scalars as the comment above says); the workspace (reductions' partial",
         "// results) is allocated and freed here. Returns kSuccess or the first failure.",
@@ -242,11 +288,7 @@ def header(plan: Plan, cfg: Config, preamble: list[str]) -> str:
         "  return status;",
         "}",
         "",
-        f"}}  // namespace {ns}",
-        "}  // namespace evtfuse_export",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def c_entry(plan: Plan, cfg: Config, header_name: str) -> str:
