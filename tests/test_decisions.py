@@ -62,9 +62,6 @@ def test_relu_mask_is_the_forwards_at_a_boundary(mode):
     ("D = (accum + bias) * sign(accum + bias)", lambda x, b: (x + b) * torch.sign(x + b)),
     ("D = accum * floor(accum + bias)", lambda x, b: x * torch.floor(x + b)),
 ])
-# floor: the lanes past N (masked at the store) hold 1000.2 * floor(1001.2), beyond fp16; the
-# interpreter's numpy cast of the whole tile warns on them
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_every_kind_of_decision_at_a_boundary(mode, body, torch_fn):
     """Each decision taken as the forward took it (the float64 gradient at the fp32
     accumulator the forward used, not at its fp16 rounding, 0.1 away across a boundary)."""
@@ -203,10 +200,6 @@ def test_ties_and_bounds_take_torchs_gradient(body, torch_fn):
     torch.testing.assert_close(ec.grad, (C.abs() <= 2.0).float())
 
 
-# the tile's lanes past N (masked at the store) hold products of about 1000 * 1000, beyond
-# fp16: the interpreter's numpy cast of the whole tile warns on them (a GPU rounds them to inf
-# in registers and never stores them)
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("mode", MODES)
 def test_grouped_and_gated_decisions_at_a_boundary(mode):
     """The same boundary through a grouped GEMM over M (two groups) and a gated epilogue:

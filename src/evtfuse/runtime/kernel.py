@@ -29,7 +29,7 @@ from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
 from . import background, cache
 from .calls import run_kernel_through_op
-from .device import device_guard
+from .device import device_guard, quiet_float_warnings
 from .torch_op import check_no_grad, check_outputs_writable
 from .two_pass import Staged, judged, staged
 from .verify import F64_ACC_NOISE, FP16_ACC_NOISE, VerifyResult, accumulation_slack, compare
@@ -226,7 +226,8 @@ class LaunchPlan:
     def __call__(self, A, B, values) -> None:
         pos = self.positional(A, B, values)
         if self.launch is None or not self.launch(pos):
-            compiled = self.fn(*pos, **self.consts, **LAUNCH_OPTIONS)
+            with quiet_float_warnings():  # the interpreter's numpy, quiet as a GPU is
+                compiled = self.fn(*pos, **self.consts, **LAUNCH_OPTIONS)
             if self.launch is None:
                 self.launch = direct_launcher(compiled, self.jit, self.grid, len(pos),
                                               self.consts)
