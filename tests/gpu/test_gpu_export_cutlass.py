@@ -3,7 +3,8 @@
 4.2's headers, run on random inputs and compared with ``evtfuse.gemm`` on the same inputs.
 
 CUTLASS's headers come from the pinned wheel ``.vendor/nvidia_cutlass-4.2.0.0-py3-none-any.whl``
-(git-ignored: carry ``.vendor/`` to the GPU machine); it is unzipped into a temporary folder
+(git-ignored; the test downloads it with pip where a package index is reachable, else carry
+``.vendor/`` to the GPU machine); it is unzipped into a temporary folder
 and nvcc pointed at its ``include`` and ``tools/util/include``. Without the wheel, nvcc or
 a GPU the tests skip, saying which. Each export's nvcc time is printed
 (``nvcc <case> <dtype>: N s``; run with ``-s`` to see it) and the compiles run in parallel
@@ -51,11 +52,23 @@ def _nvcc() -> str | None:
     return None
 
 
+def _fetch_wheel() -> bool:
+    """Download the pinned wheel into .vendor/ (``pip download``, no dependencies) where
+    a package index is reachable; False where it is not (the GPU machine has none: carry
+    .vendor/ there)."""
+    res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                          "nvidia-cutlass==4.2.0.0", "-d", str(WHEEL.parent)],
+                         capture_output=True, text=True, timeout=300)
+    return res.returncode == 0 and WHEEL.exists()
+
+
 @pytest.fixture(scope="module")
 def cutlass_includes(tmp_path_factory) -> list[str]:
-    if not WHEEL.exists():
-        pytest.skip(f"CUTLASS 4.2 headers: the wheel {WHEEL} is missing (it is not committed; "
-                    "carry .vendor/ to the GPU machine)")
+    if not WHEEL.exists() and not _fetch_wheel():
+        pytest.skip(f"CUTLASS 4.2 headers: the wheel {WHEEL} is missing and pip could not "
+                    "download it (no package index here): run `pip download --no-deps "
+                    "nvidia-cutlass==4.2.0.0 -d .vendor` where one is, and carry .vendor/ "
+                    "to the GPU machine")
     root = tmp_path_factory.mktemp("cutlass42")
     with zipfile.ZipFile(WHEEL) as z:
         for name in z.namelist():
