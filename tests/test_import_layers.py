@@ -9,23 +9,10 @@ CPU only; reads the source with ``ast``, imports none of it.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from script_module import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "import_graph.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ig = _module()
+ig = load_script("import_graph")
 
 
 @pytest.fixture(scope="module")

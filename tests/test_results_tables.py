@@ -5,7 +5,6 @@ script's --check mode catches a stale part."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -14,19 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "results_tables.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("results_tables", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rt = _module()
+rt = load_script("results_tables")
 
 
 @pytest.mark.parametrize("file", sorted({f for f, _ in rt.PARTS}))
@@ -94,7 +84,7 @@ def test_check_mode_catches_a_stale_part_and_the_writer_fixes_it(tmp_path):
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")  # the results, read only
     readme = tmp_path / "README.md"
     readme.write_text(readme.read_text().replace("| H100 | 0.230 |", "| H100 | 0.231 |"))
-    cmd = [sys.executable, str(SCRIPT), "--root", str(tmp_path)]
+    cmd = [sys.executable, rt.__file__, "--root", str(tmp_path)]
     env = {"PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run(cmd + ["--check"], capture_output=True, text=True, env=env)
     assert res.returncode == 1 and "stale: README.md" in res.stdout, res.stdout + res.stderr
