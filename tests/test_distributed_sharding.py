@@ -84,6 +84,68 @@ def test_gemm_on_dtensors_places_outputs_as_the_epilogue_allows():
     run_ranks(_forward_worker)
 
 
+ROW_STATS = ("def e(accum, bias):\n    D = relu(accum + bias)\n    s = sum(D)\n"
+             "    m = max(accum)\n    return D, s, m")
+
+
+def _partial_worker(rank: int, world: int) -> None:
+    import evtfuse
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    A, B, bias, _ = _inputs()
+
+    def rows(*names):  # one process's (M, 1) buffers of the row reductions
+        return {n: torch.empty(M, 1) for n in names}
+
+    def placed(placements):  # the same buffers as DTensors placed as the call computes them
+        return {n: DTensor.from_local(torch.empty(M, 1), mesh, [p], run_check=False)
+                for n, p in placements.items()}
+
+    want = evtfuse.gemm(A, B, ROW_STATS, bias=bias, **rows("s", "m"))
+    # without gradients: the columns split, each rank's row sum and max its shard's part
+    with torch.no_grad():
+        got = evtfuse.gemm(distribute_tensor(A, mesh, [Replicate()]),
+                           distribute_tensor(B, mesh, [Shard(1)]), ROW_STATS,
+                           bias=distribute_tensor(bias, mesh, [Shard(0)]),
+                           **placed({"s": Partial("sum"), "m": Partial("max")}))
+    assert [x.placements for x in got] == [(Shard(1),), (Partial("sum"),), (Partial("max"),)]
+    for x, w in zip(got, want):  # full_tensor: the one all-reduce of each partial
+        torch.testing.assert_close(x.full_tensor(), w, **TOL)
+    # with gradients: a partial sum keeps the split (each rank's share of the gradient is
+    # the whole row's), a partial max does not (computed replicated)
+    src = "def e(accum, bias):\n    D = relu(accum + bias)\n    s = sum(D)\n    return D, s"
+    for src, outs in ((src, {"s": Partial("sum")}),
+                      (ROW_STATS, {"s": Replicate(), "m": Replicate()})):
+        ref = [t.clone().requires_grad_(True) for t in (A, B, bias)]
+        want = evtfuse.gemm(ref[0], ref[1], src, bias=ref[2], **rows(*outs))
+        g = torch.Generator().manual_seed(9)
+        ups = [torch.randn(w.shape, generator=g) for w in want]
+        torch.autograd.backward(want, ups)
+        mine = [distribute_tensor(t, mesh, [p]).requires_grad_(True)
+                for t, p in zip((A, B, bias), (Replicate(), Shard(1), Shard(0)))]
+        got = evtfuse.gemm(mine[0], mine[1], src, bias=mine[2], **placed(outs))
+        split = outs["s"] != Replicate()
+        assert got[0].placements == ((Shard(1),) if split else (Replicate(),)), src
+        assert [x.placements for x in got[1:]] == [(p,) for p in outs.values()], src
+        for x, w in zip(got, want):
+            torch.testing.assert_close(x.full_tensor(), w.detach(), **TOL)
+        torch.autograd.backward([x.full_tensor() for x in got], ups)
+        for name, t, r in zip(("A", "B", "bias"), mine, ref):
+            torch.testing.assert_close(t.grad.full_tensor(), r.grad, **TOL,
+                                       msg=lambda m: f"{src!r} d{name}: {m}")
+
+
+@pytest.mark.slow
+def test_row_reductions_over_sharded_columns_stay_partial():
+    """A row's sum, max and min over column shards (A replicated, B and the bias sharded on
+    N): each rank stores its shard's part, a Partial(op) output one all-reduce combines
+    (``full_tensor``), equal to one process's; with gradients a partial sum keeps the
+    split and every gradient matches, a max is computed replicated."""
+    run_ranks(_partial_worker)
+
+
 def _grad_worker(rank: int, world: int) -> None:
     import evtfuse
     from torch.distributed.device_mesh import init_device_mesh

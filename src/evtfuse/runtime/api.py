@@ -83,7 +83,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor,
     tensors, tnames, nones, scalars, snames, outs, onames = lists
     outputs = epi.outputs
     dist = _dtensor_call("gemm", A, B, None, epi, named, dtypes, tensors, tnames, nones,
-                         outs, onames, lambda: output_shape(A, B, epi.gated))
+                         outs, onames, lambda: output_shape(A, B, epi.gated), bool(grad))
     if dist is not None and grad:  # on the local shards, differentiable (runtime.dtensor_call)
         return dist.run_local(
             lambda a, b, **kw: gemm(a, b, epilogue, tune=tune, allow_tf32=allow_tf32,
@@ -139,7 +139,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     outputs = epi.outputs
     shape = grouped_shape(A, B, offs, epi.gated)
     dist = _dtensor_call("grouped_gemm", A, B, offs, epi, named, dtypes, tensors, tnames,
-                         nones, outs, onames, shape)
+                         nones, outs, onames, shape, bool(grad))
     if dist is not None and grad:  # on the local shards, differentiable (runtime.dtensor_call)
         return dist.run_local(
             lambda a, b, o, **kw: grouped_gemm(a, b, o, epilogue, tune=tune,
@@ -162,7 +162,7 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
 
 def _dtensor_call(call: str, A, B, offs, epi: CallEpilogue, named: dict, dtypes: dict,
                   tensors: list, tnames: list, nones: list, outs: list, onames: list,
-                  shape: Callable[[], tuple]):
+                  shape: Callable[[], tuple], grad: bool = False):
     """A ``DTensorCall`` (``runtime.dtensor_call``) for a call some tensor of which is a
     DTensor, else None (at once while ``torch.distributed.tensor`` is not imported)."""
     if not has_dtensor(A, B, tensors, outs, offs):
@@ -174,7 +174,7 @@ def _dtensor_call(call: str, A, B, offs, epi: CallEpilogue, named: dict, dtypes:
     size = shape() if missing else ()
     allocated = {n: (size, dtypes.get(n, default_output_dtype(A.dtype))) for n in missing}
     return DTensorCall(call, A, B, offs, parsed, tensors, tnames, numbers, nones, outs, onames,
-                       allocated)
+                       allocated, grad)
 
 
 def _gemm_with_grad(A, B, epi: CallEpilogue, named, dtypes, options, grad, tensors, tnames,

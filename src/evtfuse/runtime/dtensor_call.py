@@ -38,7 +38,7 @@ class DTensorCall:
 
     def __init__(self, call: str, A, B, offs, parsed, tensors: list, tnames: list,
                  scalars: dict, nones: list, outs: list, onames: list,
-                 missing: dict[str, tuple]):
+                 missing: dict[str, tuple], grad: bool = False):
         if torch.compiler.is_compiling() and not sharding.registered():
             raise NotImplementedError(
                 f"{call} with DTensors under torch.compile: evtfuse registers its sharding "
@@ -79,6 +79,8 @@ class DTensorCall:
         outputs.update({n: None for n in nones})
         self.rules = sharding.rules_of(parsed, tuple(A.shape), tuple(B.shape), A.dtype,
                                        operands, outputs, grouped, groups)
+        if grad:
+            self.rules = sharding.for_gradients(self.rules)
         placed = {name: tuple(t.placements) for name, t in named}
         sizes = {name: t.numel() * t.element_size() for name, t in named}
         fixed = {name: tuple(t.placements) for name, t in zip(onames, outs)}

@@ -14,7 +14,9 @@ device mesh, in one of these *modes*:
 - ``columns``: B's columns (N) sharded, A replicated; each operand and output spanning N
   sharded on it alike (a bias (N,), a full (M, N) tensor), the others replicated. Allowed
   when no output column depends on another column: no reduction to a value lacking N (a
-  row's ``sum``, ``logsumexp``, softmax's max), no row function (``softmax``), no
+  row's ``logsumexp``, softmax's max) but a row's ``sum``, ``max`` or ``min`` that is only
+  stored (``Rules.partial``: each rank's is its shard's part, placed ``Partial(op)``; with
+  gradients a sum only, ``for_gradients``), no row function (``softmax``), no
   ``col_index()`` (a shard's column 0 is not the problem's), not gated (``pairs(accum)``).
 - ``rows``: A's rows (M) sharded, B replicated; operands and outputs spanning M sharded on
   it. Allowed when no value lacking M is reduced from the rows (a column's or the whole
@@ -58,7 +60,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -89,6 +91,10 @@ class Rules:
     problem: tuple[int, int, int]
     refused: dict[str, str]
     dims: dict[str, tuple[int | None, int | None, int | None]]
+    # outputs that are a sum, max or min over each row and nothing else: under ``columns``
+    # each rank's is its shard's partial result, Partial(op), which one all-reduce combines
+    # where the caller redistributes it ({output: "sum" | "max" | "min"})
+    partial: dict[str, str] = field(default_factory=dict)
 
     def allows(self, mode: str, parts: int = 1) -> bool:
         """Whether ``mode`` is allowed over a mesh dimension of ``parts`` ranks (each rank
@@ -103,6 +109,8 @@ class Rules:
         Replicate, Shard = _torch_api().Replicate, _torch_api().Shard
         if mode == REPLICATE:
             return Replicate()
+        if mode == COLUMNS and name in self.partial:
+            return _torch_api().Partial(self.partial[name])
         dim = self.dims[name][_AXIS[mode]]
         return Replicate() if dim is None else Shard(dim)
 
@@ -161,7 +169,9 @@ def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups)
     for name, v in outputs.items():
         values[name] = None if v is None else _meta(*v)
     dag = bind(parsed, values, problem, grouped, rank=rank)
-    refused = _mixing(dag, problem, parsed.name)
+    partial = _row_partials(dag)
+    refused = _mixing(dag, problem, parsed.name,
+                      {id(o.node) for o in dag.outputs if o.name in partial})
     if grouped:
         refused.setdefault(ROWS, "it is a grouped GEMM over M, whose rows belong to the "
                                  "groups offs cuts")
@@ -182,12 +192,43 @@ def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups)
                      *dims["A"][1:])
         dims["B"] = (dims["B"][0] if len(B_shape) == 3 and B_shape[0] == problem[0] else None,
                      *dims["B"][1:])
-    return Rules(problem, refused, dims)  # type: ignore[arg-type]
+    return Rules(problem, refused, dims, partial)  # type: ignore[arg-type]
 
 
-def _mixing(dag, problem: tuple, name: str) -> dict[str, str]:
+PARTIAL_OPS = ("sum", "max", "min")  # a row's reduction that its shards' results combine into
+
+
+def for_gradients(rules: Rules) -> Rules:
+    """``rules`` for a differentiable call: a partial ``max`` or ``min`` refuses the columns
+    (its gradient belongs to the rank whose shard held the extreme, where DTensor hands
+    every rank the whole gradient of a Partial output); a partial ``sum``'s gradient is
+    each rank's as it is."""
+    other = sorted(n for n, op in rules.partial.items() if op != "sum")
+    if not other:
+        return rules
+    refused = {**rules.refused, COLUMNS: f"its output {other[0]} is the {rules.partial[other[0]]} "
+               "of each row, whose gradient the column shards cannot split"}
+    return replace(rules, refused=refused)
+
+
+def _row_partials(dag) -> dict[str, str]:
+    """{output: op} of the outputs that store a row's ``sum``, ``max`` or ``min`` read by
+    no other node (``Rules.partial``): a shard of the columns computes its part of it."""
+    read = {id(i) for n in dag.nodes for i in n.inputs}
+    out = {}
+    for o in dag.outputs:
+        n = o.node
+        if n.kind is NodeKind.REDUCE and n.space is Space.ROW and n.op in PARTIAL_OPS \
+                and id(n) not in read:
+            out[o.name] = n.op
+    return out
+
+
+def _mixing(dag, problem: tuple, name: str, partial_nodes=frozenset()) -> dict[str, str]:
     """{mode: why its shards would not compute the whole call's}: from each node of the
-    DAG (bound, before any pass: a value computed only for another counts too)."""
+    DAG (bound, before any pass: a value computed only for another counts too);
+    ``partial_nodes``: ids of the row reductions the outputs keep as partial results
+    (``_row_partials``), which do not stop the columns from splitting."""
     why: dict[str, str] = {}
 
     def at(n) -> str:
@@ -200,7 +241,7 @@ def _mixing(dag, problem: tuple, name: str) -> dict[str, str]:
         why[COLUMNS] = "it takes the accumulator's columns in pairs (pairs(accum))"
     for n in dag.nodes:
         if n.kind is NodeKind.REDUCE:
-            if n.space in (Space.ROW, Space.SCALAR):
+            if n.space in (Space.ROW, Space.SCALAR) and id(n) not in partial_nodes:
                 why.setdefault(COLUMNS, f"{at(n)} reduces over the columns")
             if n.space in (Space.COL, Space.SCALAR):
                 why.setdefault(ROWS, f"{at(n)} reduces over the rows")
