@@ -327,6 +327,8 @@ def test_compiled_training_step_has_no_graph_break(monkeypatch):
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="Inductor's CPU code needs a C++ compiler (the GPU tier's "
                     "test_peak_memory_stays_under_the_bound[compiled] checks the same on CUDA)")
+# torch's notice that the test's own force_disable_caches turns its dynamo_pgo off
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled:UserWarning")
 def test_compiled_backward_scales_in_place():
     """Under Inductor the backward scales the gradients the forward saved in their own
     memory (no new d_weight is allocated): Inductor does not reinplace a mutation of a

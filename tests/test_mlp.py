@@ -198,6 +198,8 @@ def test_second_backward_fails_clearly():
                     reason="Inductor's CPU code needs a C++ compiler (the GPU tier's "
                     "test_compiled_block_matches_eager compiles the block with Inductor)")
 @pytest.mark.slow
+# torch's notice that the test's own force_disable_caches turns its dynamo_pgo off
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled:UserWarning")
 def test_compiled_backward_runs_no_pass_of_its_own():
     """Under Inductor the backward is the fused op and torch matmuls: no kernel of
     Inductor's own (its d[gate|up] is a new tensor: a mutation of the saved gate|up would
