@@ -35,7 +35,7 @@ SOURCES = {
     "suite": "2026-11-22/RUNS.txt",                  # the fused-epilogue suite (H100)
     "moe": "2026-11-27/session26/moe.json",          # SwiGLU experts (H200)
     "training": "2026-11-27/session30/training_mlp.json",
-    "mlp_block": "2026-11-28/session32/mlp_block.json",
+    "mlp_block": "2026-11-29/session34/mlp_block_hopper_gated.json",
     "lce": "2026-11-28/session32/lce.json",
     "models": "2026-11-28/session32/models_llama.json",
 }
