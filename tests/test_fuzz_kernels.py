@@ -46,27 +46,29 @@ def _verify(kernel, args, case) -> None:
 
 # ------------------------------------------------------------------ CPU tier
 
-def _interpreted(case, shape, dtype, data_seed):
-    args = case.arguments(*shape, dtype, seed=data_seed)
-    portable = pick(args, "portable", "first")
-    assert portable is not None, explain(args)  # the portable family takes every case
-    _verify(portable, args, case)
-    hopper = pick(args, "hopper", "first", cc=90)  # None: TMA rows it states are misaligned
-    if hopper is not None:
-        _verify(hopper, args, case)
+def _interpreted(examples: int, salt: str, feeding: bool = False) -> None:
+    """``examples`` drawn epilogues (``feeding``: with a reduction feeding computation),
+    each verified in the portable family and, where it takes the case, the hopper one."""
+    @_drawn(examples, salt=salt)
+    @given(case=cases(feeding=feeding), shape=st.sampled_from(CPU_SHAPES),
+           dtype=st.sampled_from([torch.float16, torch.float32]),
+           data_seed=st.integers(0, 2 ** 16))
+    def run(case, shape, dtype, data_seed):
+        args = case.arguments(*shape, dtype, seed=data_seed)
+        portable = pick(args, "portable", "first")
+        assert portable is not None, explain(args)  # the portable family takes every case
+        _verify(portable, args, case)
+        hopper = pick(args, "hopper", "first", cc=90)  # None: TMA rows it states are misaligned
+        if hopper is not None:
+            _verify(hopper, args, case)
+
+    run()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @tiers(quick=4, full=40)
 def test_random_epilogues_interpreted(examples):
-    @_drawn(examples, salt="interpreted")
-    @given(case=cases(), shape=st.sampled_from(CPU_SHAPES),
-           dtype=st.sampled_from([torch.float16, torch.float32]),
-           data_seed=st.integers(0, 2 ** 16))
-    def run(case, shape, dtype, data_seed):
-        _interpreted(case, shape, dtype, data_seed)
-
-    run()
+    _interpreted(examples, "interpreted")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
@@ -74,14 +76,7 @@ def test_random_epilogues_interpreted(examples):
 def test_random_epilogues_with_reductions_feeding_computation_interpreted(examples):
     """A per-row reduction feeding computation drawn in (an RMS norm, a softmax, a shift by
     a max): one pass where a tile spans the row, else two, in both families."""
-    @_drawn(examples, salt="interpreted-feeding")
-    @given(case=cases(feeding=True), shape=st.sampled_from(CPU_SHAPES),
-           dtype=st.sampled_from([torch.float16, torch.float32]),
-           data_seed=st.integers(0, 2 ** 16))
-    def run(case, shape, dtype, data_seed):
-        _interpreted(case, shape, dtype, data_seed)
-
-    run()
+    _interpreted(examples, "interpreted-feeding", feeding=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
