@@ -38,13 +38,17 @@ class Buffers:
     pieces would take costs A/B stages): no buffer. ``slot_stores`` (output name, host
     load; ``KernelSpec.chunk``): a second output of a load buffer's dtype, staged in the
     buffer's 128-byte column chunks once the chunk's in-place output has left; the
-    consumer TMA-stores both by chunk (``gluon_tile.SlotPlan``), so it costs no shared memory."""
+    consumer TMA-stores both by chunk (``gluon_tile.SlotPlan``), so it costs no shared memory.
+    ``direct_loads``: full operands the consumer reads from global memory with masked loads,
+    piece by piece (``KernelSpec.direct`` names them too, where their buffers would leave
+    too few A/B stages): no buffer."""
 
     loads: tuple[tuple[str, torch.dtype], ...]
     tile_stores: tuple[tuple[str, str], ...]
     piece_stores: tuple[tuple[str, torch.dtype], ...]
     vectors: tuple[tuple[str, torch.dtype, bool], ...] = ()
     direct_stores: tuple[str, ...] = ()
+    direct_loads: tuple[str, ...] = ()
     slot_stores: tuple[tuple[str, str], ...] = ()
     chunked: bool = False  # the consumer stores the tile-staged outputs by chunk
     # a batched kernel (A or B has batch slices, L > 1): every tile descriptor and buffer
@@ -100,7 +104,10 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False, batch: 
     ``batch``: a batched kernel's (``Buffers.batch``)."""
     vectors = tuple((s.name, s.dtype, s.kind is OperandKind.PER_ROW) for s in dag.used_operands
                     if staged_vector(s, "gluon"))
-    loads = tuple((s.name, s.dtype) for s in dag.used_operands if s.kind is OperandKind.FULL)
+    loads = tuple((s.name, s.dtype) for s in dag.used_operands
+                  if s.kind is OperandKind.FULL and s.name not in direct)
+    direct_loads = tuple(s.name for s in dag.used_operands
+                         if s.kind is OperandKind.FULL and s.name in direct)
     free = list(loads)
     tile, piece, slot = [], [], []
     hosts = {}  # load buffers holding an output, by dtype, that can still take a slot output
@@ -116,10 +123,12 @@ def buffers(dag: Dag, direct: tuple[str, ...] = (), slots: bool = False, batch: 
             slot.append((o.name, hosts[o.dtype].pop(0)))
         else:
             piece.append((o.name, o.dtype))
-    own = tuple(s.name for s in dag.used_operands if s.kind is OperandKind.FULL and s.batched)
+    own = tuple(s.name for s in dag.used_operands
+                if s.kind is OperandKind.FULL and s.batched and s.name not in direct)
     own += tuple(o.name for o in full_outputs(dag) if o.batched)
     return Buffers(loads, tuple(tile), tuple(piece), vectors,
-                   tuple(o.name for o in full_outputs(dag) if o.name in direct), tuple(slot),
+                   tuple(o.name for o in full_outputs(dag) if o.name in direct),
+                   direct_loads, tuple(slot),
                    chunked=slots and bool(tile), batch=batch, own_batch=own if batch else ())
 
 

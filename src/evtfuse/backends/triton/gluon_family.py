@@ -248,14 +248,34 @@ class GluonFamily(KernelFamily):
         """Outputs to store from registers instead of staging their pieces in shared
         memory: all piece-staged ones, where that buys A/B stages (measured on H100, alpha-
         beta 8192x8192x1024: 3, 4, 5 stages 0.301, 0.253, 0.237 ms; relu with an aux output
-        has C/D tiles and F pieces, 4 stages) and a config's ``stages`` need them."""
+        has C/D tiles and F pieces, 4 stages) and a config's ``stages`` need them; and,
+        ping-pong only, where the aux tiles' buffers leave fewer than ``GLUON_MIN_STAGES``,
+        every full operand and output (``gluon_buffers.Buffers.direct_loads``)."""
 
         pieces = tuple(n for n, _ in buffers(dag).piece_stores)
         staged = self._ring(dag, split, elt, (), coop)
+        best: tuple[str, ...] = ()
         if pieces and self._ring(dag, split, elt, pieces, coop) > staged and (
                 stages is None or stages > staged):
-            return pieces
-        return ()
+            best = pieces
+        if coop or self._ring(dag, split, elt, best, coop) >= GLUON_MIN_STAGES:
+            return best
+        # the aux tiles themselves leave too few stages (two per consumer: the MLP block's
+        # backward reads gate and up, 128 KB): every full tile read and written by the
+        # consumer from registers, its loads' latency under the other consumer's mainloop
+        loads = tuple(s.name for s in dag.used_operands if s.kind is OperandKind.FULL)
+        for every in (loads, loads + tuple(o.name for o in full_outputs(dag))):
+            if self._ring(dag, split, elt, every, coop) >= GLUON_MIN_STAGES:
+                return every
+        return best
+
+    def _reads_directly(self, dag: Dag, split: int, elt: int) -> bool:
+        """Whether ``split``'s ping-pong kernel reads full operands through pointers
+        (``_direct``): offline sm_90, the MLP block's backward (gate and up read, three
+        outputs) spills 485 local accesses in halves, 21 in quarters with its outputs
+        staged by piece, 34 in eighths with everything through pointers."""
+        fulls = {s.name for s in dag.used_operands if s.kind is OperandKind.FULL}
+        return bool(fulls & set(self._direct(dag, split, elt)))
 
     def _stages(self, dag: Dag, split: int, elt: int, coop: bool = False) -> int:
         return self._ring(dag, split, elt, self._direct(dag, split, elt, coop=coop), coop)
@@ -322,7 +342,9 @@ class GluonFamily(KernelFamily):
         """Whether ``split``'s configs use store chunks (``_slotted``), and the A/B stages
         that leaves (slot outputs take no shared memory, register-stored ones neither)."""
         if self._slotted(dag, split, elt, coop):
-            return True, self._ring(dag, split, elt, (), coop=coop, slots=True)
+            stages = self._ring(dag, split, elt, (), coop=coop, slots=True)
+            if coop or stages >= GLUON_MIN_STAGES:
+                return True, stages
         return False, self._stages(dag, split, elt, coop=coop)
 
     # Tile orders of the ping-pong configs: bands of 8 and 4 row-tiles, or of 8 and 16
@@ -350,6 +372,8 @@ class GluonFamily(KernelFamily):
         slots, stages = self._slots_and_stages(dag, split, elt)
         if stages < GLUON_MIN_STAGES:
             return []
+        if split < 4 and not slots and self._reads_directly(dag, split, elt):
+            return []  # aux tiles read through pointers in halves: hundreds of spills
         # measured (gluon_probe.py, alpha-beta 8192x8192x1024 on H100): 5 stages,
         # GROUP_M 8 best (0.239 ms); GROUP_M moves it by +-5%, non-monotonically
         return [TileConfig(self.BM, self.BN, self.BK, g, 4, stages, epi_split=split, slots=slots)
@@ -413,6 +437,8 @@ class GluonFamily(KernelFamily):
         # (the BCE loss: halves 0.263 ms, quarters 0.274 at 8192x8192x1024, perf_probe)
         if not self._forced_split():
             out += self._ping_pong(dag, 2 if split == 4 else 4, elt)
+            if self._reads_directly(dag, 8, elt):  # eighths: fewer pointers live at once
+                out += self._ping_pong(dag, 8, elt)
         # where outputs go from registers for a fifth stage (and do not fit slots), also
         # quarters with every output staged (four stages): TMA stores and the epilogue's
         # runtime piece loop (relu with an aux output, H100: 2048^3 0.0396 -> 0.0377 ms;
@@ -458,7 +484,8 @@ class GluonFamily(KernelFamily):
         items: list[Any] = [*_operand_getters(spec, config, _gluon_descriptor), args.M, args.N,
                             args.K, args.L]
         items += _epilogue_items(args, dag, "gluon", out_config,
-                                 descriptor=_gluon_full_getter(dag, spec.a_batched or spec.b_batched),
+                                 descriptor=_gluon_full_getter(dag, spec.a_batched or spec.b_batched,
+                                                               spec.direct),
                                  direct=spec.direct)
         tiles = tile_count(args, config)
         # one whole-output partial per consumer warpgroup, two per program

@@ -70,6 +70,14 @@ class GluonTile:
         return f"({self.rm} - row0)"
 
     def load_full(self, u: User, batched: bool) -> str:
+        if u.name in self.bufs.direct_loads:  # from global memory, this piece's elements
+            # offsets in int32 unless the strides were made int64 (``KernelSpec.int64``):
+            # 64-bit offsets of every element of five tiles spill (offline sm_90)
+            bofs = f"bid64 * {u('sl')} + " if batched else ""
+            return (f"tl.load({u('ptr')} + {bofs}{self.rm}[:, None] * {u('sm')} + "
+                    f"{self.rn}[None, :] * {u('sn')}, "
+                    f"mask=({self.rm}[:, None] < M) & ({self.rn}[None, :] < N), other=0.0)"
+                    ".to(tl.float32)")
         if self.loop:
             return f"{u('ld')}.to(tl.float32)"
         return f"{u('lbc')}.slice({self.k} * SUB_N, SUB_N, dim=1).load({self.layout}).to(tl.float32)"

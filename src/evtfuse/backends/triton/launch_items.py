@@ -514,13 +514,13 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
 
 
-def _gluon_full_getter(dag: Dag, batch: bool):
+def _gluon_full_getter(dag: Dag, batch: bool, direct: tuple[str, ...] = ()):
     """``descriptor(name, batched, config)`` for ``_epilogue_items``: whole tiles, except
     outputs staged per column piece and those stored by slot chunk (``gluon_buffers.Buffers``);
     in a batched kernel (``batch``) every tile's is 3-D, a leading 1 for tensors without
     batch slices of their own (``gluon_buffers.Buffers.batch``)."""
 
-    pieces = {n for n, _ in buffers(dag).piece_stores}
+    pieces = {n for n, _ in buffers(dag, direct).piece_stores}  # as the kernel has them
     slotted = buffers(dag, slots=True)
     chunked = {n for n, _ in slotted.slot_stores + slotted.consumer_tiles}
 
@@ -570,7 +570,7 @@ def needs_int64(args: GemmArguments, family: str, config: TileConfig,
     """Whether ``family``'s kernel for ``args`` must compute element offsets in 64 bits
     (``KernelSpec.int64``): a tensor it addresses through pointers (A and B in the
     portable family; operands and outputs that do not move by TMA, ``direct`` outputs
-    included; the reduction workspaces of ``config``'s tiles) has an element past
+    and operands included; the reduction workspaces of ``config``'s tiles) has an element past
     2^31 - 1 from its first. An offset is an index times a stride, which Triton computes
     in int32 where both are (strides below 2^31 arrive as int32): a fp32 D of 16384 x 152064
     (an LM head's logits) or a C with a row stride of 2^30 wrapped to a negative offset.
@@ -580,7 +580,7 @@ def needs_int64(args: GemmArguments, family: str, config: TileConfig,
     tensors = [] if tma else [args.A, args.B]
     for s in dag.used_operands:
         if s.kind is OperandKind.RUNTIME_SCALAR or staged_vector(s, family) \
-                or (tma and s.kind is OperandKind.FULL):
+                or (tma and s.kind is OperandKind.FULL and s.name not in direct):
             continue
         tensors.append(values[s.name])
     for o in dag.outputs:

@@ -50,7 +50,7 @@ class KernelSpec:
     #                          int8 a - 128 and b - 128, the products' offset terms added
     #                          from per-row sums of A's tiles and per-column sums of B's
     #                          (``codegen._u8_lines``; exact modulo 2^32, as int32 is)
-    direct: tuple[str, ...] = ()  # gluon: outputs stored from registers (no shared memory);
+    direct: tuple[str, ...] = ()  # gluon: outputs stored, and full operands read, from registers (no shared memory);
     #                               hopper: a grouped kernel's full outputs, stored through
     #                               pointers masked to their group's rows
     coop: bool = False  # gluon: both consumers on one tile (each BLOCK_M // 2 rows)
@@ -180,7 +180,8 @@ def epilogue_params(names: Names, dag: Dag, family: str, direct: tuple[str, ...]
                     l2_spread: bool = False, grouped: bool = False) -> list[tuple[str, str | None]]:
     """Kernel parameters for the epilogue's operands and outputs, in a fixed order, each
     as (identifier, its role in ``names.ROLES``; None: a runtime scalar's value)
-    (``direct``: outputs a TMA family stores through pointers, ``KernelSpec.direct``;
+    (``direct``: outputs a TMA family stores, and full operands it reads, through pointers,
+    ``KernelSpec.direct``;
     ``l2_spread``: full aux tiles also get their pointer and row stride, ``KernelSpec.l2_spread``;
     ``grouped``: a grouped kernel over M, whose reductions are all combined in the kernel,
     ``grouped_roles``)."""
@@ -196,7 +197,7 @@ def epilogue_params(names: Names, dag: Dag, family: str, direct: tuple[str, ...]
             got = ["ptr", "sl", "sm"]
         elif spec.kind is OperandKind.PER_COL:
             got = ["ptr", "sl", "sn"]
-        elif family in TMA_FAMILIES:
+        elif family in TMA_FAMILIES and spec.name not in direct:
             got = ["desc"] + (["ptr", "sm"] if l2_spread else [])
         else:
             got = ["ptr", "sl", "sm", "sn"]
