@@ -109,8 +109,11 @@ def test_configs_fit_shared_memory_or_refuse():
     assert fam.spec(ab, cfgs[0], H100).direct == ()  # alpha-beta stages D in C's tiles
     many = _args("def epi(accum, C, X, Y): D = accum + C + X + Y; return D",
                  C=torch.randn(M, N).to(BF), X=torch.randn(M, N).to(BF), Y=torch.randn(M, N).to(BF))
-    assert fam.configs(many, H100) == []  # three aux tiles: 192 KB
+    # three aux tiles (192 KB in halves) are read through pointers, in quarters and eighths
     assert fam._epilogue_smem(many.optimized_dag, fam._split(many.optimized_dag, 2)) == 192 * 1024
+    cfgs = [c for c in fam.configs(many, H100) if not c.cooperative]
+    assert sorted({c.epi_split for c in cfgs}) == [4, 8], cfgs
+    assert all(set(fam.spec(many, c, H100).direct) == {"C", "X", "Y"} for c in cfgs)
 
 
 BCE = ("def epi(accum, bias, C): f = accum + bias; "

@@ -431,6 +431,10 @@ class GluonFamily(KernelFamily):
             return self._gated_configs(dag, elt)
         split = self._split(dag, elt)
         out = self._ping_pong(dag, split, elt)
+        if not out and split < 4 and not self._forced_split() \
+                and self._reads_directly(dag, split, elt):
+            split = 4  # halves would read the aux tiles through pointers (spills): quarters
+            out = self._ping_pong(dag, split, elt)
         if not out:
             return []
         # the other piece count too, for the tuner: which wins depends on the epilogue
