@@ -35,9 +35,9 @@ SOURCES = {
     "suite": "2026-11-22/RUNS.txt",                  # the fused-epilogue suite (H100)
     "moe": "2026-11-27/session26/moe.json",          # SwiGLU experts (H200)
     "training": "2026-11-27/session30/training_mlp.json",
-    "mlp_block": "2026-11-29/session34/mlp_block_hopper_gated.json",
+    "mlp_block": "2026-11-29/session35/mlp_block_gluon.json",
     "lce": "2026-11-28/session32/lce.json",
-    "models": "2026-11-28/session32/models_llama.json",
+    "models": "2026-11-29/session35/models_llama.json",
 }
 
 # the suite cells README's table shows: (workload, shape, how the row names it)
