@@ -10,13 +10,18 @@ Models (random weights, ``--dtype`` bf16, ``--layers`` decoder layers): ``llama`
 (Llama-3-8B's shapes: hidden 4096, intermediate 14336, 32 heads / 8 KV heads, vocab
 128256), ``qwen3`` (Qwen3-8B's: hidden 4096, intermediate 12288, 32 / 8 heads of 128,
 vocab 151936), ``gemma2`` (Gemma-2-9B's: hidden 3584, intermediate 14336, 16 / 8 heads of
-256, vocab 256000, tanh-GELU, final logit softcap 30). The patched model is a deep copy of
-the original (the same weights), then ``evtfuse.hf.patch``.
+256, vocab 256000, tanh-GELU, final logit softcap 30); mixture-of-experts models (issue 49; run
+them with ``--tokens 8x2048``, the issue's 16384 tokens): ``qwen3_moe`` (Qwen3-30B-A3B's
+widths: hidden 2048, 128 experts of 768, top-8, 32 / 4 heads of 128, vocab 151936) and
+``mixtral`` (Mixtral-8x7B's: hidden 4096, 8 experts of 14336, top-2, 32 / 8 heads, vocab
+32000), every layer's MLP sparse, the original's experts through transformers'
+``grouped_mm`` implementation (``--experts``). The patched model is a deep copy of the
+original (the same weights), then ``evtfuse.hf.patch`` (its experts ``"evtfuse"``).
 
 Variants: ``original`` (transformers' model, eager), ``patched`` (its MLPs
 ``evtfuse.nn.GatedMLP``, its loss ``evtfuse.linear_cross_entropy`` without logits),
-``patched_mlp`` and ``patched_loss`` (``patch(mlp=True, loss=False)`` and the reverse: where
-the gain comes from), and ``<variant>_compile``: ``torch.compile(model)`` of any of them
+``patched_mlp`` and ``patched_loss`` (``patch(loss=False)``: MLPs and experts, and
+``patch(mlp=False, experts=False)``: where the gain comes from), and ``<variant>_compile``: ``torch.compile(model)`` of any of them
 (``--compile-backend``, Inductor by default; the compile happens in the warm-up).
 
 A step is ``model(input_ids, labels=labels, use_cache=False).loss.backward()`` with the
@@ -68,21 +73,38 @@ MODELS = {
                     num_key_value_heads=8, head_dim=256, vocab_size=256000,
                     hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=30.0)),
 }
+MODELS.update({  # mixture-of-experts models (issue 49): every decoder layer's MLP sparse
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128,
+                       num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32,
+                       num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                       tie_word_embeddings=False)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8,
+                     num_experts_per_tok=2, num_attention_heads=32, num_key_value_heads=8,
+                     vocab_size=32000)),
+})
 TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
             head_dim=8, vocab_size=128)
+TINY_MOE = {"qwen3_moe": dict(moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2),
+            "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}
 
 
-def build(name: str, layers: int, dtype: torch.dtype, device: str, tiny: bool):
-    """The model ``name`` with random weights (seed 0), in training mode."""
+def build(name: str, layers: int, dtype: torch.dtype, device: str, tiny: bool,
+          experts: str = "grouped_mm"):
+    """The model ``name`` with random weights (seed 0), in training mode; a mixture-of-experts
+    model's experts run transformers' implementation ``experts``."""
     import transformers
 
     config_cls, model_cls, sizes = MODELS[name]
-    sizes = {**sizes, **TINY} if tiny else dict(sizes)
+    sizes = {**sizes, **TINY, **TINY_MOE.get(name, {})} if tiny else dict(sizes)
     config = getattr(transformers, config_cls)(num_hidden_layers=layers, **sizes)
     config.use_cache = False
     torch.manual_seed(0)
     with torch.device(device):
         model = getattr(transformers, model_cls)(config)
+    if name in TINY_MOE:
+        model.set_experts_implementation(experts)
     return model.to(dtype).train()
 
 
@@ -95,7 +117,7 @@ def variant_model(original: torch.nn.Module, variant: str, backend: str):
     model = original
     if base != "original":
         model = evtfuse.hf.patch(copy.deepcopy(original), mlp=base != "patched_loss",
-                                 loss=base != "patched_mlp")
+                                 loss=base != "patched_mlp", experts=base != "patched_loss")
     runs = torch.compile(model, backend=backend) if variant.endswith("_compile") else model
     return runs, model
 
@@ -133,7 +155,7 @@ def batch(vocab: int, shape: tuple[int, int], ignore_frac: float, device: str):
 def run_model(name: str, args, clock: Clock) -> dict:
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else DTYPES[args.dtype]
-    original = build(name, args.layers, dtype, device, args.tiny)
+    original = build(name, args.layers, dtype, device, args.tiny, args.experts)
     ids, labels = batch(original.config.vocab_size, args.tokens, args.ignore_frac, device)
     results: dict = {v: {} for v in args.variants}
     steps: dict = {}
@@ -284,6 +306,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ignore-frac", type=float, default=0.0,
                    help="fraction of each sequence, from its start, whose labels are -100")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--experts", default="grouped_mm",
+                   help="transformers' experts implementation of the original MoE models")
     p.add_argument("--tiny", action="store_true",
                    help="CPU smoke run: tiny models, float32, the interpreter, aot_eager")
     args = p.parse_args(argv)

@@ -369,7 +369,7 @@ def test_moe_experts_match_the_original(kind, monkeypatch):
     assert report.experts == [("model.layers.0.mlp.experts", "silu")] + \
         ([("model.layers.1.mlp.experts", "silu")] if kind == "mixtral" else [])
     assert report.mlps == ([("model.layers.1.mlp", "silu")] if kind == "qwen3_moe" else [])
-    assert report.loss is None  # the aux-loss forward is not LlamaForCausalLM's
+    assert report.loss == "lm_head"  # the MoE causal-LM forward: its aux loss is added
     assert "experts module(s) now evtfuse's fused experts" in str(report)
     assert patched.config._experts_implementation == "evtfuse"
     assert model.config._experts_implementation == "eager"
@@ -383,6 +383,31 @@ def test_moe_experts_match_the_original(kind, monkeypatch):
     assert patched.state_dict().keys() == model.state_dict().keys()
     unpatch(patched)
     assert patched.config._experts_implementation == "eager"
+
+
+@pytest.mark.parametrize("kind", quick(["qwen3_moe", "mixtral"], ["mixtral"]))
+def test_moe_loss_with_the_routers_auxiliary_loss_matches_the_original(kind):
+    """A mixture-of-experts causal LM asked for its router logits adds
+    ``router_aux_loss_coef`` times the load-balancing loss to the cross-entropy: the patched
+    model (loss through evtfuse.linear_cross_entropy, no logits) adds the same, and its
+    gradients (the router's included) are the original's; without router logits, none."""
+    model = _moe_model(kind, output_router_logits=True, router_aux_loss_coef=0.5)
+    patched = patch(copy.deepcopy(model), experts=False)
+    report = patched.evtfuse_patch
+    assert report.loss == "lm_head" and "plus the router's auxiliary loss" in str(report)
+    ids, labels = _batch()
+    want, got = model(ids, labels=labels), patched(ids, labels=labels)
+    assert got.logits is None and got.aux_loss is not None
+    torch.testing.assert_close(got.aux_loss, want.aux_loss)
+    assert abs(want.aux_loss.item()) * 0.5 > 1e-3  # the term the patched loss must add
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    got.loss.backward()
+    assert _worst_grad_error(model, patched) < 1e-4
+    plain = model(ids, labels=labels, output_router_logits=False).loss
+    torch.testing.assert_close(patched(ids, labels=labels, output_router_logits=False).loss,
+                               plain, rtol=1e-5, atol=1e-6)
+    assert abs(plain.item() - want.loss.item()) > 1e-3
 
 
 def test_moe_experts_left_run_their_eager_forward():
@@ -462,11 +487,13 @@ def test_models_md_runs(tmp_path):
 @pytest.mark.slow
 def test_models_benchmark_runs_tiny(tmp_path):
     """benchmarks/models.py --tiny (the CPU smoke run): every variant asked for gets a time,
-    a loss and the gradients' error against the original's, in the JSON and the table."""
+    a loss and the gradients' error against the original's, in the JSON and the table; a
+    mixture-of-experts model too (its experts and its loss patched)."""
     import json
 
     out = tmp_path / "models.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "models.py"), "--tiny", "--models", "llama",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "models.py"), "--tiny", "--models",
+           "llama,qwen3_moe",
            "--variants", "patched,original,patched_compile", "--rounds", "1", "--steps", "1",
            "--warmup", "1", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1",
@@ -481,3 +508,7 @@ def test_models_benchmark_runs_tiny(tmp_path):
         assert r["loss_rel"] < 1e-5 and r["grad_rel_worst"] < 1e-4
         assert "MLP(s) now evtfuse GatedMLP" in r["patch"]
     assert "| llama | patched_compile |" in res.stdout
+    moe = json.loads(out.read_text())["models"]["qwen3_moe"]["results"]  # experts and loss
+    assert moe["patched"]["loss_rel"] < 1e-5 and moe["patched"]["grad_rel_worst"] < 1e-4
+    assert "experts module(s) now evtfuse's fused experts" in moe["patched"]["patch"]
+    assert "the loss: evtfuse.linear_cross_entropy" in moe["patched"]["patch"]

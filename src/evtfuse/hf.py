@@ -10,8 +10,9 @@ Invariants: the model's source is never edited and its state dict keeps Hugging 
 (the MLPs become ``GatedMLP`` blocks holding the very same ``Linear`` modules; the causal-LM
 forward is wrapped on the instance, not on the class); a module is patched only when its
 class's ``forward`` is, statement for statement, the one evtfuse reproduces (``LlamaMLP``'s,
-``LlamaForCausalLM``'s or, with ``final_logit_softcapping``, ``Gemma2ForCausalLM``'s, read
-from the installed transformers), everything else is left, with the reason in the report.
+``LlamaForCausalLM``'s, with ``final_logit_softcapping`` ``Gemma2ForCausalLM``'s, or, with
+the router's auxiliary loss, ``Qwen3MoeForCausalLM``'s, read from the installed
+transformers), everything else is left, with the reason in the report.
 A mixture-of-experts model's experts (transformers 5.x's ``*Experts`` modules, dispatched
 through transformers' ``ExpertsInterface``) run evtfuse's fused experts
 (``evtfuse.runtime.moe``) as the experts implementation ``"evtfuse"``
@@ -36,11 +37,16 @@ from .runtime.device import is_dtensor
 
 # the model types the tests run (tests/test_hf.py); others are patched where their modules'
 # forwards are the same statements as these
-TESTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+TESTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                      "qwen3_moe", "mixtral")
 INSTALL = "pip install evtfuse[hf]"
 _SLOT = "_evtfuse_head_slot"  # the lm_head attribute the capturing hook reads and writes
 # the keywords of a model call that transformers' ForCausalLMLoss reads
 _LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
+# causal-LM forwards whose loss is the cross-entropy plus, where the call asks for router
+# logits, ``router_aux_loss_coef`` times the load-balancing loss the forward returns as
+# ``aux_loss`` (Mixtral, Qwen2/3-MoE, OLMoE, gpt-oss, ... share these statements)
+_ROUTER_AUX_FORWARDS = (("qwen3_moe", "Qwen3MoeForCausalLM"), ("mixtral", "MixtralForCausalLM"))
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Patch:
     return_logits: bool = False
     _original_mlps: dict[str, torch.nn.Module] = field(default_factory=dict, repr=False)
     _softcap: float | None = None
+    _router_aux: bool = False  # add the router's auxiliary loss (_ROUTER_AUX_FORWARDS)
     _experts_before: Any = None
 
     def __str__(self) -> str:
@@ -67,6 +74,7 @@ class Patch:
             (f": {mlps}" if mlps else "")
         loss = "the loss: evtfuse.linear_cross_entropy" + \
             (f" (softcap {self._softcap})" if self._softcap is not None else "") + \
+            (" (plus the router's auxiliary loss)" if self._router_aux else "") + \
             (", no logits" if not self.return_logits else ", logits too") \
             if self.loss is not None else "the loss: left as it was"
         experts = [f"{len(self.experts)} experts module(s) now evtfuse's fused experts: " +
@@ -356,7 +364,7 @@ def _patch_experts(model: torch.nn.Module, report: Patch) -> None:
 # ------------------------------------------------------------------------------ loss
 
 def _patch_loss(model: torch.nn.Module, report: Patch) -> None:
-    why, softcap = _loss_refusal(model)
+    why, softcap, router_aux = _loss_refusal(model)
     if why is not None:
         report.left.append(("", f"the loss: {why}"))
         return
@@ -367,31 +375,37 @@ def _patch_loss(model: torch.nn.Module, report: Patch) -> None:
     # a bound method in the instance's __dict__ (a deep copy of the model binds its copy),
     # showing the class's forward's signature to who inspects it (the Trainer, generate)
     model.__dict__["forward"] = types.MethodType(_forward_of(type(model)), model)
-    report.loss, report._softcap = "lm_head", softcap
+    report.loss, report._softcap, report._router_aux = "lm_head", softcap, router_aux
 
 
-def _loss_refusal(model: torch.nn.Module) -> tuple[str | None, float | None]:
+def _loss_refusal(model: torch.nn.Module) -> tuple[str | None, float | None, bool]:
+    """Why the model's loss cannot be computed by evtfuse (None: it can), the logits'
+    softcap and whether the router's auxiliary loss is added (``_ROUTER_AUX_FORWARDS``)."""
     cls = type(model)
     head = getattr(model, "lm_head", None)
     if not isinstance(head, torch.nn.Linear) or type(head).forward is not torch.nn.Linear.forward:
-        return f"{cls.__name__} has no lm_head that is a torch.nn.Linear", None
+        return f"{cls.__name__} has no lm_head that is a torch.nn.Linear", None, False
     if "forward" in model.__dict__:
-        return f"{cls.__name__} has a forward of its own on this instance", None
+        return f"{cls.__name__} has a forward of its own on this instance", None, False
     if head._forward_pre_hooks or head._forward_hooks:
-        return "its lm_head has hooks", None
+        return "its lm_head has hooks", None, False
     if getattr(model, "_loss_function", None) is not None or \
             getattr(model, "loss_type", "ForCausalLM") not in (None, "ForCausalLM"):
         return (f"its loss function is not transformers' ForCausalLMLoss (loss_type "
-                f"{getattr(model, 'loss_type', None)!r}, or a loss_function set)"), None
+                f"{getattr(model, 'loss_type', None)!r}, or a loss_function set)"), None, False
     config = getattr(model, "config", None)
     mine = _statements(cls.forward)
     if mine == _statements(_transformers_module("llama").LlamaForCausalLM.forward):
-        return None, None
+        return None, None, False
     if mine == _statements(_transformers_module("gemma2").Gemma2ForCausalLM.forward):
-        return None, getattr(config, "final_logit_softcapping", None)
-    return (f"{cls.__name__}.forward is neither LlamaForCausalLM's nor Gemma2ForCausalLM's "
-            "(a logit scale, an auxiliary loss, ...), so evtfuse cannot tell that its loss is "
-            "the plain causal-LM cross-entropy"), None
+        return None, getattr(config, "final_logit_softcapping", None), False
+    for model_type, name in _ROUTER_AUX_FORWARDS:
+        reference = getattr(_transformers_module(model_type), name, None)
+        if reference is not None and mine == _statements(reference.forward):
+            return None, None, True
+    return (f"{cls.__name__}.forward is neither LlamaForCausalLM's, Gemma2ForCausalLM's nor "
+            "Qwen3MoeForCausalLM's (a logit scale, another auxiliary loss, ...), so evtfuse "
+            "cannot tell that its loss is the plain causal-LM cross-entropy"), None, False
 
 
 def _capture_head_input(head: torch.nn.Module, args: tuple):
@@ -453,6 +467,8 @@ def _forward(self, *args, **kwargs):
                            "so evtfuse has no hidden states to compute the loss from")
     loss = causal_lm_loss(hidden, head.weight, labels, bias=head.bias, softcap=report._softcap,
                           **{k: kwargs[k] for k in _LOSS_KWARGS if k in kwargs})
+    if report._router_aux and out.get("aux_loss") is not None:  # as the original adds it
+        loss = loss + self.router_aux_loss_coef * out["aux_loss"].to(loss.device)
     fields = {k: v for k, v in out.items() if k not in ("loss", "logits")}
     if keep:
         fields["logits"] = out["logits"]
@@ -537,5 +553,6 @@ def _nothing_to_patch(model: torch.nn.Module, report: Patch, mlp: bool, loss: bo
     return (f"evtfuse.hf.patch found nothing to patch in {cls} (model_type {kind!r}; asked "
             f"for: {asked}). It patches causal LMs of the model types "
             f"{', '.join(TESTED_MODEL_TYPES)}, and others whose MLPs' forward is LlamaMLP's "
-            "and whose causal-LM forward is LlamaForCausalLM's (or Gemma2ForCausalLM's)"
+            "and whose causal-LM forward is LlamaForCausalLM's (or Gemma2ForCausalLM's, or "
+            "Qwen3MoeForCausalLM's), and mixture-of-experts models' experts modules"
             + (why or "; no module with gate_proj, up_proj and down_proj, and no lm_head"))
