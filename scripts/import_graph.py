@@ -75,7 +75,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("runtime.torch", "autograd formulas, the block operators (MLP, MoE, cross "
                            "entropy), DTensor sharding",
           ("runtime.grad_plan", "runtime.autograd", "runtime.grouped_autograd",
-           "runtime.cross_entropy", "runtime.mlp", "runtime.moe", "runtime.sharding",
+           "runtime.cross_entropy", "runtime.mlp", "runtime.moe", "runtime.splits",
+           "runtime.sharding",
            "runtime.dtensor_call")),
     Layer("runtime.api", "gemm, grouped_gemm, fuse: the one-call API",
           ("runtime.api", "runtime")),

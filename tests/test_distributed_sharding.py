@@ -194,6 +194,82 @@ def test_gemm_on_dtensors_backward_matches_one_process():
     run_ranks(_grad_worker)
 
 
+LINEAR = ("def e(accum, scale, C, alpha):\n    D = alpha * accum * scale + C\n"
+          "    s = sum(D)\n    return D, s")
+
+
+def _inner_worker(rank: int, world: int) -> None:
+    import evtfuse
+    from evtfuse.runtime import sharding, torch_op
+    from evtfuse.runtime.calls import epilogue_of
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    A, B, _, scale = _inputs()
+    C = torch.randn(M, N, generator=torch.Generator().manual_seed(4))
+    R = Replicate()
+
+    def partial_rows():
+        return DTensor.from_local(torch.empty(M, 1), mesh, [Partial()], run_check=False)
+
+    want = evtfuse.gemm(A, B, LINEAR, scale=scale, C=C, alpha=0.5, s=torch.empty(M, 1))
+    # K sharded (A's columns, B's rows) and an epilogue linear in accum and C: each rank
+    # computes its part (C's part DTensor's redistribution gives it), Partial outputs
+    with torch.no_grad():
+        got = evtfuse.gemm(distribute_tensor(A, mesh, [Shard(1)]),
+                           distribute_tensor(B, mesh, [Shard(0)]), LINEAR,
+                           scale=distribute_tensor(scale, mesh, [R]),
+                           C=distribute_tensor(C, mesh, [R]), alpha=0.5, s=partial_rows())
+    assert [x.placements for x in got] == [(Partial(),), (Partial(),)]
+    assert not torch.equal(got[0].to_local(), want[0])  # each rank's is a part
+    for x, w in zip(got, want):  # full_tensor: the all-reduce of the parts
+        torch.testing.assert_close(x.full_tensor(), w, **TOL)
+    # with gradients: A's and B's shards', scale's and C's (each rank's part of their sums:
+    # C's whole on the rank that held it, the others' zero) gradients match one process's
+    ref = {k: t.clone().requires_grad_(True) for k, t in
+           (("A", A), ("B", B), ("scale", scale), ("C", C))}
+    want = evtfuse.gemm(ref["A"], ref["B"], LINEAR, scale=ref["scale"], C=ref["C"], alpha=0.5,
+                        s=torch.empty(M, 1))
+    g = torch.Generator().manual_seed(8)
+    ups = [torch.randn(w.shape, generator=g) for w in want]
+    torch.autograd.backward(want, ups)
+    placed = {"A": Shard(1), "B": Shard(0), "scale": R, "C": R}
+    mine = {k: distribute_tensor(t.detach(), mesh, [placed[k]]).requires_grad_(True)
+            for k, t in ref.items()}
+    got = evtfuse.gemm(mine["A"], mine["B"], LINEAR, scale=mine["scale"], C=mine["C"],
+                       alpha=0.5, s=partial_rows())
+    assert [x.placements for x in got] == [(Partial(),), (Partial(),)]
+    for x, w in zip(got, want):
+        torch.testing.assert_close(x.full_tensor(), w.detach(), **TOL)
+    torch.autograd.backward([x.full_tensor() for x in got], ups)
+    for k, t in mine.items():
+        expect = {"scale": Partial(), "C": Partial()}.get(k, placed[k])
+        assert t.grad.placements == (expect,), (k, t.grad.placements)
+        torch.testing.assert_close(t.grad.full_tensor(), ref[k].grad, **TOL,
+                                   msg=lambda m: f"d{k}: {m}")
+    # the operator dispatched by DTensor: an output given Partial keeps the split
+    src = "def e(accum, C):\n    D = accum + C\n    return D"
+    D = DTensor.from_local(torch.zeros(M, N), mesh, [Partial()], run_check=False)
+    epi = epilogue_of(src)
+    layout = torch_op.layout_text(("C",), (), (), ("D",), 0, epi.where, False,
+                                  ("none", False, True, None))
+    sharding.register()
+    torch_op.call(distribute_tensor(A, mesh, [Shard(1)]), distribute_tensor(B, mesh, [Shard(0)]),
+                  src, layout, [distribute_tensor(C, mesh, [R])], [], [D])
+    assert D.placements == (Partial(),)
+    torch.testing.assert_close(D.full_tensor(), A @ B + C, **TOL)
+
+
+@pytest.mark.slow
+def test_k_sharded_calls_of_linear_epilogues_stay_partial():
+    """A K-sharded call (A's columns, B's rows: partial sums) of an epilogue linear in the
+    accumulator and in the operand added to it stays split: each rank's outputs are its
+    parts (Partial), whose sum equals one process's result, with every gradient; through
+    ``evtfuse.gemm`` and through the operator's registered rule."""
+    run_ranks(_inner_worker)
+
+
 def _op_worker(rank: int, world: int) -> None:
     import evtfuse
     from evtfuse.runtime import sharding, torch_op

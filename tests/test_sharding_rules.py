@@ -16,7 +16,7 @@ import torch
 from evtfuse.errors import EpilogueError
 from evtfuse.frontend import parse_epilogue
 from evtfuse.runtime import sharding
-from evtfuse.runtime.sharding import BATCHES, COLUMNS, REPLICATE, ROWS
+from evtfuse.runtime.sharding import BATCHES, COLUMNS, INNER, REPLICATE, ROWS
 
 F32 = torch.float32
 M, K, N = 6, 8, 10
@@ -30,7 +30,10 @@ def rules(src: str, operands=None, outputs=None, A=(M, K), B=(K, N), **kw):
 def test_an_elementwise_epilogue_splits_over_rows_and_columns():
     r = rules("def e(accum, bias, scale, alpha):\n    D = relu(accum * scale + bias) * alpha\n"
               "    return D", {"bias": ((N,), F32), "scale": ((M, 1), F32), "alpha": 2.0})
-    assert r.refused == {} and r.problem == (1, M, N)
+    assert set(r.refused) == {INNER} and r.problem == (1, M, N)
+    assert r.refused[INNER].endswith("line 2: relu(...) is not linear in the accumulator and "
+                                     "the operands added to it, so the parts of K cannot be "
+                                     "summed after it")
     assert r.allows(COLUMNS, 2) and r.allows(ROWS, 2) and r.allows(REPLICATE, 2)
     assert not r.allows(BATCHES, 2)  # L = 1: nothing to split
     assert r.dims == {"A": (None, 0, None), "B": (None, None, 1), "offs": (None, None, None),
@@ -52,7 +55,7 @@ def test_an_elementwise_epilogue_splits_over_rows_and_columns():
 ])
 def test_what_mixes_columns_or_rows_refuses_that_split(src, outputs, mode, words):
     r = rules(src, outputs=outputs)
-    assert set(r.refused) == {mode}, r.refused
+    assert set(r.refused) - {INNER} == {mode}, r.refused
     assert words in r.refused[mode]
     assert not r.allows(mode, 1) and r.allows({COLUMNS: ROWS, ROWS: COLUMNS}[mode], 2)
 
@@ -89,7 +92,7 @@ def test_grouped_gemms_split_over_columns_only_over_m():
     assert over_m.dims["B"] == (None, None, 2) and over_m.dims["bias"][2] == 2
     over_k = rules("def e(accum):\n    D = accum\n    return D", outputs={"D": ((G, M, N), F32)},
                    A=(M, T), B=(T, N), groups=G)
-    assert set(over_k.refused) == {BATCHES}
+    assert set(over_k.refused) == {BATCHES, INNER} and "cut K" in over_k.refused[INNER]
     assert over_k.dims["A"] == (None, 0, None) and over_k.dims["D"] == (0, 1, 2)
 
 
@@ -111,6 +114,63 @@ def test_placements_and_gradient_placements():
     assert sharding.placements_of(r, [COLUMNS, ROWS], "D") == (Shard(1), Shard(0))
 
 
+@pytest.mark.parametrize("src,operands,summands,words", [
+    ("def e(accum, C, alpha, beta):\n    D = alpha * accum + beta * C\n    return D",
+     {"C": ((M, N), F32), "alpha": 2.0, "beta": 0.5}, {"C"}, None),
+    ("def e(accum, scale, bias):\n    D = (accum - bias) / scale\n    s = sum(D)\n"
+     "    return D, s", {"scale": ((M, 1), F32), "bias": ((N,), F32)}, {"bias"}, None),
+    ("def e(accum):\n    D = -accum * col_index()\n    return D", {}, set(), None),
+    ("def e(accum):\n    D = accum + 1.0\n    return D", {}, set(),
+     "line 2: D = add(...) is not linear in the accumulator, so"),
+    ("def e(accum, C):\n    D = accum + C * C\n    return D", {"C": ((M, N), F32)}, set(),
+     "line 2: mul(...) is not linear in the accumulator and the operands added to it"),
+    ("def e(accum, C):\n    D = accum * C + C\n    return D", {"C": ((M, N), F32)}, set(),
+     "line 2: mul(...) is not linear"),
+    ("def e(accum):\n    D = accum\n    m = max(accum)\n    return D, m", {}, set(),
+     "line 3: m = max(...) is not linear"),
+    ("def e(accum, bias):\n    D = relu(accum + bias)\n    return D", {"bias": ((N,), F32)},
+     set(), "line 2: D = relu(...) is not linear in the accumulator and the operands added"),
+])
+def test_k_splits_where_every_output_is_linear_in_the_partial_sums(src, operands, summands,
+                                                                    words):
+    """K (A's columns, B's rows) splits where each rank's epilogue of its partial sums is
+    its part of the whole: outputs linear in the accumulator and in the tensor operands
+    added to it (placed Partial too); a constant added, a product of two summands, a max,
+    a nonlinear function refuse it, naming the line."""
+    outputs = {"D": ((M, N), F32)}
+    if "s = sum" in src:
+        outputs["s"] = ((M, 1), F32)
+    if "m = max" in src:
+        outputs["m"] = ((M, 1), F32)
+    r = rules(src, operands, outputs)
+    if words is not None:
+        assert words in r.refused[INNER], r.refused
+        assert not r.allows(INNER, 2)
+        return
+    assert INNER not in r.refused and r.allows(INNER, 2) and r.summands == summands | set(outputs)
+    assert not r.allows(INNER, K + 1)  # a rank with no index of K
+
+
+def test_placements_under_a_k_split():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    r = rules("def e(accum, bias, s):\n    D = accum * s + bias\n    return D",
+              {"bias": ((N,), F32), "s": ((), F32)})
+    inner = [INNER]
+    assert sharding.placements_of(r, inner, "A") == (Shard(1),)
+    assert sharding.placements_of(r, inner, "B") == (Shard(0),)
+    assert sharding.placements_of(r, inner, "s") == (Replicate(),)  # a factor: whole
+    assert sharding.placements_of(r, inner, "bias") == (Partial(),)  # a summand: parts
+    assert sharding.placements_of(r, inner, "D") == (Partial(),)
+    assert sharding.grad_placements_of(r, inner, "A") == (Shard(1),)
+    assert sharding.grad_placements_of(r, inner, "s") == (Partial(),)  # sum of each K part's
+    assert sharding.grad_placements_of(r, inner, "bias") == (Replicate(),)  # each part's: all
+    batched = rules("def e(accum):\n    D = accum\n    return D", outputs={"D": ((3, M, N), F32)},
+                    A=(3, M, K), B=(3, K, N))
+    assert sharding.placements_of(batched, inner, "A") == (Shard(2),)
+    assert sharding.placements_of(batched, inner, "B") == (Shard(1),)
+
+
 def _mesh(*sizes):
     return SimpleNamespace(ndim=len(sizes), size=lambda d: sizes[d])
 
@@ -130,9 +190,14 @@ def test_choose_moves_the_fewest_bytes():
     assert choose({"A": S0, "B": R, "bias": R}) == [ROWS]
     assert choose({"A": R, "B": R, "bias": R}) == [REPLICATE]  # all replicated stays so
     assert choose({"A": (Partial(),), "B": S1, "bias": S0}) == [COLUMNS]
-    # K sharded (A's columns, B's rows): every split moves both (a tie: replicated)
+    # K sharded (A's columns, B's rows) under an epilogue linear in accum and bias: kept
+    # split (each rank's output its part of the sum), unless the output's all-reduce, which
+    # reading it takes, costs more than gathering A and B
+    assert choose({"A": S1, "B": S0, "bias": R}) == [INNER]
+    assert choose({"A": S1, "B": R, "bias": R}) == [INNER]
+    sizes["D"] = 1000
     assert choose({"A": S1, "B": S0, "bias": R}) == [REPLICATE]
-    assert choose({"A": S1, "B": R, "bias": R}) == [REPLICATE]  # gathers A, as rows would
+    del sizes["D"]
     # an output given replicated fixes the split
     assert choose({"A": R, "B": S1, "bias": S0}, {"D": R}) == [REPLICATE]
     softmax = rules("def e(accum):\n    D = softmax(accum)\n    return D")

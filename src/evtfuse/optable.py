@@ -99,6 +99,12 @@ class OpDef:
     # reading it takes the forward's own value (``autodiff``'s decisions), as it takes a
     # comparison's, never one recomputed from an accumulator that differs in its last bits
     steps: bool | Callable[[Mapping[str, Any]], bool] = False
+    # how linearity in a set of summands carries through the op (``runtime.sharding``'s
+    # split over K, where the accumulator and the operands added to it are each rank's
+    # part of a sum): the inputs' degrees (0: none of those summands in it, 1: linear in
+    # them, None: other) -> the result's; None: not linear (degree 0 from inputs of degree
+    # 0 alone)
+    degree: Callable[..., int | None] | None = None
 
     @property
     def result_is_bool(self) -> bool:
@@ -408,6 +414,22 @@ def _cast_spelling(args: list, params: dict, cuda: bool = False) -> str:
     return (t.triton_cuda if cuda and t.triton_cuda else t.triton).format(*args)
 
 
+# ---- degrees in a sum's parts (OpDef.degree) ----
+def _deg_same(*degrees):
+    """a + b: linear where both are (or neither: a constant)."""
+    return degrees[0] if all(d == degrees[0] for d in degrees) else None
+
+
+def _deg_product(a, b):
+    """a * b: linear where one factor is and the other is constant."""
+    return None if a is None or b is None or a + b > 1 else a + b
+
+
+def _deg_quotient(a, b):
+    """a / b: linear where a is and b is constant."""
+    return a if b == 0 else None
+
+
 # ---- derivatives (derivative.py): torch's formulas (its derivatives.yaml and the backward
 # kernels they call), so that a gradient through evtfuse is the gradient torch would give ----
 
@@ -512,14 +534,16 @@ _NO_GRADIENT = lambda d: (None,) * len(d.args)  # noqa: E731  (comparisons: bool
 _ROWS: tuple[OpDef, ...] = (
     # ---- arithmetic (from Python operators) ----
     OpDef("add", 2, torch.add, "({0} + {1})", commutative=True, doc="a + b",
-          grad=lambda d: (d.g, d.g)),
-    OpDef("sub", 2, torch.sub, "({0} - {1})", doc="a - b", grad=lambda d: (d.g, -d.g)),
+          grad=lambda d: (d.g, d.g), degree=_deg_same),
+    OpDef("sub", 2, torch.sub, "({0} - {1})", doc="a - b", grad=lambda d: (d.g, -d.g),
+          degree=_deg_same),
     OpDef("mul", 2, torch.mul, "({0} * {1})", commutative=True, doc="a * b",
-          grad=lambda d: (d.g * d.y, d.g * d.x)),
+          grad=lambda d: (d.g * d.y, d.g * d.x), degree=_deg_product),
     OpDef("div", 2, torch.div, "({0} / {1})", doc="a / b",
-          grad=lambda d: (d.g / d.y, -(d.g * (d.x / d.y / d.y)))),
+          grad=lambda d: (d.g / d.y, -(d.g * (d.x / d.y / d.y))), degree=_deg_quotient),
     # x * -1.0, not Triton's -x, which is 0 - x: -(0.0) must be -0.0
-    OpDef("neg", 1, torch.neg, "({0} * -1.0)", doc="-a", grad=lambda d: (-d.g,)),
+    OpDef("neg", 1, torch.neg, "({0} * -1.0)", doc="-a", grad=lambda d: (-d.g,),
+          degree=lambda a: a),
     OpDef("pow", 1, _t_pow, _pow_spelling, params=(("exponent", 2.0),),
           doc="a ** c, c a numeric literal (rounded to fp32); as torch.pow on special values "
               "(a ** 0 is 1 for NaN and inf too, a negative a gives NaN for c not an integer)",
@@ -551,7 +575,8 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("logical_not", 1, torch.logical_not, "(({0}) == 0)", Category.COMPARE,
           doc="not a (`~a` of a condition; true where a is zero)", grad=_NO_GRADIENT),
     # ---- activations and math functions ----
-    OpDef("identity", 1, lambda x: x, "{0}", doc="x", grad=lambda d: (d.g,)),
+    OpDef("identity", 1, lambda x: x, "{0}", doc="x", grad=lambda d: (d.g,),
+          degree=lambda a: a),
     # a select, not max(x, 0.0): torch keeps -0.0 (and a GPU's max gives +0.0 for it)
     OpDef("relu", 1, torch.relu, "tl.where({0} < 0.0, 0.0, {0})",
           doc="max(x, 0) (NaN stays NaN, -0.0 stays -0.0)",
@@ -658,7 +683,8 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("multiply_add", 3, lambda a, b, c: a * b + c, "tl.fma({0}, {1}, {2})",
           doc="a * b + c (fused on a GPU and under Triton 3.9's CPU interpreter: rounded "
               "once, so finite where only a * b overflows)",
-          grad=lambda d: (d.g * d.y, d.g * d.x, d.g)),
+          grad=lambda d: (d.g * d.y, d.g * d.x, d.g),
+          degree=lambda a, b, c: _deg_same(_deg_product(a, b), c)),
     OpDef("cast", 1, _t_cast, _cast_spelling, params=(("dtype", CAST_DTYPE),),
           triton_cuda=functools.partial(_cast_spelling, cuda=True),
           doc="x rounded to dtype as a kernel stores it, then used as fp32: floats to nearest "

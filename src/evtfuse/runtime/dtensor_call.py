@@ -83,6 +83,8 @@ class DTensorCall:
             self.rules = sharding.for_gradients(self.rules)
         placed = {name: tuple(t.placements) for name, t in named}
         sizes = {name: t.numel() * t.element_size() for name, t in named}
+        sizes.update({name: _numel(shape) * dtype.itemsize
+                      for name, (shape, dtype) in missing.items()})
         fixed = {name: tuple(t.placements) for name, t in zip(onames, outs)}
         fits = sharding.fitting(call, self.rules, mesh, fixed)
         self.modes = sharding.choose(self.rules, mesh, placed, sizes, fits)
@@ -106,9 +108,20 @@ class DTensorCall:
         """Input ``name``'s shard under the chosen modes (differentiable: its gradient comes
         back placed as ``sharding.grad_placements_of`` says)."""
         want = self.placements(name)
-        moved = t if tuple(t.placements) == want else t.redistribute(self.mesh, want)
-        return moved.to_local(grad_placements=sharding.grad_placements_of(
-            self.rules, self.modes, name))
+        grads = list(sharding.grad_placements_of(self.rules, self.modes, name))
+        # a part of a sum made of a tensor that is not one (a K split's summand): DTensor's
+        # redistribute refuses to make a Partial, so the tensor goes replicated and the first
+        # rank of each such mesh dimension keeps it, the others zeros (exact, where a
+        # division would round); each rank's gradient is then its part of the sum
+        made = [d for d, p in enumerate(want) if p.is_partial() and not t.placements[d].is_partial()]
+        via = tuple(self.api.Replicate() if d in made else p for d, p in enumerate(want))
+        for d in made:
+            grads[d] = self.api.Partial()
+        moved = t if tuple(t.placements) == via else t.redistribute(self.mesh, via)
+        local = moved.to_local(grad_placements=tuple(grads))
+        if any(self.mesh.get_coordinate()[d] for d in made):
+            local = torch.where(torch.zeros((), dtype=torch.bool, device=local.device), local, 0)
+        return local
 
     def run_local(self, run: Callable, A, B, named: dict, outputs: tuple, outs: list,
                   onames: list):
@@ -161,6 +174,13 @@ class DTensorCall:
         # which evtfuse's recorded copy into it would be refused)
         return torch.empty_like(empty(tuple(out.shape), dtype=out.dtype, device_mesh=self.mesh,
                                       placements=want).to_local())
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for size in shape:
+        n *= int(size)
+    return n
 
 
 def _contiguous_stride(shape: tuple) -> tuple:

@@ -5,8 +5,9 @@ Layer: runtime.torch, above ``runtime.torch_op`` (the operators),
 ``api`` (which call them on DTensors). Invariant: a rule offers a sharding of the problem
 only where every rank's epilogue, run on its own shard as it is, computes exactly its
 shard of the whole call's outputs; everything else is computed replicated, after DTensor
-has redistributed the inputs (correct before fast). No mode ever shards K: a K-sharded
-input (partial sums of the accumulator) is redistributed first.
+has redistributed the inputs (correct before fast). A K-sharded input (partial sums of the
+accumulator) stays so only where the epilogue is linear in it (``inner``); elsewhere it is
+redistributed first.
 
 A call of ``evtfuse::gemm`` (``evtfuse::grouped_gemm``) is split, on each dimension of the
 device mesh, in one of these *modes*:
@@ -25,6 +26,13 @@ device mesh, in one of these *modes*:
 - ``batches``: the batch L (A's or B's dim 0, where 3-D) sharded, with every batched
   operand and output; allowed when every stored output keeps L (no sum over the batches);
   not for grouped GEMMs.
+- ``inner``: K sharded (A's columns, B's rows: each rank's accumulator is its part of the
+  sum), every output placed ``Partial("sum")``. Allowed when every stored output is linear
+  in the accumulator and in the tensor operands added to it (``alpha * accum + beta * C``,
+  ``accum * scale + bias``, a row's ``sum`` of such: ``OpDef.degree``), those operands
+  placed ``Partial("sum")`` too (DTensor's redistribution hands each rank its part of a
+  replicated one) and the others replicated: each rank's epilogue of its partial sums is
+  its part of the whole call's. Not for a grouped GEMM over K, nor gated.
 - ``replicate``: everything replicated: always allowed.
 
 A rule is read off the DAG the frontend binds for the call's global shapes (``rules_of``,
@@ -67,19 +75,19 @@ import torch
 
 from ..errors import EpilogueError
 from ..frontend import bind
-from ..ir import NodeKind, OutputKind, Space, is_shift
-from ..optable import Category
 from . import cross_entropy  # noqa: F401  (defines the operators whose rules _register_ce adds)
 from . import device
 from .grad_plan import full_shape, problem_of
+from .splits import (BATCHES, COLUMNS, INNER, MODES, PARTIAL_OPS, REPLICATE, ROWS,  # noqa: F401
+                     mixing, row_partials, summands)
 from .torch_op import parse_layout, parsed_of, unwire
 
 log = logging.getLogger("evtfuse")
 
-REPLICATE, COLUMNS, ROWS, BATCHES = "replicate", "columns", "rows", "batches"
-MODES = (REPLICATE, COLUMNS, ROWS, BATCHES)
-_AXIS = {BATCHES: 0, ROWS: 1, COLUMNS: 2}  # the problem's (L, M, N) axis a mode shards
-_AXIS_NAME = {0: "the batches (L)", 1: "the rows (M)", 2: "the columns (N)"}
+# the problem's (L, M, N, K) axis a mode shards
+_AXIS = {BATCHES: 0, ROWS: 1, COLUMNS: 2, INNER: 3}
+_AXIS_NAME = {0: "the batches (L)", 1: "the rows (M)", 2: "the columns (N)",
+              3: "the inner dimension (K)"}
 
 
 @dataclass(frozen=True)
@@ -95,13 +103,19 @@ class Rules:
     # each rank's is its shard's partial result, Partial(op), which one all-reduce combines
     # where the caller redistributes it ({output: "sum" | "max" | "min"})
     partial: dict[str, str] = field(default_factory=dict)
+    # ``inner``: K, A's and B's dims spanning it, and the tensors it places Partial("sum"):
+    # every output and the operands added to the accumulator
+    k: int = 0
+    kdims: dict[str, int] = field(default_factory=dict)
+    summands: frozenset = frozenset()
+    outputs: frozenset = frozenset()  # the stored outputs' names
 
     def allows(self, mode: str, parts: int = 1) -> bool:
         """Whether ``mode`` is allowed over a mesh dimension of ``parts`` ranks (each rank
         gets at least one index of the axis it shards)."""
         if mode in self.refused:
             return False
-        return mode == REPLICATE or self.problem[_AXIS[mode]] >= parts
+        return mode == REPLICATE or (*self.problem, self.k)[_AXIS[mode]] >= parts
 
     def placement(self, mode: str, name: str):
         """Where ``mode`` puts tensor ``name`` on one mesh dimension: Shard(its dim of the
@@ -111,6 +125,10 @@ class Rules:
             return Replicate()
         if mode == COLUMNS and name in self.partial:
             return _torch_api().Partial(self.partial[name])
+        if mode == INNER:
+            if name in self.kdims:
+                return Shard(self.kdims[name])
+            return _torch_api().Partial("sum") if name in self.summands else Replicate()
         dim = self.dims[name][_AXIS[mode]]
         return Replicate() if dim is None else Shard(dim)
 
@@ -169,8 +187,8 @@ def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups)
     for name, v in outputs.items():
         values[name] = None if v is None else _meta(*v)
     dag = bind(parsed, values, problem, grouped, rank=rank)
-    partial = _row_partials(dag)
-    refused = _mixing(dag, problem, parsed.name,
+    partial = row_partials(dag)
+    refused = mixing(dag, problem, parsed.name,
                       {id(o.node) for o in dag.outputs if o.name in partial})
     if grouped:
         refused.setdefault(ROWS, "it is a grouped GEMM over M, whose rows belong to the "
@@ -178,6 +196,12 @@ def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups)
     if grouped or groups is not None:
         refused.setdefault(BATCHES, "it is a grouped GEMM, whose groups are not batches "
                                     "of A and B")
+    tensors = {n for n, v in operands.items() if not isinstance(v, (int, float))}
+    why_not, parts = summands(dag, tensors)
+    if groups is not None:
+        why_not = "it is a grouped GEMM over K, whose groups cut K"
+    if why_not:
+        refused[INNER] = f"the epilogue {parsed.name}: {why_not}"
     dims: dict[str, tuple] = {
         "A": (0 if len(A_shape) == 3 and not grouped else None, len(A_shape) - 2, None),
         "B": (0 if len(B_shape) == 3 and not grouped else None, None, len(B_shape) - 1),
@@ -192,10 +216,12 @@ def _derive(parsed, A_shape, B_shape, dtype, operands, outputs, grouped, groups)
                      *dims["A"][1:])
         dims["B"] = (dims["B"][0] if len(B_shape) == 3 and B_shape[0] == problem[0] else None,
                      *dims["B"][1:])
-    return Rules(problem, refused, dims, partial)  # type: ignore[arg-type]
+    kdims = {"A": len(A_shape) - 1, "B": len(B_shape) - 2}
+    stored = frozenset(n for n, v in outputs.items() if v is not None)
+    return Rules(problem, refused, dims, partial, int(A_shape[-1]), kdims,  # type: ignore[arg-type]
+                 parts | stored, stored)
 
 
-PARTIAL_OPS = ("sum", "max", "min")  # a row's reduction that its shards' results combine into
 
 
 def for_gradients(rules: Rules) -> Rules:
@@ -209,55 +235,6 @@ def for_gradients(rules: Rules) -> Rules:
     refused = {**rules.refused, COLUMNS: f"its output {other[0]} is the {rules.partial[other[0]]} "
                "of each row, whose gradient the column shards cannot split"}
     return replace(rules, refused=refused)
-
-
-def _row_partials(dag) -> dict[str, str]:
-    """{output: op} of the outputs that store a row's ``sum``, ``max`` or ``min`` read by
-    no other node (``Rules.partial``): a shard of the columns computes its part of it."""
-    read = {id(i) for n in dag.nodes for i in n.inputs}
-    out = {}
-    for o in dag.outputs:
-        n = o.node
-        if n.kind is NodeKind.REDUCE and n.space is Space.ROW and n.op in PARTIAL_OPS \
-                and id(n) not in read:
-            out[o.name] = n.op
-    return out
-
-
-def _mixing(dag, problem: tuple, name: str, partial_nodes=frozenset()) -> dict[str, str]:
-    """{mode: why its shards would not compute the whole call's}: from each node of the
-    DAG (bound, before any pass: a value computed only for another counts too);
-    ``partial_nodes``: ids of the row reductions the outputs keep as partial results
-    (``_row_partials``), which do not stop the columns from splitting."""
-    why: dict[str, str] = {}
-
-    def at(n) -> str:
-        line = f"line {n.line}: " if n.line else ""
-        if is_shift(n) or n.op == "shifted_sumexp":  # softmax's and log_softmax's lowering
-            return f"{line}softmax or log_softmax (a function of the whole row)"
-        return f"{line}{f'{n.var} = ' if n.var else ''}{n.op}(...)"
-
-    if dag.gated:
-        why[COLUMNS] = "it takes the accumulator's columns in pairs (pairs(accum))"
-    for n in dag.nodes:
-        if n.kind is NodeKind.REDUCE:
-            if n.space in (Space.ROW, Space.SCALAR) and id(n) not in partial_nodes:
-                why.setdefault(COLUMNS, f"{at(n)} reduces over the columns")
-            if n.space in (Space.COL, Space.SCALAR):
-                why.setdefault(ROWS, f"{at(n)} reduces over the rows")
-            if n.inputs[0].batched and not n.batched and problem[0] > 1:
-                why.setdefault(BATCHES, f"{at(n)} reduces over the batches")
-        elif n.kind is NodeKind.COMPUTE and n.opdef.category is Category.ROWWISE:
-            why.setdefault(COLUMNS, f"{at(n)} is a function of the whole row")
-        elif n.kind is NodeKind.INDEX:
-            mode, fn = (ROWS, "row_index()") if n.op == "row" else (COLUMNS, "col_index()")
-            why.setdefault(mode, f"it reads {fn}{f' (line {n.line})' if n.line else ''}, "
-                                 "which a shard would count from its own first index")
-    if problem[0] > 1:
-        for o in dag.outputs:
-            if o.kind is not OutputKind.NONE and not o.batched:
-                why.setdefault(BATCHES, f"its output {o.name} sums over the batches")
-    return {mode: f"the epilogue {name}: {text}" for mode, text in why.items()}
 
 
 # ------------------------------------------------------------------ choosing
@@ -312,16 +289,19 @@ def choose(rules: Rules, mesh, placed: dict[str, tuple], sizes: dict[str, int],
     the fewest bytes: ``placed`` {tensor name: its placements now}, ``sizes`` {name:
     bytes}. A tensor already where a mode wants it costs nothing, and so does a replicated
     one the mode shards (each rank keeps its part); every other move (gathering a shard,
-    summing partials) costs its size. Ties go to the first of replicate, columns, rows,
-    batches (an all-replicated call stays replicated)."""
+    summing partials) costs its size; ``inner`` also costs its outputs' sizes (the
+    all-reduce that reading a Partial output takes; ``sizes`` has them). Ties go to the
+    first of replicate, columns, rows, batches, inner (an all-replicated call stays
+    replicated)."""
     modes = []
     for d in range(mesh.ndim):
         best, best_cost = None, None
         for mode in fits[d]:
-            cost = 0
+            cost = sum(sizes.get(o, 0) for o in rules.outputs) if mode == INNER else 0
             for name, placements in placed.items():
                 want, now = rules.placement(mode, name), placements[d]
-                if now != want and not (now.is_replicate() and want.is_shard()):
+                if now != want and not (now.is_replicate()
+                                        and (want.is_shard() or want.is_partial())):
                     cost += sizes[name]
             if best_cost is None or cost < best_cost:
                 best, best_cost = mode, cost
@@ -337,12 +317,17 @@ def placements_of(rules: Rules, modes: list[str], name: str) -> tuple:
 def grad_placements_of(rules: Rules, modes: list[str], name: str) -> tuple:
     """The placements of the gradient each rank computes for input ``name`` from its shard:
     its own where the input is sharded (or all is replicated), Partial() where it is
-    replicated under a sharding mode (each rank's part of a sum over the sharded axis)."""
+    replicated under a sharding mode (each rank's part of a sum over the sharded axis),
+    Replicate() where it is one rank's part of a sum (``inner``'s summands: the whole
+    gradient is each part's)."""
     api = _torch_api()
     out = []
     for m in modes:
         p = rules.placement(m, name)
-        out.append(api.Partial() if m != REPLICATE and p.is_replicate() else p)
+        if p.is_partial():
+            out.append(api.Replicate())
+        else:
+            out.append(api.Partial() if m != REPLICATE and p.is_replicate() else p)
     return tuple(out)
 
 
