@@ -259,6 +259,20 @@ def _inner_worker(rank: int, world: int) -> None:
                   src, layout, [distribute_tensor(C, mesh, [R])], [], [D])
     assert D.placements == (Partial(),)
     torch.testing.assert_close(D.full_tensor(), A @ B + C, **TOL)
+    # a grouped GEMM over M, each expert's K split, a per-expert bias added
+    G, T = 3, 9
+    g = torch.Generator().manual_seed(6)
+    x, w, gb = (torch.randn(T, K, generator=g), torch.randn(G, K, N, generator=g),
+                torch.randn(G, 1, N, generator=g))
+    offs = torch.tensor([2, 6, 9], dtype=torch.int32)
+    grouped = "def e(accum, bias):\n    D = 2.0 * accum - bias\n    return D"
+    with torch.no_grad():
+        got = evtfuse.grouped_gemm(distribute_tensor(x, mesh, [Shard(1)]),
+                                   distribute_tensor(w, mesh, [Shard(1)]), offs, grouped,
+                                   bias=distribute_tensor(gb, mesh, [R]))
+    assert got.placements == (Partial(),)
+    torch.testing.assert_close(got.full_tensor(),
+                               evtfuse.grouped_gemm(x, w, offs, grouped, bias=gb), **TOL)
 
 
 @pytest.mark.slow
@@ -266,7 +280,7 @@ def test_k_sharded_calls_of_linear_epilogues_stay_partial():
     """A K-sharded call (A's columns, B's rows: partial sums) of an epilogue linear in the
     accumulator and in the operand added to it stays split: each rank's outputs are its
     parts (Partial), whose sum equals one process's result, with every gradient; through
-    ``evtfuse.gemm`` and through the operator's registered rule."""
+    ``evtfuse.gemm``, the operator's registered rule and ``grouped_gemm`` over M."""
     run_ranks(_inner_worker)
 
 
