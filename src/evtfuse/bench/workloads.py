@@ -17,16 +17,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ..ir import dtype_named
 from . import epilogues as E
 
 # ----------------------------------------------------------------------------- dtypes
 
-DTYPES: Mapping[str, torch.dtype] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-}
-FP8 = getattr(torch, "float8_e4m3fn", None)
+# the suite's names of its dtypes (its results' "dtype"), read through the one table of
+# dtype names (``ir.DTYPE_NAMES``)
+_NAMES = ("bf16", "fp16", "fp32")
+DTYPES: Mapping[str, torch.dtype] = {name: dtype_named(name) for name in _NAMES}
+FP8 = dtype_named("fp8e4m3") if hasattr(torch, "float8_e4m3fn") else None
 # fp8 inputs: evtfuse (``fp8_fast_accum``) and cuBLAS's peers (``use_fast_accum``) are
 # measured in the same accumulation mode: fast, the tensor cores' reduced precision over
 # all of K (evtfuse's default; benchmarks/HISTORY.md, nineteenth session, measures both modes)
@@ -34,11 +34,9 @@ FP8_FAST_ACCUM = True
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    for k, v in DTYPES.items():
-        if v == dtype:
-            return k
-    if FP8 is not None and dtype == FP8:
-        return "fp8e4m3"
+    for name, dt in (*DTYPES.items(), ("fp8e4m3", FP8)):
+        if dt is not None and dt == dtype:
+            return name
     return str(dtype).replace("torch.", "")
 
 
