@@ -85,6 +85,28 @@ def _loaded(gate_up, down):
     return block
 
 
+@pytest.mark.parametrize("k", [2, 8])
+def test_sum_over_k_rounds_once(k):
+    """The sum of each token's k rows (``moe._sum_pairs``: embedding_bag on CUDA) is the
+    fp32 sum rounded once to bf16: within half a bf16 ulp (and fp32's own error) of the exact
+    sum everywhere, as the CPU's two-pass path is; a sum rounded at every step would not be."""
+    from evtfuse.runtime.moe import _sum_pairs, _to_pairs
+
+    tokens, width = 4096, 1024
+    g = torch.Generator(device="cuda").manual_seed(k)
+    perm = torch.randperm(tokens * k, device="cuda", generator=g)
+    rows = torch.randn(tokens * k, width, device="cuda", generator=g).bfloat16()
+    got = _sum_pairs(rows, perm, tokens, k)
+    exact = _to_pairs(rows.double(), perm).view(tokens, k, -1).sum(1)
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, width)
+    # fp32's error over k terms, then one rounding to bf16: at most half of bf16's eps
+    # relative to the value (its ulp is at most eps times it)
+    slack = _to_pairs(rows.double().abs(), perm).view(tokens, k, -1).sum(1) * k * 2.0 ** -24
+    bound = 0.5 * torch.finfo(torch.bfloat16).eps * (exact.abs() + slack) + slack + 2.0 ** -133
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    assert torch.equal(_sum_pairs(rows, perm, tokens, k), got)  # deterministic
+
+
 def test_no_host_sync_and_deterministic():
     x, gate_up, down, dy = _inputs(2)
     index, weights = _routing("skewed", 2)

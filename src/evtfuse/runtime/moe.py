@@ -29,9 +29,11 @@ read from ``gate_up`` as it is stored: ``pairs(accum, layout="concatenated")``) 
 output is, and ``D = s * act(G) * U`` of those rounded values, ``s`` the pair's routing
 weight (a per-row operand: s applied before the down projection, since
 ``s * (A @ W2.T) = (s * A) @ W2.T``); and the down projection, a plain grouped GEMM, giving
-``y_perm``. Back to token order and the sum over k, deterministically: ``y_perm`` is put back
-in pair order by the inverse permutation (an index_put of distinct rows) and summed over k
-(no ``index_add_``, whose float atomics are not deterministic on CUDA).
+``y_perm``. Back to token order and the sum over k, deterministically, in one pass
+(``_sum_pairs``): each token's k rows gathered by the inverse permutation and added in
+order, in fp32 (``embedding_bag``'s sum: one thread per output element; not a copy back to
+pair order and a sum after it, nor ``index_add_``, whose float atomics are not
+deterministic on CUDA).
 
 Backward, four grouped GEMMs: ``dY_perm = dy[perm // k]``; the first, ``dY_perm @ down_e``,
 runs ``down_grad``'s epilogue, derived by ``autodiff`` from ``D = s * act(G) * U`` with
@@ -39,7 +41,7 @@ respect to G, U and s, its upstream gradient the accumulator (``passes.accumulat
 it reads ``p`` and ``s`` and writes ``dp`` (dG | dU, a new (rows, 2I) tensor), ``D`` again
 (``s * A``, for dW_down) and ``ds`` (the per-row sum ``sum(accum * act(G) * U)``: a per-row
 reduction of the grouped kernel, fp32). Then ``dX_perm = dp @ gate_up_e`` (grouped over M),
-put back in pair order and summed over k; ``dW_gate_up = dp.T @ x_perm`` and
+summed per token as ``y_perm`` is; ``dW_gate_up = dp.T @ x_perm`` and
 ``dW_down = dY_perm.T @ (s * A)`` (grouped over K: an expert without tokens gets zeros);
 ``d weights`` is ``ds`` in pair order, (T, k).
 """
@@ -118,6 +120,19 @@ def _route(index: torch.Tensor, experts: int):
     return perm, offs
 
 
+def _sum_pairs(t_perm: torch.Tensor, perm: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
+    """(tokens, width): each token's k rows of ``t_perm`` (rows in expert order) added in
+    pair order, in fp32, rounded once. On CUDA in one pass: the inverse permutation's rows of
+    each token gathered and summed by ``embedding_bag`` (one thread per output element,
+    deterministic; tests/gpu/test_gpu_moe.py checks the rounding); elsewhere (the CPU,
+    whose embedding_bag rounds 16-bit sums otherwise) back to pair order, then a sum."""
+    if t_perm.device.type != "cuda":
+        return _to_pairs(t_perm, perm).view(tokens, k, -1).sum(1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return torch.nn.functional.embedding_bag(inverse.view(tokens, k), t_perm, mode="sum")
+
+
 def _to_pairs(t_perm: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Rows in expert order back in pair order (token-major: pair t*k + j): an index_put of
     distinct rows, deterministic."""
@@ -142,7 +157,7 @@ def _forward(x, index, weights, gate_up, down, activation):
         grouped_gemm(x_perm, gate_up.mT, offs, up_source(activation, x.dtype), D=a,
                      G=p[:, :width], U=p[:, width:], s=s, tune=TUNE)
         y_perm = grouped_gemm(a, down.mT, offs, tune=TUNE)
-        y = _to_pairs(y_perm, perm).view(tokens, k, -1).sum(1)
+        y = _sum_pairs(y_perm, perm, tokens, k)
     return y, p, perm, offs
 
 
@@ -177,7 +192,7 @@ def _backward_op(dy, x, weights, gate_up, down, p, perm, offs, activation, need)
         dx = dweights = dgate_up = ddown = _empty(x)
         if want_x:
             dx_perm = grouped_gemm(dp, gate_up, offs, tune=TUNE)
-            dx = _to_pairs(dx_perm, perm).view(tokens, k, -1).sum(1)
+            dx = _sum_pairs(dx_perm, perm, tokens, k)
         if want_w:
             dweights = _to_pairs(ds[:, 0], perm).view(tokens, k).to(weights.dtype)
         if want_gu:
