@@ -23,7 +23,11 @@ Peers:
   ``cut_cross_entropy.linear_cross_entropy`` (where installed).
 
 Time: ``triton.testing.do_bench`` median of whole steps (L2 flushed before each; the
-gradients set to None before each, so each step allocates them as a training step does).
+gradients set to None before each, so each step allocates them as a training step does);
+``back_to_back_ms``: ten steps run back to back, L2 warm, the host free to run ahead, as a
+training loop runs them (the three cuBLAS GEMMs too, one after another): where the two
+differ for one peer and not for cuBLAS, that peer's single step waits on the host or on
+something a warm L2 hides.
 Memory: ``peak_beyond_mib``, the peak of one step after a warm-up step, minus what was
 allocated before it (inputs, weight, anything the peer keeps between calls) and minus the
 gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces a peer
@@ -62,6 +66,23 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def _ms(fn, grads=None) -> float:
     return triton.testing.do_bench(fn, warmup=100, rep=1000, grad_to_none=grads,
                                    return_mode="median")
+
+
+def _back_to_back(fn, grads=(), steps: int = 10) -> float:
+    """ms per step of ``steps`` calls run back to back (CUDA events around all of them, L2
+    warm, the host free to run ahead), as a training loop runs them: beside ``_ms``'s
+    single calls after an L2 flush, it tells time the GPU waits from time its kernels take."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        for t in grads:
+            t.grad = None
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
 
 
 def _rel(got, want) -> float:
@@ -114,6 +135,7 @@ class Bench:
         grads = sum(t.grad.nbytes for t in leaves if t.grad is not None)
         out["peak_beyond_mib"] = round((peak - base - grads) / MIB, 1)
         out["ms"] = _ms(step, leaves)
+        out["back_to_back_ms"] = _back_to_back(step, leaves)
         for t in leaves:
             t.grad = None
         print(f"  {name}: {out}", flush=True)
@@ -136,6 +158,13 @@ class Bench:
                "dx_ms": _ms(lambda: torch.mm(G, W, out=dx)),
                "dw_ms": _ms(lambda: torch.mm(G.t(), h, out=dw))}
         out["ms"] = out["logits_ms"] + out["dx_ms"] + out["dw_ms"]
+
+        def three():
+            torch.mm(h, W.t(), out=logits)
+            torch.mm(G, W, out=dx)
+            torch.mm(G.t(), h, out=dw)
+
+        out["back_to_back_ms"] = _back_to_back(three)
         print(f"  cublas: {out}", flush=True)
         return out
 
@@ -232,19 +261,22 @@ def _error(exc: BaseException) -> str:
 
 def table(results: dict) -> str:
     floor = results.get("cublas", {}).get("ms")
-    rows = [f"{'peer':<26} {'ms':>9} {'x GEMMs':>8} {'peak MiB':>9} {'kept MiB':>9} "
-            f"{'rel dX':>9} {'rel dW':>9}"]
+    floor_b2b = results.get("cublas", {}).get("back_to_back_ms")
+    rows = [f"{'peer':<26} {'ms':>9} {'x GEMMs':>8} {'b2b ms':>9} {'x GEMMs':>8} "
+            f"{'peak MiB':>9} {'kept MiB':>9} {'rel dX':>9} {'rel dW':>9}"]
 
     def line(name, r):
         if "error" in r:
             return f"{name:<26} error: {r['error'][:90]}"
-        ms = r.get("ms")
+        ms, b2b = r.get("ms"), r.get("back_to_back_ms")
         ratio = f"{ms / floor:.3f}" if ms and floor else "-"
+        ratio_b2b = f"{b2b / floor_b2b:.3f}" if b2b and floor_b2b else "-"
 
         def f(k, fmt):
             return format(r[k], fmt) if k in r else f"{'-':>9}"
 
-        return (f"{name:<26} {f('ms', '9.2f')} {ratio:>8} {f('peak_beyond_mib', '9.0f')} "
+        return (f"{name:<26} {f('ms', '9.2f')} {ratio:>8} {f('back_to_back_ms', '9.2f')} "
+                f"{ratio_b2b:>8} {f('peak_beyond_mib', '9.0f')} "
                 f"{f('kept_mib', '9.0f')} {f('rel_dx', '9.2e')} {f('rel_dw', '9.2e')}")
 
     for name, r in results.items():
