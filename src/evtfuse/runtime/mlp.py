@@ -30,8 +30,9 @@ and a second one fails clearly). Under torch.compile it is a new tensor: Inducto
 reinplace a mutation of a tensor the forward saved (a graph input of the backward), and
 would copy ``p`` onto itself first, a pass over it; a new ``dp`` costs its memory instead. Then ``dx = dp @
 W1``, ``dW1 = dp.T @ x`` and ``dW2 = dy.T @ A`` are torch matmuls in the autograd formula
-(``dp`` is one (tokens, 2I) tensor; dx its two halves times W_gate and W_up, summed by
-the second matmul). The forward reads W1 as one (2I, H) view where gate and up weights lie
+(``dp`` is one (tokens, 2I) tensor; dx one matmul over ``[W_gate; W_up]`` where they lie
+one after the other (eagerly), else its two halves times W_gate and W_up, summed by the
+second matmul). The forward reads W1 as one (2I, H) view where gate and up weights lie
 one after the other in memory, as ``evtfuse.nn.GatedMLP`` keeps them (concatenated per
 call otherwise).
 """
@@ -248,8 +249,10 @@ def _backward(ctx, dy, unused_dp):
     dp = torch.empty_like(p) if torch.compiler.is_compiling() else p
     a = torch.ops.evtfuse.mlp_down_grad.default(dy, w2, p, dp, ctx.activation, gated, need[3])
     dx = dw1 = db1 = None
-    if want_x:  # dp @ [W_gate; W_up], as two matmuls of K = I (no concatenated weight)
-        dx = torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a) if gated else dp @ w1a
+    if want_x:  # dp @ [W_gate; W_up]: one matmul of K = 2I where the weights lie one
+        # after the other (eagerly: a traced backward has no data pointers), else two
+        w1 = None if torch.compiler.is_compiling() else _weight1(w1a, w1b)
+        dx = dp @ w1 if w1 is not None else torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a)
     if want_w1:
         dw1 = dp.t() @ x
     if want_b1:
