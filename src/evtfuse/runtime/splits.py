@@ -26,7 +26,7 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
     stored output must be of degree 1 (``OpDef.degree``) in the accumulator and in the
     operands that are added to something of degree 1 (found by growing that set until
     nothing more is added to the accumulator)."""
-    summands: set[str] = set()
+    parts: set[str] = set()
     while True:
         degree: dict[int, int | None] = {}
         blame: dict[int, Any] = {}  # a node of degree None: the node that made it so
@@ -36,7 +36,7 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
             if n.kind is NodeKind.ACCUM:
                 d = 1 if n.op is None else None
             elif n.kind is NodeKind.LOAD:
-                d = 1 if n.operand.name in summands else 0
+                d = 1 if n.operand.name in parts else 0
             elif n.kind in (NodeKind.CONST, NodeKind.INDEX):
                 d = 0
             elif n.kind is NodeKind.REDUCE:
@@ -46,11 +46,11 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
             else:
                 d = 0 if all(x == 0 for x in ins) else None
             if d is None and n.kind is NodeKind.COMPUTE and n.op in ("add", "sub") \
-                    and sorted(ins, key=str) == [0, 1]:  # a constant added to a partial sum
+                    and set(ins) == {0, 1}:  # a constant added to a partial sum
                 other = n.inputs[ins.index(0)]
                 loads = {x.operand.name for x in _leaves(other) if x.kind is NodeKind.LOAD}
-                if loads & tensors and not (loads & tensors) <= summands:
-                    summands |= loads & tensors
+                if loads & tensors and not (loads & tensors) <= parts:
+                    parts |= loads & tensors
                     grown = True
                     break
             degree[id(n)] = d
@@ -70,9 +70,9 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
             line = f"line {n.line}: " if n.line else ""
             what = f"{n.var} = " if n.var else ""
             return (f"{line}{what}{n.op or n.kind.value}(...) is not linear in the "
-                    f"accumulator{' and the operands added to it' if summands else ''}, "
+                    f"accumulator{' and the operands added to it' if parts else ''}, "
                     "so the parts of K cannot be summed after it"), frozenset()
-        return None, frozenset(summands)
+        return None, frozenset(parts)
 
 
 def _leaves(node) -> list:
