@@ -6,6 +6,7 @@ themselves: tests/test_distributed_sharding.py."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -257,3 +258,99 @@ def test_a_compiled_call_registers_nothing_inside_its_trace():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split("\n")[-2] == "False False True"
+
+
+# ------------------------------------------------------------------ the K split, drawn
+
+_CONSTS = ("C", "bias", "rowv", "alpha", "2.0", "-0.5")
+
+
+def _drawn_expr(draw, depth: int, linear: bool = True) -> str:
+    """An expression linear in ``accum`` and in the operands added to it where ``linear``
+    (a constant where not), but for the nonlinear turns a fifth of the draws take."""
+    from hypothesis import strategies as st
+
+    if not linear:  # a constant: operands, literals and any function of them
+        if depth == 0 or draw(st.integers(0, 2)) == 0:
+            return draw(st.sampled_from(_CONSTS))
+        op = draw(st.sampled_from(("({} * {})", "({} + {})", "relu({})", "sigmoid({})")))
+        return op.format(*(_drawn_expr(draw, depth - 1, False) for _ in range(op.count("{}"))))
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return "accum"
+    kind = draw(st.integers(0, 9))
+    sub = functools.partial(_drawn_expr, draw, depth - 1)
+    if kind == 0:  # nonlinear: a function, a product of two, a literal added
+        return draw(st.sampled_from(("relu({0})", "({0} * {1})", "({0} + 1.0)",
+                                     "maximum({0}, {1})"))).format(sub(), sub())
+    if kind in (1, 2):
+        return f"({sub()} {draw(st.sampled_from('+-'))} {sub()})"
+    if kind in (3, 4):
+        return f"({sub()} {draw(st.sampled_from('+-'))} {draw(st.sampled_from(('C', 'bias', 'rowv')))})"
+    if kind == 5:
+        return f"({sub(linear=False)} * {sub()})"
+    if kind == 6:
+        return f"({sub()} / (abs({sub(linear=False)}) + 1.0))"
+    if kind == 7:
+        return f"(-{sub()})"
+    if kind == 8:
+        return f"multiply_add({sub(linear=False)}, {sub()}, {sub()})"
+    return f"({sub()} - {sub(linear=False)} * {draw(st.sampled_from(('C', 'bias', 'rowv')))})"
+
+
+def _k_split_case():
+    from hypothesis import strategies as st
+
+    @st.composite
+    def case(draw):
+        d = _drawn_expr(draw, 3)
+        reduce = draw(st.sampled_from(("", "sum", "max")))
+        body = f"    D = {d}\n" + (f"    r = {reduce}(D)\n    return D, r\n" if reduce
+                                   else "    return D\n")
+        return "def e(accum, C, bias, rowv, alpha):\n" + body, bool(reduce)
+    return case()
+
+
+def test_a_k_split_allowed_is_the_sum_of_its_parts():
+    """Drawn epilogues linear in the accumulator and the operands added to it (sums,
+    products and quotients by constants, negations, multiply_add, over a full, a per-column
+    and a per-row operand, a scalar and literals), a fifth of their turns nonlinear (relu, a
+    product of two, a literal added, a maximum), a row's sum or max beside: wherever the
+    rules allow K to split, the epilogue of two partial accumulators,
+    the summands' parts given to the first and zeros to the second, adds up to the
+    epilogue of the whole (the reference evaluator, float64); and where they refuse it the
+    reason names a line."""
+    from hypothesis import given
+
+    from epilogue_fuzz import drawn
+    from evtfuse import reference
+    from evtfuse.frontend import bind
+
+    F64 = torch.float64
+    shapes = {"C": (M, N), "bias": (N,), "rowv": (M, 1)}
+
+    @drawn(200, 5150)
+    @given(_k_split_case())
+    def check(case):
+        src, reduced = case
+        outputs = {"D": ((M, N), F64), **({"r": ((M, 1), F64)} if reduced else {})}
+        operands = {**{k: (v, F64) for k, v in shapes.items()}, "alpha": 0.75}
+        r = sharding.rules_of(parse_epilogue(src), (M, K), (K, N), F64, operands, outputs)
+        if INNER in r.refused:
+            assert "line " in r.refused[INNER] or "does not depend" in r.refused[INNER], \
+                r.refused[INNER]
+            return
+        g = torch.Generator().manual_seed(len(src))
+        vals = {k: torch.randn(v, generator=g, dtype=F64) for k, v in shapes.items()}
+        vals["alpha"] = 0.75
+        outs = {k: torch.empty(v[0], dtype=F64) for k, v in outputs.items()}
+        dag = bind(parse_epilogue(src), {**vals, **outs}, (1, M, N))
+        a1, a2 = (torch.randn(M, N, generator=g, dtype=F64) for _ in range(2))
+        whole = reference.evaluate(dag, a1 + a2, vals, compute_dtype=F64, cast=False)
+        first = reference.evaluate(dag, a1, vals, compute_dtype=F64, cast=False)
+        zeros = {k: (torch.zeros_like(v) if k in r.summands else v) for k, v in vals.items()}
+        second = reference.evaluate(dag, a2, zeros, compute_dtype=F64, cast=False)
+        for name in outputs:
+            torch.testing.assert_close(first[name] + second[name], whole[name],
+                                       rtol=1e-9, atol=1e-9, msg=lambda m: f"{src}\n{m}")
+
+    check()
