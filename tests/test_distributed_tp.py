@@ -77,22 +77,26 @@ def _linear_worker(rank: int, world: int) -> None:
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(2)
     x = torch.randn(3, 4, 16, generator=g)
-    torch.manual_seed(3)
-    model = torch.nn.Sequential(
-        evtfuse.nn.Linear(16, 32, epilogue=evtfuse.nn.with_activation("gelu_tanh")),
-        evtfuse.nn.Linear(32, 16))
-    ref = copy.deepcopy(model)
-    parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
-    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    y = model(x1)
-    want = ref(x2)
-    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
-    y.pow(2).sum().backward()
-    want.pow(2).sum().backward()
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-5,
-                                   msg=lambda m: f"{name}: {m}")
+    # the row-parallel Linear: accum + bias, and an epilogue linear in accum and the bias
+    # (each rank's epilogue of its partial sum, its part of the bias on the first rank)
+    scaled = "def scaled(accum, bias, alpha):\n    D = alpha * (accum - bias)\n    return D"
+    for second in ({}, {"epilogue": scaled, "alpha": 0.5}):
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(
+            evtfuse.nn.Linear(16, 32, epilogue=evtfuse.nn.with_activation("gelu_tanh")),
+            evtfuse.nn.Linear(32, 16, **second))
+        ref = copy.deepcopy(model)
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        y = model(x1)
+        want = ref(x2)
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+        y.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"{second} {name}: {m}")
     softmax = evtfuse.nn.Linear(16, 32, epilogue="def e(accum, bias):\n"
                                 "    D = softmax(accum + bias)\n    return D")
     parallelize_module(softmax, mesh, ColwiseParallel())
@@ -106,6 +110,7 @@ def _linear_worker(rank: int, world: int) -> None:
 
 def test_colwise_rowwise_parallel_linears_match_unsharded():
     """evtfuse.nn.Linear under ColwiseParallel (a fused GELU on each rank's columns) then
-    RowwiseParallel (accum + bias after the all-reduce): output and gradients as unsharded;
-    an epilogue that cannot be sharded is an error saying why."""
+    RowwiseParallel (accum + bias, or alpha * (accum - bias), on each rank's partial sum,
+    then one all-reduce): output and gradients as unsharded; an epilogue that cannot be
+    sharded is an error saying why."""
     run_ranks(_linear_worker)

@@ -92,6 +92,7 @@ class Linear(torch.nn.Linear):
         self._name = parsed.name
         # what tensor parallelism asks of the epilogue (_tensor_parallel), read once
         self._columnwise, self._outputs = parsed.columnwise, len(parsed.outputs)
+        self._parsed = parsed
         self._epilogue_repr = describe_epilogue(self.epilogue, parsed)
         self.operands = operands
 
@@ -122,9 +123,10 @@ class Linear(torch.nn.Linear):
         ``ColwiseParallel`` (weight and bias ``Shard(0)``: each rank computes its columns of
         the output, the epilogue on them as it is, when each output column depends on its
         own column alone: ``ParsedEpilogue.columnwise``) or ``RowwiseParallel`` (weight
-        ``Shard(1)``: each rank's product is a partial sum, so only ``accum`` (+ bias) can
-        run before the all-reduce that sums them). Operands other than the bias must be
-        numbers. The result is a DTensor, placed ``Shard(-1)`` or ``Replicate()``, as the
+        ``Shard(1)``: each rank's product is a partial sum, so the epilogue runs on it where
+        its output is linear in the accumulator and the bias, ``runtime.sharding``'s split of
+        K, each rank's part then summed by one all-reduce). Operands other than the bias
+        must be numbers. The result is a DTensor, placed ``Shard(-1)`` or ``Replicate()``, as the
         parallel styles' output hooks expect."""
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -160,21 +162,37 @@ class Linear(torch.nn.Linear):
                        **given)
             out = out.reshape(*local.shape[:-1], out.shape[-1])
             return DTensor.from_local(out, mesh, [Shard(out.dim() - 1)], run_check=False)
-        if self.epilogue not in (BIAS, NO_BIAS):
-            raise EpilogueError(
-                f"evtfuse.nn.Linear under RowwiseParallel: each rank's product is a partial "
-                f"sum, so the epilogue {self._name} (anything but accum + bias) cannot run "
-                "before their all-reduce; parallelize this Linear with ColwiseParallel, or "
-                "apply the epilogue after the layer", variable="epilogue")
         xd = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(x.dim() - 1)],
                                                                 run_check=False)
-        local = xd.to_local()
-        flat = local if local.dim() == 2 else local.reshape(-1, local.shape[-1])
-        part = gemm(flat, w.to_local().t(), NO_BIAS, backward=self.backward_mode)
-        part = part.reshape(*local.shape[:-1], part.shape[-1])
-        y = DTensor.from_local(part, mesh, [Partial()], run_check=False).redistribute(
-            mesh, [Replicate()])
-        return y + self.bias if self.bias is not None else y
+        flat = xd if xd.dim() == 2 else xd.reshape(-1, xd.shape[-1])
+        self._rowwise_check(flat, w, bias)
+        if self._takes_bias:
+            given["bias"] = self.bias if isinstance(self.bias, DTensor) else \
+                DTensor.from_local(bias, mesh, [Replicate()], run_check=False)
+        # D given placed Partial: each rank computes its part (never a gathered weight)
+        D = DTensor.from_local(torch.empty(flat.shape[0], w.shape[0], dtype=flat.dtype,
+                                           device=flat.device), mesh, [Partial()],
+                               run_check=False)
+        out = gemm(flat, w.t(), self.epilogue, backward=self.backward_mode, D=D, **given)
+        y = out.redistribute(mesh, [Replicate()])  # the all-reduce of the ranks' parts
+        return y if xd.dim() == 2 else y.reshape(*xd.shape[:-1], y.shape[-1])
+
+    def _rowwise_check(self, flat, w, bias) -> None:
+        """Under ``RowwiseParallel``: an ``EpilogueError`` where the epilogue's output is not
+        linear in the accumulator and the bias (the rule's reason, naming the line)."""
+        from .runtime import sharding
+
+        operands: dict[str, Any] = {k: v for k, v in self.operands.items()}
+        if self._takes_bias:
+            operands["bias"] = (tuple(bias.shape), bias.dtype)
+        rules = sharding.rules_of(self._parsed, tuple(flat.shape), (w.shape[1], w.shape[0]),
+                                  flat.dtype, operands,
+                                  {"D": ((flat.shape[0], w.shape[0]), flat.dtype)})
+        if sharding.INNER in rules.refused:
+            raise EpilogueError(
+                f"evtfuse.nn.Linear under RowwiseParallel: each rank's product is a partial "
+                f"sum, and {rules.refused[sharding.INNER]}; parallelize this Linear with "
+                "ColwiseParallel, or apply the epilogue after the layer", variable="epilogue")
 
     def extra_repr(self) -> str:
         parts = [super().extra_repr(), f"epilogue={self._epilogue_repr}"]
