@@ -12,7 +12,11 @@ default mode); ``evtfuse``, ``GatedMLP``; ``evtfuse_compile``, it under ``torch.
 Time: the median of interleaved rounds, each round timing every variant once
 (``triton.testing.do_bench``, median, gradients set to None between steps); peak memory
 beyond the weights, input and gradients; each variant's output and gradients against
-torch eager's (relative norms). Results: JSON (``--out``) and a markdown table.
+torch eager's (relative norms). ``kernels``: the block's two fused GEMMs each timed alone in
+the same run (``do_bench`` medians: the up projection storing gate, up and the activation,
+and the backward's ``dy @ W_down`` with the derived epilogue), beside cuBLAS's plain GEMMs
+of the same shapes: which of the two holds the block's gap. Results: JSON (``--out``) and a
+markdown table.
 """
 
 from __future__ import annotations
@@ -59,6 +63,34 @@ def _rel(got, want) -> float:
 def _ms(fn, grads) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, grad_to_none=grads,
                                    return_mode="median")
+
+
+def _fused_alone(block: GatedMLP, x, dy, w1, w2) -> dict:
+    """``do_bench`` medians of the block's two fused GEMMs as its forward and backward call
+    them, and of cuBLAS's plain GEMMs of the same shapes (``w1``, ``w2``: weights of those
+    shapes)."""
+    from evtfuse.runtime import calls
+
+    act, width = block.activation, block.gate_proj.weight.shape[0]
+    joined = mlp_ops._weight1(block.gate_proj.weight.detach(), block.up_proj.weight.detach())
+    p = x.new_empty((x.shape[0], 2 * width))
+    dp = torch.empty_like(p)
+    a = x.new_empty((x.shape[0], width))
+    up = mlp_ops.up_source(act, True, False, x.dtype)
+    w_down = block.down_proj.weight.detach()
+
+    def bench(fn):
+        fn()
+        return triton.testing.do_bench(fn, warmup=10, rep=200, return_mode="median")
+
+    with torch.no_grad():
+        return {
+            "up_evtfuse": bench(lambda: calls.plain_gemm(x, joined.t(), up, D=a, G=p[:, :width],
+                                                         U=p[:, width:], tune=mlp_ops.TUNE)),
+            "up_cublas": bench(lambda: torch.mm(x, w1.t())),
+            "down_grad_evtfuse": bench(lambda: torch.ops.evtfuse.mlp_down_grad.default(
+                dy, w_down, p, dp, act, True, True)),
+            "down_grad_cublas": bench(lambda: torch.mm(dy, w2))}
 
 
 def main() -> None:
@@ -161,6 +193,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, step in steps.items():
             results["variants"][name]["ms"].append(_ms(step, leaves[name]))
+    if "evtfuse" in steps:
+        results["kernels"] = _fused_alone(block, xd, dy, w1, w2)
+        print("the fused GEMMs alone (ms):", results["kernels"])
     for name in args.profile.split(","):
         if name in steps:
             prof = kernel_profile(steps[name], leaves[name], steps=3)
