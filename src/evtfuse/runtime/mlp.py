@@ -30,9 +30,9 @@ and a second one fails clearly). Under torch.compile it is a new tensor: Inducto
 reinplace a mutation of a tensor the forward saved (a graph input of the backward), and
 would copy ``p`` onto itself first, a pass over it; a new ``dp`` costs its memory instead. Then ``dx = dp @
 W1``, ``dW1 = dp.T @ x`` and ``dW2 = dy.T @ A`` are torch matmuls in the autograd formula
-(``dp`` is one (tokens, 2I) tensor; dx one matmul over ``[W_gate; W_up]`` where they lie
-one after the other (eagerly), else its two halves times W_gate and W_up, summed by the
-second matmul). The forward reads W1 as one (2I, H) view where gate and up weights lie
+(``dp`` is one (tokens, 2I) tensor; dx, ``evtfuse::mlp_dx``, one matmul over ``[W_gate;
+W_up]`` where they lie one after the other, else its two halves times W_gate and W_up,
+summed by the second matmul). The forward reads W1 as one (2I, H) view where gate and up weights lie
 one after the other in memory, as ``evtfuse.nn.GatedMLP`` keeps them (concatenated per
 call otherwise).
 """
@@ -59,6 +59,7 @@ _lib.define("mlp(Tensor x, Tensor w1a, Tensor? w1b, Tensor w2, str activation, T
             "Tensor? b1b, Tensor? b2, bool keep=True) -> (Tensor, Tensor)")
 _lib.define("mlp_down_grad(Tensor dy, Tensor w2, Tensor p, Tensor(a!) dp, str activation, "
             "bool gated, bool keep_a) -> Tensor")
+_lib.define("mlp_dx(Tensor dp, Tensor w1a, Tensor w1b) -> Tensor")
 
 
 # ------------------------------------------------------------------ epilogues
@@ -207,6 +208,22 @@ def _down_grad_op(dy, w2, p, dp, activation, gated, keep_a):
     return _empty(p) if a is None else a
 
 
+def _dx_op(dp, w1a, w1b):
+    """dx of a gated block, ``dp @ [W_gate; W_up]``: one matmul of K = 2I where the two
+    weights lie one after the other (``_weight1``), else two of K = I summed by addmm. An
+    operator of its own, so that a compiled backward (whose traced tensors have no data
+    pointers) takes the one matmul too."""
+    w1 = _weight1(w1a, w1b)
+    if w1 is not None:
+        return dp @ w1
+    width = w1a.shape[0]
+    return torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a)
+
+
+def _dx_fake(dp, w1a, w1b):
+    return dp.new_empty((dp.shape[0], w1a.shape[1]))
+
+
 def _down_grad_fake(dy, w2, p, dp, activation, gated, keep_a):
     width = p.shape[1] // 2 if gated else p.shape[1]
     return p.new_empty((p.shape[0], width)) if keep_a else _empty(p)
@@ -216,6 +233,8 @@ _lib.impl("mlp", _forward, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::mlp", _forward_fake, lib=_lib)
 _lib.impl("mlp_down_grad", _down_grad_op, "CompositeExplicitAutograd")
 torch.library.register_fake("evtfuse::mlp_down_grad", _down_grad_fake, lib=_lib)
+_lib.impl("mlp_dx", _dx_op, "CompositeExplicitAutograd")
+torch.library.register_fake("evtfuse::mlp_dx", _dx_fake, lib=_lib)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -249,10 +268,8 @@ def _backward(ctx, dy, unused_dp):
     dp = torch.empty_like(p) if torch.compiler.is_compiling() else p
     a = torch.ops.evtfuse.mlp_down_grad.default(dy, w2, p, dp, ctx.activation, gated, need[3])
     dx = dw1 = db1 = None
-    if want_x:  # dp @ [W_gate; W_up]: one matmul of K = 2I where the weights lie one
-        # after the other (eagerly: a traced backward has no data pointers), else two
-        w1 = None if torch.compiler.is_compiling() else _weight1(w1a, w1b)
-        dx = dp @ w1 if w1 is not None else torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a)
+    if want_x:  # dp @ [W_gate; W_up]
+        dx = torch.ops.evtfuse.mlp_dx.default(dp, w1a, w1b) if gated else dp @ w1a
     if want_w1:
         dw1 = dp.t() @ x
     if want_b1:
