@@ -410,6 +410,54 @@ def test_moe_loss_with_the_routers_auxiliary_loss_matches_the_original(kind):
     assert abs(plain.item() - want.loss.item()) > 1e-3
 
 
+# other mixture-of-experts families whose causal-LM forward is Qwen3-MoE's: (config, model
+# class, sizes, what patch makes of the experts: None where they are left, as gpt-oss's
+# biased, clamped experts are)
+OTHER_MOE = {
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(moe_intermediate_size=24, shared_expert_intermediate_size=40,
+                       num_experts=4, num_experts_per_tok=2), "silu"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
+              dict(intermediate_size=24, num_experts=4, num_experts_per_tok=2), "silu"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                     layer_types=["full_attention", "full_attention"]), None),
+}
+
+
+@pytest.mark.parametrize("kind", quick(sorted(OTHER_MOE), ["qwen2_moe"]))
+def test_other_moe_families_match_the_original(kind):
+    """Qwen2-MoE (a shared expert beside the routed ones: a LlamaMLP-shaped block, patched),
+    OLMoE and gpt-oss share Qwen3-MoE's causal-LM forward: their loss (the router's term
+    included) runs through linear_cross_entropy and their experts through evtfuse's where
+    it computes them exactly; loss and every gradient as the original's."""
+    import transformers
+
+    config_name, model_name, sizes, act = OTHER_MOE[kind]
+    config = getattr(transformers, config_name)(**{**SMALL, "num_hidden_layers": 2, **sizes},
+                                                output_router_logits=True)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).float()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    model.set_experts_implementation("eager")
+    patched = patch(copy.deepcopy(model))
+    report = patched.evtfuse_patch
+    assert report.loss == "lm_head" and "plus the router's auxiliary loss" in str(report)
+    want_experts = [] if act is None else [(f"model.layers.{i}.mlp.experts", act)
+                                           for i in range(2)]
+    assert report.experts == want_experts, report
+    if kind == "qwen2_moe":
+        assert [n for n, _ in report.mlps] == [f"model.layers.{i}.mlp.shared_expert"
+                                               for i in range(2)]
+    ids, labels = _batch()
+    want, got = model(ids, labels=labels), patched(ids, labels=labels)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    got.loss.backward()
+    assert _worst_grad_error(model, patched) < 1e-4
+
+
 def test_moe_experts_left_run_their_eager_forward():
     """An experts module whose activation evtfuse does not compute is left (the report
     says why) and runs its eager forward under "evtfuse" (a warning says why)."""

@@ -38,7 +38,7 @@ from .runtime.device import is_dtensor
 # the model types the tests run (tests/test_hf.py); others are patched where their modules'
 # forwards are the same statements as these
 TESTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                      "qwen3_moe", "mixtral")
+                      "qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss")
 INSTALL = "pip install evtfuse[hf]"
 _SLOT = "_evtfuse_head_slot"  # the lm_head attribute the capturing hook reads and writes
 # the keywords of a model call that transformers' ForCausalLMLoss reads
