@@ -137,6 +137,73 @@ def _partial_worker(rank: int, world: int) -> None:
                                        msg=lambda m: f"{src!r} d{name}: {m}")
 
 
+LSE = ("def e(accum, bias):\n    D = accum + bias\n    s = logsumexp(D)\n"
+       "    return D, s")
+
+
+def _lse_worker(rank: int, world: int) -> None:
+    import evtfuse
+    from evtfuse.runtime import torch_op
+    from evtfuse.runtime.calls import epilogue_of
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    A, B, bias, _ = _inputs()
+
+    def call(b, *args, **kw):
+        return evtfuse.gemm(distribute_tensor(A, mesh, [Replicate()]),
+                            distribute_tensor(B, mesh, [Shard(1)]), LSE,
+                            bias=distribute_tensor(b, mesh, [Shard(0)]), *args, **kw)
+
+    # without gradients: the columns split, each rank's logsumexp of its shard combined
+    # (max, then the sum of exponentials: two all-reduces), a row of -inf too
+    for b in (bias, torch.full((N,), float("-inf"))):
+        want = evtfuse.gemm(A, B, LSE, bias=b, s=torch.empty(M, 1))
+        with torch.no_grad():
+            got = call(b, s=DTensor.from_local(torch.empty(M, 1), mesh, [Replicate()],
+                                               run_check=False))
+        assert [x.placements for x in got] == [(Shard(1),), (Replicate(),)]
+        for x, w in zip(got, want):
+            torch.testing.assert_close(x.full_tensor(), w, **TOL)
+    # with gradients: through the combine, every gradient as one process's
+    ref = [t.clone().requires_grad_(True) for t in (A, B, bias)]
+    want = evtfuse.gemm(ref[0], ref[1], LSE, bias=ref[2], s=torch.empty(M, 1))
+    g = torch.Generator().manual_seed(12)
+    ups = [torch.randn(w.shape, generator=g) for w in want]
+    torch.autograd.backward(want, ups)
+    mine = [distribute_tensor(t, mesh, [p]).requires_grad_(True)
+            for t, p in zip((A, B, bias), (Replicate(), Shard(1), Shard(0)))]
+    got = evtfuse.gemm(mine[0], mine[1], LSE, bias=mine[2],
+                       s=DTensor.from_local(torch.empty(M, 1), mesh, [Replicate()],
+                                            run_check=False))
+    assert [x.placements for x in got] == [(Shard(1),), (Replicate(),)]
+    torch.autograd.backward([x.full_tensor() for x in got], ups)
+    for name, t, r in zip(("A", "B", "bias"), mine, ref):
+        torch.testing.assert_close(t.grad.full_tensor(), r.grad, **TOL,
+                                   msg=lambda m: f"d{name}: {m}")
+    # the operator itself cannot combine them: DTensor gathers B, computed replicated
+    D = DTensor.from_local(torch.zeros(M, N), mesh, [Replicate()], run_check=False)
+    s = DTensor.from_local(torch.zeros(M, 1), mesh, [Replicate()], run_check=False)
+    layout = torch_op.layout_text(("bias",), (), (), ("D", "s"), 0, epilogue_of(LSE).where,
+                                  False, ("none", False, True, None))
+    torch_op.call(distribute_tensor(A, mesh, [Replicate()]),
+                  distribute_tensor(B, mesh, [Shard(1)]), LSE, layout,
+                  [distribute_tensor(bias, mesh, [Shard(0)])], [], [D, s])
+    want = evtfuse.gemm(A, B, LSE, bias=bias, s=torch.empty(M, 1))
+    torch.testing.assert_close(D.full_tensor(), want[0], **TOL)
+    torch.testing.assert_close(s.full_tensor(), want[1], **TOL)
+
+
+@pytest.mark.slow
+def test_row_logsumexp_over_sharded_columns_is_combined():
+    """A row's logsumexp over column shards (B and the bias sharded on N): each rank's
+    result for its shard, combined by evtfuse.gemm (the ranks' max, then the sum of
+    exponentials), equals one process's, rows of -inf too, with every gradient; the
+    operator on DTensors, which cannot combine it, computes it replicated."""
+    run_ranks(_lse_worker)
+
+
 @pytest.mark.slow
 def test_row_reductions_over_sharded_columns_stay_partial():
     """A row's sum, max and min over column shards (A replicated, B and the bias sharded on

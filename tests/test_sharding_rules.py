@@ -44,8 +44,8 @@ def test_an_elementwise_epilogue_splits_over_rows_and_columns():
 @pytest.mark.parametrize("src,outputs,mode,words", [
     ("def e(accum):\n    D = softmax(accum)\n    return D", None, COLUMNS,
      "line 2: softmax or log_softmax (a function of the whole row) reduces over the columns"),
-    ("def e(accum):\n    D = accum\n    s = logsumexp(accum)\n    return D, s",
-     {"D": ((M, N), F32), "s": ((M, 1), F32)}, COLUMNS, "line 3: s = logsumexp(...) reduces "
+    ("def e(accum):\n    s = logsumexp(accum)\n    D = accum - s\n    return D, s",
+     {"D": ((M, N), F32), "s": ((M, 1), F32)}, COLUMNS, "line 2: s = logsumexp(...) reduces "
      "over the columns"),
     ("def e(accum):\n    D = accum\n    c = sum(accum)\n    return D, c",
      {"D": ((M, N), F32), "c": ((N,), F32)}, ROWS, "reduces over the rows"),
@@ -150,6 +150,17 @@ def test_k_splits_where_every_output_is_linear_in_the_partial_sums(src, operands
         return
     assert INNER not in r.refused and r.allows(INNER, 2) and r.summands == summands | set(outputs)
     assert not r.allows(INNER, K + 1)  # a rank with no index of K
+
+
+def test_a_stored_row_logsumexp_splits_the_columns_combined_by_gemm():
+    from torch.distributed.tensor import Replicate, Shard
+
+    r = rules("def e(accum):\n    D = accum\n    s = logsumexp(accum)\n    return D, s",
+              outputs={"D": ((M, N), F32), "s": ((M, 1), F32)})
+    assert COLUMNS not in r.refused and r.combined == {"s"}
+    assert sharding.placements_of(r, [COLUMNS], "s") == (Replicate(),)  # after the combine
+    assert sharding.placements_of(r, [COLUMNS], "D") == (Shard(1),)
+    assert COLUMNS not in sharding.for_gradients(r).refused  # its gradient flows back
 
 
 def test_placements_under_a_k_split():

@@ -84,8 +84,8 @@ def gemm(A: torch.Tensor, B: torch.Tensor,
     outputs = epi.outputs
     dist = _dtensor_call("gemm", A, B, None, epi, named, dtypes, tensors, tnames, nones,
                          outs, onames, lambda: output_shape(A, B, epi.gated), bool(grad))
-    if dist is not None and grad:  # on the local shards, differentiable (runtime.dtensor_call)
-        return dist.run_local(
+    if dist is not None and (grad or dist.local_only):  # on the local shards, differentiable
+        return dist.run_local(  # (runtime.dtensor_call)
             lambda a, b, **kw: gemm(a, b, epilogue, tune=tune, allow_tf32=allow_tf32,
                                     fp8_fast_accum=fp8_fast_accum,
                                     accumulator_type=accumulator_type, cc=cc, backward=backward,
@@ -140,8 +140,8 @@ def grouped_gemm(A: torch.Tensor, B: torch.Tensor, offs: torch.Tensor,
     shape = grouped_shape(A, B, offs, epi.gated)
     dist = _dtensor_call("grouped_gemm", A, B, offs, epi, named, dtypes, tensors, tnames,
                          nones, outs, onames, shape, bool(grad))
-    if dist is not None and grad:  # on the local shards, differentiable (runtime.dtensor_call)
-        return dist.run_local(
+    if dist is not None and (grad or dist.local_only):  # on the local shards, differentiable
+        return dist.run_local(  # (runtime.dtensor_call)
             lambda a, b, o, **kw: grouped_gemm(a, b, o, epilogue, tune=tune,
                                                allow_tf32=allow_tf32,
                                                fp8_fast_accum=fp8_fast_accum,

@@ -9,7 +9,9 @@ per mesh dimension the mode that moves the fewest bytes, among those the epilogu
   chosen modes place them (``allocate``) and calls the operator on the DTensors: DTensor
   dispatches it through the registered strategies, which keep every output where it is
   and redistribute the inputs;
-- with gradients (an input requires grad), ``run_local`` redistributes each input to the
+- with gradients (an input requires grad), or with a row's logsumexp over column shards
+  (``local_only``: combined after the run, ``_combined_logsumexp``, as no DTensor
+  placement can), ``run_local`` redistributes each input to the
   chosen placements and takes its local shard (``to_local``, differentiable, told where
   each rank's gradient lies: ``sharding.grad_placements_of``, Partial() for an input the
   mode replicates), runs ``evtfuse.gemm`` on the shards (evtfuse's own backward, on local
@@ -93,6 +95,12 @@ class DTensorCall:
     def placements(self, name: str) -> tuple:
         return sharding.placements_of(self.rules, self.modes, name)
 
+    @property
+    def local_only(self) -> bool:
+        """Whether the call runs on the local shards even without gradients: an output
+        (a row's logsumexp over column shards) that ``run_local`` combines itself."""
+        return sharding.COLUMNS in self.modes and bool(self.rules.combined)
+
     def allocate(self, outs: list, onames: list) -> None:
         """Append the missing outputs to ``outs`` / ``onames``: DTensors in their global
         shapes, placed as the chosen modes place them (what the operator's strategies then
@@ -151,6 +159,8 @@ class DTensorCall:
             if r is None:
                 results.append(None)
                 continue
+            if name in self.rules.combined:
+                r = self._combined_logsumexp(name, r)
             shape = tuple(given[name].shape) if name in given else self.missing[name][0]
             wrapped = api.DTensor.from_local(r, self.mesh, self.placements(name),
                                              run_check=False, shape=torch.Size(shape),
@@ -160,6 +170,25 @@ class DTensorCall:
                 wrapped = given[name]
             results.append(wrapped)
         return results[0] if len(outputs) == 1 else tuple(results)
+
+    def _combined_logsumexp(self, name: str, r: torch.Tensor) -> torch.Tensor:
+        """A row's logsumexp over the whole row from each column shard's (``r``): ``m +
+        log(sum(exp(r - m)))`` with ``m`` the ranks' largest (held fixed: any m gives the
+        same value), two all-reduces over the mesh dimensions that split the columns;
+        differentiable (each rank's ``r`` gets its share of the gradient)."""
+        api = self.api
+        final = self.placements(name)
+        split = [d for d, m in enumerate(self.modes) if m == sharding.COLUMNS]
+
+        def all_reduce(local, op):
+            placed = [api.Partial(op) if d in split else p for d, p in enumerate(final)]
+            return api.DTensor.from_local(local, self.mesh, placed, run_check=False) \
+                .redistribute(self.mesh, final).to_local()
+
+        x = r.float()  # a 16-bit output's shards combined in fp32, rounded once
+        m = all_reduce(x.detach(), "max")
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # rows of inf or -inf
+        return (m + torch.log(all_reduce(torch.exp(x - m), "sum"))).to(r.dtype)
 
     def _shard_of_output(self, name: str, out, keep: bool) -> torch.Tensor:
         """A local tensor for the shard of a given output ``out``: a copy of its shard where

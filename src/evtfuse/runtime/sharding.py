@@ -15,9 +15,11 @@ device mesh, in one of these *modes*:
 - ``columns``: B's columns (N) sharded, A replicated; each operand and output spanning N
   sharded on it alike (a bias (N,), a full (M, N) tensor), the others replicated. Allowed
   when no output column depends on another column: no reduction to a value lacking N (a
-  row's ``logsumexp``, softmax's max) but a row's ``sum``, ``max`` or ``min`` that is only
-  stored (``Rules.partial``: each rank's is its shard's part, placed ``Partial(op)``; with
-  gradients a sum only, ``for_gradients``), no row function (``softmax``), no
+  row's ``logsumexp`` read by another node, softmax's max) but a row's ``sum``, ``max``,
+  ``min`` or ``logsumexp`` that is only stored (``Rules.partial``: each rank's is its
+  shard's part, placed ``Partial(op)``, a logsumexp combined by ``dtensor_call`` and placed
+  ``Replicate()``, ``Rules.combined``; with gradients a sum or a logsumexp only,
+  ``for_gradients``), no row function (``softmax``), no
   ``col_index()`` (a shard's column 0 is not the problem's), not gated (``pairs(accum)``).
 - ``rows``: A's rows (M) sharded, B replicated; operands and outputs spanning M sharded on
   it. Allowed when no value lacking M is reduced from the rows (a column's or the whole
@@ -78,8 +80,8 @@ from ..frontend import bind
 from . import cross_entropy  # noqa: F401  (defines the operators whose rules _register_ce adds)
 from . import device
 from .grad_plan import full_shape, problem_of
-from .splits import (BATCHES, COLUMNS, INNER, MODES, PARTIAL_OPS, REPLICATE, ROWS,  # noqa: F401
-                     mixing, row_partials, summands)
+from .splits import (BATCHES, COLUMNS, COMBINED_OPS, INNER, MODES, PARTIAL_OPS,  # noqa: F401
+                     REPLICATE, ROWS, mixing, row_partials, summands)
 from .torch_op import parse_layout, parsed_of, unwire
 
 log = logging.getLogger("evtfuse")
@@ -110,6 +112,13 @@ class Rules:
     summands: frozenset = frozenset()
     outputs: frozenset = frozenset()  # the stored outputs' names
 
+    @property
+    def combined(self) -> frozenset:
+        """The outputs of ``partial`` that no Partial placement combines (a row's
+        ``logsumexp``): ``evtfuse.gemm`` combines each rank's after the local run
+        (``dtensor_call``); the operator itself cannot, so its strategies refuse the columns."""
+        return frozenset(n for n, op in self.partial.items() if op in COMBINED_OPS)
+
     def allows(self, mode: str, parts: int = 1) -> bool:
         """Whether ``mode`` is allowed over a mesh dimension of ``parts`` ranks (each rank
         gets at least one index of the axis it shards)."""
@@ -124,6 +133,8 @@ class Rules:
         if mode == REPLICATE:
             return Replicate()
         if mode == COLUMNS and name in self.partial:
+            if name in self.combined:  # combined by evtfuse.gemm after the shards' run
+                return Replicate()
             return _torch_api().Partial(self.partial[name])
         if mode == INNER:
             if name in self.kdims:
@@ -229,7 +240,7 @@ def for_gradients(rules: Rules) -> Rules:
     (its gradient belongs to the rank whose shard held the extreme, where DTensor hands
     every rank the whole gradient of a Partial output); a partial ``sum``'s gradient is
     each rank's as it is."""
-    other = sorted(n for n, op in rules.partial.items() if op != "sum")
+    other = sorted(n for n, op in rules.partial.items() if op not in ("sum", *COMBINED_OPS))
     if not other:
         return rules
     refused = {**rules.refused, COLUMNS: f"its output {other[0]} is the {rules.partial[other[0]]} "
@@ -362,6 +373,11 @@ def _strategies(call: str, A, B, epilogue, layout, tensors, scalars, outs, offs=
     some mesh dimension (``fitting``; ``_pin_outputs`` drops their combinations that would
     move one)."""
     rules, lay = _call_rules(A, B, epilogue, layout, tensors, scalars, outs, offs)
+    if rules.combined:  # a logsumexp of column shards: only evtfuse.gemm combines them
+        name = sorted(rules.combined)[0]
+        rules = replace(rules, refused={**rules.refused, COLUMNS: (
+            f"its output {name} is the logsumexp of each row, which the operator cannot "
+            "combine over column shards (evtfuse.gemm on DTensors does)")})
     names = ["A", "B", *(["offs"] if offs is not None else []), *lay.tensors, *lay.outs]
     fixed = {n: tuple(t.placements) for n, t in zip(lay.outs, outs)}
     keep: list[str] = []

@@ -18,6 +18,7 @@ from ..optable import Category
 REPLICATE, COLUMNS, ROWS, BATCHES, INNER = "replicate", "columns", "rows", "batches", "inner"
 MODES = (REPLICATE, COLUMNS, ROWS, BATCHES, INNER)
 PARTIAL_OPS = ("sum", "max", "min")  # a row's reduction that its shards' results combine into
+COMBINED_OPS = ("logsumexp",)  # one whose shards' results evtfuse.gemm combines itself
 
 
 def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
@@ -94,7 +95,8 @@ def row_partials(dag) -> dict[str, str]:
     out = {}
     for o in dag.outputs:
         n = o.node
-        if n.kind is NodeKind.REDUCE and n.space is Space.ROW and n.op in PARTIAL_OPS \
+        if n.kind is NodeKind.REDUCE and n.space is Space.ROW \
+                and n.op in PARTIAL_OPS + COMBINED_OPS \
                 and id(n) not in read:
             out[o.name] = n.op
     return out
