@@ -78,3 +78,35 @@ def _worker(rank: int, world: int, path: str) -> None:
 def test_patched_llama_under_transformers_tensor_parallelism_trains_as_unsharded():
     with tempfile.TemporaryDirectory() as path:
         run_ranks(_worker, path)
+
+
+@pytest.mark.slow
+def test_distributed_benchmark_runs_tiny(tmp_path):
+    """benchmarks/distributed.py --tiny (two CPU processes, the interpreter): the
+    vocab-parallel loss against one process's, and the tensor-parallel Llama patched and
+    not, eager and compiled, each with a time, the patched ones' loss and gradients as the
+    original's."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "dist.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "distributed.py"), "--tiny", "--compile",
+           "--rounds", "1", "--steps", "1", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"), TRITON_INTERPRET="1",
+               CUDA_VISIBLE_DEVICES="", EVTFUSE_CACHE_DIR=str(tmp_path / "cache"))
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    lce = report["lce"]["vocab_parallel_2"]
+    assert lce["ms"] > 0 and lce["loss_rel"] < 1e-6 and lce["dh_rel"] < 1e-5 \
+        and lce["dw_rows_rel"] < 1e-5, lce
+    results = report["llama"]["results"]
+    assert list(results) == ["original", "patched", "original_compile", "patched_compile"]
+    for name, r in results.items():
+        assert "error" not in r and r["ms"] > 0, (name, r)
+        if name != "original":
+            assert r["loss_rel"] < 1e-5 and r["grad_rel_worst"] < 1e-4, (name, r)
