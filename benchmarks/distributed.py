@@ -143,8 +143,10 @@ def bench_llama(args, clock, device, dtype) -> dict:
     path = os.path.join(args.workdir, "llama")
     if rank == 0:
         torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(num_hidden_layers=args.layers, **sizes)).to(dtype) \
-            .save_pretrained(path)
+        with torch.device(device):  # random init on the GPU: seconds, not a minute
+            model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=args.layers, **sizes))
+        model.to(dtype).save_pretrained(path)
+        del model
     dist.barrier()
     batch, seq = args.tokens
     g = torch.Generator().manual_seed(1)

@@ -103,7 +103,7 @@ def build(name: str, layers: int, dtype: torch.dtype, device: str, tiny: bool,
     torch.manual_seed(0)
     with torch.device(device):
         model = getattr(transformers, model_cls)(config)
-    if name in TINY_MOE:
+    if name in TINY_MOE and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(experts)
     return model.to(dtype).train()
 
