@@ -65,6 +65,7 @@ declare -A shards=(
   [moe]="tests/gpu/test_gpu_moe.py|"
   [softmax]="tests/gpu/test_gpu_softmax.py|"
   [export]="tests/gpu/test_gpu_export_cutlass.py|"  # nvcc of CUTLASS 4.2 (.vendor/ wheel)
+  [distributed]="tests/gpu/test_gpu_distributed.py|"  # two GPUs (skipped on one)
 )
 for f in tests/gpu/test_*.py; do  # a GPU test file in no shard would never run
   [[ " ${shards[*]} " == *"$f"* ]] || { echo "gpu_tier.sh: $f is in no shard" >&2; exit 2; }
