@@ -25,6 +25,7 @@ require): a plain tensor among them is an ``EpilogueError`` naming it. A grouped
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -85,7 +86,7 @@ class DTensorCall:
             self.rules = sharding.for_gradients(self.rules)
         placed = {name: tuple(t.placements) for name, t in named}
         sizes = {name: t.numel() * t.element_size() for name, t in named}
-        sizes.update({name: _numel(shape) * dtype.itemsize
+        sizes.update({name: math.prod(int(d) for d in shape) * dtype.itemsize
                       for name, (shape, dtype) in missing.items()})
         fixed = {name: tuple(t.placements) for name, t in zip(onames, outs)}
         fits = sharding.fitting(call, self.rules, mesh, fixed)
@@ -203,13 +204,6 @@ class DTensorCall:
         # which evtfuse's recorded copy into it would be refused)
         return torch.empty_like(empty(tuple(out.shape), dtype=out.dtype, device_mesh=self.mesh,
                                       placements=want).to_local())
-
-
-def _numel(shape: tuple) -> int:
-    n = 1
-    for size in shape:
-        n *= int(size)
-    return n
 
 
 def _contiguous_stride(shape: tuple) -> tuple:

@@ -31,9 +31,12 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
     while True:
         degree: dict[int, int | None] = {}
         blame: dict[int, Any] = {}  # a node of degree None: the node that made it so
+        reads: dict[int, frozenset] = {}  # the operands each node reads, through its inputs
         grown = False
         for n in dag.nodes:
             ins = [degree[id(i)] for i in n.inputs]
+            reads[id(n)] = frozenset().union(*(reads[id(i)] for i in n.inputs)) | (
+                {n.operand.name} if n.kind is NodeKind.LOAD else set())
             if n.kind is NodeKind.ACCUM:
                 d = 1 if n.op is None else None
             elif n.kind is NodeKind.LOAD:
@@ -48,8 +51,7 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
                 d = 0 if all(x == 0 for x in ins) else None
             if d is None and n.kind is NodeKind.COMPUTE and n.op in ("add", "sub") \
                     and set(ins) == {0, 1}:  # a constant added to a partial sum
-                other = n.inputs[ins.index(0)]
-                loads = {x.operand.name for x in _leaves(other) if x.kind is NodeKind.LOAD}
+                loads = reads[id(n.inputs[ins.index(0)])]
                 if loads & tensors and not (loads & tensors) <= parts:
                     parts |= loads & tensors
                     grown = True
@@ -74,18 +76,6 @@ def summands(dag, tensors: set) -> tuple[str | None, frozenset]:
                     f"accumulator{' and the operands added to it' if parts else ''}, "
                     "so the parts of K cannot be summed after it"), frozenset()
         return None, frozenset(parts)
-
-
-def _leaves(node) -> list:
-    out, stack, seen = [], [node], set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        out.append(n)
-        stack.extend(n.inputs)
-    return out
 
 
 def row_partials(dag) -> dict[str, str]:
