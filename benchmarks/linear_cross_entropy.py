@@ -25,9 +25,9 @@ Peers:
 Time: ``triton.testing.do_bench`` median of whole steps (L2 flushed before each; the
 gradients set to None before each, so each step allocates them as a training step does);
 ``back_to_back_ms``: ten steps run back to back, L2 warm, the host free to run ahead, as a
-training loop runs them (the three cuBLAS GEMMs too, one after another): where the two
-differ for one peer and not for cuBLAS, that peer's single step waits on the host or on
-something a warm L2 hides.
+training loop runs them, the median of three runs (``evtfuse.bench.timing.back_to_back_ms``;
+the three cuBLAS GEMMs too, one after another): where the two differ for one peer and not
+for cuBLAS, that peer's single step waits on the host or on something a warm L2 hides.
 Memory: ``peak_beyond_mib``, the peak of one step after a warm-up step, minus what was
 allocated before it (inputs, weight, anything the peer keeps between calls) and minus the
 gradients' size; ``kept_mib``: what the warm-up step left allocated (workspaces a peer
@@ -54,7 +54,7 @@ import triton
 import triton.testing
 
 import evtfuse
-from evtfuse.bench.timing import kernel_profile, synchronizing_calls
+from evtfuse.bench.timing import back_to_back_ms, kernel_profile, synchronizing_calls
 from evtfuse.runtime import cross_entropy
 
 MIB = 1 << 20
@@ -66,23 +66,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def _ms(fn, grads=None) -> float:
     return triton.testing.do_bench(fn, warmup=100, rep=1000, grad_to_none=grads,
                                    return_mode="median")
-
-
-def _back_to_back(fn, grads=(), steps: int = 10) -> float:
-    """ms per step of ``steps`` calls run back to back (CUDA events around all of them, L2
-    warm, the host free to run ahead), as a training loop runs them: beside ``_ms``'s
-    single calls after an L2 flush, it tells time the GPU waits from time its kernels take."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        for t in grads:
-            t.grad = None
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
 
 
 def _rel(got, want) -> float:
@@ -135,7 +118,7 @@ class Bench:
         grads = sum(t.grad.nbytes for t in leaves if t.grad is not None)
         out["peak_beyond_mib"] = round((peak - base - grads) / MIB, 1)
         out["ms"] = _ms(step, leaves)
-        out["back_to_back_ms"] = _back_to_back(step, leaves)
+        out["back_to_back_ms"] = back_to_back_ms(step, leaves, steps=10)
         for t in leaves:
             t.grad = None
         print(f"  {name}: {out}", flush=True)
@@ -164,7 +147,7 @@ class Bench:
             torch.mm(G, W, out=dx)
             torch.mm(G.t(), h, out=dw)
 
-        out["back_to_back_ms"] = _back_to_back(three)
+        out["back_to_back_ms"] = back_to_back_ms(three, steps=10)
         print(f"  cublas: {out}", flush=True)
         return out
 

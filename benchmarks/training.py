@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import triton.testing
 
 import evtfuse
-from evtfuse.bench.timing import kernel_profile, synchronizing_calls
+from evtfuse.bench.timing import back_to_back_ms, kernel_profile, synchronizing_calls
 
 BF = torch.bfloat16
 ROUNDS = 5  # rounds of timing, every peer once per round
@@ -62,25 +62,6 @@ def _host_ms(fn, grads, steps: int = 10) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / steps * 1e3
-
-
-def _loop_ms(fn, grads, steps: int = 20) -> float:
-    """A step's time in ``steps`` back-to-back steps (CUDA events around the run; the
-    median of three runs)."""
-    fn()
-    runs = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(steps):
-            for p in grads:
-                p.grad = None
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        runs.append(start.elapsed_time(end) / steps)
-    return statistics.median(runs)
 
 
 def _peak_mib(fn) -> float:
@@ -178,7 +159,7 @@ def mlp_step(tokens: int = 8192, d_in: int = 4096, d_out: int = 14336) -> dict:
             out[f"{name}_host_ms"] = _host_ms(fn, grads)
             out[f"{name}_idle_before_ms"] = prof["idle_before"]
             out[f"{name}_syncs"] = synchronizing_calls(fn)
-            out[f"{name}_loop_ms"] = _loop_ms(fn, grads)
+            out[f"{name}_loop_ms"] = back_to_back_ms(fn, grads)
         except Exception as e:  # noqa: BLE001  (the profile is extra; the times stand)
             out[f"{name}_kernels_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if "evtfuse_ms" in out and "three_gemms_ms" in out:

@@ -105,6 +105,27 @@ def host_timed_s(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
+def back_to_back_ms(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
+                    steps: int = 20) -> float:
+    """A step's time in ``steps`` back-to-back steps, as a training loop runs them (L2 warm,
+    the host free to run ahead; CUDA events around the run, ``grads``' gradients set to None
+    before each step; the median of three runs), after one warm-up step. GPU only."""
+    fn()
+    runs = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(steps):
+            for t in grads:
+                t.grad = None
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        runs.append(start.elapsed_time(end) / steps)
+    return statistics.median(runs)
+
+
 def extra_memory_mib(fn: Callable[[], Any]) -> float:
     """Peak device memory one call allocates beyond what is held before it (MiB)."""
     torch.cuda.synchronize()
