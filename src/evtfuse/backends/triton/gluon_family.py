@@ -166,8 +166,10 @@ class GluonFamily(KernelFamily):
             return forced
         split = _gluon_split(dag)
         # narrower pieces also shrink the piece-staged outputs' buffers: take them when
-        # that buys A/B stages
-        if split < 4 and self._stages(dag, 4, elt) > self._stages(dag, split, elt):
+        # that buys A/B stages, or where halves would read the aux tiles through pointers
+        # (hundreds of spills: ``_ping_pong`` offers no such halves)
+        if split < 4 and (self._stages(dag, 4, elt) > self._stages(dag, split, elt)
+                          or self._reads_directly(dag, split, elt)):
             split = 4
         return split
 
@@ -431,10 +433,6 @@ class GluonFamily(KernelFamily):
             return self._gated_configs(dag, elt)
         split = self._split(dag, elt)
         out = self._ping_pong(dag, split, elt)
-        if not out and split < 4 and not self._forced_split() \
-                and self._reads_directly(dag, split, elt):
-            split = 4  # halves would read the aux tiles through pointers (spills): quarters
-            out = self._ping_pong(dag, split, elt)
         if not out:
             return []
         # the other piece count too, for the tuner: which wins depends on the epilogue
