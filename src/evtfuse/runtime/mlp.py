@@ -209,15 +209,14 @@ def _down_grad_op(dy, w2, p, dp, activation, gated, keep_a):
 
 
 def _dx_op(dp, w1a, w1b):
-    """dx of a gated block, ``dp @ [W_gate; W_up]``: one matmul of K = 2I where the two
-    weights lie one after the other (``_weight1``), else two of K = I summed by addmm. An
-    operator of its own, so that a compiled backward (whose traced tensors have no data
-    pointers) takes the one matmul too."""
+    """dx of a gated block, ``dp @ [W_gate; W_up]``: one matmul of K = 2I, over the two
+    weights in place where they lie one after the other (``_weight1``), else over their
+    concatenation (as the forward does): the same matmul either way, so eager and compiled
+    backwards agree bit for bit whatever the weights' placement (two matmuls of K = I
+    summed would round differently). An operator of its own, so that a compiled backward
+    (whose traced tensors have no data pointers) takes the one matmul too."""
     w1 = _weight1(w1a, w1b)
-    if w1 is not None:
-        return dp @ w1
-    width = w1a.shape[0]
-    return torch.addmm(dp[:, width:] @ w1b, dp[:, :width], w1a)
+    return dp @ (torch.cat((w1a, w1b)) if w1 is None else w1)
 
 
 def _dx_fake(dp, w1a, w1b):
