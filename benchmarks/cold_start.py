@@ -22,13 +22,16 @@ caches in a fresh folder:
 Each cell runs once per tuning mode of ``--tunes`` (default ``fast,background``), each
 mode on empty caches of its own. With ``tune="background"`` the fresh process goes on
 calling after its first call until the background tuning has switched (at most
-``--switch-calls`` calls): ``switch_calls`` and ``switch_s`` (calls and seconds from the end
-of the first call to the switch), ``tuning_call_ms`` (the slowest of those calls: one timing
+``--switch-s`` seconds of back-to-back calls): ``switch_calls`` and ``switch_s`` (calls and
+seconds from the end of the first call to the switch; where none came, ``states``, where
+the class's tunings stood), ``tuning_call_ms`` (the slowest of those calls: one timing
 window or check each), ``kernel`` (the class's choice, to compare with "fast"'s) and
 ``warm_ms`` after the switch.
 
 Times are host wall-clock around a synchronised call (imports and input creation apart).
-``--workers N`` sets ``EVTFUSE_COMPILE_WORKERS`` (1: candidates compiled one at a time).
+``--workers N`` sets ``EVTFUSE_COMPILE_WORKERS`` (1: candidates compiled one at a time);
+``--profile TOP`` records where each process's first call goes (cProfile, its TOP functions
+by cumulative time).
 """
 
 from __future__ import annotations
@@ -48,24 +51,28 @@ BACKGROUND_TARGETS = {"fresh_s": 1.5, "second_s": 0.3}
 TUNES = ("fast", "background")
 
 
-def _until_switch(call, limit: int) -> dict:
-    """``tune="background"``: call until every background tuning of the process has switched
-    (at most ``limit`` calls); the calls, seconds and slowest call it took (none where no
-    tuning was started: a class with one kernel)."""
+def _until_switch(call, limit_s: float) -> dict:
+    """``tune="background"``: call back to back until every background tuning of the process
+    has switched (for at most ``limit_s`` seconds: a call lasts a fraction of a millisecond,
+    the background compiles seconds); the calls, seconds and slowest call it took (none
+    where no tuning was started: a class with one kernel), and where none switched, the
+    state each tuning stood in."""
     from evtfuse.bench.timing import host_timed_s
     from evtfuse.runtime import tuner
 
-    t0, slowest = time.perf_counter(), 0.0
-    for n in range(1, limit + 1):
+    t0, slowest, n = time.perf_counter(), 0.0, 0
+    while time.perf_counter() - t0 < limit_s:
         if all(s.done for s in tuner._sessions.values()):
-            return {"switch_calls": n - 1, "switch_s": time.perf_counter() - t0,
+            return {"switch_calls": n, "switch_s": time.perf_counter() - t0,
                     "tuning_call_ms": slowest * 1e3}
         slowest = max(slowest, host_timed_s(call)[0])
-    return {"switch_calls": None, "switch_s": None, "tuning_call_ms": slowest * 1e3}
+        n += 1
+    return {"switch_calls": None, "switch_s": None, "tuning_call_ms": slowest * 1e3,
+            "calls": n, "states": [repr(s) for s in tuner._sessions.values()]}
 
 
 def _child(workload: str, shape: tuple[int, int, int], phase: str, tune: str = "fast",
-           switch_calls: int = 2000) -> dict:
+           switch_s: float = 60.0) -> dict:
     import torch
 
     import evtfuse
@@ -88,13 +95,25 @@ def _child(workload: str, shape: tuple[int, int, int], phase: str, tune: str = "
         return call
 
     call = call_at(shape[0])
-    first_s, _ = host_timed_s(call)
-    got: dict = {"first_s": first_s}
+    top = int(os.environ.get("COLD_START_PROFILE", "0"))
+    if top:  # where the first call's time goes (cProfile's overhead included)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        first_s, _ = host_timed_s(lambda: prof.runcall(call))
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+        got: dict = {"first_s": first_s, "profile": text.getvalue().splitlines()}
+    else:
+        first_s, _ = host_timed_s(call)
+        got = {"first_s": first_s}
     if phase == "fresh":
         from evtfuse.runtime import cache
 
         if tune == "background":
-            got.update(_until_switch(call, switch_calls))
+            got.update(_until_switch(call, switch_s))
         got["kernel"] = [e["kernel"] for e in cache.list_entries()]
         got["tuning"] = [{k: e[k] for k in ("candidates", "compile_s", "timing_s") if k in e}
                          for e in cache.list_entries()]
@@ -109,9 +128,9 @@ def _child(workload: str, shape: tuple[int, int, int], phase: str, tune: str = "
 
 
 def _run_child(workload: str, shape: str, phase: str, env: dict, tune: str = "fast",
-               switch_calls: int = 2000) -> dict:
+               switch_s: float = 60.0) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--child", workload, shape, phase, tune,
-                           str(switch_calls)], env=env, capture_output=True, text=True,
+                           str(switch_s)], env=env, capture_output=True, text=True,
                           timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT"):
@@ -128,15 +147,18 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--tunes", default=",".join(TUNES),
                    help="tuning modes to measure, each on caches of its own (fast, background)")
-    p.add_argument("--switch-calls", type=int, default=2000,
-                   help="background: the most calls to wait for the switch")
+    p.add_argument("--switch-s", type=float, default=60.0,
+                   help="background: the most seconds of calls to wait for the switch")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no cell after this")
+    p.add_argument("--profile", type=int, default=0, metavar="TOP",
+                   help="profile each process's first call (cProfile): its TOP functions by "
+                        "cumulative time go into the row (fresh_profile, second_profile)")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         workload, shape, phase, tune, limit = a.child
         m, n, k = (int(x) for x in shape.split("x"))
-        print("RESULT" + json.dumps(_child(workload, (m, n, k), phase, tune, int(limit))),
+        print("RESULT" + json.dumps(_child(workload, (m, n, k), phase, tune, float(limit))),
               flush=True)
         return 0
     tunes = [t for t in a.tunes.split(",") if t]
@@ -169,11 +191,15 @@ def _cell(workload: str, shape: str, tune: str, a) -> dict:
                TRITON_CACHE_DIR=os.path.join(root, "triton"), EVTFUSE_PROGRESS="0")
     if a.workers is not None:
         env["EVTFUSE_COMPILE_WORKERS"] = str(a.workers)
-    fresh = _run_child(workload, shape, "fresh", env, tune, a.switch_calls)
-    second = _run_child(workload, shape, "second", env, tune, a.switch_calls)
+    if a.profile:
+        env["COLD_START_PROFILE"] = str(a.profile)
+    fresh = _run_child(workload, shape, "fresh", env, tune, a.switch_s)
+    second = _run_child(workload, shape, "second", env, tune, a.switch_s)
     return {"workload": workload, "shape": shape, "tune": tune, "workers": a.workers,
             "fresh_s": fresh.get("first_s"), "second_s": second.get("first_s"),
-            **{k: v for k, v in fresh.items() if k != "first_s"},
+            **{k: v for k, v in fresh.items() if k not in ("first_s", "profile")},
+            **({"fresh_profile": fresh["profile"], "second_profile": second.get("profile")}
+               if "profile" in fresh else {}),
             **({"second_error": second["error"]} if "error" in second else {})}
 
 

@@ -34,6 +34,7 @@ RESULTS = "benchmarks/results"
 SOURCES = {
     "suite": "2026-11-22/RUNS.txt",                  # the fused-epilogue suite (H100)
     "moe": "2026-11-27/session26/moe.json",          # SwiGLU experts (H200)
+    "moe_layer": "2026-11-29/session36/moe_layer.json",  # whole expert layers (H200)
     "training": "2026-11-27/session30/training_mlp.json",
     "mlp_block": "2026-11-29/session35/mlp_block_gluon.json",
     "lce": "2026-11-28/session32/lce.json",
@@ -220,12 +221,47 @@ def benchmarks_moe_table(root: Path) -> str:
     return "\n".join(rows)
 
 
+_LAYER_NAMES = {"evtfuse": "evtfuse (`evtfuse.nn.MoEExperts`)", "hf_eager": "HF eager loop",
+                "hf_grouped_mm": "HF `grouped_mm` experts, eager",
+                "hf_grouped_mm_compile": "HF `grouped_mm` experts, torch.compile",
+                "reference": "`_grouped_mm` reference (sort, grouped GEMMs, eager epilogues)"}
+
+
+def benchmarks_moe_layer_table(root: Path) -> str:
+    """BENCHMARKS.md's table of whole expert layers, forward + backward, every variant."""
+    lay = _load("moe_layer", root)
+    rows = ["| experts x H -> I, top-k | routing | variant | step ms | forward ms | backward ms "
+            "| step TF/s | forward TF/s | backward TF/s | x evtfuse's step | peak MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in lay["cells"]:
+        for v in lay["variants"]:
+            if f"{v}_step_ms" not in c:
+                continue
+            rows.append(
+                f"| {c['experts']} x {c['H']} -> {c['I']}, top-{c['top_k']} | {c['routing']} | "
+                f"{_LAYER_NAMES.get(v, v)} | {c[f'{v}_step_ms']:.2f} | {c[f'{v}_fwd_ms']:.2f} | "
+                f"{c[f'{v}_bwd_ms']:.2f} | {c[f'{v}_step_tflops']:.0f} | "
+                f"{c[f'{v}_fwd_tflops']:.0f} | {c[f'{v}_bwd_tflops']:.0f} | "
+                f"{c[f'{v}_step_ms'] / c['evtfuse_step_ms']:.3f} | {c[f'{v}_peak_mib']:,.0f} |")
+    cells = lay["cells"]
+    err = max(c[k] for c in cells for k in c if k.startswith("evtfuse_rel_err"))
+    ref = max(c[k] for c in cells for k in c if k.startswith("reference_rel_err"))
+    rows += ["", _fill(
+        f"{cells[0]['tokens']:,} tokens, {lay['rounds']} interleaved rounds, {_gpu(lay['device'])}, "
+        f"torch {lay['torch'].split('+')[0]}, Triton {lay['triton']}, transformers "
+        f"{lay['transformers']}. Largest relative error of evtfuse's output and gradients "
+        f"against the HF eager block: {err:.1e}; the `_grouped_mm` reference's, computed the "
+        f"same way: {ref:.1e} (bf16 rounding).".replace("e-0", "e-"))]
+    return "\n".join(rows)
+
+
 # (file, part name) -> the function that renders that part
 PARTS = {
     ("README.md", "performance"): readme_performance,
     ("BENCHMARKS.md", "headline"): benchmarks_headline,
     ("BENCHMARKS.md", "suite-tables"): benchmarks_suite_tables,
     ("BENCHMARKS.md", "moe-table"): benchmarks_moe_table,
+    ("BENCHMARKS.md", "moe-layer-table"): benchmarks_moe_layer_table,
 }
 
 
