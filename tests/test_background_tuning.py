@@ -315,6 +315,25 @@ def test_on_the_interpreter_background_takes_the_first_kernel_untimed(monkeypatc
         evtfuse.get_kernels(_args(A, B, bias))[0]
 
 
+def test_a_gpu_first_call_takes_the_family_quickest_to_compile():
+    """On an sm_90 GPU (kernels offered offline), the starter is the first offered kernel
+    of the family with the least ``compile_s``: the portable family's, else the hopper
+    family's, else the gluon family's."""
+    from evtfuse.backends.triton.families import Target
+    from evtfuse.runtime.discovery import kernels_for
+
+    bf = torch.bfloat16
+    A, B = torch.randn(1024, 512, dtype=bf), torch.randn(512, 1024, dtype=bf)
+    bias, D = torch.randn(1024, dtype=bf), torch.empty(1024, 1024, dtype=bf)
+    args = GemmArguments(A, B, D, epilogue=EpilogueArguments(EPI, bias=bias, D=D))
+    kernels = kernels_for(args, Target("cuda", 90, A.device, 132, offline=True))
+    for family in ("portable", "hopper", "gluon"):
+        assert family in {k.family.name for k in kernels}
+        assert tuner._starter(args, kernels) is next(k for k in kernels
+                                                     if k.family.name == family)
+        kernels = [k for k in kernels if k.family.name != family]
+
+
 def test_a_bad_tune_value_names_the_modes():
     A, B, bias = _inputs()
     with pytest.raises(ValueError, match="'background'"):

@@ -47,7 +47,7 @@ def gemm(A: torch.Tensor, B: torch.Tensor,
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
     at other tile orders), "none" (the heuristic's first choice), "background" (run
-    "none"'s choice at once, compile "fast"'s candidates in background threads, time them
+    a kernel quick to compile at once, compile "fast"'s candidates in background threads, time them
     one window per later call and switch to the winner once its outputs matched:
     docs/performance.md; results may then change bitwise once, as with any retune).
     ``allow_tf32``: fp32

@@ -17,8 +17,8 @@ the disk. "fast" tuning times the heuristic's first few candidates within a time
 suggestions and the heuristic's first two (``candidates``); "exhaustive" times all, then
 the winner at other tile orders (``TILE_ORDERS``); "none" takes the first suggestion, else
 the heuristic's first. Candidates compile at once in a pool of threads (``_precompile``)
-before any is timed. "background" runs "none"'s pick at once and tunes as "fast" would over
-the following calls (``runtime.background_tuning``), under "fast"'s key and record: a class
+before any is timed. "background" runs a kernel quick to compile at once (``_starter``) and
+tunes as "fast" would (the starter among the candidates) over the following calls (``runtime.background_tuning``), under "fast"'s key and record: a class
 tuned either way is tuned for both. A tuning ("fast", "exhaustive") holds the key's lock
 file (``cache.tuning_lock``): processes sharing the cache tune a class once.
 """
@@ -235,11 +235,23 @@ def _tuned(args: GemmArguments, key: str, kernels: list, tune: str):
     return chosen
 
 
+def _starter(args: GemmArguments, kernels: list):
+    """The kernel a "background" class's first call compiles and runs. On a GPU the first
+    offered kernel of the family quickest to compile (``KernelFamily.compile_s``): that one
+    compile is most of the call (benchmarks/cold_start.py: 2.5-3.1 s with the gluon
+    kernel "none" picks, on an H200), and the tuning that follows times the starter beside
+    "fast"'s candidates, so it is switched away from where it is slower. Elsewhere (the
+    interpreter) what "none" takes."""
+    if kernels[0].target.kind != "cuda":
+        return candidates(args, kernels, "none")[0]
+    return min(kernels, key=lambda k: k.family.compile_s)  # the first of the cheapest
+
+
 def _provisional(args: GemmArguments, key: str, kernels: list):
-    """"background" where the class has no choice yet: the first suggestion (what "none"
-    takes), and the session tuning the class (started here for its first call). Not kept
-    in ``_chosen``: the session's winner goes there."""
-    first = candidates(args, kernels, "none")[0]
+    """"background" where the class has no choice yet: the starter (``_starter``), and the
+    session tuning the class (started here for its first call). Not kept in ``_chosen``:
+    the session's winner goes there."""
+    first = _starter(args, kernels)
     with _lock:
         session = _sessions.get(key)
         if session is None:

@@ -137,6 +137,11 @@ class Target:
 class KernelFamily:
     name = "base"
     description = ""
+    # Triton's compile time of one of the family's kernels, seconds (offline for sm_90,
+    # Triton 3.9.0, one CPU core; bias + gelu at 8192x8192x1024, 2026-11-29: portable
+    # 0.86-0.88, hopper 1.37-1.43, gluon 1.79-2.23): which family a "background" first call
+    # compiles (``tuner._starter``)
+    compile_s = 1.0
 
     def supports(self, args: GemmArguments, target: Target) -> Status:
         raise NotImplementedError

@@ -96,6 +96,7 @@ class GluonFamily(KernelFamily):
     both (``TileConfig.cooperative``)."""
 
     name = "gluon"
+    compile_s = 2.0  # KernelFamily.compile_s
     description = ("warp-specialized ping-pong (Gluon, sm_90): a TMA producer warp, two MMA "
                    "warpgroups on alternate tiles (one's epilogue overlaps the other's "
                    "mainloop) or both on one 128x256 tile (cooperative, '_co'), aux tiles "

@@ -43,6 +43,7 @@ GROUPED_REDUCTIONS_REFUSAL = ("grouped GEMMs with reductions run in the portable
 
 class HopperFamily(KernelFamily):
     name = "hopper"
+    compile_s = 1.4  # KernelFamily.compile_s
     description = ("persistent, tensor-descriptor (TMA) loads and stores, grouped tile order, "
                    "epilogue per sub-tile (sm_90+)")
 

@@ -37,6 +37,7 @@ def triton_next_pow2(n: int) -> int:
 
 class PortableFamily(KernelFamily):
     name = "portable"
+    compile_s = 0.9  # KernelFamily.compile_s
     description = "one program per tile, pointer loads with masks (any GPU, any strides; CPU interpreter)"
 
     def supports(self, args, target):
