@@ -58,6 +58,7 @@ declare -A shards=(
   [autograd_fuzz]="tests/gpu/test_gpu_autograd.py|random"
   [grad_fuzz]="tests/gpu/test_gpu_grad_fuzz.py tests/gpu/test_gpu_decisions.py|"
   [round3]="tests/gpu/test_gpu_round3.py|"
+  [split_k]="tests/gpu/test_gpu_split_k.py|"
   [linear_ce]="tests/gpu/test_gpu_linear_cross_entropy.py|"
   [grouped]="tests/gpu/test_gpu_grouped.py|"
   [gated]="tests/gpu/test_gpu_gated.py|"

@@ -65,9 +65,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer("runtime.ops", "the PyTorch operators' schemas and layouts; a call's arguments "
                          "read and sorted into one operator call",
           ("runtime.torch_op", "runtime.eager_autograd", "runtime.calls")),
-    Layer("runtime.kernels", "concrete kernels, their launch plans (two passes too), "
+    Layer("runtime.kernels", "concrete kernels, their launch plans (two passes, split-K), "
                              "discovery, offline compiles",
-          ("runtime.two_pass", "runtime.kernel", "runtime.discovery", "runtime.offline")),
+          ("runtime.two_pass", "runtime.kernel", "runtime.split_k", "runtime.discovery",
+           "runtime.offline")),
     Layer("runtime.tuning", "the tuner, background tuning, precompiling",
           ("runtime.background_tuning", "runtime.tuner", "runtime.precompile")),
     Layer("runtime.run", "the operators' eager implementation: cached plans per call",

@@ -246,6 +246,21 @@ def read_saved_accumulator(dag: Dag, saved: ir.OperandSpec, part: str | None = N
     return Dag(rebuilt.outputs, operands, dag.name, dag.gated)
 
 
+def read_split_accumulator(dag: Dag, parts: tuple[ir.OperandSpec, ...]) -> Dag:
+    """Every use of the accumulator becomes the sum of the full operands ``parts`` (a
+    split-K GEMM's partial products over its slices of K, added in their order: the same
+    sum on every run), which join the operands: the DAG reads no ``A @ B`` and runs over
+    K = 0 (``runtime.split_k``'s second pass). Not for a gated DAG (its accumulator is read
+    in halves). Not in ``PIPELINE``."""
+    assert parts and not dag.gated, (parts, dag.gated)
+    assert all(p.kind is ir.OperandKind.FULL for p in parts), parts
+    total = ir.load_node(parts[0])
+    for p in parts[1:]:
+        total = ir.compute_node("add", (total, ir.load_node(p)))
+    rebuilt = _as_loads(dag, lambda n: total if n.kind is NodeKind.ACCUM else None)
+    return Dag(rebuilt.outputs, (*dag.operands, *parts), dag.name, dag.gated)
+
+
 def accumulate_operand(dag: Dag, name: str) -> Dag:
     """Every load of the full operand ``name`` becomes the accumulator, and ``name`` leaves
     the operands: an epilogue that took a value as an operand runs as the epilogue of the
@@ -365,6 +380,7 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE,
     return dag
 
 
-__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "accumulate_operand",
+__all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_split_accumulator",
+           "accumulate_operand",
            "read_saved_values", "broadcast_stores", "eliminate_dead_code", "fold_constants", "simplify_algebra",
            "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

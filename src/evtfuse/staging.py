@@ -78,7 +78,8 @@ def row_reductions_only(dag: Dag) -> bool:
                for n in dag.nodes if n.kind is NodeKind.REDUCE and dag.users[id(n)])
 
 
-def _fresh(taken: set[str], stem: str) -> Iterator[str]:
+def fresh_names(taken: set[str], stem: str) -> Iterator[str]:
+    """Names ``stem0``, ``stem1``, ... not in ``taken`` (each added to it as it is given)."""
     k = 0
     while True:
         name = f"{stem}{k}"
@@ -94,7 +95,7 @@ def split(dag: Dag, dtype: torch.dtype = torch.float32) -> Split:
     late = ir.after_reduction(dag)
     users = dag.users
     taken = {"accum", "D"} | {o.name for o in dag.operands} | {o.name for o in dag.outputs}
-    fresh = _fresh(taken, "ef_ws")
+    fresh = fresh_names(taken, "ef_ws")
     out_batched = {id(o.node): o.batched for o in dag.outputs if o.node.kind is NodeKind.REDUCE}
 
     workspaces: list[Workspace] = []
@@ -150,4 +151,4 @@ def _with_d(outs: list[Output], operands: tuple, dag: Dag, gated: bool) -> tuple
     return Dag(tuple(outs), tuple(operands), dag.name, gated), rename
 
 
-__all__ = ["Workspace", "Split", "feeds_computation", "row_reductions_only", "split"]
+__all__ = ["Workspace", "Split", "feeds_computation", "row_reductions_only", "split", "fresh_names"]

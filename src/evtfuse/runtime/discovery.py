@@ -4,7 +4,8 @@ Layer: runtime.kernels, above ``runtime.kernel`` (whose ``kernels_for`` it re-ex
 below ``runtime.tuner`` (which chooses among the kernels found here). ``get_kernels`` finds
 the arguments' target and asks every family whether it supports them
 (``kernel.kernels_for``: their configurations as ``Kernel`` objects, best first, one object
-per family, config and target, kept for the process); ``explain`` says why each family
+per family, config and target, kept for the process), split-K kernels first where
+``runtime.split_k`` offers them; ``explain`` says why each family
 does or does not. ``runtime.api`` re-exports the public
 names (``evtfuse.get_kernels``, ``evtfuse.explain``).
 """
@@ -18,6 +19,7 @@ from ..errors import UnsupportedError
 from ..backends.triton.families import FAMILIES, INTERPRETER, Target
 from .device import interpreter_enabled, sm_count, target_of
 from .kernel import Kernel, alternate_families, kernels_for, order_by_fill  # noqa: F401
+from .split_k import factors as split_k_factors, refusal as split_k_refusal, with_split_k
 from .two_pass import judged, plan_name
 
 def _target(args: GemmArguments, cc: int | None) -> Target:
@@ -60,7 +62,7 @@ def get_kernels(args: GemmArguments, cc: int | None = None) -> list[Kernel]:
             _warned_no_interpreter = True
             warnings.warn(f"evtfuse.get_kernels: {NO_INTERPRETER}", stacklevel=2)
         return []
-    return kernels_for(args, target)
+    return with_split_k(args, target, kernels_for(args, target))
 
 
 def explain(args: GemmArguments, cc: int | None = None) -> str:
@@ -81,6 +83,16 @@ def explain(args: GemmArguments, cc: int | None = None) -> str:
             verdict += (" (two passes: the GEMM stores the values the reductions feed, in fp32, "
                         "and the reductions; a second kernel over K = 0 computes the rest)")
         lines.append(f"{family.name}: {verdict}")
+    why = split_k_refusal(args)
+    offered = [] if why else split_k_factors(args, target)
+    if why:
+        lines.append(f"splitk: refused: {why}")
+    elif offered:
+        lines.append(f"splitk: offered with {' and '.join(map(str, offered))} slices of K "
+                     "(the tuner keeps it where it measures faster)")
+    else:
+        lines.append(f"splitk: not offered (enough output tiles for the GPU's {target.sms} "
+                     "SMs, or K not a multiple of slices of 256)")
     return "\n".join(lines)
 
 
