@@ -112,9 +112,7 @@ class Staged:
         taken = {o.name for o in dag.operands} | {o.name for o in dag.outputs} | {"accum"}
         names = fresh_names(taken, "ef_part")
         self.names = [next(names) for _ in range(S)]
-        As, Bs = slices(args.A, args.B, S)
-        self.args1 = GemmArguments(As, Bs, W, epilogue=EpilogueArguments(_partial(), D=W),
-                                   allow_tf32=args.allow_tf32)
+        self.args1 = partial_arguments(args, S, W)
         parts = tuple(OperandSpec(n, OperandKind.FULL, torch.float32) for n in self.names)
         self.parsed2 = DagEpilogue(read_split_accumulator(dag, parts),
                                    where=f"the split-K epilogue of {args.epilogue.parsed.where}")
@@ -125,6 +123,13 @@ class Staged:
         self.B2 = torch.empty((0, args.N), dtype=dt, device=args.A.device)
         self.args2 = GemmArguments(self.A2, self.B2, None, torch.float32,
                                    EpilogueArguments.unbound(self.parsed2, **values))
+
+
+def partial_arguments(args: GemmArguments, S: int, W: torch.Tensor) -> GemmArguments:
+    """The partial products' problem: the S slices of ``args``' A and B into ``W``."""
+    As, Bs = slices(args.A, args.B, S)
+    return GemmArguments(As, Bs, W, epilogue=EpilogueArguments(_partial(), D=W),
+                         allow_tf32=args.allow_tf32)
 
 
 @functools.lru_cache(maxsize=1)
@@ -243,7 +248,7 @@ def candidates(args: GemmArguments, target: Target) -> list[SplitKernel]:
     out = []
     for S in factors(args, target):
         W = torch.empty((S, args.M, args.N), dtype=torch.float32, device=args.A.device)
-        inner = kernels_for(Staged(args, S, W).args1, target)
+        inner = kernels_for(partial_arguments(args, S, W), target)
         if inner:
             out.append(split_kernel(inner[0], S, target))
     return out
