@@ -68,7 +68,10 @@ def test_background_tuning_switches_to_a_verified_winner(own_cache, monkeypatch)
         assert bt.wait(session, 300)
         assert time.monotonic() < end, f"no switch in 300 s ({calls} calls): {session}"
     assert session.winner is not None, f"abandoned: {session} {session.dropped}"
-    assert not session.dropped, session.dropped  # every offered candidate compiled and ran
+    # every offered candidate compiled, ran and matched (a config over the GPU's resources
+    # is the one expected drop, as in "fast"'s tuning)
+    bad = {n: why for n, why in session.dropped.items() if "OutOfResources" not in why}
+    assert not bad, bad
     D.zero_()
     _check(evtfuse.gemm(A, B, EPI, bias=bias, D=D, tune="background"), want)  # the switch
     record = cache.load_choice(session.key)
