@@ -111,9 +111,9 @@ def _issue_load(a_desc, b_desc, a_smem, b_smem, ready, empty, step, off_m, off_n
 
 
 @gluon.jit
-def mc_gemm_kernel(a_desc, b_desc, c_desc, M, N, K,
+def mc_gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                    acc_layout: ttgl.constexpr, STAGES: ttgl.constexpr, MULTICAST: ttgl.constexpr,
-                   SYNC: ttgl.constexpr, GROUP_M: ttgl.constexpr):
+                   SYNC: ttgl.constexpr, GROUP_M: ttgl.constexpr, EPI: ttgl.constexpr):
     BLOCK_M: ttgl.constexpr = a_desc.block_shape[0]  # cluster rows (128 * num_ctas)
     BLOCK_K: ttgl.constexpr = a_desc.block_shape[1]
     BLOCK_N: ttgl.constexpr = b_desc.block_shape[0]  # B is (N, K), K-major
@@ -179,7 +179,16 @@ def mc_gemm_kernel(a_desc, b_desc, c_desc, M, N, K,
                         STAGES, MULTICAST, SYNC)
     acc = warpgroup_mma_wait(0, deps=[acc])
 
-    # ---- epilogue: registers -> smem (cluster tile, split like A) -> TMA store ----
+    # ---- epilogue (EPI 1: D = gelu_tanh(acc + bias), the bias a per-column vector
+    # loaded in the accumulator's column slice: every CTA of the pair loads its columns)
+    if EPI == 1:
+        offs_n = off_n + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, acc_layout))
+        b = ttgl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(ttgl.float32)
+        x = acc + ttgl.expand_dims(b, 0)
+        y = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        t = 2.0 / (1.0 + ttgl.exp(-2.0 * y)) - 1.0  # tanh(y)
+        acc = 0.5 * x * (1.0 + t)
+    # ---- registers -> smem (cluster tile, split like A) -> TMA store ----
     c_smem = ttgl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout,
                                          acc.to(c_desc.dtype))
     fence_async_shared()
@@ -206,7 +215,7 @@ def layouts(num_ctas: int, block_n: int = 256, warps_m: int = 8):
 
 
 def make_args(A, B, C, num_ctas=2, block_n=256, block_k=64, stages=3, multicast=True, sync=0,
-              group_m=8):
+              group_m=8, bias=None):
     """Positional kernel arguments; A (M,K), B (N,K), C (M,N), all row-major bf16.
 
     The descriptors' block shapes are the CLUSTER tile: A [128*num_ctas, BK] (the compiler's
@@ -222,12 +231,16 @@ def make_args(A, B, C, num_ctas=2, block_n=256, block_k=64, stages=3, multicast=
     M, K = A.shape
     N = B.shape[0]
     mc = bool(multicast and num_ctas > 1)
-    return [a_desc, b_desc, c_desc, M, N, K, acc, stages, mc, sync, group_m]
+    epi = 0 if bias is None else 1
+    return [a_desc, b_desc, c_desc, C if bias is None else bias, M, N, K, acc, stages, mc, sync,
+            group_m, epi]
 
 
-def launch(A, B, C, num_ctas=2, block_n=256, stages=3, multicast=True, sync=0, group_m=8):
-    """Launch on a GPU; the grid is counted in clusters."""
-    args = make_args(A, B, C, num_ctas, block_n, 64, stages, multicast, sync, group_m)
+def launch(A, B, C, num_ctas=2, block_n=256, stages=3, multicast=True, sync=0, group_m=8,
+           bias=None):
+    """Launch on a GPU; the grid is counted in clusters. ``bias`` (N,): D = gelu_tanh(A @ B.T
+    + bias), else D = A @ B.T."""
+    args = make_args(A, B, C, num_ctas, block_n, 64, stages, multicast, sync, group_m, bias)
     M, N = C.shape
     grid = (triton.cdiv(M, 128 * num_ctas) * triton.cdiv(N, block_n), )
     return mc_gemm_kernel[grid](*args, num_warps=8, num_ctas=num_ctas)

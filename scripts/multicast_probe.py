@@ -11,7 +11,8 @@ shared memory, TMA boxes, and the multicast copies and cluster directive in the 
 On a GPU: each variant at each shape in a subprocess of its own with a timeout (a
 synchronisation bug shows as a hang), against an fp32 reference, and 50 repeated launches
 bit-identical; then TF/s at 8192x8192x1024 and 4096^3 (``do_bench``, medians) of every
-variant, ``torch.matmul`` (cuBLAS) and ``evtfuse.gemm``'s identity (tuned). The useful
+variant, ``torch.matmul`` (cuBLAS) and ``evtfuse.gemm``'s identity (tuned), and each again
+with D = gelu_tanh(acc + bias) (against cuBLASLt's ``_addmm_activation`` and evtfuse's). The useful
 comparisons: mc_mbar / cl2_nomc (multicast alone), cl2_nomc / cta1 (clusters alone),
 mc_mbar / mc_clbar (remote arrives against a cluster barrier per k-step).
 """
@@ -33,8 +34,10 @@ import multicast_gemm as mg  # noqa: E402
 
 CHECK_SHAPES = [(8192, 8192, 1024), (4096, 4096, 4096), (384, 512, 64), (1000, 1000, 200),
                 (256, 256, 128), (640, 384, 4096)]
+EPI_SHAPES = [(8192, 8192, 1024), (1000, 1000, 200), (640, 384, 4096)]  # with the epilogue
 TIME_SHAPES = [(8192, 8192, 1024), (4096, 4096, 4096)]
 IDENTITY = "def identity(accum):\n    D = accum\n    return D\n"
+BIAS_GELU = "def bias_gelu(accum, bias):\n    D = gelu_tanh(accum + bias)\n    return D\n"
 
 
 def _tensors(M, N, K, device):
@@ -44,13 +47,14 @@ def _tensors(M, N, K, device):
     return A, B, torch.empty(M, N, device=device, dtype=torch.bfloat16)
 
 
-def _launch(name, A, B, C):
+def _launch(name, A, B, C, bias=None):
     nc, bn, st, mc, sync = mg.VARIANTS[name]
-    mg.launch(A, B, C, num_ctas=nc, block_n=bn, stages=st, multicast=mc, sync=sync)
+    mg.launch(A, B, C, num_ctas=nc, block_n=bn, stages=st, multicast=mc, sync=sync, bias=bias)
 
 
-def compile_offline(name: str) -> dict:
-    """``name`` compiled for sm_90 (no GPU): resources and the PTX's cluster evidence."""
+def compile_offline(name: str, epilogue: bool = False) -> dict:
+    """``name`` compiled for sm_90 (no GPU): resources and the PTX's cluster evidence
+    (``epilogue``: with the bias + gelu_tanh epilogue)."""
     import triton
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend, GPUTarget
@@ -60,7 +64,9 @@ def compile_offline(name: str) -> dict:
 
     nc, bn, st, mc, sync = mg.VARIANTS[name]
     A, B, C = _tensors(8192, 8192, 1024, "cpu")
-    values = mg.make_args(A, B, C, num_ctas=nc, block_n=bn, stages=st, multicast=mc, sync=sync)
+    bias = torch.empty(8192, dtype=torch.bfloat16) if epilogue else None
+    values = mg.make_args(A, B, C, num_ctas=nc, block_n=bn, stages=st, multicast=mc, sync=sync,
+                          bias=bias)
     fn = mg.mc_gemm_kernel
     signature, constexprs, attrs = {}, {}, {}
     for i, (p, v) in enumerate(zip(fn.params, values)):
@@ -86,7 +92,7 @@ def compile_offline(name: str) -> dict:
                               text=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
     ptx = ck.asm["ptx"]
-    return {"name": name, "num_ctas": ck.metadata.num_ctas, "shared": ck.metadata.shared,
+    return {"name": name + ("+bias_gelu" if epilogue else ""), "num_ctas": ck.metadata.num_ctas, "shared": ck.metadata.shared,
             "registers": int(regs.group(1)) if regs else -1,
             "spills": sum(1 for ln in sass.splitlines() if re.search(r"\b(LDL|STL)\b", ln)),
             "tma_boxes": [d["block_size"] for d in ck.metadata.tensordesc_meta],
@@ -94,19 +100,22 @@ def compile_offline(name: str) -> dict:
             "cluster": re.findall(r"\.reqnctapercluster.*", ptx)}
 
 
-def check_one(name: str, M: int, N: int, K: int, reps: int = 50) -> bool:
+def check_one(name: str, M: int, N: int, K: int, reps: int = 50, epilogue: bool = False) -> bool:
     A, B, C = _tensors(M, N, K, "cuda")
-    _launch(name, A, B, C)
+    bias = torch.randn(N, device="cuda").to(torch.bfloat16) if epilogue else None
+    _launch(name, A, B, C, bias)
     torch.cuda.synchronize()
     ref = A.float() @ B.float().T
+    if epilogue:
+        ref = torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
     err = (C.float() - ref).abs().max().item()
     tol = 2e-2 * ref.abs().max().item() + 1e-2
     first, same = C.clone(), True
     for _ in range(reps):
-        _launch(name, A, B, C)
+        _launch(name, A, B, C, bias)
         same &= torch.equal(C, first)
     torch.cuda.synchronize()
-    print(f"{name} {M}x{N}x{K}: max error {err:.3g} (tolerance {tol:.3g}), "
+    print(f"{name}{'+bias_gelu' if epilogue else ''} {M}x{N}x{K}: max error {err:.3g} (tolerance {tol:.3g}), "
           f"{'right' if err <= tol else 'WRONG'}, "
           f"{'bit-identical' if same else 'NOT bit-identical'} over {reps} launches")
     return err <= tol and same
@@ -120,10 +129,16 @@ def time_all(rounds: int, variants: list[str]) -> list[dict]:
     rows = []
     for M, N, K in TIME_SHAPES:
         A, B, C = _tensors(M, N, K, "cuda")
-        systems = {"cublas": lambda: A @ B.T,
-                   "evtfuse_identity": lambda: evtfuse.gemm(A, B.T, IDENTITY, D=C)}
+        bias = torch.randn(N, device="cuda").to(torch.bfloat16)
+        Bt = B.T
+        systems = {"cublas": lambda: A @ Bt,
+                   "evtfuse_identity": lambda: evtfuse.gemm(A, Bt, IDENTITY, D=C),
+                   "cublaslt_bias_gelu": lambda: torch._addmm_activation(bias, A, Bt,
+                                                                         use_gelu=True),
+                   "evtfuse_bias_gelu": lambda: evtfuse.gemm(A, Bt, BIAS_GELU, bias=bias, D=C)}
         for name in variants:  # those that passed every check (a hang would hang here)
             systems[name] = (lambda n: lambda: _launch(n, A, B, C))(name)
+            systems[name + "+bias_gelu"] = (lambda n: lambda: _launch(n, A, B, C, bias))(name)
         for fn in systems.values():
             fn()
         ms = {n: [] for n in systems}
@@ -150,13 +165,15 @@ def main() -> int:
     a = ap.parse_args()
     if a.compile:
         for name in mg.VARIANTS:
-            print(json.dumps(compile_offline(name)), flush=True)
+            for epilogue in (False, True):
+                print(json.dumps(compile_offline(name, epilogue)), flush=True)
         return 0
     if a.one:
-        return 0 if check_one(a.one[0], *map(int, a.one[1:])) else 1
+        name, epilogue = a.one[0].removesuffix("+bias_gelu"), a.one[0].endswith("+bias_gelu")
+        return 0 if check_one(name, *map(int, a.one[1:]), epilogue=epilogue) else 1
     failures = []
-    for name in mg.VARIANTS:
-        for M, N, K in CHECK_SHAPES:
+    for name in [v + e for v in mg.VARIANTS for e in ("", "+bias_gelu")]:
+        for M, N, K in (CHECK_SHAPES if not name.endswith("+bias_gelu") else EPI_SHAPES):
             case = [name, str(M), str(N), str(K)]
             try:
                 r = subprocess.run([sys.executable, __file__, "--one", *case],
@@ -168,7 +185,9 @@ def main() -> int:
                 print(f"{name} {M}x{N}x{K}: HANG (no end in {a.timeout} s)", flush=True)
                 failures.append(case + ["hang"])
     print("failures:", failures or "none", flush=True)
-    rows = time_all(a.rounds, [n for n in mg.VARIANTS if all(f[0] != n for f in failures)])
+    # a variant is timed where it and its epilogue passed every check
+    rows = time_all(a.rounds, [n for n in mg.VARIANTS
+                               if all(f[0].removesuffix("+bias_gelu") != n for f in failures)])
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"failures": failures, "timings": rows,
