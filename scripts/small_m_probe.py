@@ -8,8 +8,9 @@ epilogue and bias + gelu_tanh.
 Per M and N x K (bf16), each timed in interleaved rounds against "mm" (cuBLAS: ``A @ B``
 for identity, cuBLASLt's ``torch._addmm_activation(bias, A, B, use_gelu=True)`` for bias +
 gelu): ``evtfuse`` (``evtfuse.gemm``, tuned: the kernel it kept is printed), each split-K
-candidate alone (``splitkS_...``), and the first ``--families`` kernels of the families
-(what a tuning without split-K would choose among).
+candidate alone (``splitkS_...``), the same slice counts with each family's first kernel
+for the slices (which inner kernel split-K should take), and the first ``--families``
+kernels of the families (what a tuning without split-K would choose among).
 """
 
 from __future__ import annotations
@@ -59,7 +60,16 @@ def main() -> None:
                 kernels = evtfuse.get_kernels(args)
                 split = [k for k in kernels if isinstance(k, split_k.SplitKernel)]
                 others = [k for k in kernels if not isinstance(k, split_k.SplitKernel)]
-                for k in split + others[:a.families]:
+                # beside the offered split-K kernels, the same slices run by each family's
+                # first kernel (which inner kernel a split-K candidate should take)
+                target = discovery._target(args, None)
+                more = []
+                for S in split_k.factors(args, target):
+                    W = torch.empty((S, m, N), device="cuda")
+                    inner = discovery.kernels_for(split_k.partial_arguments(args, S, W), target)
+                    firsts = {k.family.name: k for k in reversed(inner)}
+                    more += [split_k.split_kernel(k, S, target) for k in firsts.values()]
+                for k in split + [k for k in more if k not in split] + others[:a.families]:
                     systems[k.name] = (lambda kk: lambda: kk.run(args))(k)
                 for fn in systems.values():
                     fn()
