@@ -88,14 +88,20 @@ def test_offered_where_tiles_are_few_and_k_splits():
     assert "splitk: offered with 4 and 2 slices of K" in evtfuse.explain(args)
 
 
-def test_on_a_gpu_split_k_candidates_come_first():
+def test_on_a_gpu_split_k_candidates_follow_the_families_first():
+    """Timed by a fast tuning (which times the first kernels), never "none"'s untimed pick."""
     from evtfuse.backends.triton.families import Target
+    from evtfuse.runtime import tuner
 
     args = _args()
     gpu = Target("cuda", 90, args.A.device, 132, offline=True)
-    kernels = split_k.with_split_k(args, gpu, discovery.kernels_for(args, gpu))
-    assert [k.name.split("_")[0] for k in kernels[:2]] == ["splitk4", "splitk2"]
-    assert not kernels[2].name.startswith("splitk")
+    families = discovery.kernels_for(args, gpu)
+    kernels = split_k.with_split_k(args, gpu, families)
+    assert [k.name.split("_")[0] for k in kernels[1:3]] == ["splitk4", "splitk2"]
+    assert kernels[0] is families[0] and kernels[3:] == families[1:]
+    assert tuner.candidates(args, kernels, "none")[0] is families[0]
+    fast = tuner.candidates(args, kernels, "fast")[:tuner.FAST_CANDIDATES]
+    assert {k.name for k in kernels[1:3]} <= {k.name for k in fast}
 
 
 @pytest.mark.parametrize("case, match", [

@@ -44,7 +44,7 @@ def test_every_split_k_candidate_is_right(m, n, k, epi):
     target = discovery._target(args, None)
     cands = split_k.candidates(args, target)
     assert cands, split_k.factors(args, target)
-    assert evtfuse.get_kernels(args)[:len(cands)] == cands  # first on a GPU
+    assert evtfuse.get_kernels(args)[1:1 + len(cands)] == cands  # after the families' first
     for kern in cands:
         result = kern.verify(args)
         assert result, (kern.name, result.report())

@@ -4,7 +4,7 @@ Layer: runtime.kernels, above ``runtime.kernel`` (whose ``kernels_for`` it re-ex
 below ``runtime.tuner`` (which chooses among the kernels found here). ``get_kernels`` finds
 the arguments' target and asks every family whether it supports them
 (``kernel.kernels_for``: their configurations as ``Kernel`` objects, best first, one object
-per family, config and target, kept for the process), split-K kernels first where
+per family, config and target, kept for the process), with split-K kernels where
 ``runtime.split_k`` offers them; ``explain`` says why each family
 does or does not. ``runtime.api`` re-exports the public
 names (``evtfuse.get_kernels``, ``evtfuse.explain``).

@@ -3,8 +3,8 @@ tokens; issue 48): the K dimension cut into S slices computed in parallel, then 
 epilogue over their sum, once.
 
 Layer: runtime.kernels, above ``runtime.kernel`` (whose ``Kernel`` a ``SplitKernel`` is)
-and below ``runtime.discovery`` (``get_kernels`` puts these candidates first where
-``factors`` offers them; the tuner keeps one only where it measures faster). Two launches,
+and below ``runtime.discovery`` (``get_kernels`` offers these where ``factors`` does,
+``with_split_k``; the tuner keeps one only where it measures faster). Two launches,
 no host sync, no atomics:
 
 1. the partial products: a batched GEMM of the S slices, ``A[:, s Ks:(s+1) Ks] @
@@ -255,14 +255,15 @@ def candidates(args: GemmArguments, target: Target) -> list[SplitKernel]:
 
 
 def with_split_k(args: GemmArguments, target: Target, kernels: list[Kernel]) -> list[Kernel]:
-    """``kernels`` with the split-K candidates for ``args``: first on a GPU (a fast tuning
-    times the first ones: it must time these where they are offered), last under the
-    interpreter (which takes the first kernel untimed: the families' own stays its
-    choice)."""
+    """``kernels`` with the split-K candidates for ``args``: on a GPU right after the
+    families' first kernel (a fast tuning times the first ones, ``tuner.FROM_HEURISTIC``
+    of them beside the shipped defaults' suggestions: it must time these where they are
+    offered, while ``tune="none"``, which takes the first untimed, keeps the families'
+    pick), last under the interpreter (whose choice is untimed too)."""
     if not kernels:
         return kernels
     split = candidates(args, target)
-    return [*split, *kernels] if target.kind == "cuda" else [*kernels, *split]
+    return [kernels[0], *split, *kernels[1:]] if target.kind == "cuda" else [*kernels, *split]
 
 
 __all__ = ["SplitKernel", "SplitKPlan", "factors", "refusal", "candidates", "with_split_k",
