@@ -110,9 +110,31 @@ SHAPE_ORDER = ("64x8192x8192", "2048^3", "4096^3", "8192x8192x1024", "16384x4096
                "8192^3", "8192x128256x4096")
 
 
+PEAK_BF16, PEAK_FP8 = 989.0, 1979.0  # dense TF/s of an H100 / H200 SXM
+
+
+def _mnk(shape: str) -> tuple[int, int, int]:
+    """M, N, K of a suite shape ("8192x8192x1024", or "4096^3" for a cube)."""
+    if shape.endswith("^3"):
+        n = int(shape[:-2])
+        return n, n, n
+    m, n, k = (int(v) for v in shape.split("x"))
+    return m, n, k
+
+
+def _tflops(shape: str, ms: float | None, peak: float) -> str:
+    """TF/s of a GEMM of ``shape`` in ``ms`` (2 M N K), and its share of ``peak``."""
+    if ms is None:
+        return "-"
+    m, n, k = _mnk(shape)
+    tf = 2 * m * n * k / ms / 1e9
+    return f"{tf:.0f} ({100 * tf / peak:.0f}%)"
+
+
 def family_tables(latest: dict[tuple, tuple[str, dict]]) -> str:
     """One Markdown table per workload family: every peer's median ms from the cell's own
-    run, evtfuse's time over the floor (in brackets) and over torch.compile's, the run. A
+    run, evtfuse's time over the floor (in brackets) and over torch.compile's, evtfuse's and
+    cuBLAS's TF/s and their share of the dense peak (fp8's for fp8 inputs), the run. A
     cuBLASLt time marked * does part of the epilogue only (``lt_partial``)."""
     ms = lambda c, s: c["systems"].get(s, {}).get("ms")  # noqa: E731
     f3 = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
@@ -124,15 +146,19 @@ def family_tables(latest: dict[tuple, tuple[str, dict]]) -> str:
             continue
         rows.sort(key=lambda r: (workloads.index(r[0][0]), order.get(r[0][1], len(order))))
         out += [f"### {title}", "",
-                "| workload | shape | evtfuse (x floor) | cuBLAS `A @ B` | cuBLASLt fused "
-                "| eager | torch.compile | evtfuse / compile | run |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| workload | shape | evtfuse (x floor) | TF/s (% of peak) | cuBLAS `A @ B` "
+                "| TF/s (% of peak) | cuBLASLt fused | eager | torch.compile | "
+                "evtfuse / compile | run |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for (w, shape), (label, c) in rows:
             r = c["ratios"]
             lt = ms(c, "lt")
             lt_s = f3(lt) + ("*" if lt is not None and c.get("lt_partial") else "")
+            peak = PEAK_FP8 if w.startswith("fp8") else PEAK_BF16
             out.append(f"| {w} | {shape} | {f3(ms(c, 'evtfuse'))} "
-                       f"({f3(r.get('evtfuse/floor'))}) | {f3(ms(c, 'mm'))} | {lt_s} | "
+                       f"({f3(r.get('evtfuse/floor'))}) | "
+                       f"{_tflops(shape, ms(c, 'evtfuse'), peak)} | {f3(ms(c, 'mm'))} | "
+                       f"{_tflops(shape, ms(c, 'mm'), peak)} | {lt_s} | "
                        f"{f3(ms(c, 'eager'))} | {f3(ms(c, 'compiled'))} | "
                        f"{f3(r.get('evtfuse/compiled'))} | {label} |")
         out.append("")
