@@ -39,6 +39,8 @@ gradient; a step is ``out = layer(x, index, weights); out.backward(g)`` with x, 
 both parameters requiring grad (their grads reset to None before each step):
 
 - ``evtfuse``: ``evtfuse.nn.MoEExperts`` (fused grouped GEMMs forward and backward);
+- ``evtfuse_wgrad_mm``: the same with the expert weights' gradients (plain GEMMs grouped
+  over K) by ``torch._grouped_mm`` instead of evtfuse's (``runtime.moe.WEIGHT_GRADS``);
 - ``hf_eager``: transformers' ``Qwen3MoeExperts`` with ``config._experts_implementation =
   "eager"`` (its per-expert loop; the accuracy baseline);
 - ``hf_grouped_mm``: the same module with ``"grouped_mm"`` (transformers'
@@ -74,6 +76,7 @@ On the CPU a variant's time is one call per round, so ``_bwd_ms`` can come out n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -212,7 +215,27 @@ def table(cells: list) -> str:
 
 LAYER_TOPK = {"8x4096x14336": 2, "64x2048x1408": 8}
 TINY = {"experts": 4, "H": 16, "I": 24, "tokens": 32, "top_k": 2}
-LAYER_VARIANTS = ("evtfuse", "hf_eager", "hf_grouped_mm", "hf_grouped_mm_compile", "reference")
+LAYER_VARIANTS = ("evtfuse", "evtfuse_wgrad_mm", "hf_eager", "hf_grouped_mm",
+                  "hf_grouped_mm_compile", "reference")
+# module settings a variant runs under (set around each of its calls, forward and backward)
+SETTINGS = {"evtfuse_wgrad_mm": ("WEIGHT_GRADS", "grouped_mm")}
+
+
+@contextlib.contextmanager
+def _setting(variant: str):
+    """``variant``'s setting of ``evtfuse.runtime.moe`` (``SETTINGS``) while it runs."""
+    from evtfuse.runtime import moe as moe_ops
+
+    if variant not in SETTINGS:
+        yield
+        return
+    name, value = SETTINGS[variant]
+    before = getattr(moe_ops, name)
+    setattr(moe_ops, name, value)
+    try:
+        yield
+    finally:
+        setattr(moe_ops, name, before)
 
 
 def layer_routing(T: int, E: int, k: int, skewed: bool, seed: int = 0, device="cpu"):
@@ -330,6 +353,8 @@ def layer_cell(E: int, H: int, I: int, T: int, k: int, skewed: bool, dtype, devi
     skipped: dict = {}
     ev = evtfuse.nn.MoEExperts(E, H, I, device="meta", dtype=dtype)
     forwards["evtfuse"] = share(ev)
+    forwards["evtfuse_wgrad_mm"] = share(evtfuse.nn.MoEExperts(E, H, I, device="meta",
+                                                               dtype=dtype))
     try:
         forwards["hf_eager"] = share(_hf_experts(E, H, I, k, "eager"))
         hf_g = share(_hf_experts(E, H, I, k, "grouped_mm"))
@@ -373,7 +398,8 @@ def layer_cell(E: int, H: int, I: int, T: int, k: int, skewed: bool, dtype, devi
         f = forwards[v]
 
         def fwd():
-            return f(x, index, w)
+            with _setting(v):
+                return f(x, index, w)
         return fwd
 
     def step_fn(v):
@@ -381,7 +407,8 @@ def layer_cell(E: int, H: int, I: int, T: int, k: int, skewed: bool, dtype, devi
 
         def step():
             reset()
-            f(x, index, w).backward(grad_out)
+            with _setting(v):
+                f(x, index, w).backward(grad_out)
         return step
 
     # first call of each (evtfuse's tuning, torch.compile's compilation), outputs and grads
@@ -390,8 +417,9 @@ def layer_cell(E: int, H: int, I: int, T: int, k: int, skewed: bool, dtype, devi
         try:
             reset()
             t = time.perf_counter()
-            y = forwards[v](x, index, w)
-            y.backward(grad_out)
+            with _setting(v):
+                y = forwards[v](x, index, w)
+                y.backward(grad_out)
             if cuda:
                 torch.cuda.synchronize()
             out[f"{v}_first_step_s"] = time.perf_counter() - t

@@ -55,9 +55,15 @@ def _inputs(seed):
     return x, gate_up, down, dy
 
 
+@pytest.mark.parametrize("weight_grads", ["evtfuse", "grouped_mm"])
 @pytest.mark.parametrize("routing,k", [("uniform", 2), ("skewed", 2), ("random", 1)])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_moe_experts_bf16(activation, routing, k):
+def test_moe_experts_bf16(activation, routing, k, weight_grads, monkeypatch):
+    """Either GEMM for the expert weights' gradients (``moe.WEIGHT_GRADS``; skewed routing
+    leaves an expert without rows: its gradients zeros)."""
+    from evtfuse.runtime import moe as moe_ops
+
+    monkeypatch.setattr(moe_ops, "WEIGHT_GRADS", weight_grads)
     x, gate_up, down, dy = _inputs(1)
     index, weights = _routing(routing, k)
     block = MoEExperts(E, H, I, activation, device="cuda", dtype=torch.bfloat16)

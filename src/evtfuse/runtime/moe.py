@@ -60,6 +60,11 @@ from .mlp import backward_over_accumulator
 from .torch_op import _lib
 
 TUNE = "fast"  # the evtfuse.grouped_gemm calls' tuning
+# the expert weights' gradients, plain GEMMs grouped over K (each expert's rows): "evtfuse"
+# (evtfuse.grouped_gemm: its portable family, the TMA families group over M only) or
+# "grouped_mm" (torch._grouped_mm on CUDA); benchmarks/moe.py --layer times both (its
+# variant evtfuse_wgrad_mm), and the faster becomes the default
+WEIGHT_GRADS = "evtfuse"
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 
 _lib.define("moe_experts(Tensor x, Tensor index, Tensor weights, Tensor gate_up, Tensor down, "
@@ -196,10 +201,18 @@ def _backward_op(dy, x, weights, gate_up, down, p, perm, offs, activation, need)
         if want_w:
             dweights = _to_pairs(ds[:, 0], perm).view(tokens, k).to(weights.dtype)
         if want_gu:
-            dgate_up = grouped_gemm(dp.t(), x[token], offs, tune=TUNE)
+            dgate_up = _over_k(dp.t(), x[token], offs)
         if want_down:
-            ddown = grouped_gemm(dy_perm.t(), a, offs, tune=TUNE)
+            ddown = _over_k(dy_perm.t(), a, offs)
     return dx, dweights, dgate_up, ddown
+
+
+def _over_k(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """(E, a's rows, b's columns): per expert, ``a @ b`` over its rows' slice of K
+    (``WEIGHT_GRADS`` says whose GEMM; an expert without rows gets zeros)."""
+    if WEIGHT_GRADS == "grouped_mm" and a.is_cuda and hasattr(torch, "_grouped_mm"):
+        return torch._grouped_mm(a, b, offs=offs)
+    return calls.plain_grouped_gemm(a, b, offs, tune=TUNE)
 
 
 def _backward_fake(dy, x, weights, gate_up, down, p, perm, offs, activation, need):
