@@ -221,7 +221,9 @@ def benchmarks_moe_table(root: Path) -> str:
     return "\n".join(rows)
 
 
-_LAYER_NAMES = {"evtfuse": "evtfuse (`evtfuse.nn.MoEExperts`)", "hf_eager": "HF eager loop",
+_LAYER_NAMES = {"evtfuse": "evtfuse (`evtfuse.nn.MoEExperts`)",
+                "evtfuse_wgrad_mm": "evtfuse, weights' gradients by `torch._grouped_mm`",
+                "hf_eager": "HF eager loop",
                 "hf_grouped_mm": "HF `grouped_mm` experts, eager",
                 "hf_grouped_mm_compile": "HF `grouped_mm` experts, torch.compile",
                 "reference": "`_grouped_mm` reference (sort, grouped GEMMs, eager epilogues)"}
