@@ -105,6 +105,24 @@ def test_gate_and_up_weights_share_one_buffer():
                                         "down_proj.weight"]
 
 
+def test_a_deep_copy_and_a_pickled_block_keep_one_buffer():
+    """copy.deepcopy (how benchmarks and EMA copies make a twin) and pickling give each
+    parameter storage of its own; the block packs them again, so a copy's steps read
+    [W_gate; W_up] in place, as the original's do (and give its bits)."""
+    import io
+    import pickle
+
+    torch.manual_seed(6)
+    block = GatedMLP(H, I)
+    for twin in (copy.deepcopy(block), pickle.load(io.BytesIO(pickle.dumps(block)))):
+        g, u = twin.gate_proj.weight, twin.up_proj.weight
+        assert mlp_ops._weight1(g, u) is not None
+        assert torch.equal(g, block.gate_proj.weight) and torch.equal(u, block.up_proj.weight)
+        assert g.data_ptr() != block.gate_proj.weight.data_ptr()
+        x = torch.randn(5, H)
+        assert torch.equal(twin(x), block(x))
+
+
 def test_weights_apart_give_the_same_results():
     torch.manual_seed(4)
     block = GatedMLP(H, I, "gelu_tanh")

@@ -345,10 +345,11 @@ class GatedMLP(torch.nn.Module):
     ``activation``: "silu" (SwiGLU), "gelu_tanh" (GeGLU as Gemma's), "gelu" or "relu".
     ``GatedMLP.adopt(gate_proj, up_proj, down_proj, activation)`` builds one around existing
     Linears (their parameters, shared). It keeps ``gate_proj.weight`` and ``up_proj.weight``
-    one after the other in one buffer (the same Parameter objects), so that the fused
-    kernel reads them as ``[W_gate; W_up]`` with no copy; where something gives them
-    separate storage again (FSDP, ``load_state_dict(assign=True)``), a step concatenates
-    them, a copy of both, and gives the same results.
+    one after the other in one buffer (the same Parameter objects; again after ``.to()``,
+    ``copy.deepcopy`` and unpickling), so that the fused kernel reads them as ``[W_gate;
+    W_up]`` with no copy; where something gives them separate storage again (FSDP,
+    ``load_state_dict(assign=True)``), a step concatenates them, a copy of both, and gives
+    the same results.
 
     Forward: one GEMM whose epilogue computes ``act(gate) * up`` (and keeps gate and up for
     the backward), then the down projection. Backward: the down projection's ``dy @ W``
@@ -395,6 +396,12 @@ class GatedMLP(torch.nn.Module):
         out = super()._apply(fn, recurse)
         pack_gate_up(self.gate_proj, self.up_proj)
         return out
+
+    def __setstate__(self, state):
+        # copy.deepcopy and unpickling copy each parameter to storage of its own: one buffer
+        # again (else every step would concatenate them)
+        super().__setstate__(state)
+        pack_gate_up(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
