@@ -91,7 +91,9 @@ import evtfuse.nn
 
 BF = torch.bfloat16
 TOKENS = 16384
-CONFIGS = {"8x4096x14336": (8, 4096, 14336), "64x2048x1408": (64, 2048, 1408)}
+CONFIGS = {"8x4096x14336": (8, 4096, 14336), "64x2048x1408": (64, 2048, 1408),
+           "128x2048x768": (128, 2048, 768)}  # Mixtral-8x7B's, fine-grained, Qwen3-30B-A3B's
+DEFAULT_CONFIGS = "8x4096x14336,64x2048x1408"
 EPILOGUE = """def moe_swiglu(accum, w):
     gate, up = pairs(accum)
     D = silu(gate) * up * w
@@ -213,7 +215,7 @@ def table(cells: list) -> str:
 # ------------------------------------------------------------------------ --layer: the experts
 
 
-LAYER_TOPK = {"8x4096x14336": 2, "64x2048x1408": 8}
+LAYER_TOPK = {"8x4096x14336": 2, "64x2048x1408": 8, "128x2048x768": 8}
 TINY = {"experts": 4, "H": 16, "I": 24, "tokens": 32, "top_k": 2}
 LAYER_VARIANTS = ("evtfuse", "evtfuse_wgrad_mm", "hf_eager", "hf_grouped_mm",
                   "hf_grouped_mm_compile", "reference")
@@ -562,7 +564,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None,
                    help="JSON path (bench_out/moe.json, or bench_out/moe_layer.json with --layer)")
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"of {', '.join(CONFIGS)}")
     p.add_argument("--routing", default="uniform,skewed")
     p.add_argument("--layer", action="store_true",
                    help="the whole experts layer, forward + backward, against transformers")
