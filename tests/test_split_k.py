@@ -104,6 +104,22 @@ def test_on_a_gpu_split_k_candidates_follow_the_families_first():
     assert {k.name for k in kernels[1:3]} <= {k.name for k in fast}
 
 
+def test_compile_after_get_kernels_allocates_nothing(monkeypatch):
+    """Background tuning generates code in worker threads, which must make no CUDA call: a
+    split-K kernel's compile reads the partial products' arguments made when it was
+    offered."""
+    args = _args()
+    cands = split_k.candidates(args, _target(args))
+    assert split_k.partial_of(args, 4) is split_k.partial_of(args, 4)
+
+    def no_allocation(*a, **k):
+        raise AssertionError("allocated")
+
+    monkeypatch.setattr(torch, "empty", no_allocation)
+    for k in cands:
+        assert k.compile(args) is not None
+
+
 @pytest.mark.parametrize("case, match", [
     ("batched", "not batched"),
     ("int8", "inputs"),

@@ -132,6 +132,19 @@ def partial_arguments(args: GemmArguments, S: int, W: torch.Tensor) -> GemmArgum
                          allow_tf32=args.allow_tf32)
 
 
+def partial_of(args: GemmArguments, S: int) -> GemmArguments:
+    """``partial_arguments`` of ``args`` into a workspace of its own, made once per
+    arguments object and kept on it (as ``two_pass.staged`` keeps its passes): support
+    checks and code generation read its dtypes, shapes and strides, and a worker thread
+    asking again allocates nothing."""
+    made = args.__dict__.setdefault("_ef_split_k", {})
+    got = made.get(S)
+    if got is None:
+        W = torch.empty((S, args.M, args.N), dtype=torch.float32, device=args.A.device)
+        got = made[S] = partial_arguments(args, S, W)
+    return got
+
+
 @functools.lru_cache(maxsize=1)
 def _partial():
     """The partial products' epilogue, parsed once (plans are kept per parsed epilogue)."""
@@ -200,22 +213,19 @@ class SplitKernel(Kernel):
             why = f"K = {args.K} is not a multiple of {self.S} slices of 64"
         return Status.fail(why) if why else Status.success()
 
-    def _staged(self, args: GemmArguments) -> Staged:
-        W = torch.empty((self.S, args.M, args.N), dtype=torch.float32, device=args.A.device)
-        return Staged(args, self.S, W)
-
     def source(self, args: GemmArguments) -> str:
         """The partial products' kernel module."""
         self._require(args)
-        return self.inner.source(self._staged(args).args1)
+        return self.inner.source(partial_of(args, self.S))
 
     def compile(self, args: GemmArguments):
-        """Generate and import both passes' kernel modules; returns the first's function."""
+        """Generate and import the partial products' kernel module; returns its function
+        (the epilogue's kernel is generated with the plan). Background tuning calls this in
+        a worker thread, which must make no CUDA call: the partial products' arguments
+        come from ``partial_of``, made on the calling thread when ``get_kernels`` offered
+        this kernel."""
         self._require(args)
-        st = self._staged(args)
-        for k in kernels_for(st.args2, self.target)[:1]:
-            k.plan(st.args2)
-        return self.inner.compile(st.args1)
+        return self.inner.compile(partial_of(args, self.S))
 
     def plan(self, args: GemmArguments):
         key = structure_key(args)
@@ -247,8 +257,7 @@ def candidates(args: GemmArguments, target: Target) -> list[SplitKernel]:
     the families offer for its partial products."""
     out = []
     for S in factors(args, target):
-        W = torch.empty((S, args.M, args.N), dtype=torch.float32, device=args.A.device)
-        inner = kernels_for(partial_arguments(args, S, W), target)
+        inner = kernels_for(partial_of(args, S), target)
         if inner:
             out.append(split_kernel(inner[0], S, target))
     return out
@@ -267,4 +276,4 @@ def with_split_k(args: GemmArguments, target: Target, kernels: list[Kernel]) -> 
 
 
 __all__ = ["SplitKernel", "SplitKPlan", "factors", "refusal", "candidates", "with_split_k",
-           "slices", "FAMILY"]
+           "slices", "partial_arguments", "partial_of", "split_kernel", "FAMILY"]
