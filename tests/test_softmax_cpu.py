@@ -439,7 +439,7 @@ for N in (128, 1000):
         c = compile_for(fam, cfg, judged(fam, args, target))
         out[f"{N}-{fam.name}-{plan_name(fam, args, target)}"] = c.spills
     st = staged(args)
-    k2 = second_kernel(st, target)
+    k2 = second_kernel(st.args2, target)
     out[f"{N}-second-{k2.family.name}"] = compile_for(k2.family, k2.config, st.args2).spills
 # the combine after a two-pass first pass finishes shifted_sumexp (the softmax denominator)
 import triton

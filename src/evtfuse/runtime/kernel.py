@@ -109,24 +109,28 @@ class Kernel:
         key = structure_key(args)
         plan = self._plans.get(key)
         if plan is None or plan.parsed is not args.epilogue.parsed:
-            if self.target.kind == INTERPRETER and Bf16AsFp32Plan.needed(args):
-                plan = Bf16AsFp32Plan(self, args)
-            elif args.L * args.M * args.N == 0:
-                self._require(args)
-                plan = EmptyProblemPlan(args)
-            elif judged(self.family, args, self.target) is not args:
-                self._require(args)
-                plan = TwoPassPlan(self, args, staged(args))
-            else:
-                fn = self.compile(args)  # checks support first
-                dag = args.optimized_dag
-                items, consts, grid, post = self.family.plan(args, dag, self.config, self.target)
-                plan = LaunchPlan(fn, items, consts, grid, args.epilogue.parsed, post)
+            plan = self._make_plan(args)
             if len(self._plans) > 512:
                 self._plans.clear()
             self._plans[key] = plan
         self._last = (weakref.ref(args), state, plan)
         return plan
+
+    def _make_plan(self, args: GemmArguments):
+        """A new launch plan for ``args`` (``plan`` keeps it per structure; a kernel made of
+        other kernels' plans, ``split_k.SplitKernel``, gives its own)."""
+        if self.target.kind == INTERPRETER and Bf16AsFp32Plan.needed(args):
+            return Bf16AsFp32Plan(self, args)
+        if args.L * args.M * args.N == 0:
+            self._require(args)
+            return EmptyProblemPlan(args)
+        if judged(self.family, args, self.target) is not args:
+            self._require(args)
+            return TwoPassPlan(self, args, staged(args))
+        fn = self.compile(args)  # checks support first
+        dag = args.optimized_dag
+        items, consts, grid, post = self.family.plan(args, dag, self.config, self.target)
+        return LaunchPlan(fn, items, consts, grid, args.epilogue.parsed, post)
 
     def compile_ahead(self, args: GemmArguments) -> None:
         """Start compiling, in the background, the variant of this kernel another M of
@@ -353,11 +357,7 @@ class TwoPassPlan:
     def __init__(self, kernel: "Kernel", args: GemmArguments, st: Staged):
         self.parsed = args.epilogue.parsed
         self.first = kernel.plan(st.args1)
-        k2 = second_kernel(st, kernel.target)
-        if k2 is None:
-            raise UnsupportedError(f"{kernel.name}: no kernel runs the second pass of this "
-                                   "epilogue (evtfuse.explain says why)")
-        self.second = k2.plan(st.args2)
+        self.second = second_plan(kernel, st.args2)
         self.names = list(st.ws)
         self.local = StreamLocal(args.A.device, [(tuple(t.shape), t.dtype, None)
                                                  for t in st.ws.values()])
@@ -382,11 +382,21 @@ class TwoPassPlan:
         self.second(self.A2, self.B2, v2)
 
 
-def second_kernel(st: Staged, target: Target) -> "Kernel | None":
-    """The kernel of a two-pass epilogue's second pass: the first that runs it on
-    ``target``."""
-    ks = kernels_for(st.args2, target)
+def second_kernel(args2: GemmArguments, target: Target) -> "Kernel | None":
+    """The kernel of an epilogue's pass over K = 0 (``args2``: a two-pass epilogue's second
+    pass, a split-K epilogue): the first that runs it on ``target``."""
+    ks = kernels_for(args2, target)
     return ks[0] if ks else None
+
+
+def second_plan(kernel: "Kernel", args2: GemmArguments):
+    """The launch plan of the pass over K = 0 that ``kernel`` runs after its GEMM
+    (``second_kernel`` on ``kernel``'s target)."""
+    k2 = second_kernel(args2, kernel.target)
+    if k2 is None:
+        raise UnsupportedError(f"{kernel.name}: no kernel runs this epilogue over K = 0 "
+                               "(evtfuse.explain says why)")
+    return k2.plan(args2)
 
 
 _kernel_objects: dict[tuple, Kernel] = {}

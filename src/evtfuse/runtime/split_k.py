@@ -31,12 +31,13 @@ from ..arguments import EpilogueArguments, GemmArguments
 from ..backends.triton.families import KernelFamily, Target
 from ..backends.triton.launch_items import StreamLocal
 from ..dag_epilogue import DagEpilogue
-from ..errors import Status, UnsupportedError
+from ..errors import Status
 from ..frontend.source import parse_epilogue
 from ..ir import OperandKind, OperandSpec
 from ..passes import read_split_accumulator
 from ..staging import fresh_names
-from .kernel import EmptyProblemPlan, Kernel, kernels_for, structure_key
+from .kernel import Kernel, kernels_for, second_plan
+from .two_pass import over_k0
 
 FACTORS = (8, 4, 2)  # slices of K tried, most first
 OFFERED = 2  # split-K candidates per problem (the two with most slices that fit)
@@ -45,9 +46,9 @@ TILE = 128  # the tile side by which "few output tiles" is judged
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _few_tiles(args: GemmArguments, target: Target) -> bool:
-    tiles = -(-args.M // TILE) * -(-args.N // TILE)
-    return 2 * tiles <= target.sms
+def _tiles(args: GemmArguments) -> int:
+    """The problem's output tiles of TILE x TILE."""
+    return -(-args.M // TILE) * -(-args.N // TILE)
 
 
 def refusal(args: GemmArguments) -> str | None:
@@ -68,9 +69,9 @@ def refusal(args: GemmArguments) -> str | None:
 def factors(args: GemmArguments, target: Target) -> list[int]:
     """The slice counts offered for ``args`` on ``target`` (none where split-K would not
     help or cannot run: ``refusal``, or tiles enough to fill half the SMs)."""
-    if refusal(args) is not None or not _few_tiles(args, target):
+    tiles = _tiles(args)
+    if refusal(args) is not None or 2 * tiles > target.sms:
         return []
-    tiles = -(-args.M // TILE) * -(-args.N // TILE)
     fit = [s for s in FACTORS if args.K % (s * 64) == 0 and args.K // s >= MIN_SLICE]
     filling = [s for s in fit if s * tiles <= target.sms]
     return (filling or fit[-1:])[:OFFERED]
@@ -118,9 +119,7 @@ class Staged:
                                    where=f"the split-K epilogue of {args.epilogue.parsed.where}")
         values = dict(args.epilogue.values)
         values.update({n: W[i] for i, n in enumerate(self.names)})
-        dt = args.A.dtype
-        self.A2 = torch.empty((args.M, 0), dtype=dt, device=args.A.device)
-        self.B2 = torch.empty((0, args.N), dtype=dt, device=args.A.device)
+        self.A2, self.B2 = over_k0(args)
         self.args2 = GemmArguments(self.A2, self.B2, None, torch.float32,
                                    EpilogueArguments.unbound(self.parsed2, **values))
 
@@ -164,10 +163,7 @@ class SplitKPlan:
         (W,) = self.local.current()
         st = Staged(args, kernel.S, W)
         self.first = kernel.inner.plan(st.args1)
-        second = kernels_for(st.args2, kernel.target)
-        if not second:
-            raise UnsupportedError(f"{kernel.name}: no kernel runs this epilogue over K = 0")
-        self.second = second[0].plan(st.args2)
+        self.second = second_plan(kernel, st.args2)
         self.names = st.names
         self.keys = list(args.epilogue.values)
         self.A2, self.B2 = st.A2, st.B2
@@ -227,16 +223,11 @@ class SplitKernel(Kernel):
         self._require(args)
         return self.inner.compile(partial_of(args, self.S))
 
-    def plan(self, args: GemmArguments):
-        key = structure_key(args)
-        plan = self._plans.get(key)
-        if plan is None or plan.parsed is not args.epilogue.parsed:
-            self._require(args)
-            plan = EmptyProblemPlan(args) if args.M * args.N == 0 else SplitKPlan(self, args)
-            if len(self._plans) > 512:
-                self._plans.clear()
-            self._plans[key] = plan
-        return plan
+    def _make_plan(self, args: GemmArguments):
+        """Its two passes' plans (``Kernel.plan`` keeps it per structure, after checking
+        the arguments again where a tensor changed)."""
+        self._require(args)
+        return SplitKPlan(self, args)
 
 
 _objects: dict[tuple, SplitKernel] = {}

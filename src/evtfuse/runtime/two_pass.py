@@ -64,17 +64,24 @@ class Staged:
         self.args1 = GemmArguments(args.A, args.B, None, args.accumulator_type,
                                    EpilogueArguments.unbound(self.parsed1, **v1),
                                    allow_tf32=args.allow_tf32, fp8_fast_accum=args.fp8_fast_accum)
-        A, B = args.A, args.B
-        dt = A.dtype if A.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
-            else torch.float16
-        self.A2 = torch.empty((*A.shape[:-1], 0), dtype=dt, device=dev)
-        self.B2 = torch.empty((*B.shape[:-2], 0, args.N), dtype=dt, device=dev)
+        self.A2, self.B2 = over_k0(args)
         v2 = {p: values[p] for p in params}
         v2.update(self.ws)
         v2.update({k: buf(b) for k, b in r2.items()})
         self.parsed2 = DagEpilogue(sp.second, where=f"the second pass of {where}")
         self.args2 = GemmArguments(self.A2, self.B2, None, wdt,
                                    EpilogueArguments.unbound(self.parsed2, **v2))
+
+
+def over_k0(args: GemmArguments) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and B of ``args``' problem with K = 0 (no storage): what a pass that runs only an
+    epilogue (no ``A @ B``) is given; floating-point inputs keep their dtype, others
+    become float16."""
+    A, B = args.A, args.B
+    dt = A.dtype if A.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
+        else torch.float16
+    return (torch.empty((*A.shape[:-1], 0), dtype=dt, device=A.device),
+            torch.empty((*B.shape[:-2], 0, args.N), dtype=dt, device=A.device))
 
 
 def staged(args: GemmArguments) -> Staged:
@@ -94,4 +101,4 @@ def judged(family, args: GemmArguments, target) -> GemmArguments:
     return staged(args).args1
 
 
-__all__ = ["one_pass", "plan_name", "staged", "judged", "Staged"]
+__all__ = ["one_pass", "plan_name", "staged", "judged", "Staged", "over_k0"]
