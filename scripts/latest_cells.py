@@ -114,7 +114,9 @@ PEAK_BF16, PEAK_FP8 = 989.0, 1979.0  # dense TF/s of an H100 / H200 SXM
 
 
 def _mnk(shape: str) -> tuple[int, int, int]:
-    """M, N, K of a suite shape ("8192x8192x1024", or "4096^3" for a cube)."""
+    """M, N, K of a suite shape ("8192x8192x1024", or "4096^3" for a cube); the suite's
+    ``bench.workloads.parse_shape`` reads the same names, but this script runs without torch
+    (stdlib only), so it does not import it."""
     if shape.endswith("^3"):
         n = int(shape[:-2])
         return n, n, n

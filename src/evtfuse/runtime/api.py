@@ -46,9 +46,9 @@ def gemm(A: torch.Tensor, B: torch.Tensor,
     ``<name>_dtype=torch.float32`` picks another dtype; pass ``name=None`` to compute an
     output without storing it (it is returned as None). ``tune``: "fast" (time a few
     candidates, bounded to about 30 s), "exhaustive" (every candidate, then the winner
-    at other tile orders), "none" (the heuristic's first choice), "background" (run
-    a kernel quick to compile at once, compile "fast"'s candidates in background threads, time them
-    one window per later call and switch to the winner once its outputs matched:
+    at other tile orders), "none" (the heuristic's first choice), "background" (run a
+    kernel quick to compile at once, compile "fast"'s candidates in background threads, time
+    them one window per later call and switch to the winner once its outputs matched:
     docs/performance.md; results may then change bitwise once, as with any retune).
     ``allow_tf32``: fp32
     inputs on TF32 tensor cores; ``fp8_fast_accum``: fp8 inputs summed in the tensor

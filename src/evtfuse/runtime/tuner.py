@@ -18,8 +18,9 @@ suggestions and the heuristic's first two (``candidates``); "exhaustive" times a
 the winner at other tile orders (``TILE_ORDERS``); "none" takes the first suggestion, else
 the heuristic's first. Candidates compile at once in a pool of threads (``_precompile``)
 before any is timed. "background" runs a kernel quick to compile at once (``_starter``) and
-tunes as "fast" would (the starter among the candidates) over the following calls (``runtime.background_tuning``), under "fast"'s key and record: a class
-tuned either way is tuned for both. A tuning ("fast", "exhaustive") holds the key's lock
+tunes as "fast" would (the starter among the candidates) over the following calls
+(``runtime.background_tuning``), under "fast"'s key and record: a class tuned either way
+is tuned for both. A tuning ("fast", "exhaustive") holds the key's lock
 file (``cache.tuning_lock``): processes sharing the cache tune a class once.
 """
 
