@@ -450,3 +450,39 @@ def test_nn_linear_in_float64_matches_torch():
         plain, {"weight": w, "bias": b}, (x,)), (x.detach().requires_grad_(True),
                                                  plain.weight.detach().clone().requires_grad_(True),
                                                  plain.bias.detach().clone().requires_grad_(True)))
+
+
+_F64_OFFLINE = """
+import json, sys, torch
+sys.path.insert(0, "tests")
+from test_round3_torch import _epilogue
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.runtime.offline import compile_for, offered
+F64, M, K, N = torch.float64, 300, 64, 520
+unary = ["sigmoid", "tanh", "gelu", "softplus", "log1p", "tan", "erf", "pow"]
+src, _ = _epilogue(unary, False)
+A, B, C = torch.empty(M, K, dtype=F64), torch.empty(K, N, dtype=F64), torch.empty(M, N, dtype=F64)
+outs = {f"o{k}": torch.empty(M, N, dtype=F64) for k in range(len(unary))}
+D = torch.empty(M, N, dtype=F64)
+args = GemmArguments(A, B, D, F64, EpilogueArguments(src, D=D, C=C, bias=C[0],
+                     s=torch.tensor(0.7, dtype=F64), **outs))
+out = []
+for fam, cfg in offered(args):
+    c = compile_for(fam, cfg, args)
+    out.append({"family": fam.name, "per_thread": cfg.block_m * cfg.block_n // (32 * cfg.num_warps),
+                "registers": c.registers})
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_float64_tiles_keep_few_elements_a_thread_and_compile_for_sm90():
+    """float64 kernels (the portable family's CUDA-core dots) offered on an sm_90 GPU hold
+    at most eight accumulator elements a thread (ptxas time grows with them: a gradcheck
+    on the GPU compiles about 18 float64 kernels) and compile, transcendental epilogue
+    included."""
+    from offline_run import run_offline
+
+    got = run_offline(_F64_OFFLINE, timeout=900)
+    assert got and all(c["family"] == "portable" for c in got), got
+    assert all(c["per_thread"] <= 8 and c["registers"] > 0 for c in got), got

@@ -31,6 +31,14 @@ def one_pass_max_n(target) -> int:
     return 64 if target.kind == INTERPRETER else 256
 
 
+# float64's tiles (CUDA-core dots: float64 is for checking, gradcheck and float64 models):
+# eight accumulator elements a thread. ptxas time grows with them, as float64 epilogues
+# inline libdevice per element: the round-3 epilogue of 20 unary ops compiled for sm_90 in
+# 7.1 s at 32x64 in four warps (16 a thread, 3,383 spilled words), 2.9 s at 32x64 in eight
+# and 2.8 s at 32x32 in four; a gradcheck compiles about 18 such kernels.
+F64_TILES = (TileConfig(32, 64, 16, 8, 8, 2), TileConfig(32, 32, 16, 8, 4, 2))
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -68,6 +76,8 @@ class PortableFamily(KernelFamily):
             bn = max(16, triton_next_pow2(args.N))
             if target.kind == INTERPRETER:
                 return [TileConfig(16, bn, 16, group_m=2, num_warps=1, num_stages=1)]
+            if args.A.dtype == torch.float64:  # F64_TILES: 16 rows, eight warps for wide ones
+                return [TileConfig(16, bn, 16, 8, 8 if bn >= 128 else 4, 2)]
             bk = {8: 16, 4: 32, 2: 64, 1: 128}[args.A.element_size()]
             return [TileConfig(64, bn, bk, 8, 4 if bn <= 128 else 8, 3),
                     TileConfig(32, bn, bk, 8, 4, 4)]
@@ -75,6 +85,8 @@ class PortableFamily(KernelFamily):
             small = TileConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1)
             mid = TileConfig(32, 32, 32, group_m=4, num_warps=1, num_stages=1)
             return [mid, small]
+        if args.A.dtype == torch.float64:
+            return list(F64_TILES)
         elt = args.A.element_size()
         bk = {8: 16, 4: 32, 2: 64, 1: 128}[elt]
         cands = [
