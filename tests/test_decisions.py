@@ -221,3 +221,97 @@ def test_grouped_and_gated_decisions_at_a_boundary(mode):
     acc = (a64 @ b64).detach().float().double() + (a64 @ b64 - (a64 @ b64).detach())
     (torch.relu(acc[:, 0::2] + bias.double()) * acc[:, 1::2]).sum().backward()
     torch.testing.assert_close(A2.grad.double(), a64.grad, rtol=2e-3, atol=2e-3)
+
+
+# the GPU gradient fuzz's example (seed 101 of session 37): a decision (the where) below a
+# reduction feeding computation (the logsumexp), the reduction's result also returned
+_BELOW_A_REDUCTION = (
+    "def epi(accum, C):\n"
+    "    t0 = where((accum > -0.25) & (accum < 0.25), accum * 2.0, 0.0)\n"
+    "    t2 = hardswish(t0) - 3.0\n"
+    "    q3 = logsumexp(t2)\n"
+    "    D = exp(t2 - q3) * C\n"
+    "    return D, q3")
+
+
+@pytest.mark.parametrize("save", [None, torch.float16])
+def test_a_backward_reads_a_reduction_above_a_kept_decision(save):
+    """The backward reads both what the forward kept, the decision's mask and the
+    logsumexp: before, reading the masks rebuilt the nodes above them, the logsumexp was
+    computed again, and the backward's own sum of a value computed from it (the gradient
+    arriving at the logsumexp) was a chain of reductions that its two passes broke on
+    (IndexError in ``staging.split``)."""
+    plan = _plan(_BELOW_A_REDUCTION, save, q3=torch.empty(1))
+    assert plan.values and [s for s in plan.saved if s.role == "decision"]
+    bwd = autodiff.backward(plan, ["D", "q3"], plan.wrt)
+    assert not [n for n in bwd.dag.nodes if n.kind is NodeKind.REDUCE and n.op == "logsumexp"]
+    assert {name for name, _ in bwd.saved} >= {name for _, name in plan.values}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_through_a_reduction_above_a_decision_match_torch(mode):
+    g = torch.Generator().manual_seed(3)
+    A = (torch.randn(24, 16, generator=g) / 8).to(torch.bfloat16)
+    B = (torch.randn(16, 20, generator=g) / 2).to(torch.bfloat16)
+    C = torch.randn(24, 20, generator=g)
+    Ag, Bg, Cg = (t.clone().requires_grad_(True) for t in (A, B, C))
+    D, q3 = evtfuse.gemm(Ag, Bg, _BELOW_A_REDUCTION, C=Cg, q3=torch.empty(1), backward=mode)
+    gD, gq = torch.randn(D.shape, generator=g), torch.randn(1, generator=g)
+    ((D.float() * gD).sum() + (q3 * gq).sum()).backward()
+    A64, B64, C64 = (t.double().requires_grad_(True) for t in (A, B, C))
+    acc = A64 @ B64
+    t0 = torch.where((acc > -0.25) & (acc < 0.25), acc * 2.0, torch.zeros(()).double())
+    t2 = torch.nn.functional.hardswish(t0) - 3.0
+    lse = torch.logsumexp(t2.reshape(-1), 0)
+    ((torch.exp(t2 - lse) * C64 * gD).sum() + lse * gq[0]).backward()
+    for got, want in ((Ag.grad, A64.grad), (Bg.grad, B64.grad), (Cg.grad, C64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def _chain(feeds: bool):
+    """x = accum; m = logsumexp(x) (whole); y = exp(x - m); s = sum(y) (whole, of a value
+    computed from m); D = y / s where ``feeds``, else D = y and s returned."""
+    from evtfuse import ir
+    from evtfuse.ir import Dag, Output, OutputKind, Space
+
+    x = ir.accum_node()
+    m = ir.reduce_node("logsumexp", x, Space.SCALAR, False)
+    y = ir.compute_node("exp", (ir.compute_node("sub", (x, m)),))
+    s = ir.reduce_node("sum", y, Space.SCALAR, False)
+    if feeds:
+        outs = (Output("D", ir.compute_node("div", (y, s)), OutputKind.FULL, torch.float32),)
+    else:
+        outs = (Output("D", y, OutputKind.FULL, torch.float32),
+                Output("s", s, OutputKind.SCALAR, torch.float32))
+    return Dag(outs, (), "chain", False)
+
+
+def test_two_passes_reduce_a_value_computed_from_a_reduction_in_the_second():
+    """A reduction of a value computed from a reduction feeding computation, returned (the
+    frontend refuses one in an epilogue; a backward could build one): an output of the
+    second pass, which computes it from the first's workspace; before, the first pass took
+    it and ``split`` failed on a second pass without outputs (IndexError) or handed the
+    first pass a reduction feeding computation."""
+    from evtfuse.reference import evaluate
+    from evtfuse.staging import split
+
+    dag = _chain(False)
+    sp = split(dag)
+    assert [o.name for o in sp.second.outputs] == ["D", "s"]
+    assert [o.node.kind for o in sp.second.outputs] == [NodeKind.COMPUTE, NodeKind.REDUCE]
+    assert not any(n.kind is NodeKind.REDUCE and sp.first.users[id(n)] for n in sp.first.nodes)
+    acc = torch.randn(1, 6, 5)
+    whole = evaluate(dag, acc, {}, cast=False)
+    first = evaluate(sp.first, acc, {}, cast=False)
+    ws = {sp.rename[0][o.name]: first[o.name] for o in sp.first.outputs}
+    second = evaluate(sp.second, acc, ws, cast=False)
+    for name in ("D", "s"):
+        torch.testing.assert_close(second[name].reshape(-1), whole[name].reshape(-1))
+
+
+def test_a_chain_of_reductions_feeding_computation_is_refused_by_name():
+    from evtfuse.errors import EpilogueError
+    from evtfuse.staging import split
+
+    with pytest.raises(EpilogueError, match="three passes"):
+        split(_chain(True))

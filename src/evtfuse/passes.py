@@ -301,41 +301,34 @@ def broadcast_stores(dag: Dag) -> Dag:
     return dag.replace_outputs(outs)
 
 
-def read_saved_values(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
-    """Every node whose id is a key of ``saved`` (a forward's reduction whose result feeds
-    computation) becomes a load of that operand (the value as the forward stored it; added
-    to the operands), so that the DAG computes no reduction feeding computation. Not in
-    ``PIPELINE``: the backward of an epilogue applies it (``autodiff.backward``), before
-    any other rewrite, while its nodes are still the forward's."""
-    loads = {k: ir.load_node(spec) for k, spec in saved.items()}
-    rebuilt = _as_loads(dag, lambda n: loads.get(id(n)))
-    used = {id(n) for n in rebuilt.nodes}
-    extra = tuple(spec for k, spec in saved.items() if id(loads[k]) in used)
-    return Dag(rebuilt.outputs, (*dag.operands, *extra), dag.name, dag.gated)
-
-
-def read_saved_decisions(dag: Dag, saved: dict[int, ir.OperandSpec]) -> Dag:
-    """Every node whose id is a key of ``saved`` (a decision of the forward: a comparison,
-    stored as a uint8 mask, or a step function's value, stored in fp32) becomes a read of
-    that operand (added to the operands): a comparison ``mask != 0``, a step's value the
-    load itself. Not in ``PIPELINE``: the backward of an epilogue applies it
-    (``autodiff.backward``), before any other rewrite, while its nodes are still the
-    forward's, so that every decision it takes is the forward's own."""
+def read_saved(dag: Dag, decisions: dict[int, ir.OperandSpec],
+               values: dict[int, ir.OperandSpec]) -> Dag:
+    """What a forward kept, read instead of computed again (its operands added to the
+    DAG's): each node whose id is a key of ``decisions`` (a comparison, stored as a uint8
+    mask, read as ``mask != 0``; a step function's value, stored in fp32, the load itself),
+    so that every decision the DAG takes is the forward's own, and each of ``values`` (a
+    reduction whose result feeds computation), so that the DAG computes no reduction
+    feeding computation. Both in one rewrite, while the nodes are still the forward's: a
+    rewrite of either alone rebuilds the nodes above it, and the other's keys then match
+    nothing (a decision below a reduction: the reduction computed again, and the backward's
+    own reduction of a value computed from it, a chain no two passes run). Not in
+    ``PIPELINE``: the backward of an epilogue applies it first (``autodiff.backward``)."""
     made: dict[int, Node] = {}
 
     def load_of(n: Node) -> Node | None:
-        spec = saved.get(id(n))
+        spec = values.get(id(n)) or decisions.get(id(n))
         if spec is None:
             return None
         if id(n) not in made:
             load = ir.load_node(spec)
             made[id(n)] = ir.compute_node("ne", (load, ir.const_node(0.0))) \
-                if n.dtype is torch.bool else load
+                if n.dtype is torch.bool and id(n) not in values else load
         return made[id(n)]
 
     rebuilt = _as_loads(dag, load_of)
     read = {n.operand.name for n in rebuilt.nodes if n.kind is NodeKind.LOAD}
-    extra = tuple(dict.fromkeys(s for s in saved.values() if s.name in read))
+    extra = tuple(dict.fromkeys(s for s in (*decisions.values(), *values.values())
+                                if s.name in read))
     return Dag(rebuilt.outputs, (*dag.operands, *extra), dag.name, dag.gated)
 
 
@@ -381,6 +374,6 @@ def optimize(dag: Dag, debug: bool | None = None, passes=PIPELINE,
 
 
 __all__ = ["PIPELINE", "optimize", "read_saved_accumulator", "read_split_accumulator",
-           "accumulate_operand",
-           "read_saved_values", "broadcast_stores", "eliminate_dead_code", "fold_constants", "simplify_algebra",
+           "accumulate_operand", "read_saved",
+           "broadcast_stores", "eliminate_dead_code", "fold_constants", "simplify_algebra",
            "stable_forms", "eliminate_common_subexpressions", "eliminate_reductions", "Space"]

@@ -28,6 +28,7 @@ from typing import Iterator
 import torch
 
 from . import ir
+from .errors import EpilogueError
 from .ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
 
 _KIND_OF_SPACE = {Space.ROW: (OutputKind.ROW, OperandKind.PER_ROW),
@@ -94,13 +95,24 @@ def split(dag: Dag, dtype: torch.dtype = torch.float32) -> Split:
     workspaces between them hold ``dtype`` (float64 where the kernels compute in it)."""
     late = ir.after_reduction(dag)
     users = dag.users
+    # a reduction of a value computed from a reduction (the frontend refuses them in
+    # epilogues; a backward could build one) is an output of the second pass, which reduces
+    # what it computes; one that feeds computation would need a third pass
+    chained = {id(n) for n in dag.nodes
+               if n.kind is NodeKind.REDUCE and any(id(i) in late for i in n.inputs)}
+    for n in dag.nodes:
+        if id(n) in chained and users[id(n)]:
+            raise EpilogueError(f"{n.op}(...) in the value of {n.var or 'a reduction'!r} reduces "
+                                "a value computed from another reduction and feeds computation: "
+                                "that takes three passes, and evtfuse's kernels run two",
+                                variable=n.var, line=n.line)
     taken = {"accum", "D"} | {o.name for o in dag.operands} | {o.name for o in dag.outputs}
     fresh = fresh_names(taken, "ef_ws")
     out_batched = {id(o.node): o.batched for o in dag.outputs if o.node.kind is NodeKind.REDUCE}
 
     workspaces: list[Workspace] = []
     first_outs: list[Output] = [o for o in dag.outputs if id(o.node) not in late
-                                or o.node.kind is NodeKind.REDUCE]
+                                or (o.node.kind is NodeKind.REDUCE and id(o.node) not in chained)]
     loaded: dict[int, Node] = {}  # id(first-pass node) -> its load in the second pass
     for n in dag.nodes:
         if id(n) in late and n.kind is not NodeKind.REDUCE:
@@ -131,10 +143,12 @@ def split(dag: Dag, dtype: torch.dtype = torch.float32) -> Split:
             new[id(n)] = loaded[id(n)]
         elif n.kind in (NodeKind.LOAD, NodeKind.CONST, NodeKind.INDEX):
             new[id(n)] = n
-        elif n.kind is NodeKind.COMPUTE and all(id(i) in new for i in n.inputs):
+        elif (n.kind is NodeKind.COMPUTE or id(n) in chained) and \
+                all(id(i) in new for i in n.inputs):
             new[id(n)] = ir.with_inputs(n, tuple(new[id(i)] for i in n.inputs))
     second_outs = [Output(o.name, new[id(o.node)], o.kind, o.dtype, o.batched)
-                   for o in dag.outputs if id(o.node) in late and o.node.kind is not NodeKind.REDUCE]
+                   for o in dag.outputs if id(o.node) in late
+                   and (o.node.kind is not NodeKind.REDUCE or id(o.node) in chained)]
     first, r1 = _with_d(first_outs, dag.operands, dag, dag.gated)
     second, r2 = _with_d(second_outs, dag.operands + ws_specs, dag, False)
     return Split(first, second, tuple(workspaces), (r1, r2))

@@ -19,7 +19,7 @@ from .. import ir
 from ..derivative import Diff, apply_rule
 from ..ir import Dag, Node, NodeKind, OperandKind, OperandSpec, Output, OutputKind, Space
 from ..optable import OPS
-from ..passes import optimize, read_saved_accumulator, read_saved_decisions, read_saved_values
+from ..passes import optimize, read_saved, read_saved_accumulator
 from .analysis import _decisions, _NodeAlgebra, decision_key
 from .plans import (_KIND_OF_SPACE, _OPERAND_OF_OUTPUT, ACCUM, BackwardPlan, ForwardPlan,
                     Injected, _Namer, _spec, accum_target)
@@ -284,16 +284,14 @@ class _Backward:
             s = by_name[sname]
             decided[id(n)] = dspec = _spec(names(s.name), s.kind, s.dtype, s.batched)
             self.saved_ops.append((s.name, dspec.name))
-        if decided:
-            bwd = read_saved_decisions(bwd, decided)
-        if plan.values:  # the reductions feeding computation: read as the forward stored them
-            loads = {}
-            for k, sname in plan.values:
-                s = by_name[sname]
-                vspec = _spec(names(s.name), s.kind, plan.work, s.batched)
-                loads[id(dag.nodes[k])] = vspec
-                self.saved_ops.append((s.name, vspec.name))
-            bwd = read_saved_values(bwd, loads)
+        loads = {}
+        for k, sname in plan.values:  # the reductions feeding computation, as stored
+            s = by_name[sname]
+            vspec = _spec(names(s.name), s.kind, plan.work, s.batched)
+            loads[id(dag.nodes[k])] = vspec
+            self.saved_ops.append((s.name, vspec.name))
+        if decided or loads:  # in one rewrite: either alone would rebuild the other's nodes
+            bwd = read_saved(bwd, decided, loads)
         for kept in plan.saved_accums:  # "save" mode: read from the forward's copy
             kspec = OperandSpec(names(kept.name), OperandKind.FULL, kept.dtype, kept.batched)
             self.saved_ops.append((kept.name, kspec.name))
