@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -161,6 +162,7 @@ def main() -> int:
     ap.add_argument("--one", nargs=4, metavar=("NAME", "M", "N", "K"), help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per checked case")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=8, help="checks run at once")
     ap.add_argument("--out", default=None, help="JSON of the checks and timings")
     a = ap.parse_args()
     if a.compile:
@@ -171,19 +173,24 @@ def main() -> int:
     if a.one:
         name, epilogue = a.one[0].removesuffix("+bias_gelu"), a.one[0].endswith("+bias_gelu")
         return 0 if check_one(name, *map(int, a.one[1:]), epilogue=epilogue) else 1
+    cases = [[name, str(M), str(N), str(K)]
+             for name in [v + e for v in mg.VARIANTS for e in ("", "+bias_gelu")]
+             for M, N, K in (CHECK_SHAPES if not name.endswith("+bias_gelu") else EPI_SHAPES)]
+
+    def check(case):  # in a subprocess of its own: a hang is cut, not the probe
+        try:
+            r = subprocess.run([sys.executable, __file__, "--one", *case],
+                               timeout=a.timeout, capture_output=True, text=True)
+            return case, r.returncode, r.stdout.strip() or r.stderr.strip()[-2000:]
+        except subprocess.TimeoutExpired:
+            return case + ["hang"], 1, f"{' '.join(case)}: HANG (no end in {a.timeout} s)"
+
     failures = []
-    for name in [v + e for v in mg.VARIANTS for e in ("", "+bias_gelu")]:
-        for M, N, K in (CHECK_SHAPES if not name.endswith("+bias_gelu") else EPI_SHAPES):
-            case = [name, str(M), str(N), str(K)]
-            try:
-                r = subprocess.run([sys.executable, __file__, "--one", *case],
-                                   timeout=a.timeout, capture_output=True, text=True)
-                print(r.stdout.strip() or r.stderr.strip()[-2000:], flush=True)
-                if r.returncode:
-                    failures.append(case)
-            except subprocess.TimeoutExpired:
-                print(f"{name} {M}x{N}x{K}: HANG (no end in {a.timeout} s)", flush=True)
-                failures.append(case + ["hang"])
+    with ThreadPoolExecutor(a.jobs) as pool:  # compiles are CPU-bound: several at once
+        for case, rc, text in pool.map(check, cases):
+            print(text, flush=True)
+            if rc:
+                failures.append(case)
     print("failures:", failures or "none", flush=True)
     # a variant is timed where it and its epilogue passed every check
     rows = time_all(a.rounds, [n for n in mg.VARIANTS
