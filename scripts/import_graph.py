@@ -59,9 +59,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer("backends", "kernel families and their generated Triton; the CUTLASS export",
           ("backends.*", "export.*")),
     Layer("runtime.host", "the device, the disk cache, background compiles, tolerances, "
-                          "shipped defaults",
+                          "shipped defaults, Triton's key kept on disk",
           ("runtime.device", "runtime.cache", "runtime.background", "runtime.verify",
-           "runtime.defaults")),
+           "runtime.defaults", "runtime.triton_key")),
     Layer("runtime.ops", "the PyTorch operators' schemas and layouts; a call's arguments "
                          "read and sorted into one operator call",
           ("runtime.torch_op", "runtime.eager_autograd", "runtime.calls")),

@@ -27,7 +27,7 @@ from ..backends.triton.launch_items import StreamLocal
 from ..backends.triton.versions import LAUNCH_OPTIONS
 from ..errors import Status, UnsupportedError
 from ..ir import OutputKind
-from . import background, cache
+from . import background, cache, triton_key
 from .calls import run_kernel_through_op
 from .device import device_guard, quiet_float_warnings
 from .torch_op import check_no_grad, check_outputs_writable
@@ -90,6 +90,8 @@ class Kernel:
         key = spec.key()
         fn = self._fns.get(key)
         if fn is None:
+            if self.target.kind == "cuda":
+                triton_key.install()  # before Triton's first cache lookup of the process
             module = cache.load_module(key, generate(spec))
             fn = module.evtfuse_kernel
             self._fns[key] = fn
