@@ -84,6 +84,57 @@ def test_every_operand_kind(case, dtype):
     assert len(names) == 2  # both interpreter configs, one of them prefetching C
 
 
+@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_per_row_reductions(op, dtype):
+    """Per-row (T, 1) reductions (grouped_reduce's partials along N, a ticket per row
+    tile, the last column tile combining in ascending order) in every hopper candidate,
+    over every group case: rows past offs[-1] stay unwritten. Before, the family refused
+    every grouped reduction (the MoE backward's routing-weight gradient ran portable).
+    (T = 1 makes a (1, 1) output a whole-output reduction: portable.)"""
+    for case, (sizes, T) in GROUP_CASES.items():
+        G, K, N = len(sizes), 24, 72  # three column tiles of the 32-wide interpreter config
+        A, B, C = rand(T, K, dtype=dtype), rand(G, K, N, dtype=dtype), rand(T, N, dtype=dtype)
+        src = f"def e(accum, C):\n    D = accum + C\n    R = {op}(D * 2.0)\n    return D, R"
+        outs = dict(D=torch.empty(T, N, dtype=dtype), R=torch.empty(T, 1))
+        assert len(check_every_hopper_kernel(src, A, B, offs_of(sizes), dtype, outs, C=C)) == 2
+
+
+def test_other_grouped_reductions_stay_portable():
+    """Per group, per column or over every group: refused by name, run by the portable
+    kernel."""
+    A, B, offs = rand(8, 16), rand(2, 16, 12), offs_of([4, 4])
+    D = torch.empty(8, 12)
+    for shape in ((2, 1, 12), (2, 1, 1), (12,), (1,)):
+        epi = EpilogueArguments.unbound("def e(accum):\n    D = accum\n    S = sum(D)\n"
+                                        "    return D, S", D=D, S=torch.empty(shape))
+        text = evtfuse.explain(GemmArguments(A, B, D, offs=offs, epilogue=epi), cc=90)
+        assert ("hopper: refused: grouped GEMMs with per-column, per-group or whole-output "
+                "reductions run in the portable family only") in text, (shape, text)
+        assert "portable: supported" in text
+
+
+def test_moe_down_projection_backward_in_every_hopper_kernel():
+    """The MoE layer's dX epilogue (``moe.down_grad``: SwiGLU's and the routing weight's
+    derivatives from the saved gate and up, the routing weight's gradient a per-row sum)
+    in every hopper candidate, against the reference."""
+    from evtfuse.runtime import moe
+
+    src, outputs = moe.down_grad("silu")
+    grad = dict(outputs)
+    G, T, H, I = 3, 37, 24, 40
+    sizes = [15, 0, 20]
+    dy, W = rand(T, H, dtype=torch.float16), rand(G, H, I, dtype=torch.float16)
+    gate, up = rand(T, I, dtype=torch.float16), rand(T, I, dtype=torch.float16)
+    s = rand(T, 1, dtype=torch.float16)
+    outs = {"D": torch.empty(T, I, dtype=torch.float16),
+            grad["G"]: torch.empty(T, I, dtype=torch.float16),
+            grad["U"]: torch.empty(T, I, dtype=torch.float16), grad["s"]: torch.empty(T, 1)}
+    names = check_every_hopper_kernel(src, dy, W, offs_of(sizes), torch.float16, outs,
+                                      G=gate, U=up, s=s)
+    assert len(names) == 2
+
+
 def test_transposed_expert_weight_and_column_major_a():
     """B as ``W.mT`` of an expert weight W (G, N, K), read K-major through a 3-D
     descriptor over W; A column-major, read through its transpose's descriptor."""
@@ -223,3 +274,39 @@ def test_grouped_hopper_kernels_compile_for_sm90():
     assert len(got) == 6, got
     for name, c in got.items():
         assert c["shared"] > 0 and c["wgmma"] > 0 and c["spills"] == 0, (name, c)
+
+
+_DOWN_GRAD_OFFLINE = """
+import json, torch
+import evtfuse
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.runtime import moe
+from evtfuse.runtime.offline import compile_for, offered
+src, outputs = moe.down_grad("silu")
+grad = dict(outputs)
+E, H, I, T = 8, 4096, 14336, 4096
+bf = torch.bfloat16
+offs = torch.zeros(E, dtype=torch.int32)
+p = torch.empty(T, 2 * I, dtype=bf)
+outs = {"D": torch.empty(T, I, dtype=bf), grad["G"]: torch.empty(T, I, dtype=bf),
+        grad["U"]: torch.empty(T, I, dtype=bf), grad["s"]: torch.empty(T, 1)}
+args = GemmArguments(torch.empty(T, H, dtype=bf), torch.empty(E, H, I, dtype=bf), outs["D"],
+                     offs=offs, epilogue=EpilogueArguments.unbound(
+                         src, G=p[:, :I], U=p[:, I:], s=torch.empty(T, 1, dtype=bf), **outs))
+out = []
+for fam, cfg in offered(args):
+    if fam.name == "hopper":
+        c = compile_for(fam, cfg, args)
+        out.append({"config": cfg.name, "spills": c.spills, "wgmma": c.ptx.count("wgmma.mma_async")})
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_moe_down_projection_backward_compiles_for_sm90():
+    """The MoE dX epilogue's hopper candidates (Mixtral's sizes) compile offline to sm_90
+    cubins with warpgroup MMAs; at least one without spills (the tuner times them beside
+    the portable kernel: 128x128 in eight warps spilled none on 2026-11-29)."""
+    got = run_offline(_DOWN_GRAD_OFFLINE, timeout=900)
+    assert len(got) >= 6 and all(c["wgmma"] > 0 for c in got), got
+    assert any(c["spills"] == 0 for c in got), got

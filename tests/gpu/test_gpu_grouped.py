@@ -385,3 +385,44 @@ def test_fast_tuning_times_both_families():
     torch.cuda.synchronize()
     ref = evaluate_grouped("def e(accum): D = accum; return D", A, W.mT, offs, {"D": D})["D"]
     torch.testing.assert_close(D.float(), ref.float(), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
+def test_every_hopper_grouped_candidate_with_a_per_row_reduction(op):
+    """Per-row (T, 1) reductions in the hopper family's persistent grouped kernel (the
+    partials, a ticket per row tile, the last column tile's combine), every candidate,
+    skewed groups (empty ones among them) and rows past offs[-1]."""
+    G, T, K, N = 16, 2000, 256, 1000
+    dt = torch.bfloat16
+    A = _rand(T + 37, K, dtype=dt, seed=61)
+    W = _rand(G, N, K, dtype=dt, seed=62, scale=K ** -0.5)
+    offs = _offs(_sizes(G, T, True))
+    src = f"def e(accum, bias):\n    D = accum + bias\n    R = {op}(D)\n    return D, R"
+    outs = {"D": torch.empty(T + 37, N, dtype=dt, device="cuda"),
+            "R": torch.empty(T + 37, 1, device="cuda")}
+    names = check_grouped_family(src, A, W.mT, offs, outs, bias=_rand(G, 1, N, dtype=dt, seed=63))
+    assert len(names) >= 8, names
+
+
+def test_every_hopper_candidate_of_the_moe_down_projection_backward():
+    """The MoE layer's dX epilogue (``moe.down_grad``: the saved gate and up read, three
+    full outputs, the routing weight's gradient a per-row sum): every hopper candidate,
+    which the tuner now times beside the portable kernel (before, portable only: 2.06x an
+    identity GEMM of its shape, benchmarks/HISTORY.md, thirty-seventh session)."""
+    from evtfuse.runtime import moe
+
+    src, outputs = moe.down_grad("silu")
+    grad = dict(outputs)
+    G, T, H, I = 8, 3000, 512, 1408
+    dt = torch.bfloat16
+    dy = _rand(T, H, dtype=dt, seed=71)
+    W = _rand(G, H, I, dtype=dt, seed=72, scale=H ** -0.5)
+    offs = _offs(_sizes(G, T - 40, True))
+    ops = dict(G=_rand(T, I, dtype=dt, seed=73), U=_rand(T, I, dtype=dt, seed=74),
+               s=_rand(T, 1, dtype=dt, seed=75).abs())
+    outs = {"D": torch.empty(T, I, dtype=dt, device="cuda"),
+            grad["G"]: torch.empty(T, I, dtype=dt, device="cuda"),
+            grad["U"]: torch.empty(T, I, dtype=dt, device="cuda"),
+            grad["s"]: torch.empty(T, 1, device="cuda")}
+    names = check_grouped_family(src, dy, W, offs, outs, atol=5e-2, **ops)
+    assert len(names) >= 8, names

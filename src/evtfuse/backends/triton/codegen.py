@@ -312,7 +312,8 @@ def _hopper_source(spec: KernelSpec) -> str:
     in the program's table of groups (``group_emit``); gated (``pairs(accum)``): a tile
     spans BLOCK_N of B's columns and BLOCK_N // 2 of the output's."""
     epi = EpilogueEmitter(spec)
-    roles = epilogue_params(spec.names, spec.dag, "hopper", spec.direct, l2_spread=spec.l2_spread)
+    roles = epilogue_params(spec.names, spec.dag, "hopper", spec.direct, l2_spread=spec.l2_spread,
+                            grouped=spec.grouped)
     grouped, gated = spec.grouped, spec.dag.gated
     params = ", ".join(["a_desc", "b_desc", spec.rows_param(), "N", "K", "L"]
                        + (["offs"] if grouped else []) + [p for p, _ in roles])
@@ -334,6 +335,9 @@ def _hopper_source(spec: KernelSpec) -> str:
         *int64_lines(spec, roles, I1),
         f"{I1}start = tl.program_id(0)",
         *(group_table_lines(I1) if grouped else [f"{I1}num_pid_m = tl.cdiv(M, BLOCK_M)"]),
+        # grouped_reduce's per-row partials and tickets count a tile's row tile among every
+        # group's as grp_tile0 + pid_m: the persistent loop's pid_m_c already is that
+        *([f"{I1}grp_tile0 = 0"] if grouped and reduce_outputs(spec.dag) else []),
         f"{I1}num_pid_n = tl.cdiv({'2 * N' if gated else 'N'}, BLOCK_N)",
         f"{I1}k_tiles = tl.cdiv(K, BLOCK_K)",
         f"{I1}tiles_per_batch = num_pid_m * num_pid_n",

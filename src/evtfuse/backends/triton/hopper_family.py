@@ -25,7 +25,7 @@ import torch
 
 from ...arguments import GemmArguments
 from ...errors import Status
-from ...ir import OperandKind
+from ...ir import OperandKind, OutputKind
 from ...sizes import size_class
 from .family_base import (F64_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditional_store_refusal, _INT_DTYPES, INTERPRETER, SMEM_BUDGET, KernelFamily, TileConfig, _sms,
                           even_tiles, fill_rank, fp8_promote, gated_refusal, grouped_over_m,
@@ -33,12 +33,14 @@ from .family_base import (F64_REFUSAL, K_GROUPED_REFUSAL, UINT8_REFUSAL, conditi
 from .launch_items import (_batched, _epilogue_items, _gated_descriptor_getter, _get_offs,
                            _make_descriptor, _operand_getters, _reduction_items, _tma_refusal,
                            needs_int64)
-from .spec import KernelSpec, full_outputs
+from .spec import KernelSpec, full_outputs, reduce_outputs
 
 
-GROUPED_REDUCTIONS_REFUSAL = ("grouped GEMMs with reductions run in the portable family only "
-                              "(grouped_reduce: its tickets count a non-persistent grid's "
-                              "programs)")
+GROUPED_REDUCTIONS_REFUSAL = ("grouped GEMMs with per-column, per-group or whole-output "
+                              "reductions run in the portable family only (grouped_reduce's "
+                              "combines of a group's row tiles, and its identity for empty "
+                              "groups, need the portable grid's scan of offs); per-row ones "
+                              "run here too")
 
 
 class HopperFamily(KernelFamily):
@@ -51,7 +53,8 @@ class HopperFamily(KernelFamily):
         grouped = grouped_over_m(args)
         if getattr(args, "offs", None) is not None and not grouped:
             return Status.fail(K_GROUPED_REFUSAL)
-        if grouped and args.optimized_dag.reductions:
+        if grouped and any(o.kind is not OutputKind.ROW
+                           for o in reduce_outputs(args.optimized_dag)):
             return Status.fail(GROUPED_REDUCTIONS_REFUSAL)
         why = conditional_store_refusal(args) or gated_refusal(args)
         if why:
@@ -219,12 +222,14 @@ class HopperFamily(KernelFamily):
         through pointers, and as many programs as an upper bound of the tiles allows
         (``grouped_tile_bound``: the groups' sizes stay on the device); NUM_SMS, the
         loop's stride, is constant over M's size class (one compiled kernel for every T
-        of the class). No reductions (the arguments refuse them)."""
+        of the class). Per-row reductions: ``grouped_reduce``'s workspaces and tickets
+        (``supports`` refuses the others)."""
         gated = getattr(args, "gated", False)
         items: list[Any] = [*_operand_getters(spec, config, _make_descriptor), args.M, args.N,
                             args.K, args.L, _get_offs]
         items += _epilogue_items(args, dag, "hopper", config, direct=spec.direct,
                                  descriptor=_gated_descriptor_getter if gated else None)
+        items += _reduction_items(args, dag, config, "hopper", target)[0]  # per row only
         cap = _sms(target) * config.ctas_per_sm
         num_sms = min(cap, grouped_tile_bound(args, config, size_class(args.M)))
         programs = min(num_sms, grouped_tile_bound(args, config))
