@@ -18,7 +18,8 @@ no epilogue; uniform routing, `benchmarks/moe.py`'s `layer_routing`):
 - the weights' gradients, grouped over K (each expert's rows): dW_gate_up (E x 2I x H) and
   dW_down (E x H x I): `evtfuse`;
 - memory passes: `gather` (x[perm // k], the permuted copy), `sum_pairs` (each token's k
-  rows added back), against "mm" = a copy of the same bytes (`clone` of the rows).
+  rows added back by embedding_bag) and `gather_sum` (the same by evtfuse's Triton kernel:
+  ``moe.SUM_PAIRS``), against "mm" = a copy of the same bytes (`clone` of the rows).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from moe import layer_routing  # noqa: E402
 
 IDENTITY = "def identity(accum):\n    D = accum\n    return D\n"
+
+
+def summed(way: str, rows, perm, tokens: int, k: int):
+    """``moe._sum_pairs`` with ``moe.SUM_PAIRS`` set to ``way`` for the call."""
+    def run():
+        kept, moe_ops.SUM_PAIRS = moe_ops.SUM_PAIRS, way
+        try:
+            return moe_ops._sum_pairs(rows, perm, tokens, k)
+        finally:
+            moe_ops.SUM_PAIRS = kept
+    return run
 
 
 def main() -> None:
@@ -109,7 +121,8 @@ def main() -> None:
         f"memory passes over {rows} rows of {H}": {
             "mm": lambda: y_perm.clone(),
             "gather": lambda: x[perm // k],
-            "sum_pairs": lambda: moe_ops._sum_pairs(y_perm, perm, T, k),
+            "sum_pairs": summed("embedding_bag", y_perm, perm, T, k),
+            "gather_sum": summed("gather_sum", y_perm, perm, T, k),
         },
     }
     for systems in groups.values():

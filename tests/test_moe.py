@@ -250,3 +250,40 @@ def test_bad_arguments():
         MoEExperts(E, H, I, "swish")
     for p, q in zip(block.parameters(), before):  # nothing written
         assert p.grad is None and torch.equal(p, q)
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_gather_sum_rounds_once_in_order(k):
+    """``backends.triton.gather_sum`` (``moe.SUM_PAIRS = "gather_sum"``): each token's k
+    rows, gathered by the inverse permutation, summed in fp32 in pair order and rounded
+    once: within half a bf16 ulp (and fp32's own error) of the exact sum; rows and columns
+    off the program's blocks; the same bits twice."""
+    from evtfuse.backends.triton.gather_sum import gather_sum
+
+    tokens, width = 37, 600  # 600: one full column block and a masked one
+    g = torch.Generator().manual_seed(k)
+    perm = torch.randperm(tokens * k, generator=g)
+    rows = torch.randn(tokens * k, width, generator=g).bfloat16()
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel())
+    got = gather_sum(rows, inverse, k)
+    pairs = moe_ops._to_pairs(rows.double(), perm).view(tokens, k, -1)
+    exact = pairs.sum(1)
+    slack = pairs.abs().sum(1) * k * 2.0 ** -24
+    bound = 0.5 * torch.finfo(torch.bfloat16).eps * (exact.abs() + slack) + slack + 2.0 ** -133
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, width)
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    # in pair order, in fp32: the same value a loop over the pairs gives
+    want = pairs[:, 0].float()
+    for j in range(1, k):
+        want = want + pairs[:, j].float()
+    assert torch.equal(got, want.bfloat16())
+    assert torch.equal(gather_sum(rows, inverse, k), got)
+
+
+def test_the_block_with_gather_sum(monkeypatch):
+    """The experts block forward and backward with ``SUM_PAIRS = "gather_sum"`` (the
+    output's and dx's sums over k by evtfuse's kernel) against the per-expert loop."""
+    monkeypatch.setattr(moe_ops, "SUM_PAIRS", "gather_sum")
+    index, weights = _routing("skewed", k=2)
+    _check(_block(), index, weights)

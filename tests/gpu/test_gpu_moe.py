@@ -91,12 +91,17 @@ def _loaded(gate_up, down):
     return block
 
 
+@pytest.mark.parametrize("way", ["embedding_bag", "gather_sum"])
 @pytest.mark.parametrize("k", [2, 8])
-def test_sum_over_k_rounds_once(k):
-    """The sum of each token's k rows (``moe._sum_pairs``: embedding_bag on CUDA) is the
-    fp32 sum rounded once to bf16: within half a bf16 ulp (and fp32's own error) of the exact
-    sum everywhere, as the CPU's two-pass path is; a sum rounded at every step would not be."""
+def test_sum_over_k_rounds_once(k, way, monkeypatch):
+    """The sum of each token's k rows (``moe._sum_pairs``: embedding_bag on CUDA, or
+    evtfuse's ``gather_sum``: ``moe.SUM_PAIRS``) is the fp32 sum rounded once to bf16:
+    within half a bf16 ulp (and fp32's own error) of the exact sum everywhere, as the CPU's
+    two-pass path is; a sum rounded at every step would not be."""
+    from evtfuse.runtime import moe
     from evtfuse.runtime.moe import _sum_pairs, _to_pairs
+
+    monkeypatch.setattr(moe, "SUM_PAIRS", way)
 
     tokens, width = 4096, 1024
     g = torch.Generator(device="cuda").manual_seed(k)

@@ -65,6 +65,11 @@ TUNE = "fast"  # the evtfuse.grouped_gemm calls' tuning
 # "grouped_mm" (torch._grouped_mm on CUDA); benchmarks/moe.py --layer times both (its
 # variant evtfuse_wgrad_mm), and the faster becomes the default
 WEIGHT_GRADS = "evtfuse"
+# the sum of each token's k rows on CUDA: "embedding_bag" (torch's, one thread per output
+# element: 0.97 ms for Mixtral-like 16,384 tokens on an H200, 7.4x a copy of its output) or
+# "gather_sum" (backends.triton.gather_sum: the same sum, in the same order, rows in
+# blocks); scripts/moe_gemm_probe.py times both, and the faster becomes the default
+SUM_PAIRS = "embedding_bag"
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 
 _lib.define("moe_experts(Tensor x, Tensor index, Tensor weights, Tensor gate_up, Tensor down, "
@@ -129,12 +134,17 @@ def _sum_pairs(t_perm: torch.Tensor, perm: torch.Tensor, tokens: int, k: int) ->
     """(tokens, width): each token's k rows of ``t_perm`` (rows in expert order) added in
     pair order, in fp32, rounded once. On CUDA in one pass: the inverse permutation's rows of
     each token gathered and summed by ``embedding_bag`` (one thread per output element,
-    deterministic; tests/gpu/test_gpu_moe.py checks the rounding); elsewhere (the CPU,
-    whose embedding_bag rounds 16-bit sums otherwise) back to pair order, then a sum."""
-    if t_perm.device.type != "cuda":
+    deterministic; tests/gpu/test_gpu_moe.py checks the rounding) or by evtfuse's
+    ``gather_sum`` (``SUM_PAIRS``; on the CPU too, under the interpreter); elsewhere (the
+    CPU, whose embedding_bag rounds 16-bit sums otherwise) back to pair order, then a sum."""
+    if t_perm.device.type != "cuda" and SUM_PAIRS != "gather_sum":
         return _to_pairs(t_perm, perm).view(tokens, k, -1).sum(1)
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    if SUM_PAIRS == "gather_sum":
+        from ..backends.triton.gather_sum import gather_sum
+
+        return gather_sum(t_perm.contiguous(), inverse, k)
     return torch.nn.functional.embedding_bag(inverse.view(tokens, k), t_perm, mode="sum")
 
 
