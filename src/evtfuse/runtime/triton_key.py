@@ -9,9 +9,10 @@ its ``libtriton`` library, hundreds of MB. On an H200 that was 0.40 s of a secon
 ``install`` reads the key a previous process computed where every file it covers has the
 size and modification time it had then (their ``stat``, not their bytes: milliseconds), and
 puts it in Triton's place, as Triton's own compile-warmup pool does; else it computes
-Triton's key once and stores it. The value is Triton's own, so Triton's cache keys are
-unchanged; a Triton whose files changed (another release, an edited source) gets a stamp
-of its own. Any failure leaves Triton to compute its key itself (logged at debug level).
+Triton's key once and stores it; either in a thread, beside the first call's other work.
+The value is Triton's own, so Triton's cache keys are unchanged; a Triton whose files
+changed (another release, an edited source) gets a stamp of its own. Any failure leaves
+Triton to compute its key itself (logged at debug level).
 ``EVTFUSE_TRITON_KEY_CACHE=0`` turns it off.
 """
 
@@ -59,9 +60,31 @@ def stamp(triton_dir: str, version: str) -> str:
     return h.hexdigest()[:32]
 
 
+def _stored_or_computed(own) -> str:
+    """The key stored for Triton's files as they are, else Triton's own (``own()``: its
+    hash of them), stored for the next process."""
+    import triton
+
+    path = cache.cache_dir() / "triton_key" / (
+        stamp(os.path.dirname(triton.__file__), triton.__version__) + ".txt")
+    try:
+        key = cache.read_regular(path, KEY_LIMIT)
+    except (OSError, ValueError):
+        key = ""
+    if not (key.startswith(triton.__version__) and len(key) > len(triton.__version__) + 64):
+        # none, or not a key Triton wrote (its version, then SHA-256s)
+        key = own()
+        cache.atomic_write(path, key)
+    return key
+
+
 def install() -> None:
-    """Put the stored key in Triton's place (computing and storing it the first time), once
-    per process; a no-op when turned off or after the first call."""
+    """Once per process, at a CUDA problem's first plan: put in Triton's place a function
+    that waits for the key, and find the key (``_stored_or_computed``) in a thread of its
+    own, so that the rest of a first call (imports, code generation) runs while Triton's
+    files are hashed (C code that releases the GIL) or the stored key is read; a failure
+    there leaves Triton's own function to compute it. A no-op when turned off or after the
+    first call."""
     global _installed
     if _installed or not enabled():
         return
@@ -70,22 +93,27 @@ def install() -> None:
             return
         _installed = True
         try:
-            import triton
             import triton.runtime.cache as triton_cache
+        except ImportError:
+            return
+        own = triton_cache.triton_key
+        found: list[str] = []
+        done = threading.Event()
 
-            path = cache.cache_dir() / "triton_key" / (
-                stamp(os.path.dirname(triton.__file__), triton.__version__) + ".txt")
+        def find() -> None:
             try:
-                key = cache.read_regular(path, KEY_LIMIT)
-            except (OSError, ValueError):
-                key = ""
-            if not (key.startswith(triton.__version__) and len(key) > len(triton.__version__) + 64):
-                # none, or not a key Triton wrote (its version, then SHA-256s)
-                key = triton_cache.triton_key()
-                cache.atomic_write(path, key)
-            triton_cache.triton_key = lambda: key
-        except Exception as exc:  # Triton computes its key itself
-            log.debug("evtfuse: Triton's key not taken from the cache: %s", exc)
+                found.append(_stored_or_computed(own))
+            except Exception as exc:  # Triton computes its key itself
+                log.debug("evtfuse: Triton's key not taken from the cache: %s", exc)
+            finally:
+                done.set()
+
+        def waiting() -> str:
+            done.wait()
+            return found[0] if found else own()
+
+        triton_cache.triton_key = waiting
+        threading.Thread(target=find, name="evtfuse-triton-key", daemon=True).start()
 
 
 __all__ = ["install", "enabled", "stamp", "covered_files"]

@@ -40,7 +40,7 @@ from ..backends.triton.spec import GENERATOR_VERSION
 from ..errors import UnsupportedError
 from ..ir import signature
 from ..sizes import size_class
-from . import background_tuning, cache
+from . import background_tuning, cache, triton_key
 from .device import device_name
 from .defaults import suggestions
 from .discovery import explain, get_kernels, no_device_error
@@ -168,6 +168,8 @@ def _choose(args: GemmArguments, tune: str, cc):
     hit = _chosen.get((key, args.M))
     if hit is not None:
         return hit, None
+    if args.A.device.type == "cuda":
+        triton_key.install()  # Triton's key found while the families are asked (a thread)
     nowhere = no_device_error(args, cc)
     if nowhere is not None:  # CPU tensors, interpreter off: what to do, in the first line
         raise nowhere
