@@ -141,7 +141,7 @@ def test_first_call_compiles_one_kernel_then_the_others_in_the_background(tuning
 
 @pytest.mark.slow
 def test_windows_at_call_boundaries_never_in_a_capture_then_a_verified_switch(
-        tuning, monkeypatch, tmp_path):
+        tuning, monkeypatch, tmp_path, caplog):
     A, B, bias = _inputs()
     kernels = evtfuse.get_kernels(_args(A, B, bias))
     assert len(kernels) >= 2
@@ -155,11 +155,15 @@ def test_windows_at_call_boundaries_never_in_a_capture_then_a_verified_switch(
     _call(A, B, bias)
     session = _session()
     assert bt.wait(session, 60) and clock.windows == []
-    # a capture: nothing is timed, checked or prepared at its calls
+    # a capture: nothing is timed, checked or prepared at its calls, and the user is told
+    # once that the graph keeps the first kernel
     monkeypatch.setattr(bt, "_capturing", lambda: True)
     state, steps = session.state, session.steps
-    for _ in range(3):
-        _call(A, B, bias)
+    with caplog.at_level("WARNING", logger="evtfuse"):
+        for _ in range(3):
+            _call(A, B, bias)
+    said = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
+    assert len(said) == 1 and kernels[0].name in said[0] and "tune=\"fast\"" in said[0], said
     assert (session.state, session.steps, clock.windows) == (state, steps, [])
     monkeypatch.setattr(bt, "_capturing", lambda: False)
     before, calls = 0, 0

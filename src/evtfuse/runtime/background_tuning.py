@@ -140,6 +140,7 @@ class Session:
         self._rounds = None
         self._started = 0.0
         self.compile_s = self.timing_s = 0.0
+        self.captured = False  # a CUDA graph captured a call before the session ended
 
     def __repr__(self) -> str:
         return (f"Session({self.state}, first={self.first.name}, "
@@ -336,12 +337,14 @@ class SwitchingPlan:
     current plan; once the session is done it switches to the plan of the class's choice
     (``tuner.choose_kernel``) and is a plain plan from then on."""
 
-    __slots__ = ("session", "tuning", "plan", "parsed", "cc", "drives", "recipe", "_first_args")
+    __slots__ = ("session", "tuning", "plan", "kernel_name", "parsed", "cc", "drives", "recipe",
+                 "_first_args")
 
     def __init__(self, session: Session, kernel, args: GemmArguments, cc):
         self.session = session
         self.tuning = session.tuning
         self.plan = kernel.plan(args)
+        self.kernel_name = kernel.name
         self.parsed = args.epilogue.parsed
         self.cc = cc
         self.drives = int(args.M) == session.M and args.A.device == session.device
@@ -364,6 +367,14 @@ class SwitchingPlan:
         if session.done:
             self._switch(A, B, values)
             return
+        if not session.captured and _capturing():
+            session.captured = True  # said once per class
+            log.warning("evtfuse: a CUDA graph is capturing a call of %s (M=%d, N=%d, K=%d) "
+                        "before background tuning chose its kernel: the graph keeps %s, "
+                        "never switched, however the tuning ends. Tune before capturing "
+                        "(tune=\"fast\", or evtfuse.precompile) for the graph to hold the "
+                        "tuned kernel.", self.parsed.name, A.shape[-2], B.shape[-1],
+                        A.shape[-1], self.kernel_name)
         if not self.drives or _busy() or not session.lock.acquire(blocking=False):
             return
         try:
