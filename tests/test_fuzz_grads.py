@@ -84,19 +84,25 @@ def test_random_backward_dags_through_reductions_feeding_computation(examples):
     run()
 
 
+def _train_through_kernels(examples: int, seed: int, drawn_cases) -> None:
+    """``check_kernels`` (fp32, on the CPU, rtol 2e-3) over ``examples`` of ``drawn_cases``
+    from ``seed`` (``epilogue_fuzz.drawn``), each in a drawn backward mode."""
+    @drawn(examples, seed)
+    @given(case=drawn_cases, shape=st.sampled_from(CPU_SHAPES[:3]),
+           data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15),
+           mode=st.sampled_from(["recompute", "save"]))
+    def run(case, shape, data_seed, keep, mode):
+        check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
+
+    run()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @tiers(quick=2, full=6)
 def test_random_epilogues_with_reductions_feeding_computation_train(examples):
     """evtfuse.gemm's gradients through reductions feeding computation (both kernels, fp32,
     one pass or two) against the oracle."""
-    @drawn(examples, 14)
-    @given(case=cases(max_steps=2, differentiable=True, feeding=True),
-           shape=st.sampled_from(CPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
-           keep=st.integers(1, 15), mode=st.sampled_from(["recompute", "save"]))
-    def run(case, shape, data_seed, keep, mode):
-        check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
-
-    run()
+    _train_through_kernels(examples, 14, cases(max_steps=2, differentiable=True, feeding=True))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
@@ -107,28 +113,15 @@ def test_random_epilogues_with_decisions_and_reductions_feeding_computation_trai
     gradient fuzz draws them, through the kernels' two passes. (The GPU fuzz's one crash
     so far, a decision below a reduction feeding computation, came once in 464 examples:
     tests/test_decisions.py holds it; 120 examples here did not draw it.)"""
-    @drawn(examples, 15)
-    @given(case=cases(differentiable=True, feeding=True, deciding=True),
-           shape=st.sampled_from(CPU_SHAPES[:3]), data_seed=st.integers(0, 2 ** 16),
-           keep=st.integers(1, 15), mode=st.sampled_from(["recompute", "save"]))
-    def run(case, shape, data_seed, keep, mode):
-        check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
-
-    run()
+    _train_through_kernels(examples, 15, cases(differentiable=True, feeding=True,
+                                               deciding=True))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tier")
 @tiers(quick=3, full=14)
 def test_random_epilogues_train_through_the_kernels(examples):
     """evtfuse.gemm's gradients (forward and backward kernels, fp32) against the oracle."""
-    @drawn(examples, 12)
-    @given(case=cases(max_steps=2, differentiable=True), shape=st.sampled_from(CPU_SHAPES[:3]),
-           data_seed=st.integers(0, 2 ** 16), keep=st.integers(1, 15),
-           mode=st.sampled_from(["recompute", "save"]))
-    def run(case, shape, data_seed, keep, mode):
-        check_kernels(case, shape, torch.float32, data_seed, keep, "cpu", rtol=2e-3, mode=mode)
-
-    run()
+    _train_through_kernels(examples, 12, cases(max_steps=2, differentiable=True))
 
 
 def check_kernels(case, shape, dtype, data_seed, keep, device, rtol, mode="auto"):
