@@ -31,6 +31,7 @@ import sys
 import torch
 
 import evtfuse
+from evtfuse.runtime import cache
 from evtfuse.runtime import moe as moe_ops
 from probe_common import report_rounds
 
@@ -129,6 +130,8 @@ def main() -> None:
         for fn in systems.values():  # compile and tune outside the timing
             fn()
     torch.cuda.synchronize()
+    for rec in cache.list_entries():  # which kernel each evtfuse GEMM kept
+        print(f"kept: {rec['epilogue']} {rec['M']}x{rec['N']}x{rec['K']}x{rec['L']}: {rec['kernel']}")
     f = 2 * rows * H * I
     print(f"{E} experts, H {H}, I {I}, {T} tokens, top-{k}: a forward {3 * f / 1e12:.2f} "
           f"TFLOP (up {2 * f / 1e12:.2f}, down {f / 1e12:.2f}); tune={tune}")
