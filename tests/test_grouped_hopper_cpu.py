@@ -297,7 +297,8 @@ out = []
 for fam, cfg in offered(args):
     if fam.name == "hopper":
         c = compile_for(fam, cfg, args)
-        out.append({"config": cfg.name, "spills": c.spills, "wgmma": c.ptx.count("wgmma.mma_async")})
+        out.append({"config": cfg.name, "spills": c.spills, "wgmma": c.ptx.count("wgmma.mma_async"),
+                    "flatten": cfg.flatten})
 print("RESULT" + json.dumps(out))
 """
 
@@ -305,8 +306,10 @@ print("RESULT" + json.dumps(out))
 @pytest.mark.slow
 def test_moe_down_projection_backward_compiles_for_sm90():
     """The MoE dX epilogue's hopper candidates (Mixtral's sizes) compile offline to sm_90
-    cubins with warpgroup MMAs; at least one without spills (the tuner times them beside
-    the portable kernel: 128x128 in eight warps spilled none on 2026-11-29)."""
+    cubins with warpgroup MMAs, on every supported Triton (CI runs this file on 3.6.0 too,
+    where a flattened tile loop around grouped_reduce's combine failed to compile: the
+    candidates loop unflattened); at least one without spills (the tuner times them beside
+    the portable kernel)."""
     got = run_offline(_DOWN_GRAD_OFFLINE, timeout=900)
-    assert len(got) >= 6 and all(c["wgmma"] > 0 for c in got), got
+    assert len(got) >= 6 and all(c["wgmma"] > 0 and not c["flatten"] for c in got), got
     assert any(c["spills"] == 0 for c in got), got

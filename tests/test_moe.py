@@ -287,3 +287,29 @@ def test_the_block_with_gather_sum(monkeypatch):
     monkeypatch.setattr(moe_ops, "SUM_PAIRS", "gather_sum")
     index, weights = _routing("skewed", k=2)
     _check(_block(), index, weights)
+
+
+_GATHER_SUM_OFFLINE = """
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from evtfuse.backends.triton.gather_sum import BLOCK, ROWS, _gather_sum
+out = {}
+for dt in ("*bf16", "*fp16", "*fp32"):
+    sig = {"src": dt, "index": "*i64", "out": dt, "rows": "i32", "width": "i32",
+           "s_src": "i32", "s_out": "i32", "K": "constexpr", "ROWS": "constexpr",
+           "BLOCK": "constexpr"}
+    src = ASTSource(fn=_gather_sum, signature=sig, constexprs={(7,): 8, (8,): ROWS, (9,): BLOCK})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out[dt] = len(k.asm["cubin"])
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_gather_sum_compiles_for_sm90():
+    """``gather_sum``'s kernel compiles offline to sm_90 for 16-bit and fp32 rows (k = 8)."""
+    from offline_run import run_offline
+
+    got = run_offline(_GATHER_SUM_OFFLINE, timeout=600)
+    assert len(got) == 3 and all(size > 0 for size in got.values()), got

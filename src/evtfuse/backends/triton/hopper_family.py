@@ -128,6 +128,11 @@ class HopperFamily(KernelFamily):
             # one wave at two programs per SM, tiles taken in launch order (no flattened
             # loop): relu aux at 2048^3 0.0344 ms against 0.0352 for 128x256 (perf_probe)
             fits.insert(1, small)
+        if grouped_over_m(args) and reduce_outputs(args.optimized_dag):
+            # grouped_reduce's combine is a loop inside the tile loop: Triton 3.6.0's
+            # TritonGPUFuseNestedLoops fails on it in a flattened loop (offline sm_90 compile,
+            # every flattened config; 3.9.0 compiles them), so these tiles loop unflattened
+            fits = list(dict.fromkeys(replace(c, flatten=False) for c in fits))
         return fits
 
     @staticmethod
