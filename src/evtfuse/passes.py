@@ -322,7 +322,7 @@ def read_saved(dag: Dag, decisions: dict[int, ir.OperandSpec],
         if id(n) not in made:
             load = ir.load_node(spec)
             made[id(n)] = ir.compute_node("ne", (load, ir.const_node(0.0))) \
-                if n.dtype is torch.bool and id(n) not in values else load
+                if n.dtype is torch.bool else load  # a kept reduction is never a bool
         return made[id(n)]
 
     rebuilt = _as_loads(dag, load_of)

@@ -76,7 +76,7 @@ class PortableFamily(KernelFamily):
             bn = max(16, triton_next_pow2(args.N))
             if target.kind == INTERPRETER:
                 return [TileConfig(16, bn, 16, group_m=2, num_warps=1, num_stages=1)]
-            if args.A.dtype == torch.float64:  # F64_TILES: 16 rows, eight warps for wide ones
+            if args.A.dtype == torch.float64:  # few elements a thread, as F64_TILES: 16 rows
                 return [TileConfig(16, bn, 16, 8, 8 if bn >= 128 else 4, 2)]
             bk = {8: 16, 4: 32, 2: 64, 1: 128}[args.A.element_size()]
             return [TileConfig(64, bn, bk, 8, 4 if bn <= 128 else 8, 3),
