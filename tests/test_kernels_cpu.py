@@ -588,6 +588,29 @@ def test_a_launcher_of_another_convention_falls_back_and_says_so(monkeypatch, ca
     assert len(warned) == 1 and "raw launch path" in warned[0].getMessage()
 
 
+def test_direct_launches_keep_the_compiled_kernel_alive(monkeypatch):
+    """A launch plan's direct launcher holds Triton's ``CompiledKernel`` itself, not only
+    its function handle: Triton 3.9 unloads a kernel's module when that object is collected
+    (the JIT's cache drops it when a second compile of the same key replaces it), and a
+    launch through the handle then failed on the GPU with "invalid resource handle"."""
+    import gc
+    import weakref
+
+    from evtfuse.backends.triton import launch as L
+
+    run, compiled, jit, seen, encoded, Desc, arity = _launch_fixture(monkeypatch)
+    launch = L.direct_launcher(compiled, jit, (2,), 4, {"BLOCK": 64})
+    alive = weakref.ref(compiled)
+    del compiled
+    gc.collect()
+    assert alive() is not None
+    t = torch.empty(32)
+    assert launch([Desc(t), 128, Desc(t), 0.5]) is True
+    del launch
+    gc.collect()
+    assert alive() is None  # held by the launcher only
+
+
 def _hopper_configs(M, N, K, src="def epi(accum, C): D = accum + C; return D", c_major=False):
     from evtfuse.backends.triton.families import HopperFamily, Target
 

@@ -64,7 +64,12 @@ def direct_launcher(compiled, jit_fn, grid: tuple, n_positional: int, consts: di
                                           get_device, get_stream)))
     checked: set[str] = set()
 
-    def launch(pos) -> bool:
+    def launch(pos, _owner=compiled) -> bool:
+        # ``_owner`` keeps the compiled kernel, and so ``function``'s module, alive: Triton
+        # 3.9 unloads the module when its ``CompiledKernel`` is collected, which happens
+        # while the JIT's cache still has an entry for the key (two threads compiling one
+        # key: the second result replaces the first) and a launch would then hand CUDA a
+        # handle of an unloaded module ("invalid resource handle")
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             return False
         while paths:
