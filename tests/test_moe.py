@@ -254,7 +254,7 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("k", [1, 2, 8])
 def test_gather_sum_rounds_once_in_order(k):
-    """``backends.triton.gather_sum`` (``moe.SUM_PAIRS = "gather_sum"``): each token's k
+    """``backends.triton.gather_sum`` (``moe.SUM_PAIRS``' default): each token's k
     rows, gathered by the inverse permutation, summed in fp32 in pair order and rounded
     once: within half a bf16 ulp (and fp32's own error) of the exact sum; rows and columns
     off the program's blocks; the same bits twice."""
@@ -281,10 +281,12 @@ def test_gather_sum_rounds_once_in_order(k):
     assert torch.equal(gather_sum(rows, inverse, k), got)
 
 
-def test_the_block_with_gather_sum(monkeypatch):
-    """The experts block forward and backward with ``SUM_PAIRS = "gather_sum"`` (the
-    output's and dx's sums over k by evtfuse's kernel) against the per-expert loop."""
-    monkeypatch.setattr(moe_ops, "SUM_PAIRS", "gather_sum")
+def test_the_block_with_the_other_sum_over_k(monkeypatch):
+    """The experts block forward and backward with ``SUM_PAIRS = "embedding_bag"`` (the
+    default is evtfuse's ``gather_sum``; on the CPU this is a copy back to pair order and a
+    sum) against the per-expert loop."""
+    assert moe_ops.SUM_PAIRS == "gather_sum"
+    monkeypatch.setattr(moe_ops, "SUM_PAIRS", "embedding_bag")
     index, weights = _routing("skewed", k=2)
     _check(_block(), index, weights)
 

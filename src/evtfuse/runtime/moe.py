@@ -31,8 +31,8 @@ weight (a per-row operand: s applied before the down projection, since
 ``s * (A @ W2.T) = (s * A) @ W2.T``); and the down projection, a plain grouped GEMM, giving
 ``y_perm``. Back to token order and the sum over k, deterministically, in one pass
 (``_sum_pairs``): each token's k rows gathered by the inverse permutation and added in
-order, in fp32 (``embedding_bag``'s sum: one thread per output element; not a copy back to
-pair order and a sum after it, nor ``index_add_``, whose float atomics are not
+order, in fp32 (``SUM_PAIRS``: evtfuse's ``gather_sum`` kernel, or ``embedding_bag``; not a
+copy back to pair order and a sum after it, nor ``index_add_``, whose float atomics are not
 deterministic on CUDA).
 
 Backward, four grouped GEMMs: ``dY_perm = dy[perm // k]``; the first, ``dY_perm @ down_e``,
@@ -65,11 +65,12 @@ TUNE = "fast"  # the evtfuse.grouped_gemm calls' tuning
 # "grouped_mm" (torch._grouped_mm on CUDA); benchmarks/moe.py --layer times both (its
 # variant evtfuse_wgrad_mm), and the faster becomes the default
 WEIGHT_GRADS = "evtfuse"
-# the sum of each token's k rows on CUDA: "embedding_bag" (torch's, one thread per output
-# element: 0.97 ms for Mixtral-like 16,384 tokens on an H200, 7.4x a copy of its output) or
-# "gather_sum" (backends.triton.gather_sum: the same sum, in the same order, rows in
-# blocks); scripts/moe_gemm_probe.py times both, and the faster becomes the default
-SUM_PAIRS = "embedding_bag"
+# the sum of each token's k rows: "gather_sum" (backends.triton.gather_sum: rows in
+# blocks, on the CPU under the interpreter too) or "embedding_bag" (torch's on CUDA, one
+# thread per output element; on the CPU a copy back to pair order and a sum); both add in
+# pair order in fp32 and round once. scripts/moe_gemm_probe.py times both: Mixtral-like
+# 16,384 tokens x 4096, k = 2, on an H200 0.112 ms against 0.988 (0.86x and 7.6x a copy)
+SUM_PAIRS = "gather_sum"
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 
 _lib.define("moe_experts(Tensor x, Tensor index, Tensor weights, Tensor gate_up, Tensor down, "
@@ -132,11 +133,12 @@ def _route(index: torch.Tensor, experts: int):
 
 def _sum_pairs(t_perm: torch.Tensor, perm: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
     """(tokens, width): each token's k rows of ``t_perm`` (rows in expert order) added in
-    pair order, in fp32, rounded once. On CUDA in one pass: the inverse permutation's rows of
-    each token gathered and summed by ``embedding_bag`` (one thread per output element,
-    deterministic; tests/gpu/test_gpu_moe.py checks the rounding) or by evtfuse's
-    ``gather_sum`` (``SUM_PAIRS``; on the CPU too, under the interpreter); elsewhere (the
-    CPU, whose embedding_bag rounds 16-bit sums otherwise) back to pair order, then a sum."""
+    pair order, in fp32, rounded once, in one pass: the inverse permutation's rows of each
+    token gathered and summed by evtfuse's ``gather_sum`` (``SUM_PAIRS``; on the CPU under
+    the interpreter) or by ``embedding_bag`` on CUDA (one thread per output element;
+    deterministic either way: tests/gpu/test_gpu_moe.py checks the rounding of both); with
+    ``embedding_bag`` on the CPU (whose 16-bit sums round otherwise) back to pair order,
+    then a sum."""
     if t_perm.device.type != "cuda" and SUM_PAIRS != "gather_sum":
         return _to_pairs(t_perm, perm).view(tokens, k, -1).sum(1)
     inverse = torch.empty_like(perm)
