@@ -8,7 +8,13 @@ Per workload and shape (``--workloads``, ``--shapes``; the suite's definitions,
 caches in a fresh folder:
 
 - ``fresh_s``: the first ``evtfuse.gemm`` call (in the row's ``tune`` mode) of a new
-  process on empty caches: code generation, compiles, tuning;
+  process on empty caches (the first call after an install): code generation, compiles,
+  tuning, and what Triton and evtfuse do once per install (Triton's driver stub built by
+  the C compiler, Triton's key of its own sources: ``runtime.triton_key``);
+- ``new_epilogue_s`` (``--install warm``, the default ``both``): the same first call in a
+  new process whose caches hold what another epilogue's calls left (a ``prime`` process ran
+  ``PRIME_EPILOGUE`` first): a new epilogue in a notebook or a training job, the issue's
+  "first call of a new epilogue and shape in a fresh process";
 - ``warm_ms``: a later call of that process (the median of five, synchronised);
 - ``new_m_ms``: in the same process, the first call at another M of the same size class
   (``tuner.size_class``: M less a tenth, a multiple of 8), minus that M's warm call: what
@@ -29,6 +35,10 @@ window or check each), ``kernel`` (the class's choice, to compare with "fast"'s)
 ``warm_ms`` after the switch.
 
 Times are host wall-clock around a synchronised call (imports and input creation apart).
+Python modules run from bytecode, as after ``pip install`` (which byte-compiles): every
+process shares a ``PYTHONPYCACHEPREFIX`` folder that a first untimed process fills
+(``--no-bytecode``: as the machine has them; a site-packages folder the user cannot write,
+or ``PYTHONDONTWRITEBYTECODE``, then compiles Triton's sources in every process, 0.3 s).
 ``--workers N`` sets ``EVTFUSE_COMPILE_WORKERS`` (1: candidates compiled one at a time);
 ``--profile TOP`` records where each process's first call goes (cProfile, its TOP functions
 by cumulative time).
@@ -49,6 +59,10 @@ TARGETS = {"fresh_s": 5.0, "second_s": 1.5, "new_m_ms": 50.0}
 # issue 52's targets for tune="background" (H200; the median over the dense cells)
 BACKGROUND_TARGETS = {"fresh_s": 1.5, "second_s": 0.3}
 TUNES = ("fast", "background")
+INSTALLS = ("empty", "warm")
+# the epilogue the "prime" process calls before a warm-install cell: none of the suite's
+PRIME_EPILOGUE = "def prime(accum, C):\n    D = 0.5 * accum - C\n    return D"
+PRIME_SHAPE = (256, 256, 256)
 
 
 def _until_switch(call, limit_s: float) -> dict:
@@ -71,8 +85,28 @@ def _until_switch(call, limit_s: float) -> dict:
             "calls": n, "states": [repr(s) for s in tuner._sessions.values()]}
 
 
+def _prime() -> dict:
+    """Another epilogue's first call (``PRIME_EPILOGUE``, ``tune="none"``: one kernel),
+    untimed: what it leaves in the caches (Triton's driver stub and key, a kernel of its
+    own) and in the bytecode folder is what a warm install has."""
+    import torch
+
+    import evtfuse
+
+    m, n, k = PRIME_SHAPE
+    A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    C = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    D = evtfuse.gemm(A, B, epilogue=PRIME_EPILOGUE, C=C, tune="none")
+    torch.testing.assert_close(D.float(), 0.5 * (A.float() @ B.float()) - C.float(),
+                               rtol=2e-2, atol=2e-1)
+    return {"first_s": None}
+
+
 def _child(workload: str, shape: tuple[int, int, int], phase: str, tune: str = "fast",
            switch_s: float = 60.0) -> dict:
+    if phase == "prime":
+        return _prime()
     import torch
 
     import evtfuse
@@ -153,6 +187,11 @@ def main() -> int:
     p.add_argument("--profile", type=int, default=0, metavar="TOP",
                    help="profile each process's first call (cProfile): its TOP functions by "
                         "cumulative time go into the row (fresh_profile, second_profile)")
+    p.add_argument("--install", default="both", choices=("both",) + INSTALLS,
+                   help="empty: caches empty (fresh_s, second_s); warm: caches another "
+                        "epilogue's calls left (new_epilogue_s)")
+    p.add_argument("--no-bytecode", action="store_true",
+                   help="run Python modules as the machine has them (no shared bytecode)")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -166,6 +205,8 @@ def main() -> int:
     if bad:
         p.error(f"--tunes takes {', '.join(TUNES)}, not {bad[0]!r}")
     start = time.monotonic()
+    if not a.no_bytecode:
+        _bytecode()
     rows = []
     for shape in a.shapes.split(","):
         for workload in a.workloads.split(","):
@@ -179,38 +220,76 @@ def main() -> int:
                 os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
                 with open(a.out, "w") as f:
                     json.dump({"targets": TARGETS, "background_targets": BACKGROUND_TARGETS,
-                               "rows": rows}, f, indent=1)
+                               "bytecode": not a.no_bytecode, "rows": rows}, f, indent=1)
     _print_table(rows)
     return 0
 
 
-def _cell(workload: str, shape: str, tune: str, a) -> dict:
-    """One cell in one tuning mode: a fresh process, then a second one on its caches."""
+def _bytecode() -> None:
+    """Every child process from now on runs evtfuse's and Triton's modules from bytecode in
+    a folder of its own (``PYTHONPYCACHEPREFIX``), compiled here as ``pip install`` does,
+    and a prime process fills in the rest it imports (torch's lazily imported modules)."""
+    import importlib.util
+
+    folder = tempfile.mkdtemp(prefix="evtfuse-cold-pyc-")
+    os.environ["PYTHONPYCACHEPREFIX"] = folder
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    packages = [os.path.dirname(importlib.util.find_spec(name).origin)
+                for name in ("evtfuse", "triton")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *packages],
+                   check=False, capture_output=True, timeout=600)
+    got = _run_child("identity", "x".join(map(str, PRIME_SHAPE)), "prime", _env(None), "none",
+                     0.0)
+    if "error" in got:
+        print("cold_start.py: the bytecode's prime process failed:", *got["error"], sep="\n")
+
+
+def _env(a) -> dict:
+    """A child's environment: evtfuse's and Triton's caches in a new folder."""
     root = tempfile.mkdtemp(prefix="evtfuse-cold-")
     env = dict(os.environ, EVTFUSE_CACHE_DIR=os.path.join(root, "evtfuse"),
                TRITON_CACHE_DIR=os.path.join(root, "triton"), EVTFUSE_PROGRESS="0")
-    if a.workers is not None:
+    if a is not None and a.workers is not None:
         env["EVTFUSE_COMPILE_WORKERS"] = str(a.workers)
-    if a.profile:
+    if a is not None and a.profile:
         env["COLD_START_PROFILE"] = str(a.profile)
-    fresh = _run_child(workload, shape, "fresh", env, tune, a.switch_s)
-    second = _run_child(workload, shape, "second", env, tune, a.switch_s)
-    return {"workload": workload, "shape": shape, "tune": tune, "workers": a.workers,
-            "fresh_s": fresh.get("first_s"), "second_s": second.get("first_s"),
-            **{k: v for k, v in fresh.items() if k not in ("first_s", "profile")},
-            **({"fresh_profile": fresh["profile"], "second_profile": second.get("profile")}
-               if "profile" in fresh else {}),
-            **({"second_error": second["error"]} if "error" in second else {})}
+    return env
+
+
+def _cell(workload: str, shape: str, tune: str, a) -> dict:
+    """One cell in one tuning mode: on empty caches a fresh process, then a second one on
+    its caches; on caches of its own a prime process (another epilogue), then this
+    epilogue's first call in a new process."""
+    row: dict = {"workload": workload, "shape": shape, "tune": tune, "workers": a.workers}
+    if a.install in ("both", "empty"):
+        env = _env(a)
+        fresh = _run_child(workload, shape, "fresh", env, tune, a.switch_s)
+        second = _run_child(workload, shape, "second", env, tune, a.switch_s)
+        row.update({"fresh_s": fresh.get("first_s"), "second_s": second.get("first_s"),
+                    **{k: v for k, v in fresh.items() if k not in ("first_s", "profile")},
+                    **({"fresh_profile": fresh["profile"],
+                        "second_profile": second.get("profile")} if "profile" in fresh else {}),
+                    **({"second_error": second["error"]} if "error" in second else {})})
+    if a.install in ("both", "warm"):
+        env = _env(a)
+        prime = _run_child(workload, shape, "prime", env, tune, a.switch_s)
+        first = _run_child(workload, shape, "first", env, tune, a.switch_s)
+        row.update({"new_epilogue_s": first.get("first_s"),
+                    **({"new_epilogue_profile": first["profile"]} if "profile" in first else {}),
+                    **({"new_epilogue_error": first.get("error") or prime["error"]}
+                       if "error" in first or "error" in prime else {})})
+    return row
 
 
 def _print_table(rows: list[dict]) -> None:
     nan = float("nan")
-    print(f"{'workload':16} {'shape':16} {'tune':10} {'fresh s':>8} {'second s':>9} "
-          f"{'new M ms':>9} {'warm ms':>8} {'switch':>7}")
+    print(f"{'workload':16} {'shape':16} {'tune':10} {'fresh s':>8} {'new epi s':>9} "
+          f"{'second s':>9} {'new M ms':>9} {'warm ms':>8} {'switch':>7}")
     for r in rows:
-        if "fresh_s" in r and r["fresh_s"] is not None:
-            print(f"{r['workload']:16} {r['shape']:16} {r['tune']:10} {r['fresh_s']:8.2f} "
-                  f"{r['second_s'] or nan:9.2f} {r.get('new_m_ms', nan):9.1f} "
+        if r.get("fresh_s") is not None or r.get("new_epilogue_s") is not None:
+            print(f"{r['workload']:16} {r['shape']:16} {r['tune']:10} "
+                  f"{r.get('fresh_s') or nan:8.2f} {r.get('new_epilogue_s') or nan:9.2f} "
+                  f"{r.get('second_s') or nan:9.2f} {r.get('new_m_ms', nan):9.1f} "
                   f"{r.get('warm_ms', nan):8.3f} {r.get('switch_calls') or '':>7}")
         else:
             print(f"{r['workload']:16} {r['shape']:16} {r.get('tune', ''):10} "
