@@ -12,6 +12,8 @@
 # on the command line (NAME/1: whole). Fuzz failures are reported unshrunk (EVTFUSE_FUZZ_SHRINK=0).
 # A shard still running at TIMEOUT_S gets SIGINT: pytest stops there and prints the failures
 # it has seen and its count line (rc=124 in its log; killed 20 s later if it hangs).
+# EVTFUSE_TEST_FAST_AS=background: every tune="fast" call tunes in the background instead
+# (tests/conftest.py: the tier as it would run with "background" as the default).
 set -u
 out=${1:?log folder}
 limit=${2:-540}

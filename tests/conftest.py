@@ -43,6 +43,18 @@ def own_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel, "_kernel_objects", {})
 
 
+@pytest.fixture(autouse=os.environ.get("EVTFUSE_TEST_FAST_AS") == "background")
+def fast_as_background(monkeypatch):
+    """``EVTFUSE_TEST_FAST_AS=background``: every ``tune="fast"`` call (the default) tunes
+    in the background instead: the GPU tier run as it would run with "background" as the
+    default (issue 52), its first calls on the starter kernel and switching mid-test."""
+    from evtfuse.runtime import tuner
+
+    choose = tuner._choose
+    monkeypatch.setattr(tuner, "_choose", lambda args, tune, cc: choose(
+        args, tuner.BACKGROUND if tune == "fast" else tune, cc))
+
+
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
                      help="run every N-th selected test, from the I-th (1 <= I <= N)")
