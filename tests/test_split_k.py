@@ -119,6 +119,26 @@ def test_on_a_gpu_split_k_candidates_follow_the_families_first():
     assert {k.name for k in kernels[1:3]} <= {k.name for k in fast}
 
 
+def test_small_m_offers_the_portable_inner_kernel_beside_the_families_first():
+    """For M up to ``PORTABLE_INNER_M`` each slice count comes with two inner kernels, the
+    families' first and the portable family's first (measured faster at M = 16-64 on an
+    H200): the tuner times both; at larger M, and where the first is portable, one."""
+    from evtfuse.backends.triton.families import Target
+
+    def offered(m, n, k):
+        args = _args(m=m, n=n, k=k)
+        gpu = Target("cuda", 90, args.A.device, 132, offline=True)
+        return [(c.S, c.inner.family.name) for c in split_k.candidates(args, gpu)]
+
+    for m in (16, split_k.PORTABLE_INNER_M):
+        got = offered(m, 4096, 4096)
+        assert [s for s, _ in got] == [4, 4, 2, 2], got
+        assert [f for _, f in got][1::2] == ["portable", "portable"], got
+        assert "portable" not in [f for _, f in got][0::2], got
+    assert offered(256, 4096, 14336) == [(2, "gluon")]
+    assert offered(40, 72, 1024) == [(4, "portable"), (2, "portable")]  # first is portable
+
+
 def test_compile_after_get_kernels_allocates_nothing(monkeypatch):
     """Background tuning generates code in worker threads, which must make no CUDA call: a
     split-K kernel's compile reads the partial products' arguments made when it was

@@ -10,7 +10,8 @@ no host sync, no atomics:
 1. the partial products: a batched GEMM of the S slices, ``A[:, s Ks:(s+1) Ks] @
    B[s Ks:(s+1) Ks, :]`` (strided views of A and B, no copy), identity epilogue, into an
    fp32 workspace W (S, M, N) kept per stream (``StreamLocal``), run by the first kernel
-   the families offer for it (``inner``);
+   the families offer for it (``inner``), and for M up to ``PORTABLE_INNER_M`` also by the
+   portable family's first (two candidates per slice count: the tuner times both);
 2. the epilogue over K = 0, its accumulator the sum W[0] + W[1] + ... in that order
    (``passes.read_split_accumulator``: the same sum on every run, deterministic), run by
    the first kernel offered for it (in two passes itself where its reductions feed
@@ -40,10 +41,16 @@ from .kernel import Kernel, kernels_for, second_plan
 from .two_pass import over_k0
 
 FACTORS = (8, 4, 2)  # slices of K tried, most first
-OFFERED = 2  # split-K candidates per problem (the two with most slices that fit)
+OFFERED = 2  # slice counts offered per problem (the two with most slices that fit)
 MIN_SLICE = 256  # K per slice at least
 TILE = 128  # the tile side by which "few output tiles" is judged
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# M up to this: the portable family's first kernel (64-row tiles or smaller) is offered for
+# the partial products beside the families' first. scripts/small_m_probe.py on an H200
+# (BENCHMARKS.md, "Small M"): with 4 slices at M = 16-64 it ran 0.98-1.24x cuBLAS where the
+# gluon 128 x 128 kernel ran 1.12-1.78x, in 7 of 8 cells; at M = 256 (2 slices) the other
+# way round (1.48-1.57x against 1.03-1.24x)
+PORTABLE_INNER_M = 64
 
 
 def _tiles(args: GemmArguments) -> int:
@@ -245,12 +252,18 @@ def split_kernel(inner: Kernel, S: int, target: Target) -> SplitKernel:
 
 def candidates(args: GemmArguments, target: Target) -> list[SplitKernel]:
     """The split-K kernels offered for ``args`` (``factors``), each with the first kernel
-    the families offer for its partial products."""
+    the families offer for its partial products and, for M up to ``PORTABLE_INNER_M``, the
+    portable family's first too (where that is another)."""
     out = []
     for S in factors(args, target):
         inner = kernels_for(partial_of(args, S), target)
-        if inner:
-            out.append(split_kernel(inner[0], S, target))
+        if not inner:
+            continue
+        out.append(split_kernel(inner[0], S, target))
+        if args.M <= PORTABLE_INNER_M:
+            portable = next((k for k in inner if k.family.name == "portable"), None)
+            if portable is not None and portable is not inner[0]:
+                out.append(split_kernel(portable, S, target))
     return out
 
 
