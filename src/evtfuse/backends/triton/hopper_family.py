@@ -36,6 +36,16 @@ from .launch_items import (_batched, _epilogue_items, _gated_descriptor_getter, 
 from .spec import KernelSpec, full_outputs, reduce_outputs
 
 
+# Epilogues of HEAVY_TILES or more full tiles (operands loaded and outputs stored): the
+# sub-tiles are narrowed (EPI_SPLIT doubled, to 32 columns at least) until the accumulator
+# and the tiles in flight, ``_epilogue_registers``, fit EPILOGUE_REGISTERS a thread.
+# Offline sm_90 compiles of the MoE dX epilogue (two tiles in, three out;
+# tests/test_grouped_hopper_cpu.py), registers a thread by that count against local-memory
+# accesses: 160, 192 and 192 none; 256, 320 and 384 273-1409 (128x256 tiles in 8 warps in
+# quarters 276, in eighths none). Lighter epilogues keep the measured configs.
+HEAVY_TILES = 4
+EPILOGUE_REGISTERS = 224
+
 GROUPED_REDUCTIONS_REFUSAL = ("grouped GEMMs with per-column, per-group or whole-output "
                               "reductions run in the portable family only (grouped_reduce's "
                               "combines of a group's row tiles, and its identity for empty "
@@ -102,11 +112,16 @@ class HopperFamily(KernelFamily):
             # barrier wait (splitk_probe.py: 64x64x128 0.0584 ms, cuBLAS 0.0583)
             TileConfig(64, 64, 2 * bk, 8, 4, 5, epi_split=1),
         ]
+        tiles_in_flight = _full_tiles(args)
+        heavy = tiles_in_flight if tiles_in_flight >= HEAVY_TILES else 0
         fits = []
         for c in cands:
             # wide or many outputs: split the epilogue further rather than overflow shared
             # memory (each stored sub-tile is staged there for its TMA store)
             while self._smem(c, elt, tile_bytes) > SMEM_BUDGET and c.epi_split < 4 \
+                    and c.block_n // (c.epi_split * 2) >= 32:
+                c = replace(c, epi_split=c.epi_split * 2)
+            while heavy and _epilogue_registers(c, heavy) > EPILOGUE_REGISTERS \
                     and c.block_n // (c.epi_split * 2) >= 32:
                 c = replace(c, epi_split=c.epi_split * 2)
             if self._smem(c, elt, tile_bytes) <= SMEM_BUDGET and c not in fits:
@@ -263,3 +278,18 @@ def _l2_spread_ok(args: GemmArguments) -> bool:
     fulls = [s for s in args.optimized_dag.used_operands if s.kind is OperandKind.FULL]
     return bool(fulls) and all(not s.batched and args.epilogue.values[s.name].stride(-1) == 1
                                for s in fulls)
+
+
+def _full_tiles(args: GemmArguments) -> int:
+    """How many full tiles the epilogue loads and stores (operands and outputs)."""
+    dag = args.optimized_dag
+    return (sum(1 for s in dag.used_operands if s.kind is OperandKind.FULL)
+            + len(full_outputs(dag)))
+
+
+def _epilogue_registers(c: TileConfig, tiles: int) -> int:
+    """A thread's registers in the epilogue, as ``EPILOGUE_REGISTERS`` counts them: the
+    tile's fp32 accumulator and, of each full tile but one, the sub-tile in flight."""
+    threads = 32 * c.num_warps
+    return (c.block_m * c.block_n + c.block_m * (c.block_n // c.epi_split) * (tiles - 1)) \
+        // threads
