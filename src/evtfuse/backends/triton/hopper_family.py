@@ -113,7 +113,9 @@ class HopperFamily(KernelFamily):
             TileConfig(64, 64, 2 * bk, 8, 4, 5, epi_split=1),
         ]
         tiles_in_flight = _full_tiles(args)
-        heavy = tiles_in_flight if tiles_in_flight >= HEAVY_TILES else 0
+        # (a gated epilogue's sub-tiles are halves of these already: not narrowed further)
+        heavy = tiles_in_flight if tiles_in_flight >= HEAVY_TILES \
+            and not args.optimized_dag.gated else 0
         fits = []
         for c in cands:
             # wide or many outputs: split the epilogue further rather than overflow shared
