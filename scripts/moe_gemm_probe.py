@@ -5,6 +5,7 @@ can be split into what each kernel costs.
 
     PYTHONPATH=src python3 scripts/moe_gemm_probe.py [--experts 8 --hidden 4096 --inter 14336
         --tokens 16384 --top-k 2] [--rounds 5] [--tune fast|exhaustive|none] [--guarded]
+        [--down-grad-candidates N]
 
 Rows (each timed in interleaved rounds against "mm", `torch._grouped_mm` of that GEMM with
 no epilogue; uniform routing, `benchmarks/moe.py`'s `layer_routing`):
@@ -17,6 +18,9 @@ no epilogue; uniform routing, `benchmarks/moe.py`'s `layer_routing`):
 - dx, rows x H x 2I over M: `evtfuse`;
 - the weights' gradients, grouped over K (each expert's rows): dW_gate_up (E x 2I x H) and
   dW_down (E x H x I): `evtfuse`;
+- with ``--down-grad-candidates N``: the backward's dA with its derived epilogue in each of
+  the first N kernels ``get_kernels`` offers for it, each alone (their outputs checked
+  against the tuned call's first: bf16 tolerances), so the tuner's pick can be judged;
 - memory passes: `gather` (x[perm // k], the permuted copy), `sum_pairs` (each token's k
   rows added back by embedding_bag) and `gather_sum` (the same by evtfuse's Triton kernel:
   ``moe.SUM_PAIRS``), against "mm" = a copy of the same bytes (`clone` of the rows).
@@ -52,6 +56,35 @@ def summed(way: str, rows, perm, tokens: int, k: int):
     return run
 
 
+def down_grad_candidates(n: int, groups: dict, dy_perm, down, offs, src, grad: dict, a, p, s,
+                         dp, ds) -> dict:
+    """{"mm": the plain grouped GEMM, kernel name: that kernel's run} for the first ``n``
+    kernels offered for the backward's dA with its epilogue, each checked first against
+    the tuned call's outputs (a candidate that differs is reported and left out)."""
+    from evtfuse import EpilogueArguments, GemmArguments
+
+    I = p.shape[1] // 2
+    dA = next(v for t, v in groups.items() if t.startswith("backward dA"))
+    dA["evtfuse_down_grad"]()
+    want = [t.clone() for t in (a, dp, ds)]
+    outs = {"D": a, grad["G"]: dp[:, :I], grad["U"]: dp[:, I:], grad["s"]: ds}
+    args = GemmArguments(dy_perm, down, a, offs=offs, epilogue=EpilogueArguments.unbound(
+        src, G=p[:, :I], U=p[:, I:], s=s, **outs))
+    systems = {"mm": lambda: torch._grouped_mm(dy_perm, down, offs=offs)}
+    for kern in evtfuse.get_kernels(args)[:n]:
+        for t in (a, dp, ds):
+            t.fill_(float("nan"))
+        try:
+            kern.run(args)
+            for got, exp in zip((a, dp, ds), want):
+                torch.testing.assert_close(got.float(), exp.float(), rtol=2e-2, atol=2e-2)
+        except Exception as exc:  # noqa: BLE001  (reported, not timed)
+            print(f"candidate {kern.name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            continue
+        systems[kern.name] = lambda kern=kern: kern.run(args)
+    return systems
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experts", type=int, default=8)
@@ -62,6 +95,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tune", default="fast", choices=["none", "fast", "exhaustive"])
     ap.add_argument("--guarded", action="store_true")
+    ap.add_argument("--down-grad-candidates", type=int, default=0, metavar="N")
     args = ap.parse_args()
     E, H, I, T, k = args.experts, args.hidden, args.inter, args.tokens, args.top_k
     bf, dev, tune = torch.bfloat16, "cuda", args.tune
@@ -126,6 +160,10 @@ def main() -> None:
             "gather_sum": summed("gather_sum", y_perm, perm, T, k),
         },
     }
+    if args.down_grad_candidates:
+        groups[f"backward dA {rows}x{I}x{H}: each candidate alone"] = down_grad_candidates(
+            args.down_grad_candidates, groups, dy_perm, down, offs, grad_src, grad, a, p, s,
+            dp, ds)
     for systems in groups.values():
         for fn in systems.values():  # compile and tune outside the timing
             fn()
