@@ -268,3 +268,43 @@ def test_inference_stores_no_pre_activations(monkeypatch):
     torch.testing.assert_close(y, _torch_gated(block, x), rtol=1e-5, atol=1e-5)
     block(x.requires_grad_(True))
     assert stored[-1] == {"G": True, "U": True}
+
+
+_DOWN_GRAD_OFFLINE = """
+import json, torch
+from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.backends.triton.hopper_family import _epilogue_registers, _full_tiles
+from evtfuse.runtime import mlp
+from evtfuse.runtime.offline import compile_for, offered
+src, outputs = mlp.down_grad("silu", True)
+grad = dict(outputs)
+T, H, I = 8192, 4096, 14336
+bf = torch.bfloat16
+p, dp = torch.empty(T, 2 * I, dtype=bf), torch.empty(T, 2 * I, dtype=bf)
+a = torch.empty(T, I, dtype=bf)
+args = GemmArguments(torch.empty(T, H, dtype=bf), torch.empty(H, I, dtype=bf), a,
+                     epilogue=EpilogueArguments(src, D=a, G=p[:, :I], U=p[:, I:],
+                                                **{grad["G"]: dp[:, :I], grad["U"]: dp[:, I:]}))
+out = []
+for fam, cfg in offered(args):
+    if fam.name == "hopper":
+        c = compile_for(fam, cfg, args)
+        out.append({"config": cfg.name, "spills": c.spills,
+                    "registers": _epilogue_registers(cfg, _full_tiles(args))})
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_blocks_backward_epilogue_compiles_without_spilled_tiles_for_sm90():
+    """The SwiGLU block's dA epilogue (gate and up in; their gradients and the activation
+    out: five full tiles) in the hopper family's candidates at Llama's sizes, offline to
+    sm_90: sub-tiles narrowed to ``EPILOGUE_REGISTERS`` where they can be, and there no
+    spilled tile (a few spilled scalars tolerated), the first candidate without any."""
+    from evtfuse.backends.triton.hopper_family import EPILOGUE_REGISTERS
+    from offline_run import run_offline
+
+    got = run_offline(_DOWN_GRAD_OFFLINE, timeout=900)
+    assert len(got) >= 4, got
+    assert got[0]["registers"] <= EPILOGUE_REGISTERS and got[0]["spills"] == 0, got
+    assert all(c["spills"] < 100 for c in got if c["registers"] <= EPILOGUE_REGISTERS), got
