@@ -7,7 +7,9 @@ epilogue and bias + gelu_tanh.
 
 Per M and N x K (bf16), each timed in interleaved rounds against "mm" (cuBLAS: ``A @ B``
 for identity, cuBLASLt's ``torch._addmm_activation(bias, A, B, use_gelu=True)`` for bias +
-gelu): ``evtfuse`` (``evtfuse.gemm``, tuned: the kernel it kept is printed), each split-K
+gelu): ``evtfuse`` (``evtfuse.gemm``, tuned: the kernel it kept is printed),
+``mm_graph`` and ``evtfuse_graph`` (the same two calls replayed from CUDA graphs: no host
+work per call), each split-K
 candidate alone (``splitkS_...``), the same slice counts with each family's first kernel
 for the slices (which inner kernel split-K should take), and the first ``--families``
 kernels of the families (what a tuning without split-K would choose among).
@@ -27,6 +29,21 @@ from probe_common import print_rounds, time_rounds
 
 EPIS = {"identity": "def e(accum):\n    D = accum\n    return D",
         "bias_gelu": "def e(accum, bias):\n    D = gelu_tanh(accum + bias)\n    return D"}
+
+
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream, as torch's
+    ``make_graphed_callables`` does): its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def main() -> None:
@@ -74,6 +91,10 @@ def main() -> None:
                 for fn in systems.values():
                     fn()
                 torch.cuda.synchronize()
+                # cuBLAS and the tuned evtfuse call replayed from CUDA graphs: the GPU's time
+                # without the host's per-call work (decode loops capture their steps)
+                systems["mm_graph"] = graphed(systems["mm"])
+                systems["evtfuse_graph"] = graphed(systems["evtfuse"])
                 chosen = tuner.choose_kernel(args, "fast").name
                 title = f"{name} M={m} N={N} K={K} (evtfuse kept {chosen})"
                 got = time_rounds(systems, a.rounds, timer)
