@@ -47,9 +47,9 @@ TILE = 128  # the tile side by which "few output tiles" is judged
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # M up to this: the portable family's first kernel (64-row tiles or smaller) is offered for
 # the partial products beside the families' first. scripts/small_m_probe.py on an H200
-# (BENCHMARKS.md, "Small M"): with 4 slices at M = 16-64 it ran 0.98-1.24x cuBLAS where the
-# gluon 128 x 128 kernel ran 1.12-1.78x, in 7 of 8 cells; at M = 256 (2 slices) the other
-# way round (1.48-1.57x against 1.03-1.24x)
+# (BENCHMARKS.md, "Small M"): with 4 slices at M = 16-64 it ran 0.98-1.31x cuBLAS where the
+# gluon 128 x 128 kernel ran 1.12-1.78x, faster in each of the 8 cells; at M = 256 (2
+# slices) the other way round (1.48-1.57x against 1.03-1.24x)
 PORTABLE_INNER_M = 64
 
 
