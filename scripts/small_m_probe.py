@@ -24,26 +24,12 @@ import torch
 
 import evtfuse
 from evtfuse import EpilogueArguments, GemmArguments
+from evtfuse.bench.timing import graph_replay
 from evtfuse.runtime import discovery, split_k, tuner
 from probe_common import print_rounds, time_rounds
 
 EPIS = {"identity": "def e(accum):\n    D = accum\n    return D",
         "bias_gelu": "def e(accum, bias):\n    D = gelu_tanh(accum + bias)\n    return D"}
-
-
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream, as torch's
-    ``make_graphed_callables`` does): its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def main() -> None:
@@ -93,8 +79,8 @@ def main() -> None:
                 torch.cuda.synchronize()
                 # cuBLAS and the tuned evtfuse call replayed from CUDA graphs: the GPU's time
                 # without the host's per-call work (decode loops capture their steps)
-                systems["mm_graph"] = graphed(systems["mm"])
-                systems["evtfuse_graph"] = graphed(systems["evtfuse"])
+                systems["mm_graph"] = graph_replay(systems["mm"])
+                systems["evtfuse_graph"] = graph_replay(systems["evtfuse"])
                 chosen = tuner.choose_kernel(args, "fast").name
                 title = f"{name} M={m} N={N} K={K} (evtfuse kept {chosen})"
                 got = time_rounds(systems, a.rounds, timer)

@@ -105,6 +105,22 @@ def host_timed_s(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
+def graph_replay(fn: Callable[[], Any], warmups: int = 3) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph after ``warmups`` calls on a side stream (tuning,
+    compiles and plans done off the capture, as torch's ``make_graphed_callables`` warms
+    up): the graph's replay, which runs ``fn``'s kernels without its host work. GPU only."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def back_to_back_ms(fn: Callable[[], Any], grads: Sequence[torch.Tensor] = (),
                     steps: int = 20) -> float:
     """A step's time in ``steps`` back-to-back steps, as a training loop runs them (L2 warm,
