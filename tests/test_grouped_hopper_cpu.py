@@ -115,25 +115,30 @@ def test_other_grouped_reductions_stay_portable():
         assert "portable: supported" in text
 
 
-def test_moe_down_projection_backward_in_every_hopper_kernel():
-    """The MoE layer's dX epilogue (``moe.down_grad``: SwiGLU's and the routing weight's
-    derivatives from the saved gate and up, the routing weight's gradient a per-row sum)
-    in every hopper candidate, against the reference."""
+def check_moe_down_grad(I, kernels=hopper_kernels):
+    """The MoE layer's dX epilogue (``moe.down_grad``) over three experts (15, 0 and 20 of 37
+    rows), intermediate width ``I``, in each of ``kernels(args)`` against the reference;
+    their names."""
     from evtfuse.runtime import moe
 
     src, outputs = moe.down_grad("silu")
     grad = dict(outputs)
-    G, T, H, I = 3, 37, 24, 40
-    sizes = [15, 0, 20]
-    dy, W = rand(T, H, dtype=torch.float16), rand(G, H, I, dtype=torch.float16)
-    gate, up = rand(T, I, dtype=torch.float16), rand(T, I, dtype=torch.float16)
-    s = rand(T, 1, dtype=torch.float16)
+    T, H = 37, 24
     outs = {"D": torch.empty(T, I, dtype=torch.float16),
             grad["G"]: torch.empty(T, I, dtype=torch.float16),
             grad["U"]: torch.empty(T, I, dtype=torch.float16), grad["s"]: torch.empty(T, 1)}
-    names = check_every_hopper_kernel(src, dy, W, offs_of(sizes), torch.float16, outs,
-                                      G=gate, U=up, s=s)
-    assert len(names) == 2
+    return check_every_hopper_kernel(
+        src, rand(T, H, dtype=torch.float16), rand(3, H, I, dtype=torch.float16),
+        offs_of([15, 0, 20]), torch.float16, outs, kernels=kernels,
+        G=rand(T, I, dtype=torch.float16), U=rand(T, I, dtype=torch.float16),
+        s=rand(T, 1, dtype=torch.float16))
+
+
+def test_moe_down_projection_backward_in_every_hopper_kernel():
+    """The MoE layer's dX epilogue (``moe.down_grad``: SwiGLU's and the routing weight's
+    derivatives from the saved gate and up, the routing weight's gradient a per-row sum)
+    in every hopper candidate, against the reference."""
+    assert len(check_moe_down_grad(40)) == 2
 
 
 def test_epilogues_in_eighths():
@@ -143,25 +148,14 @@ def test_epilogues_in_eighths():
     through pointers) and a dense epilogue of two tiles in and three out (TMA loads and
     stores), each against the reference evaluator."""
     from evtfuse.backends.triton import hopper_family
-    from evtfuse.runtime import moe
 
     eighths = dict(block_m=32, block_n=64, epi_split=8)
-    src, outputs = moe.down_grad("silu")
-    grad = dict(outputs)
-    T, H, I = 37, 24, 72
-    outs = {"D": torch.empty(T, I, dtype=torch.float16),
-            grad["G"]: torch.empty(T, I, dtype=torch.float16),
-            grad["U"]: torch.empty(T, I, dtype=torch.float16), grad["s"]: torch.empty(T, 1)}
 
     def in_eighths(args):
         assert hopper_family._full_tiles(args) >= hopper_family.HEAVY_TILES
         return [hopper_kernels(args)[0].with_config(**eighths)]
 
-    names = check_every_hopper_kernel(
-        src, rand(T, H, dtype=torch.float16), rand(3, H, I, dtype=torch.float16),
-        offs_of([15, 0, 20]), torch.float16, outs, kernels=in_eighths,
-        G=rand(T, I, dtype=torch.float16), U=rand(T, I, dtype=torch.float16),
-        s=rand(T, 1, dtype=torch.float16))
+    names = check_moe_down_grad(72, in_eighths)
     assert "_e8" in names[0], names
     heavy = ("def e(accum, C, E):\n    F = relu(accum + C)\n    G = F * E\n"
              "    D = G + accum\n    return D, F, G")
