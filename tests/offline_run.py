@@ -19,3 +19,14 @@ def run_offline(script: str, timeout: int = 900) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
     assert lines, f"offline compile script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1][len("RESULT"):])
+
+
+def check_epilogue_registers(got: list[dict]) -> None:
+    """Offline compiles of a heavy epilogue's hopper candidates (each a dict with its
+    ``registers``, ``hopper_family._epilogue_registers``, and ``spills``, local-memory
+    accesses), in the order offered: the first within ``EPILOGUE_REGISTERS`` and without
+    spills, and no spilled tile (100 accesses or more) in any candidate within the count."""
+    from evtfuse.backends.triton.hopper_family import EPILOGUE_REGISTERS
+
+    assert got[0]["registers"] <= EPILOGUE_REGISTERS and got[0]["spills"] == 0, got
+    assert all(c["spills"] < 100 for c in got if c["registers"] <= EPILOGUE_REGISTERS), got

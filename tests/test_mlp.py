@@ -302,10 +302,8 @@ def test_the_blocks_backward_epilogue_compiles_without_spilled_tiles_for_sm90():
     sm_90, within an H100/H200's shared memory: sub-tiles narrowed to ``EPILOGUE_REGISTERS``
     where they can be, and there no spilled tile (a few spilled scalars tolerated), the
     first candidate without any."""
-    from evtfuse.backends.triton.hopper_family import EPILOGUE_REGISTERS
-    from offline_run import run_offline
+    from offline_run import check_epilogue_registers, run_offline
 
     got = run_offline(_DOWN_GRAD_OFFLINE, timeout=900)
     assert len(got) >= 4 and all(0 < c["shared"] <= 232448 for c in got), got
-    assert got[0]["registers"] <= EPILOGUE_REGISTERS and got[0]["spills"] == 0, got
-    assert all(c["spills"] < 100 for c in got if c["registers"] <= EPILOGUE_REGISTERS), got
+    check_epilogue_registers(got)
